@@ -1,0 +1,145 @@
+"""REST views for the inventory, overrides and the scheduling decision."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import QuerySet
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from rest_framework import permissions, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from channels_app import selectors, services
+from channels_app.models import Channel, LLMModel, Node, Override, Preset
+from channels_app.scheduling import Target
+from channels_app.serializers import (
+    ChannelSerializer,
+    LLMModelSerializer,
+    NodeSerializer,
+    PresetSerializer,
+    decision_json,
+    plan_json,
+)
+from slotserve_site.api_fields import IdOrNameField, IsStaffOrReadOnly, moment_param
+
+# A plan longer than this is refused: it would be slow and unreadable.
+MAX_PLAN = timedelta(days=62)
+
+
+def name_maps() -> dict[str, dict[int, str]]:
+    return {
+        "models": dict(LLMModel.objects.values_list("pk", "name")),
+        "presets": dict(Preset.objects.values_list("pk", "name")),
+    }
+
+
+class NodeViewSet(viewsets.ModelViewSet[Node]):
+    queryset = Node.objects.prefetch_related("gpus")
+    serializer_class = NodeSerializer
+    permission_classes = [IsStaffOrReadOnly]
+
+
+class LLMModelViewSet(viewsets.ModelViewSet[LLMModel]):
+    queryset = LLMModel.objects.prefetch_related("nodes")
+    serializer_class = LLMModelSerializer
+    permission_classes = [IsStaffOrReadOnly]
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        context = super().get_serializer_context()
+        channels = Channel.objects.select_related("node").prefetch_related("node__gpus")
+        context["channel_vram"] = {c.name: c.vram_bytes() for c in channels}
+        context["load_estimates"] = model_load_estimates()
+        return context
+
+
+def model_load_estimates() -> dict[int, float]:
+    """Each model's load estimate without a preset, on the node it loads slowest on.
+
+    A model not yet loaded anywhere gets the size-based first estimate.
+    """
+    nodes = list(Node.objects.values_list("pk", flat=True)) or [0]
+    model_ids = list(LLMModel.objects.values_list("pk", flat=True))
+    estimates = selectors.load_estimates((n, Target(m)) for n in nodes for m in model_ids)
+    result: dict[int, float] = {}
+    for (_, target), seconds in estimates.items():
+        result[target.model_id] = max(seconds, result.get(target.model_id, 0.0))
+    return result
+
+
+class PresetViewSet(viewsets.ModelViewSet[Preset]):
+    queryset = Preset.objects.select_related("model")
+    serializer_class = PresetSerializer
+    permission_classes = [IsStaffOrReadOnly]
+
+    def get_queryset(self) -> QuerySet[Preset]:
+        queryset = super().get_queryset()
+        model = self.request.query_params.get("model")
+        if model:
+            queryset = queryset.filter(model__name=model) if not model.isdigit() else queryset.filter(model=model)
+        return queryset
+
+
+class OverrideInput(serializers.Serializer[Any]):
+    model = IdOrNameField(queryset=LLMModel.objects.all(), required=False, allow_null=True)
+    preset = serializers.PrimaryKeyRelatedField(queryset=Preset.objects.all(), required=False, allow_null=True)
+    unload = serializers.BooleanField(required=False, default=False)
+    until = serializers.DateTimeField()
+
+
+class OverrideOutput(serializers.ModelSerializer[Override]):
+    class Meta:
+        model = Override
+        fields = ["channel", "model", "preset", "unload", "until", "set_by", "set_at"]
+
+
+class ChannelViewSet(viewsets.ModelViewSet[Channel]):
+    queryset = Channel.objects.select_related("node", "runtime", "target").prefetch_related("node__gpus")
+    serializer_class = ChannelSerializer
+    permission_classes = [IsStaffOrReadOnly]
+
+    @action(detail=True, methods=["post", "delete"], permission_classes=[permissions.IsAdminUser])
+    def override(self, request: Request, pk: str | None = None) -> Response:
+        channel = self.get_object()
+        if request.method == "DELETE":
+            services.override_clear(channel=channel)
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        data = OverrideInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        override = services.override_set(
+            channel=channel,
+            now=timezone.now(),
+            by=request.user,
+            **data.validated_data,
+        )
+        return Response(OverrideOutput(override).data, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["post"], permission_classes=[permissions.IsAdminUser])
+    def reload(self, request: Request, pk: str | None = None) -> Response:
+        channel = self.get_object()
+        generation = services.channel_reload(channel=channel, now=timezone.now())
+        return Response({"channel": channel.pk, "reload_generation": generation}, status=status.HTTP_202_ACCEPTED)
+
+    @action(detail=True, methods=["get"])
+    def decision(self, request: Request, pk: str | None = None) -> Response:
+        channel = get_object_or_404(Channel, pk=pk)
+        now = timezone.now()
+        at = moment_param(request, "at", default=now)
+        decision = services.decision_for(channel=channel, now=now, at=at)
+        return Response(decision_json(decision, name_maps()))
+
+    @action(detail=True, methods=["get"])
+    def plan(self, request: Request, pk: str | None = None) -> Response:
+        channel = get_object_or_404(Channel, pk=pk)
+        now = timezone.now()
+        start = moment_param(request, "from", default=now)
+        end = moment_param(request, "to", default=start + timedelta(days=1))
+        if end <= start:
+            raise serializers.ValidationError({"to": "to must be after from"})
+        if end - start > MAX_PLAN:
+            raise serializers.ValidationError({"to": f"a plan covers at most {MAX_PLAN.days} days"})
+        segments = services.plan_for(channel=channel, now=now, start=start, end=end)
+        return Response(plan_json(segments, name_maps()))

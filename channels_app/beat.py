@@ -1,0 +1,27 @@
+"""Registers the scheduler tick with django-celery-beat."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+from channels_app.tasks import TICK_TASK
+
+TICK_TASK_NAME = "SlotServe scheduler tick"
+
+
+def register_tick(**_: Any) -> None:
+    """Run the tick every ``SLOTSERVE_TICK_SECONDS``; a late run expires before the next.
+
+    Called after every ``migrate``, so a changed setting takes effect on the
+    next deployment without editing the periodic task by hand.
+    """
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    every = int(settings.SLOTSERVE_TICK_SECONDS)
+    schedule, _ = IntervalSchedule.objects.get_or_create(every=every, period=IntervalSchedule.SECONDS)
+    PeriodicTask.objects.update_or_create(
+        name=TICK_TASK_NAME,
+        defaults={"task": TICK_TASK, "interval": schedule, "expire_seconds": every, "enabled": True},
+    )

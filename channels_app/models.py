@@ -1,0 +1,295 @@
+"""GPU nodes, channels, models, presets, overrides, load records and channel state."""
+
+from __future__ import annotations
+
+import shlex
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from channels_app.backends import Backend, effective_args
+from channels_app.scheduling import Target
+
+# A node is ready while its heartbeat is younger than this many ticks (SPEC §7).
+HEARTBEAT_TICKS = 3
+
+
+class Node(models.Model):
+    """One machine with GPUs; runs one SlotServe node worker."""
+
+    name = models.CharField(max_length=100, unique=True)
+    address = models.CharField(
+        max_length=255, blank=True, help_text="Host or IP the gateway reaches the node's processes at."
+    )
+    labels = models.JSONField(default=dict, blank=True)
+    backends = models.JSONField(
+        default=list, blank=True, help_text="Backends the node worker found installed."
+    )
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def is_ready(self, now: datetime) -> bool:
+        if self.last_heartbeat is None:
+            return False
+        limit = timedelta(seconds=HEARTBEAT_TICKS * settings.SLOTSERVE_TICK_SECONDS)
+        return now - self.last_heartbeat <= limit
+
+
+class Gpu(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=200, blank=True)
+    memory_bytes = models.BigIntegerField()
+    free_bytes = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node"),
+            models.CheckConstraint(condition=Q(memory_bytes__gte=0), name="gpu_memory_not_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}:{self.index} {self.name}"
+
+
+class LLMModel(models.Model):
+    """A model file (GGUF) or folder (HF) on nodes' disks, with its backend."""
+
+    name = models.CharField(max_length=200, unique=True)
+    backend = models.CharField(max_length=20, choices=Backend.choices)
+    path = models.CharField(max_length=1000)
+    size_bytes = models.BigIntegerField(default=0)
+    nodes = models.ManyToManyField(
+        Node, blank=True, related_name="models", help_text="Nodes whose disk holds the file."
+    )
+    labels = models.JSONField(
+        default=dict, blank=True, help_text="Labels a channel must carry to run this model."
+    )
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "model"
+        constraints = [
+            models.CheckConstraint(condition=Q(size_bytes__gte=0), name="model_size_not_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Preset(models.Model):
+    """Extra command-line arguments for a model; model + preset is one target."""
+
+    model = models.ForeignKey(LLMModel, on_delete=models.CASCADE, related_name="presets")
+    name = models.CharField(max_length=100)
+    args = models.TextField(blank=True, help_text="Split like a shell would, never run by one.")
+
+    class Meta:
+        ordering = ["model__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "name"], name="preset_unique_name_per_model"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model.name}/{self.name}"
+
+    @property
+    def args_effective(self) -> list[str]:
+        return effective_args(Backend(self.model.backend), shlex.split(self.args))
+
+
+class ApprovalPolicy(models.TextChoices):
+    NONE = "none", "No approval"
+    EXCLUSIVE_ONLY = "exclusive_only", "Whole-card bookings need approval"
+    ALL = "all", "Every booking needs approval"
+
+
+class Channel(models.Model):
+    """A group of GPUs on one node; runs at most one inference process."""
+
+    name = models.CharField(max_length=100, unique=True)
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="channels")
+    gpu_indexes = models.JSONField(default=list, help_text="Indexes of the node's GPUs, e.g. [0, 1].")
+    approval_policy = models.CharField(
+        max_length=20, choices=ApprovalPolicy.choices, default=ApprovalPolicy.NONE
+    )
+    default_model = models.ForeignKey(
+        LLMModel, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    default_preset = models.ForeignKey(
+        Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    labels = models.JSONField(default=dict, blank=True)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(default_preset__isnull=True) | Q(default_model__isnull=False),
+                name="channel_default_preset_needs_model",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def default_target(self) -> Target | None:
+        if self.default_model_id is None:
+            return None
+        return Target(self.default_model_id, self.default_preset_id)
+
+    def vram_bytes(self) -> int:
+        """The memory of the channel's GPUs; uses ``node.gpus`` (prefetch it)."""
+        wanted = set(self.gpu_indexes)
+        return sum(gpu.memory_bytes for gpu in self.node.gpus.all() if gpu.index in wanted)
+
+
+class Override(models.Model):
+    """An admin's manual choice for a channel (SPEC §2 rule 4).
+
+    Valid until ``until`` or until the next reservation starts, whichever is
+    first; ``unload`` stops the process instead of naming a model.
+    """
+
+    channel = models.OneToOneField(Channel, on_delete=models.CASCADE, related_name="override")
+    model = models.ForeignKey(LLMModel, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    preset = models.ForeignKey(Preset, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    unload = models.BooleanField(default=False)
+    until = models.DateTimeField()
+    set_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    set_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(unload=True, model__isnull=True, preset__isnull=True))
+                | Q(unload=False, model__isnull=False),
+                name="override_model_xor_unload",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        what = "unload" if self.unload else str(self.model)
+        return f"{self.channel}: {what} until {self.until:%Y-%m-%d %H:%M}"
+
+    @property
+    def target(self) -> Target | None:
+        if self.model_id is None:
+            return None
+        return Target(self.model_id, self.preset_id)
+
+
+class LoadRecord(models.Model):
+    """One load of a model + preset on a channel: its duration, or why it failed."""
+
+    model = models.ForeignKey(LLMModel, on_delete=models.CASCADE, related_name="loads")
+    preset = models.ForeignKey(Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="loads")
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="loads")
+    started = models.DateTimeField(default=timezone.now)
+    finished = models.DateTimeField(null=True, blank=True)
+    succeeded = models.BooleanField(null=True, help_text="None while loading.")
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-started"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(finished__isnull=True) | Q(finished__gte=models.F("started")),
+                name="load_finished_after_started",
+            ),
+        ]
+        indexes = [
+            # The load estimate: last 5 successful loads of a model + preset on a node.
+            models.Index(
+                fields=["model", "preset", "node", "-finished"],
+                name="load_recent_success_idx",
+                condition=Q(succeeded=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} on {self.channel} at {self.started:%Y-%m-%d %H:%M}"
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if self.finished is None:
+            return None
+        return (self.finished - self.started).total_seconds()
+
+
+class ChannelTarget(models.Model):
+    """What the scheduler decided a channel should run. Written by the scheduler only."""
+
+    channel = models.OneToOneField(
+        Channel, on_delete=models.CASCADE, primary_key=True, related_name="target"
+    )
+    model = models.ForeignKey(LLMModel, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    preset = models.ForeignKey(Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    reason = models.CharField(max_length=40)
+    valid_until = models.DateTimeField(null=True, blank=True)
+    reservation = models.ForeignKey(
+        "reservations.Reservation", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Incremented by an explicit reload; the node worker restarts the process
+    # without draining when it sees a generation it has not run yet (SPEC §4).
+    reload_generation = models.PositiveIntegerField(default=0)
+    decided_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.channel_id}: {self.model_id}/{self.preset_id} ({self.reason})"
+
+
+class Phase(models.TextChoices):
+    """Phases of a channel's inference process (SPEC §4).
+
+    stopped → loading → ready → draining → stopping → stopped;
+    loading → failed (exit or load timeout); failed → loading (retry).
+    """
+
+    STOPPED = "stopped"
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+class ChannelRuntime(models.Model):
+    """What actually runs on a channel. Written by the channel's node worker only."""
+
+    channel = models.OneToOneField(
+        Channel, on_delete=models.CASCADE, primary_key=True, related_name="runtime"
+    )
+    phase = models.CharField(max_length=20, choices=Phase.choices, default=Phase.STOPPED)
+    model = models.ForeignKey(LLMModel, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    preset = models.ForeignKey(Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    since = models.DateTimeField(default=timezone.now)
+    error = models.TextField(blank=True)
+    retry_at = models.DateTimeField(null=True, blank=True)
+    fallback = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return f"{self.channel_id}: {self.phase}"
+
+    @property
+    def running(self) -> Target | None:
+        """The target the process runs or is loading, as the decision sees it."""
+        if self.model_id is None or self.phase not in {Phase.LOADING, Phase.READY}:
+            return None
+        return Target(self.model_id, self.preset_id)

@@ -1,0 +1,176 @@
+"""Reads that gather the scheduling decision's inputs from the database.
+
+The tick asks for every channel at once, so each read here is one query for
+all channels: the number of queries does not grow with the number of
+channels or reservations.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.db.models import F, OuterRef, Q, QuerySet, Subquery, Window
+from django.db.models.functions import RowNumber
+
+from channels_app.load_estimates import RECENT_LOADS, estimate_load_seconds
+from channels_app.models import Channel, ChannelRuntime, LLMModel, LoadRecord, Override
+from channels_app.scheduling import DecisionInput, OverrideFacts, SchedulingSettings, Slot, Target
+from reservations.models import SCHEDULED_STATUSES, Reservation, ReservationStatus
+
+
+def scheduling_settings() -> SchedulingSettings:
+    return SchedulingSettings(
+        min_preload_seconds=settings.SLOTSERVE_MIN_PRELOAD_SECONDS,
+        switch_buffer_seconds=settings.SLOTSERVE_SWITCH_BUFFER_SECONDS,
+        stop_timeout_seconds=settings.SLOTSERVE_STOP_TIMEOUT_SECONDS,
+    )
+
+
+@dataclass(frozen=True)
+class ChannelFacts:
+    """A channel with the decision's inputs for it."""
+
+    channel: Channel
+    decision_input: DecisionInput
+
+
+def load_estimates(wanted: Iterable[tuple[int, Target]]) -> dict[tuple[int, Target], float]:
+    """The load estimate (SPEC §3) of each ``(node id, target)`` pair, in two queries."""
+    wanted = set(wanted)
+    if not wanted:
+        return {}
+    model_ids = {target.model_id for _, target in wanted}
+    node_ids = {node_id for node_id, _ in wanted}
+    sizes = dict(LLMModel.objects.filter(pk__in=model_ids).values_list("pk", "size_bytes"))
+    recent = (
+        LoadRecord.objects.filter(
+            succeeded=True, finished__isnull=False, model_id__in=model_ids, node_id__in=node_ids
+        )
+        .annotate(
+            recency=Window(
+                RowNumber(),
+                partition_by=[F("model_id"), F("preset_id"), F("node_id")],
+                order_by=F("finished").desc(),
+            )
+        )
+        .filter(recency__lte=RECENT_LOADS)
+        .values_list("node_id", "model_id", "preset_id", "started", "finished")
+    )
+    durations: dict[tuple[int, Target], list[float]] = defaultdict(list)
+    for node_id, model_id, preset_id, started, finished in recent:
+        durations[(node_id, Target(model_id, preset_id))].append((finished - started).total_seconds())
+    return {
+        (node_id, target): estimate_load_seconds(
+            recent_load_seconds=durations.get((node_id, target), []),
+            size_bytes=sizes.get(target.model_id, 0),
+            disk_read_mbps=settings.SLOTSERVE_DISK_READ_MBPS,
+        )
+        for node_id, target in wanted
+    }
+
+
+def _override_facts(channel: Channel) -> OverrideFacts | None:
+    try:
+        override: Override = channel.override
+    except Override.DoesNotExist:
+        return None
+    return OverrideFacts(target=override.target, until=override.until, set_at=override.set_at)
+
+
+def _running(channel: Channel) -> Target | None:
+    try:
+        runtime: ChannelRuntime = channel.runtime
+    except ChannelRuntime.DoesNotExist:
+        return None
+    return runtime.running
+
+
+def _build_inputs(
+    channels: list[Channel], slots_by_channel: dict[int, list[Slot]]
+) -> dict[int, ChannelFacts]:
+    wanted: set[tuple[int, Target]] = set()
+    for channel in channels:
+        targets = [slot.target for slot in slots_by_channel.get(channel.pk, [])]
+        targets.append(channel.default_target)
+        wanted.update((channel.node_id, t) for t in targets if t is not None)
+    estimates = load_estimates(wanted)
+    config = scheduling_settings()
+    facts: dict[int, ChannelFacts] = {}
+    for channel in channels:
+        loads = {t: s for (node_id, t), s in estimates.items() if node_id == channel.node_id}
+        facts[channel.pk] = ChannelFacts(
+            channel=channel,
+            decision_input=DecisionInput(
+                default=channel.default_target,
+                slots=tuple(slots_by_channel.get(channel.pk, [])),
+                override=_override_facts(channel),
+                running=_running(channel),
+                load_seconds=loads,
+                settings=config,
+            ),
+        )
+    return facts
+
+
+def _slot_rows(reservations: QuerySet[Reservation]) -> dict[int, list[Slot]]:
+    slots: dict[int, list[Slot]] = defaultdict(list)
+    rows = reservations.values_list("pk", "channel_id", "start", "end", "model_id", "preset_id", "exclusive", "status")
+    for pk, channel_id, start, end, model_id, preset_id, exclusive, status in rows:
+        target = None if exclusive or model_id is None else Target(model_id, preset_id)
+        slots[channel_id].append(
+            Slot(id=pk, start=start, end=end, target=target, counts=status in SCHEDULED_STATUSES)
+        )
+    return slots
+
+
+def _channels(channel_ids: Iterable[int] | None) -> QuerySet[Channel]:
+    channels = Channel.objects.select_related("override", "runtime", "target")
+    if channel_ids is not None:
+        channels = channels.filter(pk__in=list(channel_ids))
+    return channels
+
+
+def decision_inputs(*, now: datetime, channel_ids: Iterable[int] | None = None) -> dict[int, ChannelFacts]:
+    """The inputs of every channel's decision at ``now`` (or of the given channels).
+
+    Per channel only two reservations matter at ``now``: the latest one that
+    started (it is the active one if any, and tells whether an override has
+    been cut) and the next approved one. The database picks them.
+    """
+    scheduled = Reservation.objects.scheduled()
+    latest_started = scheduled.filter(channel=OuterRef("pk"), start__lte=now).order_by("-start")
+    upcoming = scheduled.filter(
+        channel=OuterRef("pk"), start__gt=now, status=ReservationStatus.APPROVED
+    ).order_by("start")
+    picked = _channels(channel_ids).annotate(
+        latest_id=Subquery(latest_started.values("pk")[:1]),
+        next_id=Subquery(upcoming.values("pk")[:1]),
+    )
+    channels = list(picked)
+    slots = _slot_rows(
+        Reservation.objects.filter(
+            Q(pk__in=picked.values("latest_id")) | Q(pk__in=picked.values("next_id"))
+        )
+    )
+    return _build_inputs(channels, slots)
+
+
+def channel_window_inputs(*, channel: Channel, start: datetime, end: datetime) -> DecisionInput:
+    """The inputs of one channel's decisions for any moment in ``[start, end]``.
+
+    Holds every scheduled reservation that overlaps the window, the latest one
+    that started before it, and the next approved one after it.
+    """
+    mine = Reservation.objects.scheduled().filter(channel=channel)
+    latest = mine.filter(start__lte=start).order_by("-start").values("pk")[:1]
+    after = mine.filter(start__gt=end, status=ReservationStatus.APPROVED).order_by("start").values("pk")[:1]
+    reservations = mine.filter(
+        Q(start__lt=end, end__gt=start) | Q(pk__in=Subquery(latest)) | Q(pk__in=Subquery(after))
+    )
+    slots = _slot_rows(reservations)
+    fresh = _channels([channel.pk]).get()
+    return _build_inputs([fresh], slots)[fresh.pk].decision_input

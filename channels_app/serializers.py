@@ -1,0 +1,228 @@
+"""REST serializers for nodes, channels, models and presets."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from django.utils import timezone
+from rest_framework import serializers
+
+from channels_app.models import Channel, Gpu, LLMModel, Node, Preset
+from channels_app.scheduling import Decision, PlanSegment, Target
+from slotserve_site.api_fields import IdOrNameField
+
+
+def _labels(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise serializers.ValidationError('labels must be an object of strings, e.g. {"gpu": "a100"}')
+    return value
+
+
+class GpuSerializer(serializers.ModelSerializer[Gpu]):
+    class Meta:
+        model = Gpu
+        fields = ["index", "name", "memory_bytes", "free_bytes"]
+
+
+class NodeSerializer(serializers.ModelSerializer[Node]):
+    status = serializers.SerializerMethodField()
+    gpus = GpuSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Node
+        fields = ["id", "name", "address", "labels", "status", "last_heartbeat", "backends", "gpus"]
+        read_only_fields = ["last_heartbeat", "backends"]
+
+    def get_status(self, node: Node) -> str:
+        return "ready" if node.is_ready(timezone.now()) else "not_ready"
+
+    def validate_labels(self, value: Any) -> dict[str, str]:
+        return _labels(value)
+
+
+def target_json(target: Target | None, names: dict[str, dict[int, str]]) -> dict[str, Any] | None:
+    if target is None:
+        return None
+    return {
+        "model": target.model_id,
+        "model_name": names["models"].get(target.model_id),
+        "preset": target.preset_id,
+        "preset_name": names["presets"].get(target.preset_id) if target.preset_id else None,
+    }
+
+
+def decision_json(decision: Decision, names: dict[str, dict[int, str]]) -> dict[str, Any]:
+    return {
+        "target": target_json(decision.target, names),
+        "reason": str(decision.reason),
+        "valid_until": serializers.DateTimeField().to_representation(decision.valid_until)
+        if decision.valid_until
+        else None,
+        "reservation": decision.reservation_id,
+    }
+
+
+def plan_json(segments: list[PlanSegment], names: dict[str, dict[int, str]]) -> list[dict[str, Any]]:
+    field = serializers.DateTimeField()
+    return [
+        {
+            "from": field.to_representation(s.start),
+            "to": field.to_representation(s.end),
+            "target": target_json(s.target, names),
+            "reason": str(s.reason),
+            "reservation": s.reservation_id,
+        }
+        for s in segments
+    ]
+
+
+class ChannelSerializer(serializers.ModelSerializer[Channel]):
+    node = IdOrNameField(queryset=Node.objects.all())
+    default_model = IdOrNameField(queryset=LLMModel.objects.all(), required=False, allow_null=True)
+    default_preset = serializers.PrimaryKeyRelatedField(
+        queryset=Preset.objects.all(), required=False, allow_null=True
+    )
+    vram_bytes = serializers.SerializerMethodField()
+    state = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Channel
+        fields = [
+            "id",
+            "name",
+            "node",
+            "gpu_indexes",
+            "approval_policy",
+            "default_model",
+            "default_preset",
+            "labels",
+            "vram_bytes",
+            "state",
+        ]
+
+    def get_vram_bytes(self, channel: Channel) -> int:
+        return channel.vram_bytes()
+
+    def get_state(self, channel: Channel) -> dict[str, Any]:
+        from channels_app.models import ChannelRuntime, ChannelTarget
+
+        field = serializers.DateTimeField()
+        try:
+            runtime: ChannelRuntime | None = channel.runtime
+        except ChannelRuntime.DoesNotExist:
+            runtime = None
+        try:
+            target: ChannelTarget | None = channel.target
+        except ChannelTarget.DoesNotExist:
+            target = None
+        return {
+            "phase": runtime.phase if runtime else "stopped",
+            "model": runtime.model_id if runtime else None,
+            "preset": runtime.preset_id if runtime else None,
+            "reason": target.reason if target else None,
+            "since": field.to_representation(runtime.since) if runtime else None,
+            "error": runtime.error if runtime else "",
+            "retry_at": field.to_representation(runtime.retry_at) if runtime and runtime.retry_at else None,
+            "fallback": runtime.fallback if runtime else False,
+            "reservation": target.reservation_id if target else None,
+            "target": None
+            if target is None
+            else {
+                "model": target.model_id,
+                "preset": target.preset_id,
+                "reason": target.reason,
+                "valid_until": field.to_representation(target.valid_until) if target.valid_until else None,
+            },
+        }
+
+    def validate_gpu_indexes(self, value: Any) -> list[int]:
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+        ):
+            raise serializers.ValidationError("gpu_indexes must be a non-empty list of GPU indexes, e.g. [0, 1]")
+        if len(set(value)) != len(value):
+            raise serializers.ValidationError("gpu_indexes names a GPU twice")
+        return sorted(value)
+
+    def validate_labels(self, value: Any) -> dict[str, str]:
+        return _labels(value)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        model = attrs.get("default_model", getattr(self.instance, "default_model", None))
+        preset = attrs.get("default_preset", getattr(self.instance, "default_preset", None))
+        if preset is not None and (model is None or preset.model_id != model.pk):
+            raise serializers.ValidationError(
+                {"default_preset": f"preset {preset.name!r} belongs to model {preset.model.name!r}, "
+                 "not to the channel's default model"}
+            )
+        return attrs
+
+
+def measure_size(path: str) -> int:
+    """The size of a model file, or of all files in a model folder; 0 if not here."""
+    where = Path(path)
+    if where.is_file():
+        return where.stat().st_size
+    if where.is_dir():
+        return sum(p.stat().st_size for p in where.rglob("*") if p.is_file())
+    return 0
+
+
+class LLMModelSerializer(serializers.ModelSerializer[LLMModel]):
+    size_bytes = serializers.IntegerField(required=False, min_value=0)
+    nodes = IdOrNameField(queryset=Node.objects.all(), many=True, required=False)
+    estimated_load_seconds = serializers.SerializerMethodField()
+    exceeds_vram = serializers.SerializerMethodField()
+
+    class Meta:
+        model = LLMModel
+        fields = [
+            "id",
+            "name",
+            "backend",
+            "path",
+            "size_bytes",
+            "nodes",
+            "labels",
+            "estimated_load_seconds",
+            "exceeds_vram",
+        ]
+
+    def get_estimated_load_seconds(self, model: LLMModel) -> float:
+        estimates: dict[int, float] = self.context.get("load_estimates", {})
+        return round(estimates.get(model.pk, 0.0), 1)
+
+    def get_exceeds_vram(self, model: LLMModel) -> dict[str, bool]:
+        """Per channel: is the model's file larger than the channel's GPU memory (SPEC §4)?"""
+        vram: dict[str, int] = self.context.get("channel_vram", {})
+        return {name: model.size_bytes > memory for name, memory in vram.items()}
+
+    def validate_labels(self, value: Any) -> dict[str, str]:
+        return _labels(value)
+
+    def create(self, validated_data: dict[str, Any]) -> LLMModel:
+        if "size_bytes" not in validated_data:
+            validated_data["size_bytes"] = measure_size(validated_data["path"])
+        return super().create(validated_data)
+
+
+class PresetSerializer(serializers.ModelSerializer[Preset]):
+    model = IdOrNameField(queryset=LLMModel.objects.all())
+    args_effective = serializers.ListField(child=serializers.CharField(), read_only=True)
+
+    class Meta:
+        model = Preset
+        fields = ["id", "model", "name", "args", "args_effective"]
+
+    def validate_args(self, value: str) -> str:
+        try:
+            shlex.split(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(f"cannot split the arguments: {exc}") from None
+        return value

@@ -1,0 +1,187 @@
+"""Writes of the scheduler: each channel's target, overrides and reloads.
+
+The scheduler is the only writer of ``ChannelTarget`` (STYLE.md, one writer
+per fact); the decision itself is ``channels_app.scheduling.decide``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+
+from channels_app import selectors
+from channels_app.models import Channel, ChannelTarget, LLMModel, Override, Preset
+from channels_app.scheduling import Decision, PlanSegment, decide, decide_at, plan
+
+log = logging.getLogger(__name__)
+
+
+class InvalidInput(Exception):
+    """A request names something that does not fit; ``field`` says which."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+_TARGET_FIELDS = ("model_id", "preset_id", "reason", "valid_until", "reservation_id")
+
+
+def _as_row(channel_id: int, decision: Decision, now: datetime) -> ChannelTarget:
+    target = decision.target
+    return ChannelTarget(
+        channel_id=channel_id,
+        model_id=target.model_id if target else None,
+        preset_id=target.preset_id if target else None,
+        reason=str(decision.reason),
+        valid_until=decision.valid_until,
+        reservation_id=decision.reservation_id,
+        decided_at=now,
+    )
+
+
+def _changed(stored: ChannelTarget | None, row: ChannelTarget) -> bool:
+    if stored is None:
+        return True
+    return any(getattr(stored, name) != getattr(row, name) for name in _TARGET_FIELDS)
+
+
+@dataclass(frozen=True)
+class TickResult:
+    channels: int
+    changed: list[int]
+
+
+def decide_channels(*, now: datetime, channel_ids: Iterable[int] | None = None) -> TickResult:
+    """Decide every channel (or the given ones) at ``now`` and store what changed.
+
+    Unchanged targets are not written, so a steady tick costs the same few
+    reads whatever the number of channels; ``decided_at`` stays the moment
+    the current target was first chosen.
+    """
+    facts = selectors.decision_inputs(now=now, channel_ids=channel_ids)
+    changed_rows: list[ChannelTarget] = []
+    for channel_id, fact in facts.items():
+        row = _as_row(channel_id, decide(fact.decision_input, now), now)
+        try:
+            stored: ChannelTarget | None = fact.channel.target
+        except ChannelTarget.DoesNotExist:
+            stored = None
+        if _changed(stored, row):
+            changed_rows.append(row)
+    if changed_rows:
+        ChannelTarget.objects.bulk_create(
+            changed_rows,
+            update_conflicts=True,
+            unique_fields=["channel"],
+            update_fields=["model", "preset", "reason", "valid_until", "reservation", "decided_at"],
+        )
+    changed = [row.channel_id for row in changed_rows]
+    if changed:
+        log.info("scheduler: %d of %d channels have a new target", len(changed), len(facts))
+    return TickResult(channels=len(facts), changed=changed)
+
+
+def enqueue_redecide(channel_id: int) -> None:
+    """Re-decide one channel right after the current transaction commits (SPEC §2)."""
+    from channels_app.tasks import channel_redecide
+
+    def send() -> None:
+        try:
+            channel_redecide.apply_async(
+                args=[channel_id],
+                retry=True,
+                retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.2},
+            )
+        except Exception:  # noqa: BLE001 — the broker being down must not fail the change
+            # The change is committed; the next tick (SLOTSERVE_TICK_SECONDS)
+            # re-decides the channel anyway. Say loudly that it was late.
+            log.exception("could not enqueue the re-decision of channel %s; the next tick will", channel_id)
+
+    transaction.on_commit(send)
+
+
+def decision_for(*, channel: Channel, now: datetime, at: datetime) -> Decision:
+    """The decision at ``at`` from the stored data, with no side effects."""
+    low, high = min(now, at), max(now, at)
+    inp = selectors.channel_window_inputs(channel=channel, start=low, end=high)
+    return decide_at(inp, now, at)
+
+
+def plan_for(*, channel: Channel, now: datetime, start: datetime, end: datetime) -> list[PlanSegment]:
+    """The decisions from ``start`` to ``end`` as a timeline, with no side effects.
+
+    A plan that starts in the future begins with what the channel would run
+    then, by the plan from now; one that starts in the past assumes the
+    channel ran each decision at once.
+    """
+    low = min(now, start)
+    inp = selectors.channel_window_inputs(channel=channel, start=low, end=end)
+    if start > now:
+        segments = plan(inp, now, end)
+        return [s for s in segments if s.end > start]
+    return plan(inp, start, end)
+
+
+def validate_target(*, model: LLMModel | None, preset: Preset | None) -> None:
+    if preset is not None and (model is None or preset.model_id != model.pk):
+        owner = preset.model.name
+        raise InvalidInput("preset", f"preset {preset.name!r} belongs to model {owner!r}, not to this model")
+
+
+def override_set(
+    *,
+    channel: Channel,
+    until: datetime,
+    now: datetime,
+    by: Any,
+    model: LLMModel | None = None,
+    preset: Preset | None = None,
+    unload: bool = False,
+) -> Override:
+    """Set the channel's override (SPEC §2 rule 4), replacing any earlier one."""
+    if until <= now:
+        raise InvalidInput("until", "until must be in the future")
+    if unload and model is not None:
+        raise InvalidInput("unload", "give either a model (and preset) or unload, not both")
+    if not unload and model is None:
+        raise InvalidInput("model", "give a model (and preset), or unload: true")
+    validate_target(model=model, preset=preset)
+    with transaction.atomic():
+        override, _ = Override.objects.update_or_create(
+            channel=channel,
+            defaults={
+                "model": model,
+                "preset": preset,
+                "unload": unload,
+                "until": until,
+                "set_by": by,
+                "set_at": now,
+            },
+        )
+        enqueue_redecide(channel.pk)
+    return override
+
+
+def override_clear(*, channel: Channel) -> bool:
+    with transaction.atomic():
+        deleted, _ = Override.objects.filter(channel=channel).delete()
+        if deleted:
+            enqueue_redecide(channel.pk)
+    return bool(deleted)
+
+
+def channel_reload(*, channel: Channel, now: datetime) -> int:
+    """Ask the node worker to restart the channel's process at once, without draining."""
+    with transaction.atomic():
+        ChannelTarget.objects.get_or_create(channel=channel, defaults={"reason": "idle", "decided_at": now})
+        ChannelTarget.objects.filter(channel=channel).update(reload_generation=F("reload_generation") + 1)
+        generation = ChannelTarget.objects.values_list("reload_generation", flat=True).get(channel=channel)
+    return int(generation)

@@ -1,0 +1,28 @@
+"""Creating, finding and revoking API keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from gateway.models import ApiKey, hash_key, new_key
+
+
+def api_key_create(*, user: Any, name: str) -> tuple[ApiKey, str]:
+    """A new key for ``user``; the plain key is returned once and never stored."""
+    key = new_key()
+    api_key = ApiKey.objects.create(user=user, name=name, prefix=key[:10], hashed=hash_key(key))
+    return api_key, key
+
+
+def api_key_user(key: str) -> Any | None:
+    """The active user a key belongs to, or None for an unknown or revoked key."""
+    found = ApiKey.objects.usable().select_related("user").filter(hashed=hash_key(key)).first()
+    return found.user if found is not None else None
+
+
+def api_key_revoke(*, api_key: ApiKey) -> None:
+    if api_key.revoked_at is None:
+        api_key.revoked_at = timezone.now()
+        api_key.save(update_fields=["revoked_at"])

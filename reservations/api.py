@@ -1,0 +1,150 @@
+"""REST views for reservations, booking hints and notifications."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from django.utils import timezone
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.permissions import IsAdminUser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from channels_app.models import Channel, LLMModel, Preset
+from reservations import hints, services
+from reservations.models import Notification, Reservation
+from slotserve_site.api_fields import IdOrNameField, moment_param
+
+
+class ReservationInput(serializers.Serializer[Any]):
+    channel = IdOrNameField(queryset=Channel.objects.select_related("node"))
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    model = IdOrNameField(queryset=LLMModel.objects.all(), required=False, allow_null=True)
+    preset = serializers.PrimaryKeyRelatedField(queryset=Preset.objects.all(), required=False, allow_null=True)
+    exclusive = serializers.BooleanField(required=False, default=False)
+    note = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
+class ReservationOutput(serializers.ModelSerializer[Reservation]):
+    user = serializers.CharField(source="user.username")
+    channel_name = serializers.CharField(source="channel.name")
+
+    class Meta:
+        model = Reservation
+        fields = [
+            "id",
+            "user",
+            "channel",
+            "channel_name",
+            "start",
+            "end",
+            "model",
+            "preset",
+            "exclusive",
+            "status",
+            "reject_reason",
+            "note",
+            "created",
+        ]
+
+
+class RejectInput(serializers.Serializer[Any]):
+    reason = serializers.CharField(allow_blank=False, max_length=2000)
+
+
+class ReservationViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet[Reservation]
+):
+    """Users see their own reservations; staff see everyone's.
+
+    Another user's reservation answers 404, not 403, so that ids cannot be
+    probed.
+    """
+
+    serializer_class = ReservationOutput
+
+    def get_queryset(self) -> QuerySet[Reservation]:
+        queryset = Reservation.objects.select_related("user", "channel")
+        if not self.request.user.is_staff:
+            queryset = queryset.filter(user=self.request.user)
+        params = self.request.query_params
+        if params.get("channel"):
+            channel = params["channel"]
+            queryset = queryset.filter(channel=channel) if channel.isdigit() else queryset.filter(channel__name=channel)
+        if params.get("status"):
+            queryset = queryset.filter(status=params["status"])
+        return queryset.order_by("start")
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        data = ReservationInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        reservation = services.reservation_create(user=request.user, now=timezone.now(), **data.validated_data)
+        return Response(ReservationOutput(reservation).data, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    def approve(self, request: Request, pk: str | None = None) -> Response:
+        reservation = services.reservation_approve(reservation=self.get_object(), by=request.user, now=timezone.now())
+        return Response(ReservationOutput(reservation).data)
+
+    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    def reject(self, request: Request, pk: str | None = None) -> Response:
+        data = RejectInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        reservation = services.reservation_reject(
+            reservation=self.get_object(), by=request.user, reason=data.validated_data["reason"], now=timezone.now()
+        )
+        return Response(ReservationOutput(reservation).data)
+
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        reservation = services.reservation_cancel(reservation=self.get_object(), by=request.user, now=timezone.now())
+        return Response(ReservationOutput(reservation).data)
+
+    @action(detail=True, methods=["post"])
+    def end(self, request: Request, pk: str | None = None) -> Response:
+        reservation = services.reservation_end(reservation=self.get_object(), by=request.user, now=timezone.now())
+        return Response(ReservationOutput(reservation).data)
+
+    @action(detail=False, methods=["get"])
+    def hints(self, request: Request) -> Response:
+        params = request.query_params
+        data = ReservationInput(
+            data={
+                "channel": params.get("channel"),
+                "start": moment_param(request, "start"),
+                "end": moment_param(request, "end"),
+                "model": params.get("model") or None,
+                "preset": params.get("preset") or None,
+                "exclusive": params.get("exclusive", "false"),
+            }
+        )
+        data.is_valid(raise_exception=True)
+        warnings = hints.booking_hints(user=request.user, now=timezone.now(), **data.validated_data)
+        return Response({"warnings": warnings})
+
+
+class NotificationOutput(serializers.ModelSerializer[Notification]):
+    class Meta:
+        model = Notification
+        fields = ["id", "event", "text", "link", "read", "created"]
+
+
+class NotificationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet[Notification]):
+    serializer_class = NotificationOutput
+
+    def get_queryset(self) -> QuerySet[Notification]:
+        queryset = Notification.objects.filter(user=self.request.user)
+        if self.request.query_params.get("unread") in {"true", "1", "yes"}:
+            queryset = queryset.filter(read=False)
+        return queryset
+
+    @action(detail=True, methods=["post"])
+    def read(self, request: Request, pk: str | None = None) -> Response:
+        notification = self.get_object()
+        if not notification.read:
+            notification.read = True
+            notification.save(update_fields=["read"])
+        return Response(NotificationOutput(notification).data)

@@ -1,0 +1,77 @@
+"""Warnings for a booking before it is made (SPEC §5, API.md ``/api/reservations/hints``)."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+from channels_app import selectors
+from channels_app.models import Channel, LLMModel, Preset
+from channels_app.scheduling import Target
+from reservations.models import Reservation
+from reservations.services import needs_approval
+
+
+def adjacent_switch_minutes(*, load_seconds: float, gap_seconds: float) -> int:
+    """Minutes of a slot lost to loading when the previous slot ran another model.
+
+    Loading can start only when the previous reservation ends (SPEC §2), so
+    whatever of the load does not fit in the gap comes out of the new slot.
+    """
+    lost = load_seconds - max(gap_seconds, 0.0)
+    return math.ceil(lost / 60) if lost > 0 else 0
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB"
+
+
+def booking_hints(
+    *,
+    user: Any,
+    channel: Channel,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    model: LLMModel | None = None,
+    preset: Preset | None = None,
+    exclusive: bool = False,
+    note: str = "",
+) -> list[dict[str, Any]]:
+    warnings: list[dict[str, Any]] = []
+    target = None if exclusive or model is None else Target(model.pk, preset.pk if preset else None)
+    conflict = Reservation.objects.blocking().filter(channel=channel).overlapping(start, end).first()
+    if conflict is not None:
+        warnings.append(
+            {"code": "conflict", "message": f"the slot overlaps reservation {conflict.pk} ({conflict.status})"}
+        )
+    previous = (
+        Reservation.objects.blocking().filter(channel=channel, end__lte=start).order_by("-end").first()
+    )
+    if target is not None and previous is not None and previous.target != target:
+        load = selectors.load_estimates([(channel.node_id, target)])[(channel.node_id, target)]
+        minutes = adjacent_switch_minutes(
+            load_seconds=load, gap_seconds=(start - previous.end).total_seconds()
+        )
+        if minutes:
+            warnings.append(
+                {
+                    "code": "adjacent_model_switch",
+                    "message": f"the reservation before yours uses another model, so about the first "
+                    f"{minutes} minute(s) of your slot go to loading",
+                    "minutes_lost": minutes,
+                }
+            )
+    vram = channel.vram_bytes()
+    if model is not None and not exclusive and model.size_bytes > vram:
+        warnings.append(
+            {
+                "code": "exceeds_vram",
+                "message": f"the model's file ({_gib(model.size_bytes)}) is larger than the channel's "
+                f"GPU memory ({_gib(vram)})",
+            }
+        )
+    if needs_approval(channel=channel, exclusive=exclusive, user=user):
+        warnings.append({"code": "approval_required", "message": "staff must approve this booking"})
+    return warnings

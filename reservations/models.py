@@ -1,0 +1,188 @@
+"""Reservations of channels, and the notifications SlotServe sends about them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.contrib.postgres.constraints import ExclusionConstraint
+from django.contrib.postgres.fields import RangeOperators
+from django.db import models
+from django.db.models import Func, Q
+from django.utils import timezone
+
+from channels_app.scheduling import Slot, Target
+
+
+class ReservationStatus(models.TextChoices):
+    """A reservation's state. Allowed transitions:
+
+    pending  → approved | rejected | cancelled
+    approved → cancelled (before it starts) | ended (while active, end = now)
+    rejected, cancelled, ended: final.
+    """
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+    ENDED = "ended"
+
+
+# Statuses that hold a slot: no two of them may overlap on one channel (SPEC §5).
+BLOCKING_STATUSES = (ReservationStatus.PENDING, ReservationStatus.APPROVED)
+# Statuses that made or make the channel busy: an ended reservation ran [start, end).
+SCHEDULED_STATUSES = (ReservationStatus.APPROVED, ReservationStatus.ENDED)
+
+
+class TsTzRange(Func):
+    function = "TSTZRANGE"
+    output_field: Any = models.DateTimeField()  # only used inside the constraint's SQL
+
+
+class PostgresOnlyExclusionConstraint(ExclusionConstraint):
+    """An exclusion constraint created on PostgreSQL and skipped elsewhere.
+
+    On SQLite the same rule is kept by checking for overlaps and inserting in
+    one ``BEGIN IMMEDIATE`` transaction (``reservations.services``).
+    """
+
+    def _on_postgres(self, schema_editor: Any) -> bool:
+        return bool(schema_editor.connection.vendor == "postgresql")
+
+    def constraint_sql(self, model: Any, schema_editor: Any) -> Any:
+        return super().constraint_sql(model, schema_editor) if self._on_postgres(schema_editor) else None
+
+    def create_sql(self, model: Any, schema_editor: Any) -> Any:
+        return super().create_sql(model, schema_editor) if self._on_postgres(schema_editor) else None
+
+    def remove_sql(self, model: Any, schema_editor: Any) -> Any:
+        return super().remove_sql(model, schema_editor) if self._on_postgres(schema_editor) else None
+
+    def validate(self, model: Any, instance: Any, exclude: Any = None, using: str = "default") -> None:
+        # The service layer checks overlaps with a message naming the slot.
+        return None
+
+
+class ReservationQuerySet(models.QuerySet["Reservation"]):
+    def blocking(self) -> ReservationQuerySet:
+        """Reservations that hold their slot: pending or approved."""
+        return self.filter(status__in=BLOCKING_STATUSES)
+
+    def scheduled(self) -> ReservationQuerySet:
+        """Reservations that make a channel busy: approved, or ended early."""
+        return self.filter(status__in=SCHEDULED_STATUSES)
+
+    def overlapping(self, start: datetime, end: datetime) -> ReservationQuerySet:
+        """Reservations sharing any moment with ``[start, end)``; back to back is fine."""
+        return self.filter(start__lt=end, end__gt=start)
+
+    def active_at(self, now: datetime) -> ReservationQuerySet:
+        return self.scheduled().filter(start__lte=now, end__gt=now)
+
+
+class Reservation(models.Model):
+    """A booking of one channel for ``[start, end)`` by one user.
+
+    Either a model + preset, or whole-card (``exclusive``: no inference
+    process at all, the user gets the raw GPUs).
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="reservations")
+    channel = models.ForeignKey("channels_app.Channel", on_delete=models.CASCADE, related_name="reservations")
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    model = models.ForeignKey(
+        "channels_app.LLMModel", null=True, blank=True, on_delete=models.PROTECT, related_name="reservations"
+    )
+    preset = models.ForeignKey(
+        "channels_app.Preset", null=True, blank=True, on_delete=models.PROTECT, related_name="reservations"
+    )
+    exclusive = models.BooleanField(default=False, help_text="Whole-card: no inference process.")
+    status = models.CharField(
+        max_length=20, choices=ReservationStatus.choices, default=ReservationStatus.PENDING
+    )
+    reject_reason = models.TextField(blank=True)
+    note = models.TextField(blank=True)
+    created = models.DateTimeField(default=timezone.now)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ReservationQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["start"]
+        constraints = [
+            models.CheckConstraint(condition=Q(end__gt=models.F("start")), name="reservation_end_after_start"),
+            models.CheckConstraint(
+                condition=Q(exclusive=True, model__isnull=True, preset__isnull=True)
+                | Q(exclusive=False, model__isnull=False),
+                name="reservation_model_xor_exclusive",
+            ),
+            PostgresOnlyExclusionConstraint(
+                name="reservation_no_overlap",
+                expressions=[
+                    (TsTzRange("start", "end", models.Value("[)")), RangeOperators.OVERLAPS),
+                    ("channel", RangeOperators.EQUAL),
+                ],
+                condition=Q(status__in=BLOCKING_STATUSES),
+            ),
+        ]
+        indexes = [
+            # The tick's "latest started" and "next" reservation per channel, and
+            # the overlap check: channel = ? AND start < ? ORDER BY start.
+            models.Index(fields=["channel", "start"], name="reservation_channel_start_idx"),
+            # "My reservations": user = ? ORDER BY start.
+            models.Index(fields=["user", "start"], name="reservation_user_start_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel} {self.start:%Y-%m-%d %H:%M}–{self.end:%H:%M} ({self.status})"
+
+    @property
+    def target(self) -> Target | None:
+        if self.exclusive or self.model_id is None:
+            return None
+        return Target(self.model_id, self.preset_id)
+
+    def as_slot(self) -> Slot:
+        return Slot(
+            id=self.pk,
+            start=self.start,
+            end=self.end,
+            target=self.target,
+            counts=self.status in SCHEDULED_STATUSES,
+        )
+
+    def is_active(self, now: datetime) -> bool:
+        return self.status == ReservationStatus.APPROVED and self.start <= now < self.end
+
+
+class Notification(models.Model):
+    """An in-app notification; ``key`` makes an event be sent once per user."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notifications")
+    event = models.CharField(max_length=40)
+    text = models.TextField()
+    link = models.CharField(max_length=500, blank=True)
+    key = models.CharField(max_length=200, null=True, blank=True)
+    read = models.BooleanField(default=False)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user", "key"], condition=Q(key__isnull=False), name="notification_once_per_key"
+            ),
+        ]
+        indexes = [
+            # The inbox and its unread count: user = ? [AND read = false] ORDER BY created DESC.
+            models.Index(fields=["user", "read", "-created"], name="notification_inbox_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user}: {self.event}"

@@ -1,0 +1,264 @@
+"""Booking, approving, rejecting, cancelling and ending reservations (SPEC §5).
+
+Every state change is a conditional ``UPDATE … WHERE status = …``: zero rows
+means someone else changed the reservation first, and the caller is told
+which state it is in now. Every change that can alter what a channel runs
+re-decides that channel right after it commits.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from channels_app.models import ApprovalPolicy, Channel, LLMModel, Preset
+from channels_app.services import InvalidInput, enqueue_redecide, validate_target
+from reservations.models import Reservation, ReservationStatus
+from reservations.notifications import notify
+
+# A booking may start this little in the past: a form sent "now" arrives late.
+START_GRACE = timedelta(minutes=1)
+EXCLUSION_VIOLATION = "23P01"  # PostgreSQL's SQLSTATE for an exclusion constraint
+
+
+class ReservationConflict(Exception):
+    """The slot overlaps a pending or approved reservation of the same channel."""
+
+    def __init__(self, conflicting: Reservation | None) -> None:
+        self.conflicting = conflicting
+        if conflicting is None:
+            message = "the slot overlaps another reservation of this channel"
+        else:
+            message = (
+                f"the slot overlaps reservation {conflicting.pk} of this channel "
+                f"({_iso(conflicting.start)} to {_iso(conflicting.end)}, {conflicting.status})"
+            )
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidTransition(Exception):
+    """The reservation is not in a state that allows the requested change."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def needs_approval(*, channel: Channel, exclusive: bool, user: Any) -> bool:
+    if user.is_staff:
+        return False
+    if channel.approval_policy == ApprovalPolicy.ALL:
+        return True
+    return channel.approval_policy == ApprovalPolicy.EXCLUSIVE_ONLY and exclusive
+
+
+def _first_conflict(channel: Channel, start: datetime, end: datetime, exclude: int | None = None) -> Reservation | None:
+    found = Reservation.objects.blocking().filter(channel=channel).overlapping(start, end)
+    if exclude is not None:
+        found = found.exclude(pk=exclude)
+    return found.order_by("start").first()
+
+
+def validate_slot(
+    *,
+    channel: Channel,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    model: LLMModel | None,
+    preset: Preset | None,
+    exclusive: bool,
+) -> None:
+    if end <= start:
+        raise InvalidInput("end", "end must be after start")
+    if start < now - START_GRACE:
+        raise InvalidInput("start", "start is in the past; reservations are for the future")
+    if exclusive and (model is not None or preset is not None):
+        raise InvalidInput("exclusive", "a whole-card reservation names no model or preset")
+    if not exclusive and model is None:
+        raise InvalidInput("model", "name a model (and preset), or book the whole card with exclusive: true")
+    validate_target(model=model, preset=preset)
+
+
+def reservation_create(
+    *,
+    user: Any,
+    channel: Channel,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    model: LLMModel | None = None,
+    preset: Preset | None = None,
+    exclusive: bool = False,
+    note: str = "",
+) -> Reservation:
+    """Book ``[start, end)`` on ``channel``; raises ``ReservationConflict`` on overlap.
+
+    On SQLite the overlap check and the insert share one ``BEGIN IMMEDIATE``
+    transaction, so no other writer can slip in between. On PostgreSQL two
+    transactions may both pass the check; the exclusion constraint then makes
+    the second insert fail, and the slot that won is reported.
+    """
+    validate_slot(
+        channel=channel, start=start, end=end, now=now, model=model, preset=preset, exclusive=exclusive
+    )
+    pending = needs_approval(channel=channel, exclusive=exclusive, user=user)
+    status = ReservationStatus.PENDING if pending else ReservationStatus.APPROVED
+    with transaction.atomic():
+        conflict = _first_conflict(channel, start, end)
+        if conflict is not None:
+            raise ReservationConflict(conflict)
+        try:
+            with transaction.atomic():
+                reservation = Reservation.objects.create(
+                    user=user,
+                    channel=channel,
+                    start=start,
+                    end=end,
+                    model=None if exclusive else model,
+                    preset=None if exclusive else preset,
+                    exclusive=exclusive,
+                    status=status,
+                    note=note,
+                    created=now,
+                    decided_at=None if pending else now,
+                )
+        except IntegrityError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != EXCLUSION_VIOLATION:
+                raise
+            raise ReservationConflict(_first_conflict(channel, start, end)) from None
+        if pending:
+            _tell_approvers(reservation)
+        else:
+            enqueue_redecide(channel.pk)
+    return reservation
+
+
+def _tell_approvers(reservation: Reservation) -> None:
+    staff = get_user_model().objects.filter(is_staff=True, is_active=True)
+    for approver in staff:
+        notify(
+            user=approver,
+            event="submitted",
+            text=f"{reservation.user} asks for {reservation.channel} "
+            f"from {_iso(reservation.start)} to {_iso(reservation.end)}.",
+            key=f"submitted:{reservation.pk}",
+        )
+
+
+def _transition(
+    reservation: Reservation, allowed_from: tuple[str, ...], verb: str, **changes: Any
+) -> Reservation:
+    updated = Reservation.objects.filter(pk=reservation.pk, status__in=allowed_from).update(**changes)
+    reservation.refresh_from_db()
+    if not updated:
+        raise InvalidTransition(f"cannot {verb} a reservation that is {reservation.status}")
+    return reservation
+
+
+def reservation_approve(*, reservation: Reservation, by: Any, now: datetime) -> Reservation:
+    if reservation.end <= now:
+        raise InvalidTransition("cannot approve a reservation whose slot is over")
+    with transaction.atomic():
+        _transition(
+            reservation,
+            (ReservationStatus.PENDING,),
+            "approve",
+            status=ReservationStatus.APPROVED,
+            decided_by=by,
+            decided_at=now,
+        )
+        notify(
+            user=reservation.user,
+            event="approved",
+            text=f"Your reservation of {reservation.channel} from {_iso(reservation.start)} is approved.",
+            key=f"approved:{reservation.pk}",
+        )
+        enqueue_redecide(reservation.channel_id)
+    return reservation
+
+
+def reservation_reject(*, reservation: Reservation, by: Any, reason: str, now: datetime) -> Reservation:
+    if not reason.strip():
+        raise InvalidInput("reason", "say why the reservation is rejected")
+    with transaction.atomic():
+        _transition(
+            reservation,
+            (ReservationStatus.PENDING,),
+            "reject",
+            status=ReservationStatus.REJECTED,
+            reject_reason=reason.strip(),
+            decided_by=by,
+            decided_at=now,
+        )
+        notify(
+            user=reservation.user,
+            event="rejected",
+            text=f"Your reservation of {reservation.channel} from {_iso(reservation.start)} "
+            f"was rejected: {reservation.reject_reason}",
+            key=f"rejected:{reservation.pk}",
+        )
+    return reservation
+
+
+def reservation_cancel(*, reservation: Reservation, by: Any, now: datetime) -> Reservation:
+    """Cancel a pending reservation, or an approved one that has not started."""
+    if reservation.status == ReservationStatus.APPROVED and reservation.start <= now:
+        raise InvalidTransition(
+            "cannot cancel a reservation that has started; end it early instead"
+            if reservation.end > now
+            else "cannot cancel a reservation that is over"
+        )
+    with transaction.atomic():
+        was = reservation.status
+        _transition(
+            reservation,
+            (ReservationStatus.PENDING, ReservationStatus.APPROVED),
+            "cancel",
+            status=ReservationStatus.CANCELLED,
+        )
+        if by != reservation.user:
+            notify(
+                user=reservation.user,
+                event="cancelled",
+                text=f"Your reservation of {reservation.channel} from {_iso(reservation.start)} "
+                f"was cancelled by {by}.",
+                key=f"cancelled:{reservation.pk}",
+            )
+        if was == ReservationStatus.APPROVED:
+            enqueue_redecide(reservation.channel_id)
+    return reservation
+
+
+def reservation_end(*, reservation: Reservation, by: Any, now: datetime) -> Reservation:
+    """End an active reservation now; the channel re-decides at once (SPEC §5)."""
+    if not reservation.is_active(now):
+        raise InvalidTransition(
+            f"cannot end a reservation that is not active (it is {reservation.status}, "
+            f"from {_iso(reservation.start)} to {_iso(reservation.end)})"
+        )
+    with transaction.atomic():
+        # ``end`` must stay after ``start``: ending in the very first instant is a cancel.
+        if now > reservation.start:
+            changes: dict[str, Any] = {"status": ReservationStatus.ENDED, "end": now}
+        else:
+            changes = {"status": ReservationStatus.CANCELLED}
+        _transition(reservation, (ReservationStatus.APPROVED,), "end", **changes)
+        if by != reservation.user:
+            notify(
+                user=reservation.user,
+                event="ended_early",
+                text=f"Your reservation of {reservation.channel} was ended early by {by}.",
+                key=f"ended:{reservation.pk}",
+            )
+        enqueue_redecide(reservation.channel_id)
+    return reservation

@@ -1,0 +1,70 @@
+"""Every REST API error answers JSON with a human message (API.md).
+
+DRF's default bodies are kept (``{"field": ["..."]}`` for validation errors)
+and a top-level ``message`` is added that names the field and the rule, so a
+script can print one line and a person knows what to fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+def _first_message(detail: Any, path: str = "") -> str:
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            if key in {"message", "code"}:
+                continue
+            name = key if key != "non_field_errors" else ""
+            return _first_message(value, f"{path}.{name}".strip(".") if name else path)
+        return ""
+    if isinstance(detail, list) and detail:
+        return _first_message(detail[0], path)
+    text = str(detail)
+    return f"{path}: {text}" if path else text
+
+
+def _service_error(exc: Exception) -> Response | None:
+    """Errors raised by the services, answered with the rule that refused."""
+    from channels_app.services import InvalidInput
+    from reservations.services import InvalidTransition, ReservationConflict
+
+    if isinstance(exc, InvalidInput):
+        return Response({"message": f"{exc.field}: {exc.message}", exc.field: [exc.message]}, status=400)
+    if isinstance(exc, ReservationConflict):
+        body: dict[str, Any] = {"message": exc.message, "code": "reservation_conflict"}
+        if exc.conflicting is not None:
+            body["conflict"] = {
+                "id": exc.conflicting.pk,
+                "start": _iso(exc.conflicting.start),
+                "end": _iso(exc.conflicting.end),
+                "status": exc.conflicting.status,
+            }
+        return Response(body, status=409)
+    if isinstance(exc, InvalidTransition):
+        return Response({"message": exc.message, "code": "invalid_transition"}, status=409)
+    return None
+
+
+def _iso(moment: Any) -> str:
+    return str(serializers.DateTimeField().to_representation(moment))
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    handled = _service_error(exc)
+    if handled is not None:
+        return handled
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    data = response.data
+    if isinstance(data, dict) and "message" not in data:
+        data = {"message": _first_message(data), **data}
+    elif isinstance(data, list):
+        data = {"message": _first_message(data), "errors": data}
+    response.data = data
+    return response

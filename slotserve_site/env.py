@@ -1,0 +1,62 @@
+"""Typed readers for SlotServe's environment settings.
+
+A bad value stops start-up with the variable's name and what was expected,
+rather than surfacing later as a confusing failure deep in a request.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class SettingError(Exception):
+    """A setting in the environment has a value SlotServe cannot use."""
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise SettingError(f"{name}={raw!r} is not a boolean: use true/false, yes/no, on/off or 1/0")
+
+
+def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingError(f"{name}={raw!r} is not a number") from None
+    if value != value or value < minimum:  # NaN or below the floor
+        raise SettingError(f"{name}={raw!r} must be a number >= {minimum:g}")
+    return value
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingError(f"{name}={raw!r} is not a whole number") from None
+    if value < minimum:
+        raise SettingError(f"{name}={raw!r} must be a whole number >= {minimum}")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]

@@ -1,0 +1,190 @@
+"""SlotServe settings: one module, driven by the environment.
+
+Every SlotServe setting of SPEC section 8 is read here with its default, and a
+bad value stops start-up naming the variable (see ``slotserve_site.env``).
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+import django_stubs_ext
+from rest_framework import generics, serializers, viewsets
+
+from slotserve_site.env import SettingError, env_bool, env_float, env_int, env_list, env_str
+
+# Lets classes be written with their type parameters (``ModelAdmin[Node]``) at run time.
+django_stubs_ext.monkeypatch(
+    extra_classes=[
+        generics.GenericAPIView,
+        viewsets.GenericViewSet,
+        viewsets.ModelViewSet,
+        serializers.Serializer,
+        serializers.ModelSerializer,
+        serializers.PrimaryKeyRelatedField,
+        serializers.RelatedField,
+    ]
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(env_str("SLOTSERVE_DATA_DIR", str(BASE_DIR / "data"))).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+DEBUG = env_bool("SLOTSERVE_DEBUG", False)
+
+
+def _secret_key() -> str:
+    """The key from the environment, else one kept in the data directory."""
+    from_env = env_str("SLOTSERVE_SECRET_KEY", "")
+    if from_env:
+        return from_env
+    key_file = DATA_DIR / "secret_key"
+    if not key_file.exists():
+        key_file.write_text(secrets.token_urlsafe(50))
+        key_file.chmod(0o600)
+    return key_file.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env_list("SLOTSERVE_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("SLOTSERVE_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "rest_framework",
+    "django_celery_beat",
+    "channels",
+    "channels_app",
+    "reservations",
+    "gateway",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "slotserve_site.urls"
+WSGI_APPLICATION = "slotserve_site.wsgi.application"
+ASGI_APPLICATION = "slotserve_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------
+# SQLite in the data directory by default; PostgreSQL when DATABASE_URL says so.
+_database_url = env_str("DATABASE_URL", "")
+if _database_url:
+    try:
+        DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
+    except ValueError as exc:
+        raise SettingError(f"DATABASE_URL is not a database URL: {exc}") from None
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "slotserve.sqlite3",
+            # BEGIN IMMEDIATE takes the write lock at the start of every
+            # transaction, so the overlap check and the insert of a reservation
+            # cannot interleave with another writer's (SPEC section 5).
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+            # A file, not shared-cache memory: threads in the concurrency tests
+            # need SQLite's real locking, which shared cache does not provide.
+            "TEST": {"NAME": str(DATA_DIR / "test.sqlite3")},
+        }
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env_str("SLOTSERVE_TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+LOGIN_URL = "/admin/login/"
+
+# --- Redis, Celery, Channels ----------------------------------------------
+REDIS_URL = env_str("SLOTSERVE_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_TASK_ALWAYS_EAGER = env_bool("SLOTSERVE_CELERY_EAGER", False)
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+CHANNEL_LAYERS = {
+    "default": {"BACKEND": "channels.layers.InMemoryChannelLayer"},
+}
+
+# --- REST API ---------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "gateway.authentication.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "EXCEPTION_HANDLER": "slotserve_site.api_errors.exception_handler",
+    "DATETIME_FORMAT": "iso-8601",
+    "UNAUTHENTICATED_USER": None,
+}
+
+# --- SlotServe (SPEC section 8) -------------------------------------------
+SLOTSERVE_TICK_SECONDS = env_int("SLOTSERVE_TICK_SECONDS", 5, minimum=1)
+SLOTSERVE_MIN_PRELOAD_SECONDS = env_float("SLOTSERVE_MIN_PRELOAD_SECONDS", 180)
+SLOTSERVE_SWITCH_BUFFER_SECONDS = env_float("SLOTSERVE_SWITCH_BUFFER_SECONDS", 60)
+SLOTSERVE_DISK_READ_MBPS = env_float("SLOTSERVE_DISK_READ_MBPS", 200, minimum=0.001)
+SLOTSERVE_LOAD_TIMEOUT_SECONDS = env_float("SLOTSERVE_LOAD_TIMEOUT_SECONDS", 600, minimum=1)
+SLOTSERVE_STOP_TIMEOUT_SECONDS = env_float("SLOTSERVE_STOP_TIMEOUT_SECONDS", 15)
+SLOTSERVE_DRAIN_SECONDS = env_float("SLOTSERVE_DRAIN_SECONDS", 30)
+
+# Backend executables (API.md "Backend programs").
+SLOTSERVE_LLAMA_SERVER = env_str("SLOTSERVE_LLAMA_SERVER", "llama-server")
+SLOTSERVE_VLLM = env_str("SLOTSERVE_VLLM", "vllm")
+SLOTSERVE_SGLANG = env_str("SLOTSERVE_SGLANG", "python -m sglang.launch_server")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("SLOTSERVE_LOG_LEVEL", "INFO")},
+}

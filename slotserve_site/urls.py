@@ -1,0 +1,29 @@
+from django.contrib import admin
+from django.http import HttpRequest, JsonResponse
+from django.urls import include, path
+from rest_framework.routers import DefaultRouter
+
+from channels_app.api import ChannelViewSet, LLMModelViewSet, NodeViewSet, PresetViewSet
+from gateway.api import ApiKeyViewSet
+from reservations.api import NotificationViewSet, ReservationViewSet
+
+router = DefaultRouter(trailing_slash="/?")
+router.register("nodes", NodeViewSet)
+router.register("channels", ChannelViewSet)
+router.register("models", LLMModelViewSet)
+router.register("presets", PresetViewSet)
+router.register("reservations", ReservationViewSet, basename="reservation")
+router.register("notifications", NotificationViewSet, basename="notification")
+router.register("keys", ApiKeyViewSet, basename="apikey")
+
+
+def health(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"status": "ok"})
+
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/", include(router.urls)),
+    path("api-auth/", include("rest_framework.urls")),
+    path("health", health),
+]
