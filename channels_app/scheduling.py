@@ -225,15 +225,16 @@ def decide(inp: DecisionInput, now: datetime) -> Decision:
     if upcoming is not None:
         lead = (upcoming.start - now).total_seconds()
         # Rule 2: preload within the window (inclusive at its first moment).
-        if lead <= preload_lead_seconds(inp, upcoming):
+        preload_lead = preload_lead_seconds(inp, upcoming)
+        if lead <= preload_lead:
             reason = Reason.STOP_FOR_EXCLUSIVE if upcoming.exclusive else Reason.PRELOAD_NEXT
             return Decision(upcoming.target, reason, upcoming.start, upcoming.id)
-        # Rule 3: the gap is too short to be worth loading the default.
+        # Rule 3: the gap is too short to be worth loading the default. It holds
+        # until rule 2 takes over with the same target and its own reason.
         gap = short_gap_seconds(inp, upcoming)
         if gap is not None and lead < gap:
-            return Decision(
-                upcoming.target, Reason.SKIP_DEFAULT_SHORT_GAP, upcoming.start, upcoming.id
-            )
+            preload_from = upcoming.start - timedelta(seconds=preload_lead)
+            return Decision(upcoming.target, Reason.SKIP_DEFAULT_SHORT_GAP, preload_from, upcoming.id)
 
     takeover = _takeover(inp, upcoming)
 

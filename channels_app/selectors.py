@@ -169,7 +169,7 @@ def channel_window_inputs(*, channel: Channel, start: datetime, end: datetime) -
     latest = mine.filter(start__lte=start).order_by("-start").values("pk")[:1]
     after = mine.filter(start__gt=end, status=ReservationStatus.APPROVED).order_by("start").values("pk")[:1]
     reservations = mine.filter(
-        Q(start__lt=end, end__gt=start) | Q(pk__in=Subquery(latest)) | Q(pk__in=Subquery(after))
+        Q(start__lte=end, end__gt=start) | Q(pk__in=Subquery(latest)) | Q(pk__in=Subquery(after))
     )
     slots = _slot_rows(reservations)
     fresh = _channels([channel.pk]).get()

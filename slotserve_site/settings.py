@@ -11,22 +11,11 @@ from pathlib import Path
 
 import dj_database_url
 import django_stubs_ext
-from rest_framework import generics, serializers, viewsets
 
 from slotserve_site.env import SettingError, env_bool, env_float, env_int, env_list, env_str
 
-# Lets classes be written with their type parameters (``ModelAdmin[Node]``) at run time.
-django_stubs_ext.monkeypatch(
-    extra_classes=[
-        generics.GenericAPIView,
-        viewsets.GenericViewSet,
-        viewsets.ModelViewSet,
-        serializers.Serializer,
-        serializers.ModelSerializer,
-        serializers.PrimaryKeyRelatedField,
-        serializers.RelatedField,
-    ]
-)
+# Lets Django's classes be written with their type parameters (``ModelAdmin[Node]``).
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("SLOTSERVE_DATA_DIR", str(BASE_DIR / "data"))).resolve()

@@ -7,7 +7,10 @@ from channels_app.api import ChannelViewSet, LLMModelViewSet, NodeViewSet, Prese
 from gateway.api import ApiKeyViewSet
 from reservations.api import NotificationViewSet, ReservationViewSet
 
-router = DefaultRouter(trailing_slash="/?")
+router = DefaultRouter()
+# API.md spells collections with a slash (/api/nodes/) and actions without one
+# (/api/reservations/1/approve); accept both everywhere rather than redirect a POST.
+router.trailing_slash = "/?"
 router.register("nodes", NodeViewSet)
 router.register("channels", ChannelViewSet)
 router.register("models", LLMModelViewSet)
