@@ -49,3 +49,9 @@ def ana_api(ana) -> APIClient:
 @pytest.fixture
 def bo_api(bo) -> APIClient:
     return _client_for(bo)
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings):
+    """Test users need no slow password hashing."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
