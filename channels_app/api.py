@@ -49,7 +49,7 @@ class LLMModelViewSet(viewsets.ModelViewSet[LLMModel]):
     permission_classes = [IsStaffOrReadOnly]
 
     def get_serializer_context(self) -> dict[str, Any]:
-        context = super().get_serializer_context()
+        context = dict(super().get_serializer_context())
         channels = Channel.objects.select_related("node").prefetch_related("node__gpus")
         context["channel_vram"] = {c.name: c.vram_bytes() for c in channels}
         context["load_estimates"] = model_load_estimates()
@@ -79,13 +79,19 @@ class PresetViewSet(viewsets.ModelViewSet[Preset]):
         queryset = super().get_queryset()
         model = self.request.query_params.get("model")
         if model:
-            queryset = queryset.filter(model__name=model) if not model.isdigit() else queryset.filter(model=model)
+            queryset = (
+                queryset.filter(model__name=model)
+                if not model.isdigit()
+                else queryset.filter(model_id=int(model))
+            )
         return queryset
 
 
 class OverrideInput(serializers.Serializer[Any]):
     model = IdOrNameField(queryset=LLMModel.objects.all(), required=False, allow_null=True)
-    preset = serializers.PrimaryKeyRelatedField(queryset=Preset.objects.all(), required=False, allow_null=True)
+    preset = serializers.PrimaryKeyRelatedField(
+        queryset=Preset.objects.all(), required=False, allow_null=True
+    )
     unload = serializers.BooleanField(required=False, default=False)
     until = serializers.DateTimeField()
 
@@ -121,7 +127,9 @@ class ChannelViewSet(viewsets.ModelViewSet[Channel]):
     def reload(self, request: Request, pk: str | None = None) -> Response:
         channel = self.get_object()
         generation = services.channel_reload(channel=channel, now=timezone.now())
-        return Response({"channel": channel.pk, "reload_generation": generation}, status=status.HTTP_202_ACCEPTED)
+        return Response(
+            {"channel": channel.pk, "reload_generation": generation}, status=status.HTTP_202_ACCEPTED
+        )
 
     @action(detail=True, methods=["get"])
     def decision(self, request: Request, pk: str | None = None) -> Response:

@@ -236,9 +236,7 @@ class LoadRecord(models.Model):
 class ChannelTarget(models.Model):
     """What the scheduler decided a channel should run. Written by the scheduler only."""
 
-    channel = models.OneToOneField(
-        Channel, on_delete=models.CASCADE, primary_key=True, related_name="target"
-    )
+    channel = models.OneToOneField(Channel, on_delete=models.CASCADE, primary_key=True, related_name="target")
     model = models.ForeignKey(LLMModel, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     preset = models.ForeignKey(Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     reason = models.CharField(max_length=40)

@@ -159,11 +159,7 @@ def short_gap_seconds(inp: DecisionInput, slot: Slot) -> float | None:
     """
     if inp.default is None or inp.running == inp.default:
         return None
-    return (
-        _load(inp, inp.default)
-        + _load(inp, slot.target)
-        + 2 * inp.settings.switch_buffer_seconds
-    )
+    return _load(inp, inp.default) + _load(inp, slot.target) + 2 * inp.settings.switch_buffer_seconds
 
 
 def _active_and_next(slots: Sequence[Slot], now: datetime) -> tuple[Slot | None, Slot | None]:

@@ -8,7 +8,7 @@ channels or reservations.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -62,6 +62,8 @@ def load_estimates(wanted: Iterable[tuple[int, Target]]) -> dict[tuple[int, Targ
     )
     durations: dict[tuple[int, Target], list[float]] = defaultdict(list)
     for node_id, model_id, preset_id, started, finished in recent:
+        if finished is None:  # excluded by the query; keeps the types honest
+            continue
         durations[(node_id, Target(model_id, preset_id))].append((finished - started).total_seconds())
     return {
         (node_id, target): estimate_load_seconds(
@@ -90,7 +92,7 @@ def _running(channel: Channel) -> Target | None:
 
 
 def _build_inputs(
-    channels: list[Channel], slots_by_channel: dict[int, list[Slot]]
+    channels: Sequence[Channel], slots_by_channel: dict[int, list[Slot]]
 ) -> dict[int, ChannelFacts]:
     wanted: set[tuple[int, Target]] = set()
     for channel in channels:
@@ -118,7 +120,9 @@ def _build_inputs(
 
 def _slot_rows(reservations: QuerySet[Reservation]) -> dict[int, list[Slot]]:
     slots: dict[int, list[Slot]] = defaultdict(list)
-    rows = reservations.values_list("pk", "channel_id", "start", "end", "model_id", "preset_id", "exclusive", "status")
+    rows = reservations.values_list(
+        "pk", "channel_id", "start", "end", "model_id", "preset_id", "exclusive", "status"
+    )
     for pk, channel_id, start, end, model_id, preset_id, exclusive, status in rows:
         target = None if exclusive or model_id is None else Target(model_id, preset_id)
         slots[channel_id].append(
@@ -152,9 +156,7 @@ def decision_inputs(*, now: datetime, channel_ids: Iterable[int] | None = None) 
     )
     channels = list(picked)
     slots = _slot_rows(
-        Reservation.objects.filter(
-            Q(pk__in=picked.values("latest_id")) | Q(pk__in=picked.values("next_id"))
-        )
+        Reservation.objects.filter(Q(pk__in=picked.values("latest_id")) | Q(pk__in=picked.values("next_id")))
     )
     return _build_inputs(channels, slots)
 

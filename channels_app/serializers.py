@@ -145,7 +145,9 @@ class ChannelSerializer(serializers.ModelSerializer[Channel]):
             or not value
             or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
         ):
-            raise serializers.ValidationError("gpu_indexes must be a non-empty list of GPU indexes, e.g. [0, 1]")
+            raise serializers.ValidationError(
+                "gpu_indexes must be a non-empty list of GPU indexes, e.g. [0, 1]"
+            )
         if len(set(value)) != len(value):
             raise serializers.ValidationError("gpu_indexes names a GPU twice")
         return sorted(value)
@@ -158,8 +160,10 @@ class ChannelSerializer(serializers.ModelSerializer[Channel]):
         preset = attrs.get("default_preset", getattr(self.instance, "default_preset", None))
         if preset is not None and (model is None or preset.model_id != model.pk):
             raise serializers.ValidationError(
-                {"default_preset": f"preset {preset.name!r} belongs to model {preset.model.name!r}, "
-                 "not to the channel's default model"}
+                {
+                    "default_preset": f"preset {preset.name!r} belongs to model {preset.model.name!r}, "
+                    "not to the channel's default model"
+                }
             )
         return attrs
 

@@ -96,11 +96,11 @@ def enqueue_redecide(channel_id: int) -> None:
     def send() -> None:
         try:
             channel_redecide.apply_async(
-                args=[channel_id],
+                args=(channel_id,),
                 retry=True,
                 retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.2},
             )
-        except Exception:  # noqa: BLE001 — the broker being down must not fail the change
+        except Exception:
             # The change is committed; the next tick (SLOTSERVE_TICK_SECONDS)
             # re-decides the channel anyway. Say loudly that it was late.
             log.exception("could not enqueue the re-decision of channel %s; the next tick will", channel_id)

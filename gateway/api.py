@@ -11,6 +11,7 @@ from rest_framework.response import Response
 
 from gateway.models import ApiKey
 from gateway.services import api_key_create, api_key_revoke
+from slotserve_site.api_fields import current_user
 
 
 class ApiKeyOutput(serializers.ModelSerializer[ApiKey]):
@@ -24,14 +25,17 @@ class ApiKeyInput(serializers.Serializer[Any]):
 
 
 class ApiKeyViewSet(
-    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet[ApiKey]
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet[ApiKey],
 ):
     """The caller's keys; the key itself appears only in the answer to ``POST``."""
 
     serializer_class = ApiKeyOutput
 
     def get_queryset(self) -> QuerySet[ApiKey]:
-        return ApiKey.objects.filter(user=self.request.user, revoked_at__isnull=True)
+        return ApiKey.objects.filter(user=current_user(self.request), revoked_at__isnull=True)
 
     def create(self, request: Request) -> Response:
         data = ApiKeyInput(data=request.data)

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from channels_app.models import Channel, LLMModel, Preset
 from reservations import hints, services
 from reservations.models import Notification, Reservation
-from slotserve_site.api_fields import IdOrNameField, moment_param
+from slotserve_site.api_fields import IdOrNameField, current_user, moment_param
 
 
 class ReservationInput(serializers.Serializer[Any]):
@@ -23,7 +23,9 @@ class ReservationInput(serializers.Serializer[Any]):
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
     model = IdOrNameField(queryset=LLMModel.objects.all(), required=False, allow_null=True)
-    preset = serializers.PrimaryKeyRelatedField(queryset=Preset.objects.all(), required=False, allow_null=True)
+    preset = serializers.PrimaryKeyRelatedField(
+        queryset=Preset.objects.all(), required=False, allow_null=True
+    )
     exclusive = serializers.BooleanField(required=False, default=False)
     note = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
 
@@ -56,7 +58,10 @@ class RejectInput(serializers.Serializer[Any]):
 
 
 class ReservationViewSet(
-    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet[Reservation]
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    viewsets.GenericViewSet[Reservation],
 ):
     """Users see their own reservations; staff see everyone's.
 
@@ -69,11 +74,15 @@ class ReservationViewSet(
     def get_queryset(self) -> QuerySet[Reservation]:
         queryset = Reservation.objects.select_related("user", "channel")
         if not self.request.user.is_staff:
-            queryset = queryset.filter(user=self.request.user)
+            queryset = queryset.filter(user=current_user(self.request))
         params = self.request.query_params
         if params.get("channel"):
             channel = params["channel"]
-            queryset = queryset.filter(channel=channel) if channel.isdigit() else queryset.filter(channel__name=channel)
+            queryset = (
+                queryset.filter(channel_id=int(channel))
+                if channel.isdigit()
+                else queryset.filter(channel__name=channel)
+            )
         if params.get("status"):
             queryset = queryset.filter(status=params["status"])
         return queryset.order_by("start")
@@ -81,12 +90,16 @@ class ReservationViewSet(
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = ReservationInput(data=request.data)
         data.is_valid(raise_exception=True)
-        reservation = services.reservation_create(user=request.user, now=timezone.now(), **data.validated_data)
+        reservation = services.reservation_create(
+            user=request.user, now=timezone.now(), **data.validated_data
+        )
         return Response(ReservationOutput(reservation).data, status=status.HTTP_201_CREATED)
 
     @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
     def approve(self, request: Request, pk: str | None = None) -> Response:
-        reservation = services.reservation_approve(reservation=self.get_object(), by=request.user, now=timezone.now())
+        reservation = services.reservation_approve(
+            reservation=self.get_object(), by=request.user, now=timezone.now()
+        )
         return Response(ReservationOutput(reservation).data)
 
     @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
@@ -94,18 +107,25 @@ class ReservationViewSet(
         data = RejectInput(data=request.data)
         data.is_valid(raise_exception=True)
         reservation = services.reservation_reject(
-            reservation=self.get_object(), by=request.user, reason=data.validated_data["reason"], now=timezone.now()
+            reservation=self.get_object(),
+            by=request.user,
+            reason=data.validated_data["reason"],
+            now=timezone.now(),
         )
         return Response(ReservationOutput(reservation).data)
 
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
-        reservation = services.reservation_cancel(reservation=self.get_object(), by=request.user, now=timezone.now())
+        reservation = services.reservation_cancel(
+            reservation=self.get_object(), by=request.user, now=timezone.now()
+        )
         return Response(ReservationOutput(reservation).data)
 
     @action(detail=True, methods=["post"])
     def end(self, request: Request, pk: str | None = None) -> Response:
-        reservation = services.reservation_end(reservation=self.get_object(), by=request.user, now=timezone.now())
+        reservation = services.reservation_end(
+            reservation=self.get_object(), by=request.user, now=timezone.now()
+        )
         return Response(ReservationOutput(reservation).data)
 
     @action(detail=False, methods=["get"])
@@ -136,7 +156,7 @@ class NotificationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet[Notific
     serializer_class = NotificationOutput
 
     def get_queryset(self) -> QuerySet[Notification]:
-        queryset = Notification.objects.filter(user=self.request.user)
+        queryset = Notification.objects.filter(user=current_user(self.request))
         if self.request.query_params.get("unread") in {"true", "1", "yes"}:
             queryset = queryset.filter(read=False)
         return queryset

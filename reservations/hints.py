@@ -44,11 +44,12 @@ def booking_hints(
     conflict = Reservation.objects.blocking().filter(channel=channel).overlapping(start, end).first()
     if conflict is not None:
         warnings.append(
-            {"code": "conflict", "message": f"the slot overlaps reservation {conflict.pk} ({conflict.status})"}
+            {
+                "code": "conflict",
+                "message": f"the slot overlaps reservation {conflict.pk} ({conflict.status})",
+            }
         )
-    previous = (
-        Reservation.objects.blocking().filter(channel=channel, end__lte=start).order_by("-end").first()
-    )
+    previous = Reservation.objects.blocking().filter(channel=channel, end__lte=start).order_by("-end").first()
     if target is not None and previous is not None and previous.target != target:
         load = selectors.load_estimates([(channel.node_id, target)])[(channel.node_id, target)]
         minutes = adjacent_switch_minutes(

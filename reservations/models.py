@@ -116,7 +116,9 @@ class Reservation(models.Model):
     class Meta:
         ordering = ["start"]
         constraints = [
-            models.CheckConstraint(condition=Q(end__gt=models.F("start")), name="reservation_end_after_start"),
+            models.CheckConstraint(
+                condition=Q(end__gt=models.F("start")), name="reservation_end_after_start"
+            ),
             models.CheckConstraint(
                 condition=Q(exclusive=True, model__isnull=True, preset__isnull=True)
                 | Q(exclusive=False, model__isnull=False),

@@ -13,7 +13,9 @@ from reservations.models import Notification
 log = logging.getLogger(__name__)
 
 
-def notify(*, user: Any, event: str, text: str, link: str = "", key: str | None = None) -> Notification | None:
+def notify(
+    *, user: Any, event: str, text: str, link: str = "", key: str | None = None
+) -> Notification | None:
     """Store a notification for ``user`` and email it after commit.
 
     With a ``key`` the event is sent at most once per user: a second call with
@@ -21,9 +23,7 @@ def notify(*, user: Any, event: str, text: str, link: str = "", key: str | None 
     """
     try:
         with transaction.atomic():
-            notification = Notification.objects.create(
-                user=user, event=event, text=text, link=link, key=key
-            )
+            notification = Notification.objects.create(user=user, event=event, text=text, link=link, key=key)
     except IntegrityError:
         if key is not None and Notification.objects.filter(user=user, key=key).exists():
             return None

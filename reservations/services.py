@@ -13,7 +13,6 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
 from channels_app.models import ApprovalPolicy, Channel, LLMModel, Preset
 from channels_app.services import InvalidInput, enqueue_redecide, validate_target
@@ -61,7 +60,9 @@ def needs_approval(*, channel: Channel, exclusive: bool, user: Any) -> bool:
     return channel.approval_policy == ApprovalPolicy.EXCLUSIVE_ONLY and exclusive
 
 
-def _first_conflict(channel: Channel, start: datetime, end: datetime, exclude: int | None = None) -> Reservation | None:
+def _first_conflict(
+    channel: Channel, start: datetime, end: datetime, exclude: int | None = None
+) -> Reservation | None:
     found = Reservation.objects.blocking().filter(channel=channel).overlapping(start, end)
     if exclude is not None:
         found = found.exclude(pk=exclude)

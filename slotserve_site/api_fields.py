@@ -5,10 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.db import models
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from rest_framework import permissions, serializers
+from rest_framework.exceptions import NotAuthenticated
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
@@ -19,6 +21,7 @@ class IdOrNameField(serializers.PrimaryKeyRelatedField):  # type: ignore[type-ar
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, str) and not data.isdigit():
             queryset = self.get_queryset()
+            assert queryset is not None, "IdOrNameField needs a queryset"
             try:
                 return queryset.get(name=data)
             except models.ObjectDoesNotExist:
@@ -52,3 +55,11 @@ def moment_param(request: Request, name: str, default: datetime | None = None) -
     if timezone.is_naive(value):
         value = timezone.make_aware(value, timezone.get_current_timezone())
     return value
+
+
+def current_user(request: Request) -> User:
+    """The signed-in user of a request that passed ``IsAuthenticated``."""
+    user = request.user
+    if not isinstance(user, User):
+        raise NotAuthenticated()
+    return user

@@ -98,7 +98,7 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": DATA_DIR / "slotserve.sqlite3",
+            "NAME": str(DATA_DIR / "slotserve.sqlite3"),
             # BEGIN IMMEDIATE takes the write lock at the start of every
             # transaction, so the overlap check and the insert of a reservation
             # cannot interleave with another writer's (SPEC section 5).

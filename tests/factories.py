@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -78,13 +78,15 @@ def reservation(
     )
 
 
-def load(target: Preset, on: Channel, *, started: datetime, seconds: float, succeeded: bool = True) -> LoadRecord:
+def load(
+    target: Preset, on: Channel, *, started: datetime, seconds: float, succeeded: bool = True
+) -> LoadRecord:
     return LoadRecord.objects.create(
         model=target.model,
         preset=target,
         node=on.node,
         channel=on,
         started=started,
-        finished=started + timezone.timedelta(seconds=seconds),
+        finished=started + timedelta(seconds=seconds),
         succeeded=succeeded,
     )

@@ -16,7 +16,11 @@ CASES = [
     (Backend.VLLM, ["--served-model-name", "a", "b", "--dtype", "half"], ["--dtype", "half"]),
     (Backend.VLLM, ["--host=::", "--port=9", "--tensor-parallel-size", "2"], ["--tensor-parallel-size", "2"]),
     (Backend.SGLANG, ["--model-path", "p", "--tp", "2"], ["--tp", "2"]),
-    (Backend.SGLANG, ["--served-model-name=x", "--mem-fraction-static", "0.8"], ["--mem-fraction-static", "0.8"]),
+    (
+        Backend.SGLANG,
+        ["--served-model-name=x", "--mem-fraction-static", "0.8"],
+        ["--mem-fraction-static", "0.8"],
+    ),
     (Backend.SGLANG, ["-m", "keep"], ["-m", "keep"]),
 ]
 

@@ -21,7 +21,7 @@ def test_redecide_task_travels_through_redis_to_a_worker():
     queue = f"test-{uuid.uuid4().hex}"
     celery_app.conf.task_always_eager = False
     with start_worker(celery_app, pool="solo", perform_ping_check=False, queues=[queue], loglevel="WARNING"):
-        channel_redecide.apply_async(args=[channel.pk], queue=queue)
+        channel_redecide.apply_async(args=(channel.pk,), queue=queue)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not ChannelTarget.objects.filter(channel=channel).exists():
             time.sleep(0.05)

@@ -35,8 +35,12 @@ def test_end_after_start(slot):
 def test_model_or_whole_card(slot):
     with pytest.raises(IntegrityError), transaction.atomic():
         Reservation.objects.create(
-            user=slot["owner"], channel=slot["channel"], start=slot["start"],
-            end=slot["start"] + timedelta(hours=1), exclusive=False, model=None,
+            user=slot["owner"],
+            channel=slot["channel"],
+            start=slot["start"],
+            end=slot["start"] + timedelta(hours=1),
+            exclusive=False,
+            model=None,
         )
 
 

@@ -94,7 +94,13 @@ def test_decisions_at_several_moments(setup, ana_api):
         (T0 + HOUR, (a, pa), "default", preload_from, None),
         (preload_from - timedelta(seconds=1), (a, pa), "default", preload_from, None),
         (preload_from, (b, pb), "preload_next", T0 + 2 * HOUR, booked["id"]),
-        (T0 + 2 * HOUR + 30 * timedelta(minutes=1), (b, pb), "active_reservation", T0 + 3 * HOUR, booked["id"]),
+        (
+            T0 + 2 * HOUR + 30 * timedelta(minutes=1),
+            (b, pb),
+            "active_reservation",
+            T0 + 3 * HOUR,
+            booked["id"],
+        ),
         (T0 + 3 * HOUR, None, "active_exclusive", T0 + 4 * HOUR, whole["id"]),
         (T0 + 4 * HOUR, (a, pa), "default", None, None),
     ]
@@ -122,7 +128,9 @@ def test_plan_matches_the_decisions(setup, ana_api):
         (iso(T0 + 3 * HOUR), iso(T0 + 4 * HOUR), "default"),
     ]
     for segment in answer.data:
-        assert segment["target"] == decision(ana_api, setup, datetime.fromisoformat(segment["from"]))["target"]
+        assert (
+            segment["target"] == decision(ana_api, setup, datetime.fromisoformat(segment["from"]))["target"]
+        )
 
 
 def test_pending_reservation_changes_nothing(setup, staff_api, ana_api):
@@ -157,6 +165,7 @@ def test_tick_stores_what_the_decision_endpoint_says(setup, ana_api, frozen):
         now = decision(ana_api, setup, moment)
         assert stored.reason == now["reason"]
         assert stored.model_id == now["target"]["model"]
+        assert stored.valid_until is not None
         assert stored.valid_until.isoformat().replace("+00:00", "Z") == now["valid_until"]
         state = ana_api.get(f"/api/channels/{setup['channel']}/").data["state"]
         assert state["target"]["reason"] == now["reason"]

@@ -55,7 +55,11 @@ def test_booking_is_approved_and_redecides_the_channel(world, ana_api, django_ca
     assert answer.data["user"] == "ana"
     # Starting in a minute: inside the preload window, so the channel preloads now.
     target = ChannelTarget.objects.get(channel=world["channel"])
-    assert (target.model_id, target.preset_id, target.reason) == (world["qwen"].pk, world["chat"].pk, "preload_next")
+    assert (target.model_id, target.preset_id, target.reason) == (
+        world["qwen"].pk,
+        world["chat"].pk,
+        "preload_next",
+    )
 
 
 def test_channel_and_model_by_name(world, ana_api):
@@ -162,7 +166,10 @@ def test_approval_policy(world, ana_api, policy, exclusive, status):
 def test_staff_bookings_are_approved_at_once(world, staff_api):
     world["channel"].approval_policy = "all"
     world["channel"].save()
-    assert staff_api.post("/api/reservations/", body(world, T0 + HOUR, T0 + 2 * HOUR)).data["status"] == "approved"
+    assert (
+        staff_api.post("/api/reservations/", body(world, T0 + HOUR, T0 + 2 * HOUR)).data["status"]
+        == "approved"
+    )
 
 
 def test_approve_and_reject(world, staff, staff_api, ana_api, django_capture_on_commit_callbacks):
