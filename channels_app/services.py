@@ -31,26 +31,25 @@ class InvalidInput(Exception):
         self.message = message
 
 
-_TARGET_FIELDS = ("model_id", "preset_id", "reason", "valid_until", "reservation_id")
-
-
-def _as_row(channel_id: int, decision: Decision, now: datetime) -> ChannelTarget:
+def _row_values(decision: Decision) -> tuple[object, ...]:
+    """The stored fields of a decision, in ``_TARGET_FIELDS`` order."""
     target = decision.target
-    return ChannelTarget(
-        channel_id=channel_id,
-        model_id=target.model_id if target else None,
-        preset_id=target.preset_id if target else None,
-        reason=str(decision.reason),
-        valid_until=decision.valid_until,
-        reservation_id=decision.reservation_id,
-        decided_at=now,
+    return (
+        target.model_id if target else None,
+        target.preset_id if target else None,
+        str(decision.reason),
+        decision.valid_until,
+        decision.reservation_id,
     )
 
 
-def _changed(stored: ChannelTarget | None, row: ChannelTarget) -> bool:
+_TARGET_FIELDS = ("model_id", "preset_id", "reason", "valid_until", "reservation_id")
+
+
+def _stored_values(stored: ChannelTarget | None) -> tuple[object, ...] | None:
     if stored is None:
-        return True
-    return any(getattr(stored, name) != getattr(row, name) for name in _TARGET_FIELDS)
+        return None
+    return tuple(getattr(stored, name) for name in _TARGET_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -69,13 +68,17 @@ def decide_channels(*, now: datetime, channel_ids: Iterable[int] | None = None) 
     facts = selectors.decision_inputs(now=now, channel_ids=channel_ids)
     changed_rows: list[ChannelTarget] = []
     for channel_id, fact in facts.items():
-        row = _as_row(channel_id, decide(fact.decision_input, now), now)
+        values = _row_values(decide(fact.decision_input, now))
         try:
             stored: ChannelTarget | None = fact.channel.target
         except ChannelTarget.DoesNotExist:
             stored = None
-        if _changed(stored, row):
-            changed_rows.append(row)
+        if _stored_values(stored) != values:
+            changed_rows.append(
+                ChannelTarget(
+                    channel_id=channel_id, decided_at=now, **dict(zip(_TARGET_FIELDS, values, strict=True))
+                )
+            )
     if changed_rows:
         ChannelTarget.objects.bulk_create(
             changed_rows,
