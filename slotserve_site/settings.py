@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "channels_app",
     "reservations",
     "gateway",
+    "slotserve_site",  # the project's own commands: manage.py run
 ]
 
 MIDDLEWARE = [
