@@ -131,6 +131,19 @@ class Channel(models.Model):
         Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     labels = models.JSONField(default=dict, blank=True)
+    # Booking limits an admin sets per channel (None: no limit).
+    min_booking_minutes = models.PositiveIntegerField(default=15, help_text="Shortest booking.")
+    max_booking_minutes = models.PositiveIntegerField(null=True, blank=True, help_text="Longest booking.")
+    max_days_ahead = models.PositiveIntegerField(
+        null=True, blank=True, help_text="How far ahead a booking may start."
+    )
+    weekly_quota_hours = models.DecimalField(
+        max_digits=6,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        help_text="Hours one user may hold on this channel per week (Monday to Monday, UTC).",
+    )
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -139,6 +152,11 @@ class Channel(models.Model):
             models.CheckConstraint(
                 condition=Q(default_preset__isnull=True) | Q(default_model__isnull=False),
                 name="channel_default_preset_needs_model",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_booking_minutes__isnull=True)
+                | Q(max_booking_minutes__gte=models.F("min_booking_minutes")),
+                name="channel_booking_limits_ordered",
             ),
         ]
 

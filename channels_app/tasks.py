@@ -12,8 +12,13 @@ TICK_TASK = "channels_app.tasks.scheduler_tick"
 
 @shared_task(name=TICK_TASK, ignore_result=True)
 def scheduler_tick() -> int:
-    """Decide every channel now; returns how many targets changed."""
-    return len(services.decide_channels(now=timezone.now()).changed)
+    """Decide every channel now and send due reminders; returns how many targets changed."""
+    from reservations.reminders import send_starting_soon
+
+    now = timezone.now()
+    changed = len(services.decide_channels(now=now).changed)
+    send_starting_soon(now=now)
+    return changed
 
 
 @shared_task(name="channels_app.tasks.channel_redecide", ignore_result=True)

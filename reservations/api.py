@@ -53,6 +53,10 @@ class ReservationOutput(serializers.ModelSerializer[Reservation]):
         ]
 
 
+class ExtendInput(serializers.Serializer[Any]):
+    end = serializers.DateTimeField()
+
+
 class RejectInput(serializers.Serializer[Any]):
     reason = serializers.CharField(allow_blank=False, max_length=2000)
 
@@ -128,6 +132,15 @@ class ReservationViewSet(
         )
         return Response(ReservationOutput(reservation).data)
 
+    @action(detail=True, methods=["post"])
+    def extend(self, request: Request, pk: str | None = None) -> Response:
+        data = ExtendInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        reservation = services.reservation_extend(
+            reservation=self.get_object(), by=request.user, end=data.validated_data["end"], now=timezone.now()
+        )
+        return Response(ReservationOutput(reservation).data)
+
     @action(detail=False, methods=["get"])
     def hints(self, request: Request) -> Response:
         params = request.query_params
@@ -142,8 +155,10 @@ class ReservationViewSet(
             }
         )
         data.is_valid(raise_exception=True)
-        warnings = hints.booking_hints(user=request.user, now=timezone.now(), **data.validated_data)
-        return Response({"warnings": warnings})
+        user = current_user(request)
+        fields = data.validated_data
+        warnings = hints.booking_hints(user=user, now=timezone.now(), **fields)
+        return Response({"warnings": warnings, "quota": hints.quota_hint(user=user, **fields)})
 
 
 class NotificationOutput(serializers.ModelSerializer[Notification]):

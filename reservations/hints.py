@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from channels_app import selectors
 from channels_app.models import Channel, LLMModel, Preset
 from channels_app.scheduling import Target
 from reservations.models import Reservation
-from reservations.services import needs_approval
+from reservations.rules import quota_left, week_of
+from reservations.services import held_slots, needs_approval
 
 
 def adjacent_switch_minutes(*, load_seconds: float, gap_seconds: float) -> int:
@@ -21,6 +23,22 @@ def adjacent_switch_minutes(*, load_seconds: float, gap_seconds: float) -> int:
     """
     lost = load_seconds - max(gap_seconds, 0.0)
     return math.ceil(lost / 60) if lost > 0 else 0
+
+
+def quota_hint(
+    *, user: Any, channel: Channel, start: datetime, end: datetime, **_: Any
+) -> dict[str, Any] | None:
+    """The weekly quota and what is left of it in the week the booking starts."""
+    quota = channel.weekly_quota_hours
+    if quota is None:
+        return None
+    held = held_slots(user=user, channel=channel, start=start, end=end)
+    left = quota_left(at=start, held=held, quota_hours=quota)
+    return {
+        "hours": float(quota),
+        "left": float(max(left, Decimal(0)).quantize(Decimal("0.01"))),
+        "week": week_of(start).date().isoformat(),
+    }
 
 
 def _gib(size: int) -> str:

@@ -188,3 +188,40 @@ class Notification(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user}: {self.event}"
+
+
+class NotificationEvent(models.TextChoices):
+    """The kinds of notification SlotServe sends (SPEC §5)."""
+
+    SUBMITTED = "submitted", "A booking awaits approval"
+    APPROVED = "approved", "Your booking was approved"
+    REJECTED = "rejected", "Your booking was rejected"
+    STARTING_SOON = "starting_soon", "Your booking starts in 15 minutes"
+    MODEL_READY = "model_ready", "The model of your booking is ready"
+    LOAD_FAILED = "load_failed", "The model of your booking failed to load"
+    FALLBACK = "fallback", "Your booking runs on the fallback model"
+    RECOVERED = "recovered", "Your booking's model recovered"
+    ENDED_EARLY = "ended_early", "Your booking was ended early"
+    CANCELLED = "cancelled", "Your booking was cancelled"
+
+
+def _calendar_token() -> str:
+    import secrets
+
+    return secrets.token_urlsafe(24)
+
+
+class Profile(models.Model):
+    """A user's own settings: time zone, email preferences, calendar feed token."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="profile")
+    time_zone = models.CharField(max_length=64, default="UTC")
+    # Event kind → whether to email it; kinds not listed are emailed.
+    email_events = models.JSONField(default=dict, blank=True)
+    calendar_token = models.CharField(max_length=64, unique=True, default=_calendar_token)
+
+    def __str__(self) -> str:
+        return f"profile of {self.user}"
+
+    def wants_email(self, event: str) -> bool:
+        return bool(self.email_events.get(event, True))

@@ -9,6 +9,7 @@ from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 
 from reservations.models import Notification
+from reservations.profiles import profile_for
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +17,7 @@ log = logging.getLogger(__name__)
 def notify(
     *, user: Any, event: str, text: str, link: str = "", key: str | None = None
 ) -> Notification | None:
-    """Store a notification for ``user`` and email it after commit.
+    """Store a notification for ``user`` and email it after commit, if they want it.
 
     With a ``key`` the event is sent at most once per user: a second call with
     the same key (a re-run tick, a retried task) returns None and sends nothing.
@@ -28,7 +29,7 @@ def notify(
         if key is not None and Notification.objects.filter(user=user, key=key).exists():
             return None
         raise
-    if user.email:
+    if user.email and profile_for(user).wants_email(event):
         transaction.on_commit(lambda: _send_email(user.email, event, text, link))
     return notification
 

@@ -16,8 +16,9 @@ from django.db import IntegrityError, transaction
 
 from channels_app.models import ApprovalPolicy, Channel, LLMModel, Preset
 from channels_app.services import InvalidInput, enqueue_redecide, validate_target
-from reservations.models import Reservation, ReservationStatus
+from reservations.models import BLOCKING_STATUSES, Reservation, ReservationStatus
 from reservations.notifications import notify
+from reservations.rules import BookingLimits, check_length_and_horizon, check_quota, week_of
 
 # A booking may start this little in the past: a form sent "now" arrives late.
 START_GRACE = timedelta(minutes=1)
@@ -69,6 +70,40 @@ def _first_conflict(
     return found.order_by("start").first()
 
 
+def limits_of(channel: Channel) -> BookingLimits:
+    return BookingLimits(
+        min_minutes=channel.min_booking_minutes,
+        max_minutes=channel.max_booking_minutes,
+        max_days_ahead=channel.max_days_ahead,
+        weekly_quota_hours=channel.weekly_quota_hours,
+    )
+
+
+def held_slots(
+    *, user: Any, channel: Channel, start: datetime, end: datetime, exclude: int | None = None
+) -> list[tuple[datetime, datetime]]:
+    """The user's pending and approved slots on ``channel`` in the quota weeks of ``[start, end)``."""
+    weeks_from, weeks_to = week_of(start), week_of(end) + timedelta(days=7)
+    found = (
+        Reservation.objects.blocking().filter(user=user, channel=channel).overlapping(weeks_from, weeks_to)
+    )
+    if exclude is not None:
+        found = found.exclude(pk=exclude)
+    return list(found.values_list("start", "end"))
+
+
+def _check_limits(
+    *, user: Any, channel: Channel, start: datetime, end: datetime, now: datetime, exclude: int | None = None
+) -> None:
+    limits = limits_of(channel)
+    refusal = check_length_and_horizon(start=start, end=end, now=now, limits=limits)
+    if refusal is None and not user.is_staff:
+        held = held_slots(user=user, channel=channel, start=start, end=end, exclude=exclude)
+        refusal = check_quota(start=start, end=end, held=held, quota_hours=limits.weekly_quota_hours)
+    if refusal is not None:
+        raise InvalidInput(refusal.field, refusal.message)
+
+
 def validate_slot(
     *,
     channel: Channel,
@@ -115,6 +150,9 @@ def reservation_create(
     pending = needs_approval(channel=channel, exclusive=exclusive, user=user)
     status = ReservationStatus.PENDING if pending else ReservationStatus.APPROVED
     with transaction.atomic():
+        # Inside the transaction: on SQLite it holds the write lock, so two
+        # bookings of one user cannot both fit the same remaining quota.
+        _check_limits(user=user, channel=channel, start=start, end=end, now=now)
         conflict = _first_conflict(channel, start, end)
         if conflict is not None:
             raise ReservationConflict(conflict)
@@ -141,6 +179,47 @@ def reservation_create(
             _tell_approvers(reservation)
         else:
             enqueue_redecide(channel.pk)
+    return reservation
+
+
+def reservation_extend(*, reservation: Reservation, by: Any, end: datetime, now: datetime) -> Reservation:
+    """Move the end of an active or future reservation later, when that time is free.
+
+    Races with a new booking of the same minutes are settled like bookings:
+    the IMMEDIATE transaction on SQLite, the exclusion constraint on PostgreSQL.
+    """
+    if reservation.status not in BLOCKING_STATUSES or reservation.end <= now:
+        raise InvalidTransition(f"cannot extend a reservation that is {reservation.status} or over")
+    if end <= reservation.end:
+        raise InvalidInput("end", "the new end must be after the current end")
+    with transaction.atomic():
+        _check_limits(
+            user=reservation.user,
+            channel=reservation.channel,
+            start=reservation.start,
+            end=end,
+            now=min(now, reservation.start),
+            exclude=reservation.pk,
+        )
+        conflict = _first_conflict(reservation.channel, reservation.end, end, exclude=reservation.pk)
+        if conflict is not None:
+            raise ReservationConflict(conflict)
+        try:
+            with transaction.atomic():
+                updated = Reservation.objects.filter(
+                    pk=reservation.pk, status=reservation.status, end=reservation.end
+                ).update(end=end)
+        except IntegrityError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != EXCLUSION_VIOLATION:
+                raise
+            raise ReservationConflict(
+                _first_conflict(reservation.channel, reservation.end, end, exclude=reservation.pk)
+            ) from None
+        if not updated:
+            raise InvalidTransition("the reservation changed meanwhile; reload it and try again")
+        reservation.refresh_from_db()
+        if reservation.status == ReservationStatus.APPROVED:
+            enqueue_redecide(reservation.channel_id)
     return reservation
 
 

@@ -1,0 +1,39 @@
+"""The "starts in 15 minutes" notification, sent once per reservation by the tick."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db.models import Exists, OuterRef, Value
+from django.db.models.functions import Concat
+
+from reservations.models import Notification, NotificationEvent, Reservation, ReservationStatus
+from reservations.notifications import notify
+
+STARTING_SOON = timedelta(minutes=15)
+
+
+def send_starting_soon(*, now: datetime) -> int:
+    """Notify bookers whose approved reservation starts within 15 minutes; returns how many."""
+    already = Notification.objects.filter(
+        user=OuterRef("user"), key=Concat(Value("starting_soon:"), OuterRef("pk"))
+    )
+    due = (
+        Reservation.objects.filter(
+            status=ReservationStatus.APPROVED, start__gt=now, start__lte=now + STARTING_SOON
+        )
+        .exclude(Exists(already))
+        .select_related("user", "channel")
+    )
+    sent = 0
+    for reservation in due:
+        minutes = max(1, round((reservation.start - now).total_seconds() / 60))
+        if notify(
+            user=reservation.user,
+            event=NotificationEvent.STARTING_SOON,
+            text=f"Your reservation of {reservation.channel} starts in {minutes} minutes.",
+            link="/reservations/",
+            key=f"starting_soon:{reservation.pk}",
+        ):
+            sent += 1
+    return sent
