@@ -50,6 +50,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.postgres",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_celery_beat",
     "channels",
     "channels_app",
@@ -64,6 +66,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "slotserve_site.middleware.UserTimezoneMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -82,6 +85,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "slotserve_site.context_processors.navigation",
             ],
         },
     },
@@ -128,7 +132,9 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 # --- Redis, Celery, Channels ----------------------------------------------
 REDIS_URL = env_str("SLOTSERVE_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -155,6 +161,17 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "slotserve_site.api_errors.exception_handler",
     "DATETIME_FORMAT": "iso-8601",
     "UNAUTHENTICATED_USER": None,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "SlotServe API",
+    "DESCRIPTION": "Book GPU channels; see what each channel runs and why.",
+    "VERSION": "1",
+    # Served from this installation: the portal must work without the internet.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- SlotServe (SPEC section 8) -------------------------------------------

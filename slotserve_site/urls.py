@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from channels_app.api import ChannelViewSet, LLMModelViewSet, NodeViewSet, PresetViewSet
@@ -26,7 +27,11 @@ def health(request: HttpRequest) -> JsonResponse:
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/", include(router.urls)),
     path("api-auth/", include("rest_framework.urls")),
     path("health", health),
+    path("", include("reservations.urls")),
 ]

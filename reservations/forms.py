@@ -1,0 +1,66 @@
+"""Portal forms. They only collect input; the services decide and save."""
+
+from __future__ import annotations
+
+import zoneinfo
+from typing import Any
+
+from django import forms
+
+from channels_app.models import Channel, LLMModel, Preset
+from reservations.models import NotificationEvent
+
+LOCAL_INPUT = ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M"]
+
+
+class LocalDateTimeField(forms.DateTimeField):
+    """A ``datetime-local`` input, read in the user's time zone (the active one)."""
+
+    widget = forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M")
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(input_formats=LOCAL_INPUT, **kwargs)
+
+
+class BookingForm(forms.Form):
+    channel = forms.ModelChoiceField(queryset=Channel.objects.all())
+    start = LocalDateTimeField()
+    end = LocalDateTimeField()
+    exclusive = forms.BooleanField(required=False, label="Whole card (no model, raw GPUs)")
+    model = forms.ModelChoiceField(queryset=LLMModel.objects.all(), required=False)
+    preset = forms.ModelChoiceField(queryset=Preset.objects.select_related("model"), required=False)
+    note = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}), max_length=2000)
+
+
+class ExtendForm(forms.Form):
+    end = LocalDateTimeField(label="New end")
+
+
+class RejectForm(forms.Form):
+    reason = forms.CharField(max_length=2000)
+
+
+class OverrideForm(forms.Form):
+    model = forms.ModelChoiceField(queryset=LLMModel.objects.all(), required=False)
+    preset = forms.ModelChoiceField(queryset=Preset.objects.select_related("model"), required=False)
+    unload = forms.BooleanField(required=False)
+    until = LocalDateTimeField()
+
+
+def _zone_choices() -> list[tuple[str, str]]:
+    return [(name, name) for name in sorted(zoneinfo.available_timezones())]
+
+
+class PreferencesForm(forms.Form):
+    time_zone = forms.ChoiceField(choices=_zone_choices)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for event in NotificationEvent:
+            self.fields[f"email_{event.value}"] = forms.BooleanField(
+                required=False, label=f"Email me: {event.label}"
+            )
+
+
+class ApiKeyForm(forms.Form):
+    name = forms.CharField(max_length=100)

@@ -1,0 +1,253 @@
+"""Portal pages that show things: overview, calendar, models."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import date, datetime, time, timedelta
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.db.models import Prefetch
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+
+from channels_app import selectors
+from channels_app.api import model_load_estimates
+from channels_app.models import Channel, ChannelRuntime, ChannelTarget, LLMModel, Phase, Preset
+from channels_app.scheduling import Reason, Target
+from channels_app.services import plan_for
+from reservations.explain import BookingFacts, why
+from reservations.forms import OverrideForm
+from reservations.hints import adjacent_switch_minutes
+from reservations.models import Reservation, ReservationStatus
+
+PRELOADING = {Reason.PRELOAD_NEXT, Reason.SKIP_DEFAULT_SHORT_GAP, Reason.STOP_FOR_EXCLUSIVE}
+MANUAL = {Reason.MANUAL_OVERRIDE, Reason.MANUAL_UNLOAD}
+
+
+@dataclass
+class ChannelCard:
+    channel: Channel
+    ready: bool
+    phase: str
+    running: str
+    why: str
+    active: Reservation | None
+    error: str
+    fallback: bool
+    retry_at: datetime | None
+    loading_elapsed: int | None = None
+    loading_estimate: int | None = None
+    override_form: OverrideForm | None = None
+
+
+def _runtime(channel: Channel) -> ChannelRuntime | None:
+    try:
+        return channel.runtime
+    except ChannelRuntime.DoesNotExist:
+        return None
+
+
+def _target(channel: Channel) -> ChannelTarget | None:
+    try:
+        return channel.target
+    except ChannelTarget.DoesNotExist:
+        return None
+
+
+def _label(model: LLMModel | None, preset: Preset | None) -> str:
+    if model is None:
+        return "—"
+    return f"{model.name} / {preset.name}" if preset else model.name
+
+
+def channel_cards(*, now: datetime, staff: bool) -> list[ChannelCard]:
+    channels = Channel.objects.select_related(
+        "node",
+        "runtime__model",
+        "runtime__preset",
+        "target__reservation__user",
+    ).prefetch_related("node__gpus")
+    active = {
+        r.channel_id: r for r in Reservation.objects.active_at(now).select_related("user", "model", "preset")
+    }
+    tz = timezone.get_current_timezone()
+    cards = []
+    loading: list[tuple[ChannelCard, Target]] = []
+    for channel in channels:
+        runtime, target = _runtime(channel), _target(channel)
+        booking = None
+        if target is not None and target.reservation is not None:
+            r = target.reservation
+            booking = BookingFacts(user=r.user.username, start=r.start, end=r.end)
+        reason = (runtime and runtime.fallback and "fallback_default") or (target.reason if target else None)
+        card = ChannelCard(
+            channel=channel,
+            ready=channel.node.is_ready(now),
+            phase=runtime.phase if runtime else Phase.STOPPED,
+            running=_label(runtime.model, runtime.preset) if runtime else "—",
+            why=why(
+                reason=reason, booking=booking, valid_until=target.valid_until if target else None, tz=tz
+            ),
+            active=active.get(channel.pk),
+            error=runtime.error if runtime else "",
+            fallback=bool(runtime and runtime.fallback),
+            retry_at=runtime.retry_at if runtime else None,
+            override_form=OverrideForm(prefix=f"ch{channel.pk}") if staff else None,
+        )
+        if runtime is not None and runtime.phase == Phase.LOADING and runtime.model_id is not None:
+            card.loading_elapsed = int((now - runtime.since).total_seconds())
+            loading.append((card, Target(runtime.model_id, runtime.preset_id)))
+        cards.append(card)
+    if loading:
+        estimates = selectors.load_estimates((c.channel.node_id, t) for c, t in loading)
+        for card, target_ in loading:
+            card.loading_estimate = int(estimates[(card.channel.node_id, target_)])
+    return cards
+
+
+@login_required
+def overview(request: HttpRequest) -> HttpResponse:
+    cards = channel_cards(now=timezone.now(), staff=request.user.is_staff)
+    template = "portal/_channel_cards.html" if request.GET.get("partial") else "portal/overview.html"
+    return render(request, template, {"cards": cards, "now": timezone.now()})
+
+
+@dataclass
+class Block:
+    """Something placed on the timeline, in percent of the row's width."""
+
+    left: float
+    width: float
+    css: str
+    label: str
+    title: str
+
+
+@dataclass
+class CalendarRow:
+    channel: Channel
+    blocks: list[Block] = field(default_factory=list)
+    plan: list[Block] = field(default_factory=list)
+
+
+def _place(start: datetime, end: datetime, origin: datetime, span: timedelta) -> tuple[float, float] | None:
+    lo, hi = max(start, origin), min(end, origin + span)
+    if hi <= lo:
+        return None
+    return (lo - origin) / span * 100, (hi - lo) / span * 100
+
+
+def calendar_rows(*, origin: datetime, span: timedelta, now: datetime, viewer: Any) -> list[CalendarRow]:
+    tz = timezone.get_current_timezone()
+    shown = Reservation.objects.exclude(status__in=[ReservationStatus.REJECTED, ReservationStatus.CANCELLED])
+    channels = Channel.objects.select_related("node").prefetch_related(
+        Prefetch(
+            "reservations",
+            queryset=shown.overlapping(origin, origin + span).select_related("user", "model", "preset"),
+            to_attr="shown",
+        )
+    )
+    end = origin + span
+    names = dict(LLMModel.objects.values_list("pk", "name"))
+    rows = []
+    for channel in channels:
+        row = CalendarRow(channel)
+        previous: Reservation | None = None
+        for r in channel.shown:
+            place = _place(r.start, r.end, origin, span)
+            if place is None:
+                continue
+            what = "whole card" if r.exclusive else _label(r.model, r.preset)
+            mine = r.user_id == viewer.pk
+            css = f"res {r.status}" + (" mine" if mine else "") + (" exclusive" if r.exclusive else "")
+            local = f"{r.start.astimezone(tz):%a %H:%M}–{r.end.astimezone(tz):%H:%M}"
+            pending = " (pending approval)" if r.status == ReservationStatus.PENDING else ""
+            row.blocks.append(Block(*place, css, f"{r.user.username}: {what}", f"{local} {what}{pending}"))
+            if previous is not None and previous.target != r.target and r.target is not None:
+                lost = _switch_minutes(channel, r, previous)
+                lost_place = (
+                    _place(r.start, r.start + timedelta(minutes=lost), origin, span) if lost else None
+                )
+                if lost_place:
+                    row.blocks.append(Block(*lost_place, "lost", "", f"about {lost} min lost to loading"))
+            previous = r
+        for segment in plan_for(channel=channel, now=now, start=max(origin, now), end=end):
+            if segment.reason not in PRELOADING | MANUAL:
+                continue
+            place = _place(segment.start, segment.end, origin, span)
+            if place is None:
+                continue
+            model = names.get(segment.target.model_id, "nothing") if segment.target else "nothing"
+            kind = "manual" if segment.reason in MANUAL else "preload"
+            title = f"{segment.reason.replace('_', ' ')}: {model} from {segment.start.astimezone(tz):%H:%M}"
+            row.plan.append(Block(*place, kind, "", title))
+        rows.append(row)
+    return rows
+
+
+def _switch_minutes(channel: Channel, later: Reservation, earlier: Reservation) -> int:
+    assert later.target is not None
+    load = selectors.load_estimates([(channel.node_id, later.target)])[(channel.node_id, later.target)]
+    return adjacent_switch_minutes(load_seconds=load, gap_seconds=(later.start - earlier.end).total_seconds())
+
+
+def _day(raw: str | None, today: date) -> date:
+    try:
+        return date.fromisoformat(raw) if raw else today
+    except ValueError:
+        return today
+
+
+@login_required
+def calendar(request: HttpRequest) -> HttpResponse:
+    now = timezone.now()
+    tz = timezone.get_current_timezone()
+    week = request.GET.get("view") == "week"
+    day = _day(request.GET.get("day"), timezone.localdate(now))
+    if week:
+        day -= timedelta(days=day.weekday())
+    days = 7 if week else 1
+    origin = timezone.make_aware(datetime.combine(day, time()), tz)
+    # Measure the span between local midnights, so a daylight-saving day is 23 or 25 hours.
+    span = timezone.make_aware(datetime.combine(day + timedelta(days=days), time()), tz) - origin
+    ticks = []
+    for i in range(days if week else 24):
+        moment = (
+            origin + timedelta(days=i)
+            if week
+            else timezone.make_aware(datetime.combine(day, time(hour=i)), tz)
+        )
+        ticks.append(
+            {"left": (moment - origin) / span * 100, "label": f"{moment:%a %d}" if week else f"{i:02d}"}
+        )
+    now_left = (now - origin) / span * 100 if origin <= now < origin + span else None
+    context = {
+        "rows": calendar_rows(origin=origin, span=span, now=now, viewer=request.user),
+        "day": day,
+        "week": week,
+        "ticks": ticks,
+        "now_left": now_left,
+        "previous": day - timedelta(days=days),
+        "next": day + timedelta(days=days),
+        "today": timezone.localdate(now),
+    }
+    return render(request, "portal/calendar.html", context)
+
+
+@login_required
+def models_page(request: HttpRequest) -> HttpResponse:
+    channels = list(Channel.objects.select_related("node").prefetch_related("node__gpus"))
+    estimates = model_load_estimates()
+    rows = []
+    for model in LLMModel.objects.prefetch_related("presets", "nodes"):
+        rows.append(
+            {
+                "model": model,
+                "estimate": round(estimates.get(model.pk, 0)),
+                "presets": [(p, " ".join(p.args_effective)) for p in model.presets.all()],
+                "exceeds": [c.name for c in channels if model.size_bytes > c.vram_bytes()],
+            }
+        )
+    return render(request, "portal/models.html", {"rows": rows})

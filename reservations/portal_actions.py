@@ -1,0 +1,308 @@
+"""Portal pages that change things: booking, my reservations, approvals, settings, keys.
+
+Each view translates a form into one service call and the service's refusal
+into a message on the form, so a refused request keeps what the user typed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+from icalendar import Calendar, Event
+
+from channels_app.models import Channel, Preset
+from channels_app.services import InvalidInput, channel_reload, override_clear, override_set
+from gateway.models import ApiKey
+from gateway.services import api_key_create, api_key_revoke
+from reservations import services
+from reservations.forms import ApiKeyForm, BookingForm, ExtendForm, OverrideForm, PreferencesForm, RejectForm
+from reservations.models import Notification, NotificationEvent, Profile, Reservation, ReservationStatus
+from reservations.profiles import profile_for
+from reservations.services import InvalidTransition, ReservationConflict
+
+
+def _visible(request: HttpRequest) -> QuerySet[Reservation]:
+    """Reservations the user may act on: their own; staff: all. Others answer 404."""
+    queryset = Reservation.objects.select_related("channel", "user", "model", "preset")
+    return queryset if request.user.is_staff else queryset.filter(user=_me(request))
+
+
+def _refusal_to_form(form: Any, exc: Exception) -> None:
+    if isinstance(exc, InvalidInput):
+        field = exc.field if exc.field in form.fields else None
+        form.add_error(field, exc.message)
+    elif isinstance(exc, ReservationConflict | InvalidTransition):
+        form.add_error(None, exc.message)
+    else:
+        raise exc
+
+
+@login_required
+def book(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        form = BookingForm(request.POST)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                reservation = services.reservation_create(
+                    user=request.user,
+                    now=timezone.now(),
+                    channel=data["channel"],
+                    start=data["start"],
+                    end=data["end"],
+                    model=None if data["exclusive"] else data["model"],
+                    preset=None if data["exclusive"] else data["preset"],
+                    exclusive=data["exclusive"],
+                    note=data["note"],
+                )
+            except (InvalidInput, ReservationConflict) as exc:
+                _refusal_to_form(form, exc)
+            else:
+                state = "awaits approval" if reservation.status == ReservationStatus.PENDING else "is booked"
+                messages.success(request, f"Your reservation of {reservation.channel} {state}.")
+                return redirect("portal:my_reservations")
+    else:
+        initial: dict[str, Any] = {}
+        if request.GET.get("channel", "").isdigit():
+            initial["channel"] = request.GET["channel"]
+        start = timezone.localtime().replace(second=0, microsecond=0) + timedelta(hours=1)
+        initial.update(start=start.replace(minute=0), end=start.replace(minute=0) + timedelta(hours=1))
+        form = BookingForm(initial=initial)
+    presets = [{"id": p.pk, "model": p.model_id, "name": p.name} for p in Preset.objects.all()]
+    return render(request, "portal/book.html", {"form": form, "presets": presets})
+
+
+@login_required
+def my_reservations(request: HttpRequest) -> HttpResponse:
+    now = timezone.now()
+    mine = Reservation.objects.filter(user=_me(request)).select_related("channel", "model", "preset")
+    blocking = [ReservationStatus.PENDING, ReservationStatus.APPROVED]
+    context = {
+        "active": mine.filter(status=ReservationStatus.APPROVED, start__lte=now, end__gt=now),
+        "upcoming": mine.filter(status__in=blocking, start__gt=now),
+        "past": mine.exclude(status__in=blocking, end__gt=now).order_by("-start")[:50],
+        "extend_form": ExtendForm(),
+        "now": now,
+    }
+    return render(request, "portal/my_reservations.html", context)
+
+
+def _me(request: HttpRequest) -> User:
+    """The signed-in user; every caller is behind ``login_required``."""
+    assert isinstance(request.user, User), "view needs login_required"
+    return request.user
+
+
+def _reservation_action(
+    request: HttpRequest,
+    pk: int,
+    act: Callable[[Reservation], Reservation],
+    done: str,
+    back: str = "portal:my_reservations",
+) -> HttpResponse:
+    reservation = get_object_or_404(_visible(request), pk=pk)
+    try:
+        act(reservation)
+    except (InvalidInput, InvalidTransition, ReservationConflict) as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, done)
+    return redirect(back)
+
+
+@login_required
+@require_POST
+def cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    def act(r: Reservation) -> Reservation:
+        return services.reservation_cancel(reservation=r, by=request.user, now=timezone.now())
+
+    return _reservation_action(request, pk, act, "Reservation cancelled.")
+
+
+@login_required
+@require_POST
+def end(request: HttpRequest, pk: int) -> HttpResponse:
+    def act(r: Reservation) -> Reservation:
+        return services.reservation_end(reservation=r, by=request.user, now=timezone.now())
+
+    return _reservation_action(request, pk, act, "Reservation ended; the channel is free again.")
+
+
+@login_required
+@require_POST
+def extend(request: HttpRequest, pk: int) -> HttpResponse:
+    form = ExtendForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Give the new end as a date and time.")
+        return redirect("portal:my_reservations")
+
+    def act(r: Reservation) -> Reservation:
+        return services.reservation_extend(
+            reservation=r, by=request.user, end=form.cleaned_data["end"], now=timezone.now()
+        )
+
+    return _reservation_action(request, pk, act, "Reservation extended.")
+
+
+@staff_member_required
+def approvals(request: HttpRequest) -> HttpResponse:
+    pending = Reservation.objects.filter(status=ReservationStatus.PENDING).select_related(
+        "user", "channel", "model", "preset"
+    )
+    return render(
+        request,
+        "portal/approvals.html",
+        {"pending": pending.order_by("created"), "reject_form": RejectForm()},
+    )
+
+
+@staff_member_required
+@require_POST
+def approve(request: HttpRequest, pk: int) -> HttpResponse:
+    def act(r: Reservation) -> Reservation:
+        return services.reservation_approve(reservation=r, by=request.user, now=timezone.now())
+
+    return _reservation_action(request, pk, act, "Approved.", back="portal:approvals")
+
+
+@staff_member_required
+@require_POST
+def reject(request: HttpRequest, pk: int) -> HttpResponse:
+    form = RejectForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Say why the reservation is rejected.")
+        return redirect("portal:approvals")
+
+    def act(r: Reservation) -> Reservation:
+        return services.reservation_reject(
+            reservation=r, by=request.user, reason=form.cleaned_data["reason"], now=timezone.now()
+        )
+
+    return _reservation_action(request, pk, act, "Rejected.", back="portal:approvals")
+
+
+@staff_member_required
+@require_POST
+def channel_override(request: HttpRequest, pk: int) -> HttpResponse:
+    channel = get_object_or_404(Channel, pk=pk)
+    if request.POST.get("clear"):
+        override_clear(channel=channel)
+        messages.success(request, f"Override of {channel} cleared.")
+        return redirect("portal:overview")
+    form = OverrideForm(request.POST, prefix=f"ch{pk}")
+    if not form.is_valid():
+        messages.error(request, f"Override of {channel}: give a model or unload, and until when.")
+        return redirect("portal:overview")
+    data = form.cleaned_data
+    try:
+        override_set(
+            channel=channel,
+            now=timezone.now(),
+            by=request.user,
+            model=data["model"],
+            preset=data["preset"],
+            unload=data["unload"],
+            until=data["until"],
+        )
+    except InvalidInput as exc:
+        messages.error(request, f"Override of {channel}: {exc.message}")
+    else:
+        messages.success(request, f"Override of {channel} set.")
+    return redirect("portal:overview")
+
+
+@staff_member_required
+@require_POST
+def channel_reload_view(request: HttpRequest, pk: int) -> HttpResponse:
+    channel = get_object_or_404(Channel, pk=pk)
+    channel_reload(channel=channel, now=timezone.now())
+    messages.success(request, f"{channel} restarts its process now.")
+    return redirect("portal:overview")
+
+
+@login_required
+def notifications(request: HttpRequest) -> HttpResponse:
+    mine = Notification.objects.filter(user=_me(request))
+    if request.method == "POST":
+        mine.filter(read=False).update(read=True)
+        return redirect("portal:notifications")
+    return render(request, "portal/notifications.html", {"notifications": mine[:200]})
+
+
+@login_required
+def preferences(request: HttpRequest) -> HttpResponse:
+    profile = profile_for(request.user)
+    if request.method == "POST":
+        form = PreferencesForm(request.POST)
+        if form.is_valid():
+            profile.time_zone = form.cleaned_data["time_zone"]
+            profile.email_events = {e.value: form.cleaned_data[f"email_{e.value}"] for e in NotificationEvent}
+            profile.save(update_fields=["time_zone", "email_events"])
+            messages.success(request, "Settings saved.")
+            return redirect("portal:preferences")
+    else:
+        initial: dict[str, Any] = {"time_zone": profile.time_zone}
+        initial.update({f"email_{e.value}": profile.wants_email(e.value) for e in NotificationEvent})
+        form = PreferencesForm(initial=initial)
+    feed = request.build_absolute_uri(f"/calendar/{profile.calendar_token}.ics")
+    return render(request, "portal/preferences.html", {"form": form, "feed": feed})
+
+
+@login_required
+def keys(request: HttpRequest) -> HttpResponse:
+    new_key = None
+    form = ApiKeyForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        _, new_key = api_key_create(user=request.user, name=form.cleaned_data["name"])
+        form = ApiKeyForm()
+    mine = ApiKey.objects.filter(user=_me(request), revoked_at__isnull=True)
+    return render(request, "portal/keys.html", {"form": form, "keys": mine, "new_key": new_key})
+
+
+@login_required
+@require_POST
+def revoke_key(request: HttpRequest, pk: int) -> HttpResponse:
+    api_key = get_object_or_404(ApiKey, pk=pk, user=_me(request))
+    api_key_revoke(api_key=api_key)
+    messages.success(request, f"Key {api_key.name} revoked.")
+    return redirect("portal:keys")
+
+
+def calendar_feed(request: HttpRequest, token: str) -> HttpResponse:
+    """The user's reservations as iCalendar; the URL's token is the credential."""
+    try:
+        profile = Profile.objects.select_related("user").get(calendar_token=token)
+    except Profile.DoesNotExist:
+        raise Http404("no such calendar") from None
+    calendar = Calendar()
+    calendar.add("prodid", "-//SlotServe//reservations//EN")
+    calendar.add("version", "2.0")
+    calendar.add("x-wr-calname", "SlotServe reservations")
+    reservations = Reservation.objects.filter(
+        user=profile.user,
+        status__in=[ReservationStatus.PENDING, ReservationStatus.APPROVED, ReservationStatus.ENDED],
+    ).select_related("channel", "model", "preset")
+    host = request.get_host()
+    for r in reservations:
+        event = Event()
+        what = "whole card" if r.exclusive else (r.model.name if r.model else "")
+        event.add("uid", f"reservation-{r.pk}@{host}")
+        event.add("summary", f"{r.channel.name}: {what}" + (" (pending)" if r.status == "pending" else ""))
+        event.add("dtstart", r.start)
+        event.add("dtend", r.end)
+        event.add("dtstamp", r.created)
+        if r.note:
+            event.add("description", r.note)
+        calendar.add_component(event)
+    return HttpResponse(calendar.to_ical(), content_type="text/calendar; charset=utf-8")

@@ -1,0 +1,26 @@
+from django.urls import path
+
+from reservations import portal, portal_actions
+
+app_name = "portal"
+
+urlpatterns = [
+    path("", portal.overview, name="overview"),
+    path("calendar/", portal.calendar, name="calendar"),
+    path("calendar/<str:token>.ics", portal_actions.calendar_feed, name="calendar_feed"),
+    path("models/", portal.models_page, name="models"),
+    path("book/", portal_actions.book, name="book"),
+    path("reservations/", portal_actions.my_reservations, name="my_reservations"),
+    path("reservations/<int:pk>/cancel", portal_actions.cancel, name="cancel"),
+    path("reservations/<int:pk>/end", portal_actions.end, name="end"),
+    path("reservations/<int:pk>/extend", portal_actions.extend, name="extend"),
+    path("approvals/", portal_actions.approvals, name="approvals"),
+    path("approvals/<int:pk>/approve", portal_actions.approve, name="approve"),
+    path("approvals/<int:pk>/reject", portal_actions.reject, name="reject"),
+    path("channels/<int:pk>/override", portal_actions.channel_override, name="override"),
+    path("channels/<int:pk>/reload", portal_actions.channel_reload_view, name="reload"),
+    path("notifications/", portal_actions.notifications, name="notifications"),
+    path("settings/", portal_actions.preferences, name="preferences"),
+    path("keys/", portal_actions.keys, name="keys"),
+    path("keys/<int:pk>/revoke", portal_actions.revoke_key, name="revoke_key"),
+]
