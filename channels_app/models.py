@@ -131,6 +131,9 @@ class Channel(models.Model):
         Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     labels = models.JSONField(default=dict, blank=True)
+    allow_whole_card = models.BooleanField(
+        default=True, help_text="May users book the whole card (no inference process)?"
+    )
     # Booking limits an admin sets per channel (None: no limit).
     min_booking_minutes = models.PositiveIntegerField(default=15, help_text="Shortest booking.")
     max_booking_minutes = models.PositiveIntegerField(null=True, blank=True, help_text="Longest booking.")

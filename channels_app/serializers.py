@@ -100,6 +100,11 @@ class ChannelSerializer(serializers.ModelSerializer[Channel]):
             "default_model",
             "default_preset",
             "labels",
+            "allow_whole_card",
+            "min_booking_minutes",
+            "max_booking_minutes",
+            "max_days_ahead",
+            "weekly_quota_hours",
             "vram_bytes",
             "state",
         ]

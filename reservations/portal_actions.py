@@ -142,6 +142,7 @@ def end(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def extend(request: HttpRequest, pk: int) -> HttpResponse:
+    get_object_or_404(_visible(request), pk=pk)  # someone else's answers 404 before any validation
     form = ExtendForm(request.POST)
     if not form.is_valid():
         messages.error(request, "Give the new end as a date and time.")

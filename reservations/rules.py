@@ -40,7 +40,8 @@ def _minutes(value: float) -> str:
 def check_length_and_horizon(
     *, start: datetime, end: datetime, now: datetime, limits: BookingLimits
 ) -> Refusal | None:
-    length = (end - start).total_seconds() / 60
+    # In UTC: two times of one zone subtract as wall-clock times, wrong across DST.
+    length = (end.astimezone(UTC) - start.astimezone(UTC)).total_seconds() / 60
     if length < limits.min_minutes:
         return Refusal("end", f"a booking on this channel lasts at least {_minutes(limits.min_minutes)}")
     if limits.max_minutes is not None and length > limits.max_minutes:

@@ -122,6 +122,8 @@ def validate_slot(
         raise InvalidInput("exclusive", "a whole-card reservation names no model or preset")
     if not exclusive and model is None:
         raise InvalidInput("model", "name a model (and preset), or book the whole card with exclusive: true")
+    if exclusive and not channel.allow_whole_card:
+        raise InvalidInput("exclusive", f"channel {channel.name} does not allow whole-card bookings")
     validate_target(model=model, preset=preset)
 
 
@@ -144,6 +146,9 @@ def reservation_create(
     transactions may both pass the check; the exclusion constraint then makes
     the second insert fail, and the slot that won is reported.
     """
+    # In UTC from here on: Python subtracts two times of one zone as wall-clock
+    # times, which is wrong across a daylight-saving change.
+    start, end = start.astimezone(UTC), end.astimezone(UTC)
     validate_slot(
         channel=channel, start=start, end=end, now=now, model=model, preset=preset, exclusive=exclusive
     )
@@ -190,6 +195,7 @@ def reservation_extend(*, reservation: Reservation, by: Any, end: datetime, now:
     """
     if reservation.status not in BLOCKING_STATUSES or reservation.end <= now:
         raise InvalidTransition(f"cannot extend a reservation that is {reservation.status} or over")
+    end = end.astimezone(UTC)
     if end <= reservation.end:
         raise InvalidInput("end", "the new end must be after the current end")
     with transaction.atomic():
