@@ -87,7 +87,7 @@ def check_quota(
         if wanted > left:
             return Refusal(
                 "end",
-                f"over your weekly quota on this channel: {quota_hours:g} hours a week, "
+                f"over your weekly quota on this channel: {quota_hours.normalize():f} hours a week, "
                 f"{max(left, Decimal(0)):.2f} left in the week of {week:%Y-%m-%d}",
             )
     return None

@@ -8,11 +8,12 @@ re-decides that channel right after it commits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib.auth import get_user_model
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 
 from channels_app.models import ApprovalPolicy, Channel, LLMModel, Preset
 from channels_app.services import InvalidInput, enqueue_redecide, validate_target
@@ -23,6 +24,33 @@ from reservations.rules import BookingLimits, check_length_and_horizon, check_qu
 # A booking may start this little in the past: a form sent "now" arrives late.
 START_GRACE = timedelta(minutes=1)
 EXCLUSION_VIOLATION = "23P01"  # PostgreSQL's SQLSTATE for an exclusion constraint
+DEADLOCK_DETECTED = "40P01"
+DEADLOCK_RETRIES = 5
+
+_T = TypeVar("_T")
+
+
+def _retrying_deadlocks(work: Callable[[], _T]) -> _T:
+    """Run ``work`` in a transaction, again if PostgreSQL chose it as a deadlock's victim.
+
+    Two inserts that overlap each other's uncommitted rows wait for each other
+    while checking the exclusion constraint; PostgreSQL aborts one. Run again,
+    that one sees the winner's row and answers a clear conflict. Inside an
+    outer transaction nothing can be retried, so the error goes up as it is.
+    """
+    for attempt in range(DEADLOCK_RETRIES):
+        if connection.in_atomic_block:
+            return work()
+        try:
+            with transaction.atomic():
+                return work()
+        except OperationalError as exc:
+            if (
+                getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED
+                or attempt == DEADLOCK_RETRIES - 1
+            ):
+                raise
+    raise AssertionError("unreachable")
 
 
 class ReservationConflict(Exception):
@@ -154,7 +182,8 @@ def reservation_create(
     )
     pending = needs_approval(channel=channel, exclusive=exclusive, user=user)
     status = ReservationStatus.PENDING if pending else ReservationStatus.APPROVED
-    with transaction.atomic():
+
+    def book() -> Reservation:
         # Inside the transaction: on SQLite it holds the write lock, so two
         # bookings of one user cannot both fit the same remaining quota.
         _check_limits(user=user, channel=channel, start=start, end=end, now=now)
@@ -184,6 +213,9 @@ def reservation_create(
             _tell_approvers(reservation)
         else:
             enqueue_redecide(channel.pk)
+        return reservation
+
+    reservation = _retrying_deadlocks(book)
     return reservation
 
 
@@ -198,7 +230,8 @@ def reservation_extend(*, reservation: Reservation, by: Any, end: datetime, now:
     end = end.astimezone(UTC)
     if end <= reservation.end:
         raise InvalidInput("end", "the new end must be after the current end")
-    with transaction.atomic():
+
+    def grow() -> Reservation:
         _check_limits(
             user=reservation.user,
             channel=reservation.channel,
@@ -226,6 +259,9 @@ def reservation_extend(*, reservation: Reservation, by: Any, end: datetime, now:
         reservation.refresh_from_db()
         if reservation.status == ReservationStatus.APPROVED:
             enqueue_redecide(reservation.channel_id)
+        return reservation
+
+    _retrying_deadlocks(grow)
     return reservation
 
 

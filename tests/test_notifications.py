@@ -1,0 +1,133 @@
+"""Each notification reaches the inbox and the mail outbox exactly once, respecting preferences."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import time_machine
+from django.core import mail
+
+from channels_app.tasks import scheduler_tick
+from reservations.models import Notification
+from reservations.notifications import notify
+from reservations.profiles import profile_for
+from tests import factories
+
+T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+
+
+def iso(moment: datetime) -> str:
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+@pytest.fixture
+def frozen():
+    with time_machine.travel(T0, tick=False) as traveller:
+        yield traveller
+
+
+@pytest.fixture
+def world(db, frozen):
+    target = factories.preset(factories.llm("qwen"), "chat")
+    channel = factories.channel("ch", policy="all")
+    return {"channel": channel, "target": target}
+
+
+def book(client, world, start, end):
+    answer = client.post(
+        "/api/reservations/",
+        {
+            "channel": world["channel"].pk,
+            "start": iso(start),
+            "end": iso(end),
+            "model": world["target"].model_id,
+            "preset": world["target"].pk,
+        },
+    )
+    assert answer.status_code == 201, answer.data
+    return answer.data
+
+
+def mails_to(address: str) -> list[str]:
+    return [m.subject for m in mail.outbox if address in m.to]
+
+
+def test_submitted_approved_rejected_cancelled_each_once(
+    world, ana, staff, ana_api, staff_api, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        first = book(ana_api, world, T0 + HOUR, T0 + 2 * HOUR)
+        second = book(ana_api, world, T0 + 3 * HOUR, T0 + 4 * HOUR)
+        staff_api.post(f"/api/reservations/{first['id']}/approve")
+        staff_api.post(f"/api/reservations/{first['id']}/approve")  # a second click changes nothing
+        staff_api.post(f"/api/reservations/{second['id']}/reject", {"reason": "maintenance"})
+        staff_api.post(f"/api/reservations/{first['id']}/cancel")
+    assert sorted(Notification.objects.filter(user=staff).values_list("event", flat=True)) == [
+        "submitted",
+        "submitted",
+    ]
+    assert sorted(Notification.objects.filter(user=ana).values_list("event", flat=True)) == [
+        "approved",
+        "cancelled",
+        "rejected",
+    ]
+    assert "maintenance" in Notification.objects.get(user=ana, event="rejected").text
+    assert sorted(mails_to(ana.email)) == [
+        "[SlotServe] approved",
+        "[SlotServe] cancelled",
+        "[SlotServe] rejected",
+    ]
+    assert mails_to(staff.email) == ["[SlotServe] submitted", "[SlotServe] submitted"]
+
+
+def test_email_preference_off_keeps_the_inbox(world, ana, django_capture_on_commit_callbacks):
+    profile = profile_for(ana)
+    profile.email_events = {"approved": False}
+    profile.save()
+    with django_capture_on_commit_callbacks(execute=True):
+        notify(user=ana, event="approved", text="yes", key="k1")
+        notify(user=ana, event="rejected", text="no", key="k2")
+    assert Notification.objects.filter(user=ana).count() == 2
+    assert mails_to(ana.email) == ["[SlotServe] rejected"]
+
+
+def test_starting_soon_is_sent_once_however_often_the_tick_runs(
+    world, ana, frozen, django_capture_on_commit_callbacks
+):
+    world["channel"].approval_policy = "none"
+    world["channel"].save()
+    factories.reservation(
+        owner=ana, on=world["channel"], start=T0 + HOUR, end=T0 + 2 * HOUR, target=world["target"]
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        frozen.move_to(T0 + HOUR - timedelta(minutes=16))
+        scheduler_tick()
+        assert not Notification.objects.filter(event="starting_soon").exists()
+        for minutes in (15, 10, 5, 1):
+            frozen.move_to(T0 + HOUR - timedelta(minutes=minutes))
+            scheduler_tick()
+    notes = Notification.objects.filter(user=ana, event="starting_soon")
+    assert [n.text for n in notes] == ["Your reservation of ch starts in 15 minutes."]
+    assert mails_to(ana.email) == ["[SlotServe] starting soon"]
+
+
+def test_ended_early_by_staff_is_told_to_the_booker(world, ana, staff, staff_api, frozen):
+    world["channel"].approval_policy = "none"
+    world["channel"].save()
+    active = factories.reservation(
+        owner=ana, on=world["channel"], start=T0 - HOUR, end=T0 + HOUR, target=world["target"]
+    )
+    assert staff_api.post(f"/api/reservations/{active.pk}/end").data["status"] == "ended"
+    assert list(Notification.objects.filter(user=ana).values_list("event", flat=True)) == ["ended_early"]
+
+
+def test_inbox_api_reads_only_your_own(world, ana, bo, ana_api, bo_api):
+    mine = notify(user=ana, event="approved", text="yours")
+    assert mine is not None
+    assert [n["text"] for n in ana_api.get("/api/notifications/", {"unread": "true"}).data] == ["yours"]
+    assert bo_api.get("/api/notifications/").data == []
+    assert bo_api.post(f"/api/notifications/{mine.pk}/read").status_code == 404
+    assert ana_api.post(f"/api/notifications/{mine.pk}/read").data["read"] is True
+    assert ana_api.get("/api/notifications/", {"unread": "true"}).data == []
