@@ -51,7 +51,7 @@ def book(client, world, start, end):
 
 
 def mails_to(address: str) -> list[str]:
-    return [m.subject for m in mail.outbox if address in m.to]
+    return [str(m.subject) for m in mail.outbox if address in m.to]
 
 
 def test_submitted_approved_rejected_cancelled_each_once(
