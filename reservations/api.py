@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import zoneinfo
 from typing import Any
 
 from django.db.models import QuerySet
 from django.utils import timezone
-from rest_framework import mixins, serializers, status, viewsets
+from rest_framework import generics, mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
@@ -14,7 +15,8 @@ from rest_framework.response import Response
 
 from channels_app.models import Channel, LLMModel, Preset
 from reservations import hints, services
-from reservations.models import Notification, Reservation
+from reservations.models import Notification, NotificationEvent, Profile, Reservation
+from reservations.profiles import profile_for
 from slotserve_site.api_fields import IdOrNameField, current_user, moment_param
 
 
@@ -159,6 +161,43 @@ class ReservationViewSet(
         fields = data.validated_data
         warnings = hints.booking_hints(user=user, now=timezone.now(), **fields)
         return Response({"warnings": warnings, "quota": hints.quota_hint(user=user, **fields)})
+
+
+class MeOutput(serializers.ModelSerializer[Profile]):
+    username = serializers.CharField(source="user.username", read_only=True)
+    is_staff = serializers.BooleanField(source="user.is_staff", read_only=True)
+    calendar_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Profile
+        fields = ["username", "is_staff", "time_zone", "email_events", "calendar_url"]
+
+    def get_calendar_url(self, profile: Profile) -> str:
+        request = self.context["request"]
+        return str(request.build_absolute_uri(f"/calendar/{profile.calendar_token}.ics"))
+
+    def validate_time_zone(self, value: str) -> str:
+        if value not in zoneinfo.available_timezones():
+            raise serializers.ValidationError(f"{value!r} is not an IANA time zone such as 'Asia/Shanghai'")
+        return value
+
+    def validate_email_events(self, value: Any) -> dict[str, bool]:
+        kinds = set(NotificationEvent.values)
+        if not isinstance(value, dict) or not all(
+            k in kinds and isinstance(v, bool) for k, v in value.items()
+        ):
+            raise serializers.ValidationError(f"an object of event kind → true/false; kinds: {sorted(kinds)}")
+        return value
+
+
+class MeView(generics.RetrieveUpdateAPIView[Profile]):
+    """``/api/me/``: the caller's time zone, email preferences and calendar feed."""
+
+    serializer_class = MeOutput
+    http_method_names = ["get", "patch", "head", "options"]
+
+    def get_object(self) -> Profile:
+        return profile_for(current_user(self.request))
 
 
 class NotificationOutput(serializers.ModelSerializer[Notification]):

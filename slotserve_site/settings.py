@@ -136,6 +136,20 @@ LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
+# --- Email: printed to the console unless an SMTP server is configured ------
+EMAIL_HOST = env_str("SLOTSERVE_EMAIL_HOST", "")
+EMAIL_BACKEND = (
+    "django.core.mail.backends.smtp.EmailBackend"
+    if EMAIL_HOST
+    else "django.core.mail.backends.console.EmailBackend"
+)
+EMAIL_PORT = env_int("SLOTSERVE_EMAIL_PORT", 587, minimum=1)
+EMAIL_HOST_USER = env_str("SLOTSERVE_EMAIL_USER", "")
+EMAIL_HOST_PASSWORD = env_str("SLOTSERVE_EMAIL_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("SLOTSERVE_EMAIL_USE_TLS", True)
+EMAIL_TIMEOUT = 10
+DEFAULT_FROM_EMAIL = env_str("SLOTSERVE_EMAIL_FROM", "SlotServe <slotserve@localhost>")
+
 # --- Redis, Celery, Channels ----------------------------------------------
 REDIS_URL = env_str("SLOTSERVE_REDIS_URL", "redis://127.0.0.1:6379/0")
 

@@ -6,7 +6,7 @@ from rest_framework.routers import DefaultRouter
 
 from channels_app.api import ChannelViewSet, LLMModelViewSet, NodeViewSet, PresetViewSet
 from gateway.api import ApiKeyViewSet
-from reservations.api import NotificationViewSet, ReservationViewSet
+from reservations.api import MeView, NotificationViewSet, ReservationViewSet
 
 router = DefaultRouter()
 # API.md spells collections with a slash (/api/nodes/) and actions without one
@@ -30,6 +30,7 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/me/", MeView.as_view(), name="me"),
     path("api/", include(router.urls)),
     path("api-auth/", include("rest_framework.urls")),
     path("health", health),
