@@ -1,0 +1,233 @@
+"""SPEC section 4's process lifecycle as a table: every phase × every observation."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from channels_app.lifecycle import (
+    Failure,
+    Kill,
+    LoadFinished,
+    Observed,
+    Phase,
+    ProcessState,
+    Start,
+    Tell,
+    Terminate,
+    Wanted,
+    explain_failure,
+    retry_delay,
+    step,
+)
+from channels_app.scheduling import Target
+
+T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
+A = Target(1, 10)  # the default
+B = Target(2, 20)  # a booked model
+PID = 4242
+
+
+def s(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds)
+
+
+def state(phase: Phase, running: Target | None = B, since: datetime = T0 - s(5), **extra) -> ProcessState:
+    pid = PID if running is not None and phase not in (Phase.STOPPED, Phase.FAILED) else None
+    return ProcessState(phase=phase, running=running, since=since, pid=pid, **extra)
+
+
+WANT_B = Wanted(target=B, default=A, serves_reservation=True)
+WANT_A = Wanted(target=A, default=A)
+WANT_NONE = Wanted(target=None, default=A)
+ALIVE = Observed(alive=True)
+HEALTHY = Observed(alive=True, healthy=True)
+DEAD = Observed(alive=False, exit_code=1, log_tail="error: bad magic\n")
+OOM = Observed(alive=False, exit_code=1, log_tail="ggml_backend_cuda_buffer_type_alloc_buffer: allocating 8000 MiB failed")
+BUSY = Observed(alive=True, healthy=True, in_flight=2)
+GONE_GPU_BUSY = Observed(alive=False, gpu_freed=False)
+GONE = Observed(alive=False)
+
+OOM_TEXT = explain_failure(exit_code=1, log_tail=OOM.log_tail)
+DEAD_TEXT = explain_failure(exit_code=1, log_tail=DEAD.log_tail)
+
+CASES = [
+    # (name, state, wanted, observed, now, phase after, running after, actions)
+    ("stopped, nothing wanted: stays", state(Phase.STOPPED, None), WANT_NONE, GONE, T0, Phase.STOPPED, None, []),
+    ("stopped, target wanted: starts", state(Phase.STOPPED, None), WANT_B, GONE, T0, Phase.LOADING, B, [Start(B)]),
+    ("loading, still loading: waits", state(Phase.LOADING), WANT_B, ALIVE, T0, Phase.LOADING, B, []),
+    (
+        "loading, /health 200: ready, load recorded, booker told",
+        state(Phase.LOADING), WANT_B, HEALTHY, T0, Phase.READY, B,
+        [LoadFinished(True), Tell("model_ready", "the model of the reservation is ready")],
+    ),
+    (
+        "loading, exits: failed with its reason",
+        state(Phase.LOADING), WANT_B, DEAD, T0, Phase.FAILED, None,
+        [LoadFinished(False, DEAD_TEXT), Tell("load_failed", DEAD_TEXT)],
+    ),
+    (
+        "loading, out of memory: failed, explained",
+        state(Phase.LOADING), WANT_B, OOM, T0, Phase.FAILED, None,
+        [LoadFinished(False, OOM_TEXT), Tell("load_failed", OOM_TEXT)],
+    ),
+    (
+        "loading past the load timeout: stop it, failing",
+        state(Phase.LOADING, since=T0 - s(600)), WANT_B, ALIVE, T0, Phase.STOPPING, B,
+        [
+            LoadFinished(False, "The model was not ready within 600 s (SLOTSERVE_LOAD_TIMEOUT_SECONDS)."),
+            Tell("load_failed", "The model was not ready within 600 s (SLOTSERVE_LOAD_TIMEOUT_SECONDS)."),
+            Terminate(PID),
+        ],
+    ),
+    (
+        "loading one second before the timeout: waits",
+        state(Phase.LOADING, since=T0 - s(599)), WANT_B, ALIVE, T0, Phase.LOADING, B, [],
+    ),
+    (
+        "loading, target changed: abandon at once, no drain",
+        state(Phase.LOADING), WANT_A, ALIVE, T0, Phase.STOPPING, B,
+        [LoadFinished(False, "load abandoned: the channel's target changed"), Terminate(PID)],
+    ),
+    ("ready, healthy, same target: stays", state(Phase.READY), WANT_B, HEALTHY, T0, Phase.READY, B, []),
+    (
+        "ready, process killed by someone: failed",
+        state(Phase.READY), WANT_B, DEAD, T0, Phase.FAILED, None, [Tell("load_failed", DEAD_TEXT)],
+    ),
+    ("ready, target changed: drain", state(Phase.READY), WANT_A, BUSY, T0, Phase.DRAINING, B, []),
+    ("ready, target now nothing: drain", state(Phase.READY), WANT_NONE, BUSY, T0, Phase.DRAINING, B, []),
+    (
+        "ready, explicit reload: stop at once without draining",
+        state(Phase.READY), dataclasses.replace(WANT_B, reload_generation=1), BUSY, T0, Phase.STOPPING, B,
+        [Terminate(PID)],
+    ),
+    ("draining, requests in flight: waits", state(Phase.DRAINING), WANT_A, BUSY, T0, Phase.DRAINING, B, []),
+    (
+        "draining, last request done: SIGTERM",
+        state(Phase.DRAINING), WANT_A, HEALTHY, T0, Phase.STOPPING, B, [Terminate(PID)],
+    ),
+    (
+        "draining past SLOTSERVE_DRAIN_SECONDS: SIGTERM anyway",
+        state(Phase.DRAINING, since=T0 - s(30)), WANT_A, BUSY, T0, Phase.STOPPING, B, [Terminate(PID)],
+    ),
+    (
+        "draining, target back to what runs: ready again",
+        state(Phase.DRAINING), WANT_B, BUSY, T0, Phase.READY, B, [],
+    ),
+    (
+        "draining, process died: stopped, next starts",
+        state(Phase.DRAINING), WANT_A, GONE, T0, Phase.LOADING, A, [Start(A)],
+    ),
+    (
+        "stopping, still alive: waits",
+        state(Phase.STOPPING, stop_sent_at=T0 - s(14)), WANT_A, ALIVE, T0, Phase.STOPPING, B, [],
+    ),
+    (
+        "stopping past SLOTSERVE_STOP_TIMEOUT_SECONDS: SIGKILL",
+        state(Phase.STOPPING, stop_sent_at=T0 - s(15)), WANT_A, ALIVE, T0, Phase.STOPPING, B, [Kill(PID)],
+    ),
+    (
+        "stopping, killed already: does not kill twice",
+        state(Phase.STOPPING, stop_sent_at=T0 - s(20), kill_sent=True), WANT_A, ALIVE, T0, Phase.STOPPING, B, [],
+    ),
+    (
+        "stopping, exited but GPU memory not yet freed: waits",
+        state(Phase.STOPPING, stop_sent_at=T0), WANT_A, GONE_GPU_BUSY, T0, Phase.STOPPING, B, [],
+    ),
+    (
+        "stopping, exited and freed: the next target starts",
+        state(Phase.STOPPING, stop_sent_at=T0), WANT_A, GONE, T0, Phase.LOADING, A, [Start(A)],
+    ),
+    (
+        "stopping, exited, nothing wanted: stopped",
+        state(Phase.STOPPING, stop_sent_at=T0), WANT_NONE, GONE, T0, Phase.STOPPED, None, [],
+    ),
+    (
+        "stopping after a failure: rests failed",
+        state(Phase.STOPPING, stop_sent_at=T0, failing=True,
+              failure=Failure(B, 1, T0 + s(30), "x")), WANT_B, GONE, T0, Phase.FAILED, None, [],
+    ),
+    (
+        "failed, booked model waits for its retry: the default serves as fallback",
+        state(Phase.FAILED, None, failure=Failure(B, 1, T0 + s(30), "x")), WANT_B, GONE, T0,
+        Phase.LOADING, A,
+        [Tell("fallback", "the default model serves the reservation until the next retry"), Start(A, True)],
+    ),
+    (
+        "failed, no reservation: waits for the retry with nothing",
+        state(Phase.FAILED, None, failure=Failure(B, 1, T0 + s(30), "x")),
+        dataclasses.replace(WANT_B, serves_reservation=False), GONE, T0, Phase.FAILED, None, [],
+    ),
+    (
+        "failed, retry time reached: start the booked model again",
+        state(Phase.FAILED, None, failure=Failure(B, 1, T0, "x")), WANT_B, GONE, T0, Phase.LOADING, B, [Start(B)],
+    ),
+    (
+        "ready on the fallback, retry time reached: drain to switch back",
+        state(Phase.READY, A, fallback=True, failure=Failure(B, 1, T0, "x")), WANT_B, HEALTHY, T0,
+        Phase.DRAINING, A, [],
+    ),
+    (
+        "loading the booked model after a retry, healthy: recovered",
+        state(Phase.LOADING, B, failure=Failure(B, 2, T0 - s(1), "x")), WANT_B, HEALTHY, T0, Phase.READY, B,
+        [LoadFinished(True), Tell("recovered", "the booked model loaded after a retry and serves again")],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("before", "wanted", "seen", "now", "phase", "running", "actions"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_step(before, wanted, seen, now, phase, running, actions):
+    after = step(before, wanted, seen, now)
+    assert after.state.phase == phase
+    assert after.state.running == running
+    assert after.actions == actions
+
+
+def test_failure_schedules_growing_retries_and_success_resets():
+    now = T0
+    current = state(Phase.LOADING, since=now)
+    delays = []
+    for _ in range(7):
+        failed = step(current, WANT_B, DEAD, now).state
+        assert failed.failure is not None
+        delays.append((failed.failure.retry_at - now).total_seconds())
+        now = failed.failure.retry_at
+        current = step(dataclasses.replace(failed, fallback=False), Wanted(target=B), GONE, now).state
+        assert current.phase == Phase.LOADING
+    assert delays == [30, 60, 120, 240, 480, 600, 600]
+    ready = step(current, Wanted(target=B), HEALTHY, now).state
+    assert ready.failure is None and ready.error == ""
+
+
+def test_fallback_that_fails_too_waits_for_the_booked_retry():
+    booked_failure = Failure(B, 1, T0 + s(30), "oom")
+    on_fallback = state(Phase.LOADING, A, fallback=True, failure=booked_failure)
+    failed = step(on_fallback, WANT_B, DEAD, T0).state
+    assert failed.phase == Phase.FAILED
+    assert failed.failure is not None and failed.failure.target == B and failed.failure.fallback_failed
+    assert step(failed, WANT_B, GONE, T0 + s(10)).actions == []
+    assert step(failed, WANT_B, GONE, T0 + s(30)).actions == [Start(B)]
+
+
+@pytest.mark.parametrize(
+    ("log", "expected"),
+    [
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "ran out of memory"),
+        ("RuntimeError: CUDA error: out of memory", "ran out of memory"),
+        ("llama_model_load: error loading model: unable to allocate CUDA0 buffer", "ran out of memory"),
+        ("ValueError: No available memory for the cache blocks. Not enough memory", "ran out of memory"),
+        ("error: invalid argument: --bogus", "exited with status 1. Last output: error: invalid argument: --bogus"),
+    ],
+)
+def test_failure_explanations(log, expected):
+    assert expected in explain_failure(exit_code=1, log_tail=log)
+
+
+def test_retry_delay():
+    assert [retry_delay(n).total_seconds() for n in (1, 2, 3, 4, 5, 6, 10)] == [30, 60, 120, 240, 480, 600, 600]
