@@ -302,6 +302,27 @@ class ChannelRuntime(models.Model):
     error = models.TextField(blank=True)
     retry_at = models.DateTimeField(null=True, blank=True)
     fallback = models.BooleanField(default=False)
+    # The current run, so that a restarted worker can find and adopt it.
+    run_id = models.CharField(max_length=32, blank=True)
+    pid = models.IntegerField(null=True, blank=True)
+    host = models.CharField(max_length=255, blank=True)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    log_path = models.CharField(max_length=1000, blank=True)
+    load = models.ForeignKey("LoadRecord", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    stop_sent_at = models.DateTimeField(null=True, blank=True)
+    kill_sent = models.BooleanField(default=False)
+    failing = models.BooleanField(default=False)
+    reload_generation = models.PositiveIntegerField(default=0)
+    # The last failed target and its retries (SPEC §4 "Retries").
+    failed_model = models.ForeignKey(
+        LLMModel, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    failed_preset = models.ForeignKey(
+        Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    attempts = models.PositiveIntegerField(default=0)
+    failure_error = models.TextField(blank=True)
+    fallback_failed = models.BooleanField(default=False)
 
     def __str__(self) -> str:
         return f"{self.channel_id}: {self.phase}"

@@ -1,8 +1,14 @@
-"""Celery tasks of the scheduler: thin wrappers around ``channels_app.services``."""
+"""Celery tasks: thin wrappers around the services and the node worker.
+
+The scheduler's tasks run on the default queue (beat's worker); each node's
+tasks run on that node's own queue, ``node.<name>``, consumed only by its
+node worker.
+"""
 
 from __future__ import annotations
 
 from celery import shared_task
+from django.conf import settings
 from django.utils import timezone
 
 from channels_app import services
@@ -10,18 +16,65 @@ from channels_app import services
 TICK_TASK = "channels_app.tasks.scheduler_tick"
 
 
+def node_queue(node_name: str) -> str:
+    return f"node.{node_name}"
+
+
+def fan_out_reconcile(channel_id: int, node_name: str) -> None:
+    channel_reconcile.apply_async(
+        args=(channel_id,), queue=node_queue(node_name), expires=settings.SLOTSERVE_TICK_SECONDS
+    )
+
+
 @shared_task(name=TICK_TASK, ignore_result=True)
 def scheduler_tick() -> int:
-    """Decide every channel now and send due reminders; returns how many targets changed."""
+    """Decide every channel, send due reminders, and have every node converge.
+
+    Returns how many targets changed.
+    """
+    from channels_app.models import Node
     from reservations.reminders import send_starting_soon
 
     now = timezone.now()
     changed = len(services.decide_channels(now=now).changed)
     send_starting_soon(now=now)
+    for name in Node.objects.filter(channels__isnull=False).distinct().values_list("name", flat=True):
+        # A late node tick is useless once the next is due: let it expire.
+        node_tick.apply_async(args=(name,), queue=node_queue(name), expires=settings.SLOTSERVE_TICK_SECONDS)
     return changed
 
 
 @shared_task(name="channels_app.tasks.channel_redecide", ignore_result=True)
 def channel_redecide(channel_id: int) -> bool:
-    """Decide one channel now, after a reservation or override changed it."""
-    return bool(services.decide_channels(now=timezone.now(), channel_ids=[channel_id]).changed)
+    """Decide one channel now, after a reservation or override changed it,
+    and have its node act on a new target at once."""
+    from channels_app.models import Channel
+
+    changed = bool(services.decide_channels(now=timezone.now(), channel_ids=[channel_id]).changed)
+    if changed:
+        node_name = Channel.objects.values_list("node__name", flat=True).get(pk=channel_id)
+        fan_out_reconcile(channel_id, node_name)
+    return changed
+
+
+@shared_task(name="channels_app.tasks.node_tick", ignore_result=True)
+def node_tick(node_name: str) -> int:
+    """On the node: heartbeat with its GPUs, then reconcile each of its channels."""
+    from channels_app import worker
+    from channels_app.models import Channel
+
+    now = timezone.now()
+    worker.heartbeat(node_name=node_name, now=now)
+    channel_ids = list(Channel.objects.filter(node__name=node_name).values_list("pk", flat=True))
+    for channel_id in channel_ids:
+        worker.reconcile(channel_id=channel_id, now=timezone.now())
+    return len(channel_ids)
+
+
+@shared_task(name="channels_app.tasks.channel_reconcile", ignore_result=True)
+def channel_reconcile(channel_id: int) -> str | None:
+    """On the node: one lifecycle step of one channel; returns the phase after it."""
+    from channels_app import worker
+
+    state = worker.reconcile(channel_id=channel_id, now=timezone.now())
+    return None if state is None else state.phase.value

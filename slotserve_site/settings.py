@@ -7,6 +7,7 @@ bad value stops start-up naming the variable (see ``slotserve_site.env``).
 from __future__ import annotations
 
 import secrets
+import socket
 from pathlib import Path
 
 import dj_database_url
@@ -196,6 +197,12 @@ SLOTSERVE_DISK_READ_MBPS = env_float("SLOTSERVE_DISK_READ_MBPS", 200, minimum=0.
 SLOTSERVE_LOAD_TIMEOUT_SECONDS = env_float("SLOTSERVE_LOAD_TIMEOUT_SECONDS", 600, minimum=1)
 SLOTSERVE_STOP_TIMEOUT_SECONDS = env_float("SLOTSERVE_STOP_TIMEOUT_SECONDS", 15)
 SLOTSERVE_DRAIN_SECONDS = env_float("SLOTSERVE_DRAIN_SECONDS", 30)
+
+# Node workers (one per GPU machine).
+SLOTSERVE_NODE_NAME = env_str("SLOTSERVE_NODE_NAME", socket.gethostname())
+SLOTSERVE_FAKE_GPUS = env_str("SLOTSERVE_FAKE_GPUS", "")
+SLOTSERVE_PROCESS_HOST = env_str("SLOTSERVE_PROCESS_HOST", "127.0.0.1")
+SLOTSERVE_MODEL_DIRS = env_list("SLOTSERVE_MODEL_DIRS", [])
 
 # Backend executables (API.md "Backend programs").
 SLOTSERVE_LLAMA_SERVER = env_str("SLOTSERVE_LLAMA_SERVER", "llama-server")

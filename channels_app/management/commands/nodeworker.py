@@ -1,0 +1,46 @@
+"""``manage.py nodeworker``: this machine's node worker.
+
+Registers the node and its GPUs, adopts or stops the processes an earlier
+worker left, then consumes the node's own queue (``node.<name>``). Stopping
+it stops no inference process: they keep serving until the scheduler asks.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+from django.utils import timezone
+
+from channels_app import worker
+from channels_app.models import Channel
+from channels_app.tasks import node_queue
+from slotserve_site.celery import app
+
+
+class Command(BaseCommand):
+    help = "Run the node worker of this machine (SLOTSERVE_NODE_NAME, default the host name)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--name", default=settings.SLOTSERVE_NODE_NAME)
+        parser.add_argument("--concurrency", type=int, default=4)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        name = options["name"]
+        node = worker.heartbeat(node_name=name, now=timezone.now())
+        self.stdout.write(f"node {name}: {node.gpus.count()} GPU(s); queue {node_queue(name)}")
+        for channel_id in Channel.objects.filter(node=node).values_list("pk", flat=True):
+            worker.reconcile(channel_id=channel_id, now=timezone.now())
+        # Threads, not forks: the worker must be the parent of the processes it
+        # starts, to see their exit codes and reap them.
+        app.Worker(
+            queues=[node_queue(name)],
+            pool="threads",
+            concurrency=options["concurrency"],
+            hostname=f"node-{name}@{socket.gethostname()}",
+            loglevel="INFO",
+            without_mingle=True,
+            without_gossip=True,
+        ).start()

@@ -1,0 +1,312 @@
+"""The node worker's shell around ``channels_app.lifecycle``: observe, step, act, store.
+
+The node worker is the only writer of ``ChannelRuntime`` and of load records
+(STYLE.md, one writer per fact). Each reconcile is short and never waits for
+a process; a second one running at the same moment for the same channel
+finds the channel's lock taken and leaves it to the first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shlex
+import shutil
+import signal
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from channels_app import gpus, processes
+from channels_app.backends import Backend
+from channels_app.lifecycle import (
+    Failure,
+    Kill,
+    LoadFinished,
+    Observed,
+    Phase,
+    ProcessState,
+    Start,
+    Tell,
+    Terminate,
+    Wanted,
+    step,
+)
+from channels_app.models import (
+    Channel,
+    ChannelRuntime,
+    ChannelTarget,
+    Gpu,
+    LLMModel,
+    LoadRecord,
+    Node,
+    Preset,
+)
+from channels_app.scheduling import Reason, Target
+
+log = logging.getLogger(__name__)
+
+SERVES_RESERVATION = {Reason.ACTIVE_RESERVATION, Reason.PRELOAD_NEXT, Reason.SKIP_DEFAULT_SHORT_GAP}
+LOCK_SECONDS = 60
+
+
+def redis_client() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+
+
+def in_flight(channel_id: int) -> int:
+    """Requests the gateway has admitted to the channel and not yet finished."""
+    value = redis_client().get(f"slotserve:inflight:{channel_id}")
+    return int(value) if value else 0
+
+
+# --- Heartbeat ------------------------------------------------------------------
+
+
+def backends_available() -> list[str]:
+    programs = {
+        Backend.LLAMA_CPP: settings.SLOTSERVE_LLAMA_SERVER,
+        Backend.VLLM: settings.SLOTSERVE_VLLM,
+        Backend.SGLANG: settings.SLOTSERVE_SGLANG,
+    }
+    return [backend.value for backend, program in programs.items() if shutil.which(shlex.split(program)[0])]
+
+
+def heartbeat(*, node_name: str, now: datetime) -> Node:
+    """Register the node and its GPUs (index, name, total and free memory)."""
+    found = gpus.discover(settings.SLOTSERVE_FAKE_GPUS)
+    with transaction.atomic():
+        node, _ = Node.objects.get_or_create(name=node_name)
+        node.last_heartbeat = now
+        node.backends = backends_available()
+        node.save(update_fields=["last_heartbeat", "backends"])
+        for gpu in found:
+            Gpu.objects.update_or_create(
+                node=node,
+                index=gpu.index,
+                defaults={"name": gpu.name, "memory_bytes": gpu.memory_bytes, "free_bytes": gpu.free_bytes},
+            )
+        Gpu.objects.filter(node=node).exclude(index__in=[g.index for g in found]).delete()
+    return node
+
+
+# --- State <-> row -----------------------------------------------------------------
+
+
+def _target(model_id: int | None, preset_id: int | None) -> Target | None:
+    return None if model_id is None else Target(model_id, preset_id)
+
+
+def state_of(runtime: ChannelRuntime) -> ProcessState:
+    failure = None
+    failed = _target(runtime.failed_model_id, runtime.failed_preset_id)
+    if failed is not None and runtime.retry_at is not None:
+        failure = Failure(
+            failed, runtime.attempts, runtime.retry_at, runtime.failure_error, runtime.fallback_failed
+        )
+    return ProcessState(
+        phase=Phase(runtime.phase),
+        running=_target(runtime.model_id, runtime.preset_id),
+        since=runtime.since,
+        pid=runtime.pid,
+        stop_sent_at=runtime.stop_sent_at,
+        kill_sent=runtime.kill_sent,
+        fallback=runtime.fallback,
+        failing=runtime.failing,
+        failure=failure,
+        error=runtime.error,
+        reload_generation=runtime.reload_generation,
+    )
+
+
+def store(runtime: ChannelRuntime, state: ProcessState) -> None:
+    running, failure = state.running, state.failure
+    runtime.phase = state.phase.value
+    runtime.model_id = running.model_id if running else None
+    runtime.preset_id = running.preset_id if running else None
+    if state.since is not None:
+        runtime.since = state.since
+    runtime.pid = state.pid
+    runtime.stop_sent_at = state.stop_sent_at
+    runtime.kill_sent = state.kill_sent
+    runtime.fallback = state.fallback
+    runtime.failing = state.failing
+    runtime.error = state.error
+    runtime.reload_generation = state.reload_generation
+    runtime.failed_model_id = failure.target.model_id if failure else None
+    runtime.failed_preset_id = failure.target.preset_id if failure else None
+    runtime.attempts = failure.attempts if failure else 0
+    runtime.retry_at = failure.retry_at if failure else None
+    runtime.failure_error = failure.error if failure else ""
+    runtime.fallback_failed = failure.fallback_failed if failure else False
+    if state.pid is None:
+        runtime.run_id, runtime.port = "", None
+    runtime.save()
+
+
+def wanted_of(channel: Channel, target_row: ChannelTarget | None) -> Wanted:
+    common: dict[str, Any] = {
+        "default": channel.default_target,
+        "drain_seconds": settings.SLOTSERVE_DRAIN_SECONDS,
+        "stop_timeout_seconds": settings.SLOTSERVE_STOP_TIMEOUT_SECONDS,
+        "load_timeout_seconds": settings.SLOTSERVE_LOAD_TIMEOUT_SECONDS,
+    }
+    if target_row is None:
+        return Wanted(target=None, **common)
+    return Wanted(
+        target=_target(target_row.model_id, target_row.preset_id),
+        serves_reservation=target_row.reason in SERVES_RESERVATION and target_row.reservation_id is not None,
+        reload_generation=target_row.reload_generation,
+        **common,
+    )
+
+
+# --- Observe, act ------------------------------------------------------------------
+
+
+def observe(runtime: ChannelRuntime, channel: Channel, now: datetime) -> Observed:
+    alive, exit_code = False, None
+    if runtime.pid is not None and runtime.run_id:
+        alive, exit_code = processes.alive(runtime.pid, runtime.run_id)
+    phase = Phase(runtime.phase)
+    healthy = (
+        alive
+        and runtime.port is not None
+        and phase in (Phase.LOADING, Phase.READY)
+        and processes.healthy(runtime.host, runtime.port)
+    )
+    count = in_flight(channel.pk) if phase == Phase.DRAINING else 0
+    freed = True
+    if not alive and phase == Phase.STOPPING and runtime.pid is not None:
+        on_gpu = gpus.pids_on(list(channel.gpu_indexes))
+        waited = now - (runtime.stop_sent_at or now)
+        # A driver that never reports the memory freed must not hold the channel forever.
+        give_up = waited >= timedelta(seconds=2 * settings.SLOTSERVE_STOP_TIMEOUT_SECONDS)
+        freed = on_gpu is None or runtime.pid not in on_gpu or give_up
+    tail = (
+        processes.log_tail(runtime.log_path)
+        if runtime.log_path and (not alive or phase == Phase.LOADING)
+        else ""
+    )
+    return Observed(
+        alive=alive, exit_code=exit_code, healthy=healthy, in_flight=count, gpu_freed=freed, log_tail=tail
+    )
+
+
+def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: datetime) -> None:
+    model = LLMModel.objects.get(pk=target.model_id)
+    preset = Preset.objects.get(pk=target.preset_id) if target.preset_id else None
+    backend = Backend(model.backend)
+    executable = {
+        Backend.LLAMA_CPP: settings.SLOTSERVE_LLAMA_SERVER,
+        Backend.VLLM: settings.SLOTSERVE_VLLM,
+        Backend.SGLANG: settings.SLOTSERVE_SGLANG,
+    }[backend]
+    launch = processes.Launch(
+        backend=backend,
+        executable=executable,
+        model_path=model.path,
+        alias=model.name,
+        preset_args=shlex.split(preset.args) if preset else [],
+        gpu_indexes=list(channel.gpu_indexes),
+        host=settings.SLOTSERVE_PROCESS_HOST,
+        log_dir=Path(settings.DATA_DIR) / "runs" / channel.name,
+    )
+    runtime.load = LoadRecord.objects.create(
+        model=model, preset=preset, node=channel.node, channel=channel, started=now
+    )
+    runtime.host = launch.host
+    try:
+        started = processes.start(launch)
+    except OSError as exc:
+        # Recorded in the run's log; the next step sees no process and fails the load with it.
+        log.warning("channel %s: could not start %s: %s", channel.name, executable, exc)
+        runtime.run_id, runtime.pid, runtime.port = "", None, None
+        runtime.log_path = str(launch.log_dir / "start-failure.log")
+        Path(runtime.log_path).write_text(f"could not start {executable}: {exc}\n")
+        return
+    runtime.run_id, runtime.pid, runtime.port = started.run_id, started.pid, started.port
+    runtime.log_path = str(started.log_path)
+    log.info(
+        "channel %s: started %s (run %s, pid %s, port %s)",
+        channel.name,
+        model.name,
+        started.run_id,
+        started.pid,
+        started.port,
+    )
+
+
+def _tell(channel: Channel, target_row: ChannelTarget | None, action: Tell) -> None:
+    from reservations.notifications import notify
+
+    reservation = target_row.reservation if target_row is not None else None
+    if reservation is None:
+        return
+    text = f"{channel.name}: {action.text}. {reservation_summary(reservation)}"
+    key = f"{action.event}:{reservation.pk}"
+    notify(user=reservation.user, event=action.event, text=text, link="/", key=key)
+    if action.event in {"load_failed", "fallback"}:
+        for admin in (
+            get_user_model().objects.filter(is_staff=True, is_active=True).exclude(pk=reservation.user_id)
+        ):
+            notify(user=admin, event=action.event, text=text, link="/", key=key)
+
+
+def reservation_summary(reservation: Any) -> str:
+    return f"(reservation {reservation.pk} of {reservation.user}, {reservation.start:%Y-%m-%d %H:%M} UTC)"
+
+
+def act(
+    actions: list[Any],
+    runtime: ChannelRuntime,
+    channel: Channel,
+    target_row: ChannelTarget | None,
+    now: datetime,
+) -> None:
+    for action in actions:
+        if isinstance(action, Start):
+            _launch(runtime, channel, action.target, now)
+        elif isinstance(action, Terminate):
+            processes.send(action.pid, signal.SIGTERM)
+        elif isinstance(action, Kill):
+            log.warning("channel %s: pid %s ignored SIGTERM; sending SIGKILL", channel.name, action.pid)
+            processes.send(action.pid, signal.SIGKILL)
+        elif isinstance(action, LoadFinished):
+            if runtime.load_id is not None:
+                LoadRecord.objects.filter(pk=runtime.load_id, finished__isnull=True).update(
+                    finished=now, succeeded=action.succeeded, error=action.error
+                )
+        elif isinstance(action, Tell):
+            _tell(channel, target_row, action)
+
+
+def reconcile(*, channel_id: int, now: datetime) -> ProcessState | None:
+    """Observe the channel's process, step its lifecycle, act, and store the result.
+
+    Returns the new state, or None when another reconcile holds the channel.
+    """
+    lock = redis_client().lock(f"slotserve:reconcile:{channel_id}", timeout=LOCK_SECONDS, blocking=False)
+    if not lock.acquire():
+        return None
+    try:
+        channel = Channel.objects.select_related("node").get(pk=channel_id)
+        runtime, _ = ChannelRuntime.objects.get_or_create(channel=channel)
+        target_row = ChannelTarget.objects.select_related("reservation__user").filter(channel=channel).first()
+        before = state_of(runtime)
+        result = step(before, wanted_of(channel, target_row), observe(runtime, channel, now), now)
+        if result.state.phase != before.phase:
+            log.info("channel %s: %s → %s", channel.name, before.phase, result.state.phase)
+        act(result.actions, runtime, channel, target_row, now)
+        after = result.state
+        if any(isinstance(a, Start) for a in result.actions):
+            after = dataclasses.replace(after, pid=runtime.pid)  # known once the process runs
+        store(runtime, after)
+        return after
+    finally:
+        lock.release()
