@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from django.db.models import QuerySet
+from django.http import FileResponse, HttpResponseBase
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from rest_framework import permissions, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from channels_app import selectors, services
-from channels_app.models import Channel, LLMModel, Node, Override, Preset
+from channels_app import processes, selectors, services
+from channels_app.models import Channel, ChannelRuntime, LLMModel, Node, Override, Preset
 from channels_app.scheduling import Target
 from channels_app.serializers import (
     ChannelSerializer,
@@ -25,6 +28,18 @@ from channels_app.serializers import (
     plan_json,
 )
 from slotserve_site.api_fields import IdOrNameField, IsStaffOrReadOnly, moment_param
+
+
+def run_log_path(channel: Channel) -> Path | None:
+    runtime = ChannelRuntime.objects.filter(channel=channel).first()
+    if runtime is None or not runtime.log_path or not Path(runtime.log_path).is_file():
+        return None
+    return Path(runtime.log_path)
+
+
+def tail_lines(path: Path, count: int) -> list[str]:
+    return processes.log_tail(path, limit=count * 400).splitlines()[-count:]
+
 
 # A plan longer than this is refused: it would be slow and unreadable.
 MAX_PLAN = timedelta(days=62)
@@ -130,6 +145,25 @@ class ChannelViewSet(viewsets.ModelViewSet[Channel]):
         return Response(
             {"channel": channel.pk, "reload_generation": generation}, status=status.HTTP_202_ACCEPTED
         )
+
+    @action(detail=True, methods=["get"])
+    def log(self, request: Request, pk: str | None = None) -> HttpResponseBase:
+        """The run log of the channel's current or last process: the last lines for
+        everyone (``?lines=``, default 200), the whole file for staff (``?full=1``)."""
+        channel = self.get_object()
+        path = run_log_path(channel)
+        if request.query_params.get("full"):
+            if not request.user.is_staff:
+                raise PermissionDenied("only staff may read whole run logs")
+            if path is None:
+                raise NotFound("this channel has no run log yet")
+            return FileResponse(path.open("rb"), content_type="text/plain; charset=utf-8")
+        try:
+            count = max(1, min(int(request.query_params.get("lines", 200)), 5000))
+        except ValueError:
+            raise serializers.ValidationError({"lines": "lines must be a whole number"}) from None
+        lines = tail_lines(path, count) if path is not None else []
+        return Response({"channel": channel.pk, "lines": lines})
 
     @action(detail=True, methods=["get"])
     def decision(self, request: Request, pk: str | None = None) -> Response:

@@ -7,6 +7,8 @@ node worker.
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
@@ -20,10 +22,9 @@ def node_queue(node_name: str) -> str:
     return f"node.{node_name}"
 
 
-def fan_out_reconcile(channel_id: int, node_name: str) -> None:
-    channel_reconcile.apply_async(
-        args=(channel_id,), queue=node_queue(node_name), expires=settings.SLOTSERVE_TICK_SECONDS
-    )
+def send_to_node(task: Any, args: tuple[Any, ...], node_name: str) -> None:
+    """Enqueue ``task`` on the node's queue; a late one expires before the next tick."""
+    task.apply_async(args=args, queue=node_queue(node_name), expires=settings.SLOTSERVE_TICK_SECONDS)
 
 
 @shared_task(name=TICK_TASK, ignore_result=True)
@@ -39,8 +40,7 @@ def scheduler_tick() -> int:
     changed = len(services.decide_channels(now=now).changed)
     send_starting_soon(now=now)
     for name in Node.objects.filter(channels__isnull=False).distinct().values_list("name", flat=True):
-        # A late node tick is useless once the next is due: let it expire.
-        node_tick.apply_async(args=(name,), queue=node_queue(name), expires=settings.SLOTSERVE_TICK_SECONDS)
+        send_to_node(node_tick, (name,), name)
     return changed
 
 
@@ -53,7 +53,7 @@ def channel_redecide(channel_id: int) -> bool:
     changed = bool(services.decide_channels(now=timezone.now(), channel_ids=[channel_id]).changed)
     if changed:
         node_name = Channel.objects.values_list("node__name", flat=True).get(pk=channel_id)
-        fan_out_reconcile(channel_id, node_name)
+        send_to_node(channel_reconcile, (channel_id,), node_name)
     return changed
 
 

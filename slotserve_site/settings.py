@@ -201,6 +201,13 @@ SLOTSERVE_DRAIN_SECONDS = env_float("SLOTSERVE_DRAIN_SECONDS", 30)
 # Node workers (one per GPU machine).
 SLOTSERVE_NODE_NAME = env_str("SLOTSERVE_NODE_NAME", socket.gethostname())
 SLOTSERVE_FAKE_GPUS = env_str("SLOTSERVE_FAKE_GPUS", "")
+if SLOTSERVE_FAKE_GPUS:
+    from channels_app.gpus import FakeGpuSpecError, parse_fake_gpus
+
+    try:
+        parse_fake_gpus(SLOTSERVE_FAKE_GPUS)
+    except FakeGpuSpecError as exc:
+        raise SettingError(str(exc)) from None
 SLOTSERVE_PROCESS_HOST = env_str("SLOTSERVE_PROCESS_HOST", "127.0.0.1")
 SLOTSERVE_MODEL_DIRS = env_list("SLOTSERVE_MODEL_DIRS", [])
 

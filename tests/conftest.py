@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from rest_framework.test import APIClient
 
@@ -13,6 +15,17 @@ def _eager_celery():
     celery_app.conf.task_always_eager = True
     yield
     celery_app.conf.task_always_eager = False
+
+
+@pytest.fixture(autouse=True)
+def node_queue_sends(monkeypatch):
+    """What the scheduler sent to node queues. Tests drive node workers themselves
+    (``channels_app.worker.reconcile`` with ``now`` injected), so nothing runs here."""
+    sent: list[tuple[str, tuple[Any, ...], str]] = []
+    monkeypatch.setattr(
+        "channels_app.tasks.send_to_node", lambda task, args, node: sent.append((task.name, args, node))
+    )
+    return sent
 
 
 @pytest.fixture
@@ -55,3 +68,23 @@ def bo_api(bo) -> APIClient:
 def _fast_passwords(settings):
     """Test users need no slow password hashing."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(scope="session")
+def llama_server_bin() -> str:
+    """A real llama-server, built once per machine by the project's own script (cached)."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "build-llama-server"
+    done = subprocess.run([str(script)], capture_output=True, text=True, timeout=3000)
+    if done.returncode != 0:
+        pytest.fail(f"could not build llama-server:\n{done.stderr[-3000:]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory):
+    from channels_app.tinymodel import write_tiny_llama
+
+    return write_tiny_llama(tmp_path_factory.mktemp("models") / "tiny.gguf")

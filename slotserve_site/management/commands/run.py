@@ -61,6 +61,7 @@ class Command(BaseCommand):
                 "--concurrency",
                 "2",
             ],
+            "node": [python, "manage.py", "nodeworker"],
         }
         children = {name: subprocess.Popen(argv, start_new_session=True) for name, argv in commands.items()}
         self.stdout.write(

@@ -1,0 +1,211 @@
+"""A stand-in inference server for machines without a GPU.
+
+    python -m channels_app.standin -m PATH --host H --port P --alias NAME [options]        # llama.cpp
+    python -m channels_app.standin serve PATH --host H --port P --served-model-name NAME   # vLLM
+    python -m channels_app.standin --model-path PATH --host H --port P --served-model-name NAME  # SGLang
+
+It accepts the command lines SlotServe gives each backend, answers
+``GET /health`` (503 while "loading", then 200) and the OpenAI endpoints
+(``/v1/models``, ``/v1/chat/completions`` with streaming, ``/v1/completions``,
+``/v1/embeddings``). Like the real programs, it fails when the model path
+does not exist. Options, given in a preset, make it misbehave on purpose:
+
+    --standin-load-seconds S   /health answers 503 for S seconds (default 0.2)
+    --standin-hang             never becomes healthy
+    --standin-crash-after S    exits with status 1 after S seconds
+    --standin-oom              prints a CUDA out-of-memory error while loading and exits 1
+    --standin-ignore-sigterm   needs SIGKILL to stop
+    --standin-chunks N         tokens per streamed answer (default 16)
+    --standin-chunk-delay MS   pause between streamed tokens (default 0)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="standin", add_help=True)
+    parser.add_argument("mode", nargs="?", choices=["serve"], help="vLLM's subcommand")
+    parser.add_argument("path", nargs="?", help="vLLM's model path")
+    parser.add_argument("-m", "--model", "--model-path", dest="model_path")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("-a", "--alias", "--served-model-name", dest="alias")
+    parser.add_argument("--standin-load-seconds", type=float, default=0.2)
+    parser.add_argument("--standin-hang", action="store_true")
+    parser.add_argument("--standin-crash-after", type=float)
+    parser.add_argument("--standin-oom", action="store_true")
+    parser.add_argument("--standin-ignore-sigterm", action="store_true")
+    parser.add_argument("--standin-chunks", type=int, default=16)
+    parser.add_argument("--standin-chunk-delay", type=float, default=0.0)
+    known, _ = parser.parse_known_args(argv)  # the backends' own options are accepted as they are
+    known.model_path = known.model_path or known.path
+    if not known.model_path:
+        parser.error("no model path given (-m, --model-path, or serve PATH)")
+    return known
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    options: argparse.Namespace
+    ready_at: float
+
+    def log_message(self, format: str, *args: Any) -> None:
+        sys.stdout.write(f"{self.address_string()} {format % args}\n")
+
+    def _json(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            loading = self.options.standin_hang or time.monotonic() < self.ready_at
+            if loading:
+                self._json(
+                    503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+                )
+            else:
+                self._json(200, {"status": "ok"})
+        elif self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": self.options.alias, "object": "model"}]})
+        else:
+            self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found_error"}})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except json.JSONDecodeError:
+            self._json(400, {"error": {"message": "invalid JSON", "type": "invalid_request_error"}})
+            return
+        if self.path == "/v1/embeddings":
+            inputs = body.get("input", "")
+            count = len(inputs) if isinstance(inputs, list) else 1
+            data = [{"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]} for i in range(count)]
+            self._json(
+                200,
+                {
+                    "object": "list",
+                    "data": data,
+                    "model": self.options.alias,
+                    "usage": {"prompt_tokens": count, "total_tokens": count},
+                },
+            )
+        elif self.path in {"/v1/chat/completions", "/v1/completions"}:
+            self._complete(body, chat=self.path == "/v1/chat/completions")
+        else:
+            self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found_error"}})
+
+    def _complete(self, body: dict[str, Any], *, chat: bool) -> None:
+        n = self.options.standin_chunks
+        ident = f"cmpl-{uuid.uuid4().hex[:12]}"
+        kind = "chat.completion" if chat else "text_completion"
+        usage = {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": 5 + n}
+        if not body.get("stream"):
+            text = " ".join(f"t{i}" for i in range(n))
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
+            choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+            self._json(
+                200,
+                {
+                    "id": ident,
+                    "object": kind,
+                    "model": self.options.alias,
+                    "choices": [choice],
+                    "usage": usage,
+                },
+            )
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        for i in range(n):
+            piece = f"t{i} "
+            delta: dict[str, Any] = {"index": 0, "finish_reason": "stop" if i == n - 1 else None}
+            delta.update({"delta": {"content": piece}} if chat else {"text": piece})
+            self._event(
+                {"id": ident, "object": f"{kind}.chunk", "model": self.options.alias, "choices": [delta]}
+            )
+            if self.options.standin_chunk_delay:
+                time.sleep(self.options.standin_chunk_delay / 1000)
+        if include_usage:
+            self._event(
+                {
+                    "id": ident,
+                    "object": f"{kind}.chunk",
+                    "model": self.options.alias,
+                    "choices": [],
+                    "usage": usage,
+                }
+            )
+        self._chunk(b"data: [DONE]\n\n")
+        self._chunk(b"")
+
+    def _event(self, payload: dict[str, Any]) -> None:
+        self._chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse(sys.argv[1:] if argv is None else argv)
+    print(f"standin: loading {options.model_path} as {options.alias!r}", flush=True)
+    if not Path(options.model_path).exists():
+        print(f"error: model path {options.model_path} does not exist", flush=True)
+        return 1
+    if options.standin_oom:
+        time.sleep(0.1)
+        print(
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total "
+            "capacity of 23.64 GiB of which 1.02 GiB is free.",
+            flush=True,
+        )
+        return 1
+    if options.standin_ignore_sigterm:
+        signal.signal(signal.SIGTERM, lambda *_: print("standin: ignoring SIGTERM", flush=True))
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    Handler.options = options
+    Handler.ready_at = time.monotonic() + options.standin_load_seconds
+    server = ThreadingHTTPServer((options.host, options.port), Handler)
+    server.daemon_threads = True
+    if options.standin_crash_after is not None:
+
+        def crash() -> None:
+            time.sleep(options.standin_crash_after)
+            print("standin: fatal error: segmentation fault (simulated)", flush=True)
+            server.server_close()
+            import os
+
+            os._exit(1)
+
+        threading.Thread(target=crash, daemon=True).start()
+    print(f"standin: listening on {options.host}:{options.port}", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.05)
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

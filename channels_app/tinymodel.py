@@ -1,0 +1,77 @@
+"""A tiny llama-architecture GGUF model, written on demand.
+
+Two blocks, 64 wide, a byte-level llama tokenizer (``<unk>``, ``<s>``,
+``</s>`` and the 256 ``<0xNN>`` byte tokens) and random F32 weights:
+``llama-server`` loads it in well under a second on a CPU and streams
+tokens from it (nonsense, but real tokens). Used by the tests and the demo.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+N_EMBD = 64
+N_BLOCKS = 2
+N_HEAD = 4
+N_HEAD_KV = 4
+N_FF = 128
+CONTEXT = 512
+SPECIAL = ["<unk>", "<s>", "</s>"]
+VOCAB = SPECIAL + [f"<0x{b:02X}>" for b in range(256)]
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_BYTE = 1, 2, 3, 6
+
+
+def write_tiny_llama(path: str | Path, *, seed: int = 0) -> Path:
+    """Write the model to ``path`` (about 0.5 MB) and return the path."""
+    import gguf
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+
+    def weights(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    writer = gguf.GGUFWriter(str(target), "llama")
+    writer.add_name("slotserve-tiny-llama")
+    writer.add_context_length(CONTEXT)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_block_count(N_BLOCKS)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(N_HEAD_KV)
+    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(0)  # all F32
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(VOCAB)
+    writer.add_token_scores([0.0] * len(VOCAB))
+    writer.add_token_types([TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_CONTROL] + [TOKEN_BYTE] * 256)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+
+    vocab = len(VOCAB)
+    writer.add_tensor("token_embd.weight", weights(vocab, N_EMBD))
+    writer.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+    writer.add_tensor("output.weight", weights(vocab, N_EMBD))
+    kv = N_HEAD_KV * (N_EMBD // N_HEAD)
+    for block in range(N_BLOCKS):
+        prefix = f"blk.{block}"
+        writer.add_tensor(f"{prefix}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+        writer.add_tensor(f"{prefix}.attn_q.weight", weights(N_EMBD, N_EMBD))
+        writer.add_tensor(f"{prefix}.attn_k.weight", weights(kv, N_EMBD))
+        writer.add_tensor(f"{prefix}.attn_v.weight", weights(kv, N_EMBD))
+        writer.add_tensor(f"{prefix}.attn_output.weight", weights(N_EMBD, N_EMBD))
+        writer.add_tensor(f"{prefix}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+        writer.add_tensor(f"{prefix}.ffn_gate.weight", weights(N_FF, N_EMBD))
+        writer.add_tensor(f"{prefix}.ffn_up.weight", weights(N_FF, N_EMBD))
+        writer.add_tensor(f"{prefix}.ffn_down.weight", weights(N_EMBD, N_FF))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target

@@ -1,0 +1,259 @@
+"""The node worker end to end: real processes — a real ``llama-server`` with a tiny
+GGUF model, and the stand-in for vLLM/SGLang and for failures — driven one
+reconcile at a time with ``now`` injected, so retries and timeouts need no waiting."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from django.utils import timezone
+
+from channels_app import processes, worker
+from channels_app.lifecycle import Phase
+from channels_app.models import ChannelRuntime, ChannelTarget, LoadRecord
+from channels_app.services import decide_channels
+from reservations.models import Notification
+from tests import factories
+
+STANDIN = f"{sys.executable} -m channels_app.standin"
+
+
+@pytest.fixture
+def node_env(settings, tmp_path, llama_server_bin):
+    settings.DATA_DIR = tmp_path
+    settings.SLOTSERVE_LLAMA_SERVER = llama_server_bin
+    settings.SLOTSERVE_VLLM = STANDIN
+    settings.SLOTSERVE_SGLANG = STANDIN
+    settings.SLOTSERVE_FAKE_GPUS = "1x24GiB"
+    yield
+    # Stop whatever a failing test left running.
+    for runtime in ChannelRuntime.objects.exclude(pid=None):
+        processes.send(runtime.pid, signal.SIGKILL)
+
+
+def converge(
+    channel, *, until: set[Phase], now: datetime | None = None, timeout: float = 30
+) -> ChannelRuntime:
+    """Reconcile the channel until its phase is one of ``until`` (real seconds pass for the process)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = worker.reconcile(channel_id=channel.pk, now=now or timezone.now())
+        if state is not None and state.phase in until:
+            return ChannelRuntime.objects.get(channel=channel)
+        if time.monotonic() > deadline:
+            runtime = ChannelRuntime.objects.get(channel=channel)
+            log = Path(runtime.log_path).read_text() if runtime.log_path else ""
+            raise AssertionError(f"channel stuck in {runtime.phase}: {runtime.error}\n{log[-2000:]}")
+        time.sleep(0.05)
+
+
+def phase_after(channel, now: datetime) -> Phase:
+    """One reconcile at ``now``; the phase it leaves the channel in."""
+    state = worker.reconcile(channel_id=channel.pk, now=now)
+    assert state is not None, "another reconcile held the channel"
+    return state.phase
+
+
+@pytest.fixture
+def tiny(tiny_gguf):
+    model = factories.llm("tiny", size=tiny_gguf.stat().st_size)
+    model.path = str(tiny_gguf)
+    model.save()
+    return {
+        "model": model,
+        "small": factories.preset(model, "small", "-c 256 --port 1 -t 1"),
+        "big": factories.preset(model, "big", "-c 512 -t 1"),
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reservation_is_preloaded_with_a_real_llama_server(node_env, tiny, ana):
+    channel = factories.channel("cpu-0", default=tiny["small"])
+    now = timezone.now()
+    booking = factories.reservation(
+        owner=ana,
+        on=channel,
+        start=now + timedelta(seconds=120),
+        end=now + timedelta(hours=1),
+        target=tiny["big"],
+    )
+    decide_channels(now=now)
+    assert ChannelTarget.objects.get(channel=channel).reason == "preload_next"
+    runtime = converge(channel, until={Phase.READY})
+    assert timezone.now() < booking.start  # ready before the slot starts
+    assert (runtime.model_id, runtime.preset_id) == (tiny["model"].pk, tiny["big"].pk)
+    load = LoadRecord.objects.get(channel=channel)
+    assert load.succeeded and load.duration_seconds is not None and load.duration_seconds < 30
+    log = Path(runtime.log_path).read_text()
+    assert "--alias tiny -c 512" in log and "--port 1 " not in log  # owned arguments replaced
+    assert Notification.objects.filter(user=ana, event="model_ready").count() == 1
+    answer = httpx.post(
+        f"http://127.0.0.1:{runtime.port}/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        timeout=30,
+    )
+    assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_switching_presets_drains_then_restarts(node_env, tiny, settings):
+    channel = factories.channel("cpu-0", default=tiny["small"])
+    now = timezone.now()
+    decide_channels(now=now)
+    first = converge(channel, until={Phase.READY})
+    first_pid = first.pid
+    # An admin switches the channel to the other preset while a request is in flight.
+    from channels_app.services import override_set
+
+    override_set(
+        channel=channel,
+        model=tiny["model"],
+        preset=tiny["big"],
+        until=now + timedelta(hours=1),
+        now=now,
+        by=None,
+    )
+    decide_channels(now=now)
+    redis = worker.redis_client()
+    redis.set(f"slotserve:inflight:{channel.pk}", 1)
+    try:
+        assert converge(channel, until={Phase.DRAINING}).pid == first_pid
+        # Still draining while the request runs, within SLOTSERVE_DRAIN_SECONDS.
+        assert phase_after(channel, now + timedelta(seconds=10)) == Phase.DRAINING
+        # The drain limit passes: SIGTERM, then the new preset loads.
+        later = now + timedelta(seconds=settings.SLOTSERVE_DRAIN_SECONDS + 1)
+        assert phase_after(channel, later) == Phase.STOPPING
+    finally:
+        redis.delete(f"slotserve:inflight:{channel.pk}")
+    second = converge(channel, until={Phase.READY})
+    assert second.preset_id == tiny["big"].pk and second.pid != first_pid
+    with pytest.raises(ProcessLookupError):
+        os.kill(first_pid, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_kill_9_fails_retries_after_30_s_and_recovers(node_env, tiny):
+    channel = factories.channel("cpu-0", default=tiny["small"])
+    decide_channels(now=timezone.now())
+    runtime = converge(channel, until={Phase.READY})
+    os.kill(runtime.pid, signal.SIGKILL)
+    now = timezone.now()
+    failed = converge(channel, until={Phase.FAILED}, now=now)
+    assert failed.error.startswith("The process was killed by signal 9.")
+    assert failed.retry_at == now + timedelta(seconds=30)
+    # Before the retry time nothing starts; after it, the model loads again.
+    assert phase_after(channel, now + timedelta(seconds=29)) == Phase.FAILED
+    assert phase_after(channel, now + timedelta(seconds=30)) == Phase.LOADING
+    recovered = converge(channel, until={Phase.READY}, now=now + timedelta(seconds=31))
+    assert recovered.error == "" and recovered.retry_at is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_out_of_memory_falls_back_to_the_default_and_switches_back(node_env, tiny, ana, staff):
+    vllm_model = factories.llm("big-vllm", backend="vllm")
+    vllm_model.path = str(tiny["model"].path)  # any existing path: the stand-in checks it
+    vllm_model.save()
+    greedy = factories.preset(vllm_model, "greedy", "--standin-oom --max-model-len 131072")
+    channel = factories.channel("cpu-0", default=tiny["small"])
+    now = timezone.now()
+    factories.reservation(
+        owner=ana, on=channel, start=now - timedelta(minutes=1), end=now + timedelta(hours=1), target=greedy
+    )
+    decide_channels(now=now)
+    failed = converge(channel, until={Phase.FAILED, Phase.READY})
+    assert failed.phase == Phase.FAILED
+    assert "ran out of memory" in failed.error and "Lower -ngl" in failed.error
+    assert LoadRecord.objects.get(channel=channel, model=vllm_model).succeeded is False
+    # While the booked model waits for its retry, the default serves the booking.
+    fallback = converge(channel, until={Phase.READY})
+    assert fallback.model_id == tiny["model"].pk and fallback.fallback
+    page_events = set(Notification.objects.filter(user=ana).values_list("event", flat=True))
+    assert page_events == {"load_failed", "fallback"}
+    assert set(Notification.objects.filter(user=staff).values_list("event", flat=True)) == {
+        "load_failed",
+        "fallback",
+    }
+    # Repeated reconciles send nothing twice.
+    worker.reconcile(channel_id=channel.pk, now=timezone.now())
+    assert Notification.objects.filter(user=ana).count() == 2
+    # An admin fixes the preset; at the retry the booked model loads and the channel switches back.
+    greedy.args = "--max-model-len 8192"
+    greedy.save()
+    retry = failed.retry_at
+    assert retry is not None
+    assert phase_after(channel, retry) == Phase.DRAINING
+    back = converge(channel, until={Phase.READY}, now=retry + timedelta(seconds=1))
+    assert back.model_id == vllm_model.pk and not back.fallback
+    assert Notification.objects.filter(user=ana, event="recovered").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_load_that_never_becomes_healthy_fails_at_the_load_timeout(node_env, tiny, settings):
+    stuck = factories.llm("stuck", backend="sglang")
+    stuck.path = str(tiny["model"].path)
+    stuck.save()
+    channel = factories.channel("cpu-0", default=factories.preset(stuck, "hang", "--standin-hang"))
+    now = timezone.now()
+    decide_channels(now=now)
+    loading = converge(channel, until={Phase.LOADING}, now=now)
+    pid = loading.pid
+    time.sleep(0.5)
+    assert phase_after(channel, now + timedelta(seconds=599)) == Phase.LOADING
+    timeout = now + timedelta(seconds=settings.SLOTSERVE_LOAD_TIMEOUT_SECONDS)
+    assert phase_after(channel, timeout) == Phase.STOPPING
+    failed = converge(channel, until={Phase.FAILED}, now=timeout)
+    assert failed.error == "The model was not ready within 600 s (SLOTSERVE_LOAD_TIMEOUT_SECONDS)."
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sigkill_after_the_stop_timeout(node_env, tiny, settings):
+    stubborn = factories.llm("stubborn", backend="vllm")
+    stubborn.path = str(tiny["model"].path)
+    stubborn.save()
+    channel = factories.channel(
+        "cpu-0", default=factories.preset(stubborn, "deaf", "--standin-ignore-sigterm")
+    )
+    now = timezone.now()
+    decide_channels(now=now)
+    ready = converge(channel, until={Phase.READY})
+    channel.default_model, channel.default_preset = None, None
+    channel.save()
+    decide_channels(now=now)
+    assert converge(channel, until={Phase.STOPPING}).pid == ready.pid
+    time.sleep(0.3)
+    assert phase_after(channel, now + timedelta(seconds=5)) == Phase.STOPPING
+    later = now + timedelta(seconds=settings.SLOTSERVE_STOP_TIMEOUT_SECONDS + 1)
+    worker.reconcile(channel_id=channel.pk, now=later)  # SIGKILL
+    assert converge(channel, until={Phase.STOPPED}, now=later).pid is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_restarted_worker_adopts_its_processes_and_ignores_strangers(node_env, tiny):
+    channel = factories.channel("cpu-0", default=tiny["small"])
+    decide_channels(now=timezone.now())
+    runtime = converge(channel, until={Phase.READY})
+    processes._children.clear()  # a new worker process knows nothing of the old one's children
+    again = converge(channel, until={Phase.READY})
+    assert again.pid == runtime.pid  # adopted: same process, no restart
+    assert LoadRecord.objects.filter(channel=channel).count() == 1
+    # A recycled pid that is not our run is not adopted.
+    ChannelRuntime.objects.filter(pk=channel.pk).update(run_id="someoneelse")
+    assert phase_after(channel, timezone.now()) in {Phase.FAILED, Phase.STOPPED}
+    assert runtime.pid is not None
+    processes.send(runtime.pid, signal.SIGKILL)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_heartbeat_registers_fake_gpus(node_env):
+    node = worker.heartbeat(node_name="laptop", now=timezone.now())
+    assert [(g.index, g.memory_bytes) for g in node.gpus.all()] == [(0, 24 * 2**30)]
+    assert "vllm" in node.backends and "llama.cpp" in node.backends
