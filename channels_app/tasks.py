@@ -22,9 +22,10 @@ def node_queue(node_name: str) -> str:
     return f"node.{node_name}"
 
 
-def send_to_node(task: Any, args: tuple[Any, ...], node_name: str) -> None:
+def send_to_node(task: Any, args: tuple[Any, ...], node_name: str, countdown: float | None = None) -> None:
     """Enqueue ``task`` on the node's queue; a late one expires before the next tick."""
-    task.apply_async(args=args, queue=node_queue(node_name), expires=settings.SLOTSERVE_TICK_SECONDS)
+    expires = settings.SLOTSERVE_TICK_SECONDS + (countdown or 0)
+    task.apply_async(args=args, queue=node_queue(node_name), countdown=countdown, expires=expires)
 
 
 @shared_task(name=TICK_TASK, ignore_result=True)
@@ -67,14 +68,32 @@ def node_tick(node_name: str) -> int:
     worker.heartbeat(node_name=node_name, now=now)
     channel_ids = list(Channel.objects.filter(node__name=node_name).values_list("pk", flat=True))
     for channel_id in channel_ids:
-        worker.reconcile(channel_id=channel_id, now=timezone.now())
+        state = worker.reconcile(channel_id=channel_id, now=timezone.now())
+        _follow_up(channel_id, None if state is None else state.phase.value, node_name)
     return len(channel_ids)
+
+
+# While a process loads, drains or stops, look again this soon rather than at
+# the next tick, so a switch costs the backend's own time plus a fraction of a second.
+FOLLOW_UP_SECONDS = {"loading": 0.25, "stopping": 0.25, "draining": 1.0}
 
 
 @shared_task(name="channels_app.tasks.channel_reconcile", ignore_result=True)
 def channel_reconcile(channel_id: int) -> str | None:
     """On the node: one lifecycle step of one channel; returns the phase after it."""
     from channels_app import worker
+    from channels_app.models import Channel
 
     state = worker.reconcile(channel_id=channel_id, now=timezone.now())
-    return None if state is None else state.phase.value
+    if state is None:
+        return None
+    node_name = Channel.objects.values_list("node__name", flat=True).get(pk=channel_id)
+    _follow_up(channel_id, state.phase.value, node_name)
+    return state.phase.value
+
+
+def _follow_up(channel_id: int, phase: str | None, node_name: str) -> None:
+    """Each step stays short; the next one is a new task (every phase ends by its timeout)."""
+    delay = FOLLOW_UP_SECONDS.get(phase or "")
+    if delay is not None:
+        send_to_node(channel_reconcile, (channel_id,), node_name, countdown=delay)

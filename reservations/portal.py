@@ -9,7 +9,7 @@ from typing import Any
 from django.contrib.auth.decorators import login_required
 from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 
 from channels_app import selectors
@@ -234,6 +234,17 @@ def calendar(request: HttpRequest) -> HttpResponse:
         "today": timezone.localdate(now),
     }
     return render(request, "portal/calendar.html", context)
+
+
+@login_required
+def run_log(request: HttpRequest, pk: int) -> HttpResponse:
+    """The last lines of the channel's current or last run, as the process wrote them."""
+    from channels_app.api import run_log_path, tail_lines
+
+    channel = get_object_or_404(Channel, pk=pk)
+    path = run_log_path(channel)
+    lines = tail_lines(path, 200) if path is not None else []
+    return render(request, "portal/run_log.html", {"channel": channel, "lines": lines})
 
 
 @login_required

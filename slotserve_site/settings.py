@@ -209,7 +209,6 @@ if SLOTSERVE_FAKE_GPUS:
     except FakeGpuSpecError as exc:
         raise SettingError(str(exc)) from None
 SLOTSERVE_PROCESS_HOST = env_str("SLOTSERVE_PROCESS_HOST", "127.0.0.1")
-SLOTSERVE_MODEL_DIRS = env_list("SLOTSERVE_MODEL_DIRS", [])
 
 # Backend executables (API.md "Backend programs").
 SLOTSERVE_LLAMA_SERVER = env_str("SLOTSERVE_LLAMA_SERVER", "llama-server")

@@ -5,6 +5,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+import channels_app.tasks
 from slotserve_site.celery import app as celery_app
 from tests import factories
 
@@ -17,15 +18,26 @@ def _eager_celery():
     celery_app.conf.task_always_eager = False
 
 
+REAL_SEND_TO_NODE = channels_app.tasks.send_to_node
+
+
 @pytest.fixture(autouse=True)
 def node_queue_sends(monkeypatch):
     """What the scheduler sent to node queues. Tests drive node workers themselves
     (``channels_app.worker.reconcile`` with ``now`` injected), so nothing runs here."""
     sent: list[tuple[str, tuple[Any, ...], str]] = []
     monkeypatch.setattr(
-        "channels_app.tasks.send_to_node", lambda task, args, node: sent.append((task.name, args, node))
+        "channels_app.tasks.send_to_node",
+        lambda task, args, node, countdown=None: sent.append((task.name, args, node)),
     )
     return sent
+
+
+@pytest.fixture
+def real_node_queues(monkeypatch):
+    """For the tests that run a real node worker on Redis."""
+    monkeypatch.setattr("channels_app.tasks.send_to_node", REAL_SEND_TO_NODE)
+    celery_app.conf.task_always_eager = False
 
 
 @pytest.fixture

@@ -257,3 +257,40 @@ def test_heartbeat_registers_fake_gpus(node_env):
     node = worker.heartbeat(node_name="laptop", now=timezone.now())
     assert [(g.index, g.memory_bytes) for g in node.gpus.all()] == [(0, 24 * 2**30)]
     assert "vllm" in node.backends and "llama.cpp" in node.backends
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tick_reaches_the_node_worker_through_redis(node_env, tiny, real_node_queues):
+    """The full path with the real Redis: tick → node queue → process started → ready."""
+    import uuid
+
+    from celery.contrib.testing.worker import start_worker
+
+    from channels_app.tasks import node_queue, scheduler_tick
+    from slotserve_site.celery import app
+
+    suffix = uuid.uuid4().hex[:8]
+    node = factories.node(f"node-{suffix}")
+    channel = factories.channel(f"cpu-{suffix}", on=node, default=tiny["small"])
+    scheduler_queue = f"scheduler-{suffix}"  # this test's own, so parallel tests never share queues
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=4,
+        perform_ping_check=False,
+        queues=[scheduler_queue, node_queue(node.name)],
+        loglevel="WARNING",
+    ):
+        scheduler_tick.apply_async(queue=scheduler_queue)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            runtime = ChannelRuntime.objects.filter(channel=channel).first()
+            if runtime is not None and runtime.phase == Phase.READY:
+                break
+            time.sleep(0.1)
+    runtime = ChannelRuntime.objects.get(channel=channel)
+    assert runtime.phase == Phase.READY, runtime.error
+    assert (runtime.model_id, runtime.preset_id) == (tiny["model"].pk, tiny["small"].pk)
+    assert ChannelTarget.objects.get(channel=channel).reason == "default"
+    node.refresh_from_db()
+    assert node.is_ready(timezone.now())

@@ -1,0 +1,154 @@
+#!/usr/bin/env python
+"""Benchmark: from a target change to a ready process, with the real llama-server.
+
+    .venv/bin/python bench/switch_bench.py [--rounds 10]
+
+Needs Redis (SLOTSERVE_REDIS_URL) and builds llama-server if not cached.
+A channel alternates between two presets of the tiny GGUF model through
+admin overrides — the real path: override saved → re-decision task → reconcile
+task on the node's queue → drain (nothing in flight) → SIGTERM → exit → start
+→ ``/health`` 200. Measured against llama-server's own stop and load times,
+taken by starting and stopping it directly, polling ``/health`` every 2 ms.
+The difference is what SlotServe adds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def direct_times(binary: str, model: Path, rounds: int) -> tuple[list[float], list[float]]:
+    """llama-server's own load time (start → /health 200) and stop time (SIGTERM → exit)."""
+    loads, stops = [], []
+    for i in range(rounds):
+        port = 18500 + i
+        argv = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "256", "-t", "1"]
+        started = time.perf_counter()
+        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.002)
+        loads.append(time.perf_counter() - started)
+        stopping = time.perf_counter()
+        child.send_signal(signal.SIGTERM)
+        child.wait()
+        stops.append(time.perf_counter() - stopping)
+    return loads, stops
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=10)
+    args = parser.parse_args()
+
+    binary = subprocess.run(
+        [str(ROOT / "scripts" / "build-llama-server")], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    os.environ.pop("DATABASE_URL", None)
+    os.environ["SLOTSERVE_DATA_DIR"] = tempfile.mkdtemp(prefix="slotserve-switch-")
+    os.environ["SLOTSERVE_LLAMA_SERVER"] = binary
+    os.environ["SLOTSERVE_FAKE_GPUS"] = "1x24GiB"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "slotserve_site.settings")
+    import django
+
+    django.setup()
+    import logging
+
+    logging.disable(logging.INFO)
+    from celery.contrib.testing.worker import start_worker
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from channels_app.models import Channel, ChannelRuntime, LLMModel, Node, Preset
+    from channels_app.services import decide_channels, override_set
+    from channels_app.tasks import node_queue
+    from channels_app.tinymodel import write_tiny_llama
+    from slotserve_site.celery import app
+
+    call_command("migrate", verbosity=0)
+    model_path = write_tiny_llama(Path(os.environ["SLOTSERVE_DATA_DIR"]) / "tiny.gguf")
+    loads, stops = direct_times(binary, model_path, args.rounds)
+
+    node = Node.objects.create(name=f"bench-{uuid.uuid4().hex[:6]}", last_heartbeat=timezone.now())
+    model = LLMModel.objects.create(
+        name="tiny", backend="llama.cpp", path=str(model_path), size_bytes=model_path.stat().st_size
+    )
+    presets = [
+        Preset.objects.create(model=model, name=n, args=f"-c {c} -t 1") for n, c in (("a", 256), ("b", 384))
+    ]
+    channel = Channel.objects.create(
+        name="bench-0", node=node, gpu_indexes=[0], default_model=model, default_preset=presets[0]
+    )
+    decide_channels(now=timezone.now())
+
+    def wait_ready(preset: Preset) -> None:
+        while True:
+            runtime = ChannelRuntime.objects.filter(channel=channel).first()
+            if runtime and runtime.phase == "ready" and runtime.preset_id == preset.pk:
+                return
+            time.sleep(0.002)
+
+    switches = []
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=4,
+        perform_ping_check=False,
+        queues=["celery", node_queue(node.name)],
+        loglevel="WARNING",
+    ):
+        from channels_app.tasks import channel_reconcile
+
+        channel_reconcile.apply_async(args=(channel.pk,), queue=node_queue(node.name))
+        wait_ready(presets[0])
+        for i in range(args.rounds):
+            target = presets[(i + 1) % 2]
+            started = time.perf_counter()
+            override_set(
+                channel=channel,
+                model=model,
+                preset=target,
+                until=timezone.now() + timedelta(hours=1),
+                now=timezone.now(),
+                by=None,
+            )
+            wait_ready(target)
+            switches.append(time.perf_counter() - started)
+    runtime = ChannelRuntime.objects.get(channel=channel)
+    if runtime.pid:
+        os.killpg(runtime.pid, signal.SIGTERM)
+
+    def ms(values: list[float]) -> str:
+        return f"median {statistics.median(values) * 1000:7.1f} ms, max {max(values) * 1000:7.1f} ms"
+
+    overhead = [s - statistics.median(loads) - statistics.median(stops) for s in switches]
+    print(f"rounds: {args.rounds}")
+    print(f"llama-server load (start → /health 200): {ms(loads)}")
+    print(f"llama-server stop (SIGTERM → exit):      {ms(stops)}")
+    print(f"SlotServe switch (override → ready):     {ms(switches)}")
+    print(f"SlotServe's own share:                   {ms(overhead)}")
+
+
+if __name__ == "__main__":
+    main()
