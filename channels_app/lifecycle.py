@@ -258,6 +258,8 @@ def step(state: ProcessState, wanted: Wanted, seen: Observed, now: datetime) -> 
         if wanted.reload_generation != state.reload_generation:
             return _stop(state, now, [])  # an explicit reload restarts at once, without draining
         if target != state.running:
+            if seen.in_flight <= 0:
+                return _stop(state, now, [])  # nothing to drain
             return Step(dataclasses.replace(state, phase=Phase.DRAINING, since=now))
         return Step(state)
 

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from channels_app import services
+from channels_app.lifecycle import ProcessState
 
 TICK_TASK = "channels_app.tasks.scheduler_tick"
 
@@ -69,13 +70,23 @@ def node_tick(node_name: str) -> int:
     channel_ids = list(Channel.objects.filter(node__name=node_name).values_list("pk", flat=True))
     for channel_id in channel_ids:
         state = worker.reconcile(channel_id=channel_id, now=timezone.now())
-        _follow_up(channel_id, None if state is None else state.phase.value, node_name)
+        _follow_up(channel_id, state, node_name)
     return len(channel_ids)
 
 
-# While a process loads, drains or stops, look again this soon rather than at
-# the next tick, so a switch costs the backend's own time plus a fraction of a second.
-FOLLOW_UP_SECONDS = {"loading": 0.25, "stopping": 0.25, "draining": 1.0}
+# While a process loads, drains or stops, look again soon rather than at the
+# next tick: after 50 ms at first, then less often the longer the phase lasts
+# (a tenth of its age, at most a second), so a switch costs the backend's own
+# time plus milliseconds, and a ten-minute load costs one probe a second.
+TRANSIENT = {"loading", "stopping", "draining"}
+FOLLOW_UP_MIN_SECONDS = 0.05
+FOLLOW_UP_MAX_SECONDS = 1.0
+
+
+def follow_up_delay(phase: str, age_seconds: float) -> float | None:
+    if phase not in TRANSIENT:
+        return None
+    return min(max(age_seconds / 10, FOLLOW_UP_MIN_SECONDS), FOLLOW_UP_MAX_SECONDS)
 
 
 @shared_task(name="channels_app.tasks.channel_reconcile", ignore_result=True)
@@ -88,12 +99,15 @@ def channel_reconcile(channel_id: int) -> str | None:
     if state is None:
         return None
     node_name = Channel.objects.values_list("node__name", flat=True).get(pk=channel_id)
-    _follow_up(channel_id, state.phase.value, node_name)
+    _follow_up(channel_id, state, node_name)
     return state.phase.value
 
 
-def _follow_up(channel_id: int, phase: str | None, node_name: str) -> None:
+def _follow_up(channel_id: int, state: ProcessState | None, node_name: str) -> None:
     """Each step stays short; the next one is a new task (every phase ends by its timeout)."""
-    delay = FOLLOW_UP_SECONDS.get(phase or "")
+    if state is None:
+        return
+    age = (timezone.now() - state.since).total_seconds() if state.since else 0.0
+    delay = follow_up_delay(state.phase.value, age)
     if delay is not None:
         send_to_node(channel_reconcile, (channel_id,), node_name, countdown=delay)

@@ -180,7 +180,7 @@ def observe(runtime: ChannelRuntime, channel: Channel, now: datetime) -> Observe
         and phase in (Phase.LOADING, Phase.READY)
         and processes.healthy(runtime.host, runtime.port)
     )
-    count = in_flight(channel.pk) if phase == Phase.DRAINING else 0
+    count = in_flight(channel.pk) if phase in (Phase.READY, Phase.DRAINING) else 0
     freed = True
     if not alive and phase == Phase.STOPPING and runtime.pid is not None:
         on_gpu = gpus.pids_on(list(channel.gpu_indexes))

@@ -161,6 +161,16 @@ CASES = [
         [Tell("load_failed", DEAD_TEXT)],
     ),
     ("ready, target changed: drain", state(Phase.READY), WANT_A, BUSY, T0, Phase.DRAINING, B, []),
+    (
+        "ready, target changed, nothing in flight: stop at once",
+        state(Phase.READY),
+        WANT_A,
+        HEALTHY,
+        T0,
+        Phase.STOPPING,
+        B,
+        [Terminate(PID)],
+    ),
     ("ready, target now nothing: drain", state(Phase.READY), WANT_NONE, BUSY, T0, Phase.DRAINING, B, []),
     (
         "ready, explicit reload: stop at once without draining",
@@ -401,3 +411,21 @@ def test_retry_delay():
         600,
         600,
     ]
+
+
+@pytest.mark.parametrize(
+    ("phase", "age", "delay"),
+    [
+        ("loading", 0, 0.05),
+        ("loading", 2, 0.2),
+        ("loading", 60, 1.0),
+        ("stopping", 0.1, 0.05),
+        ("ready", 5, None),
+        ("failed", 5, None),
+        ("draining", 3, 0.3),
+    ],
+)
+def test_follow_up_delay(phase, age, delay):
+    from channels_app.tasks import follow_up_delay
+
+    assert follow_up_delay(phase, age) == (pytest.approx(delay) if delay is not None else None)

@@ -188,7 +188,7 @@ def test_out_of_memory_falls_back_to_the_default_and_switches_back(node_env, tin
     greedy.save()
     retry = failed.retry_at
     assert retry is not None
-    assert phase_after(channel, retry) == Phase.DRAINING
+    assert phase_after(channel, retry) == Phase.STOPPING  # nothing in flight: no drain
     back = converge(channel, until={Phase.READY}, now=retry + timedelta(seconds=1))
     assert back.model_id == vllm_model.pk and not back.fallback
     assert Notification.objects.filter(user=ana, event="recovered").count() == 1
