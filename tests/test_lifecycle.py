@@ -327,7 +327,7 @@ CASES = [
         "ready on the fallback, retry time reached: drain to switch back",
         state(Phase.READY, A, fallback=True, failure=Failure(B, 1, T0, "x")),
         WANT_B,
-        HEALTHY,
+        BUSY,
         T0,
         Phase.DRAINING,
         A,
