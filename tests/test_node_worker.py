@@ -294,3 +294,26 @@ def test_tick_reaches_the_node_worker_through_redis(node_env, tiny, real_node_qu
     assert ChannelTarget.objects.get(channel=channel).reason == "default"
     node.refresh_from_db()
     assert node.is_ready(timezone.now())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_log_through_the_api_and_the_portal(node_env, tiny, ana, staff):
+    from django.test import Client
+    from rest_framework.test import APIClient
+
+    channel = factories.channel("cpu-0", default=tiny["small"])
+    decide_channels(now=timezone.now())
+    converge(channel, until={Phase.READY})
+    api = APIClient()
+    api.force_authenticate(ana)
+    lines = api.get(f"/api/channels/{channel.pk}/log", {"lines": 5}).data["lines"]
+    assert 0 < len(lines) <= 5
+    first = api.get(f"/api/channels/{channel.pk}/log", {"lines": 5000}).data["lines"][0]
+    assert first.startswith("$ ") and "--alias tiny" in first  # the command line heads every run log
+    assert api.get(f"/api/channels/{channel.pk}/log", {"full": 1}).status_code == 403
+    api.force_authenticate(staff)
+    whole = api.get(f"/api/channels/{channel.pk}/log", {"full": 1})
+    assert whole.status_code == 200 and b"--alias tiny" in b"".join(whole.streaming_content)
+    portal = Client()
+    portal.force_login(ana)
+    assert "--alias tiny" in portal.get(f"/channels/{channel.pk}/log").content.decode()
