@@ -172,6 +172,18 @@ class Channel(models.Model):
             return None
         return Target(self.default_model_id, self.default_preset_id)
 
+    def runtime_or_none(self) -> ChannelRuntime | None:
+        try:
+            return self.runtime
+        except ChannelRuntime.DoesNotExist:
+            return None
+
+    def target_or_none(self) -> ChannelTarget | None:
+        try:
+            return self.target
+        except ChannelTarget.DoesNotExist:
+            return None
+
     def vram_bytes(self) -> int:
         """The memory of the channel's GPUs; uses ``node.gpus`` (prefetch it)."""
         wanted = set(self.gpu_indexes)

@@ -17,7 +17,7 @@ from django.db.models import F, OuterRef, Q, QuerySet, Subquery, Window
 from django.db.models.functions import RowNumber
 
 from channels_app.load_estimates import RECENT_LOADS, estimate_load_seconds
-from channels_app.models import Channel, ChannelRuntime, LLMModel, LoadRecord, Override
+from channels_app.models import Channel, LLMModel, LoadRecord, Override
 from channels_app.scheduling import DecisionInput, OverrideFacts, SchedulingSettings, Slot, Target
 from reservations.models import SCHEDULED_STATUSES, Reservation, ReservationStatus
 
@@ -84,11 +84,8 @@ def _override_facts(channel: Channel) -> OverrideFacts | None:
 
 
 def _running(channel: Channel) -> Target | None:
-    try:
-        runtime: ChannelRuntime = channel.runtime
-    except ChannelRuntime.DoesNotExist:
-        return None
-    return runtime.running
+    runtime = channel.runtime_or_none()
+    return runtime.running if runtime is not None else None
 
 
 def _build_inputs(

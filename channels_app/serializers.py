@@ -113,17 +113,8 @@ class ChannelSerializer(serializers.ModelSerializer[Channel]):
         return channel.vram_bytes()
 
     def get_state(self, channel: Channel) -> dict[str, Any]:
-        from channels_app.models import ChannelRuntime, ChannelTarget
-
         field = serializers.DateTimeField()
-        try:
-            runtime: ChannelRuntime | None = channel.runtime
-        except ChannelRuntime.DoesNotExist:
-            runtime = None
-        try:
-            target: ChannelTarget | None = channel.target
-        except ChannelTarget.DoesNotExist:
-            target = None
+        runtime, target = channel.runtime_or_none(), channel.target_or_none()
         return {
             "phase": runtime.phase if runtime else "stopped",
             "model": runtime.model_id if runtime else None,

@@ -35,6 +35,7 @@ from channels_app.lifecycle import (
     Tell,
     Terminate,
     Wanted,
+    effective_target,
     step,
 )
 from channels_app.models import (
@@ -48,6 +49,7 @@ from channels_app.models import (
     Preset,
 )
 from channels_app.scheduling import Reason, Target
+from gateway.counters import GATE, INFLIGHT
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +63,27 @@ def redis_client() -> redis.Redis:
 
 def in_flight(channel_id: int) -> int:
     """Requests the gateway has admitted to the channel and not yet finished."""
-    value = redis_client().get(f"slotserve:inflight:{channel_id}")
+    value = redis_client().get(INFLIGHT.format(channel_id))
     return int(value) if value else 0
+
+
+def publish_gate(channel_id: int, state: ProcessState, wanted: Wanted, now: datetime) -> None:
+    """Close the channel's gate when it must switch, before the in-flight count is read.
+
+    The gateway counts a request in before it looks at the gate; closing the
+    gate first means a request either is counted (and drained) or is refused
+    with ``503 model_switching`` — never sent to a process being stopped.
+    """
+    target, _ = effective_target(state, wanted, now)
+    reload = wanted.reload_generation != state.reload_generation
+    switching = state.phase in (Phase.READY, Phase.DRAINING, Phase.STOPPING) and (
+        target != state.running or reload or state.phase == Phase.STOPPING
+    )
+    key = GATE.format(channel_id)
+    if switching:
+        redis_client().set(key, "1", ex=LOCK_SECONDS * 10)
+    else:
+        redis_client().delete(key)
 
 
 # --- Heartbeat ------------------------------------------------------------------
@@ -299,7 +320,9 @@ def reconcile(*, channel_id: int, now: datetime) -> ProcessState | None:
         runtime, _ = ChannelRuntime.objects.get_or_create(channel=channel)
         target_row = ChannelTarget.objects.select_related("reservation__user").filter(channel=channel).first()
         before = state_of(runtime)
-        result = step(before, wanted_of(channel, target_row), observe(runtime, channel, now), now)
+        wanted = wanted_of(channel, target_row)
+        publish_gate(channel.pk, before, wanted, now)
+        result = step(before, wanted, observe(runtime, channel, now), now)
         if result.state.phase != before.phase:
             log.info("channel %s: %s → %s", channel.name, before.phase, result.state.phase)
         act(result.actions, runtime, channel, target_row, now)

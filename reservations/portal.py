@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from channels_app import selectors
 from channels_app.api import model_load_estimates
-from channels_app.models import Channel, ChannelRuntime, ChannelTarget, LLMModel, Phase, Preset
+from channels_app.models import Channel, LLMModel, Phase, Preset
 from channels_app.scheduling import Reason, Target
 from channels_app.services import plan_for
 from reservations.explain import BookingFacts, why
@@ -42,20 +42,6 @@ class ChannelCard:
     override_form: OverrideForm | None = None
 
 
-def _runtime(channel: Channel) -> ChannelRuntime | None:
-    try:
-        return channel.runtime
-    except ChannelRuntime.DoesNotExist:
-        return None
-
-
-def _target(channel: Channel) -> ChannelTarget | None:
-    try:
-        return channel.target
-    except ChannelTarget.DoesNotExist:
-        return None
-
-
 def _label(model: LLMModel | None, preset: Preset | None) -> str:
     if model is None:
         return "—"
@@ -76,7 +62,7 @@ def channel_cards(*, now: datetime, staff: bool) -> list[ChannelCard]:
     cards = []
     loading: list[tuple[ChannelCard, Target]] = []
     for channel in channels:
-        runtime, target = _runtime(channel), _target(channel)
+        runtime, target = channel.runtime_or_none(), channel.target_or_none()
         booking = None
         if target is not None and target.reservation is not None:
             r = target.reservation

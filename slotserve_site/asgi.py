@@ -1,10 +1,10 @@
-"""The ASGI application served by daphne: the portal and REST API over HTTP.
-
-The gateway (OpenAI-compatible proxy) and the live overview's WebSocket join
-this router as they are built.
-"""
+"""The ASGI application served by daphne (or uvicorn): the portal and REST API
+through Django, and the OpenAI-compatible gateway (``/v1/…`` and
+``/channels/<name>/v1/…``) as its own small ASGI app, off Django's request path."""
 
 import os
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -13,4 +13,24 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402  (needs Django set up first)
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+from gateway.proxy import Gateway  # noqa: E402
+
+gateway_app = Gateway()
+
+Scope = MutableMapping[str, Any]
+
+
+def is_gateway_path(path: str) -> bool:
+    return path.startswith("/v1/") or (path.startswith("/channels/") and "/v1/" in path)
+
+
+async def http_router(
+    scope: Scope, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
+) -> None:
+    if is_gateway_path(scope["path"]):
+        await gateway_app(scope, receive, send)
+    else:
+        await django_asgi_app(dict(scope), receive, send)
+
+
+application = ProtocolTypeRouter({"http": http_router})

@@ -210,6 +210,10 @@ if SLOTSERVE_FAKE_GPUS:
         raise SettingError(str(exc)) from None
 SLOTSERVE_PROCESS_HOST = env_str("SLOTSERVE_PROCESS_HOST", "127.0.0.1")
 
+# The gateway.
+SLOTSERVE_GATEWAY_REFRESH_SECONDS = env_float("SLOTSERVE_GATEWAY_REFRESH_SECONDS", 1.0, minimum=0.05)
+SLOTSERVE_GATEWAY_MAX_BODY_BYTES = env_int("SLOTSERVE_GATEWAY_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
+
 # Backend executables (API.md "Backend programs").
 SLOTSERVE_LLAMA_SERVER = env_str("SLOTSERVE_LLAMA_SERVER", "llama-server")
 SLOTSERVE_VLLM = env_str("SLOTSERVE_VLLM", "vllm")

@@ -313,7 +313,7 @@ def test_run_log_through_the_api_and_the_portal(node_env, tiny, ana, staff):
     assert api.get(f"/api/channels/{channel.pk}/log", {"full": 1}).status_code == 403
     api.force_authenticate(staff)
     whole = api.get(f"/api/channels/{channel.pk}/log", {"full": 1})
-    assert whole.status_code == 200 and b"--alias tiny" in b"".join(whole.streaming_content)
+    assert whole.status_code == 200 and b"--alias tiny" in b"".join(whole.streaming_content)  # type: ignore[attr-defined]
     portal = Client()
     portal.force_login(ana)
     assert "--alias tiny" in portal.get(f"/channels/{channel.pk}/log").content.decode()

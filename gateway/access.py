@@ -1,0 +1,171 @@
+"""Who may call the gateway, and which channel serves a request (SPEC §6), as pure functions."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class Booking:
+    """The reservation active on a channel now."""
+
+    reservation_id: int
+    user_id: int
+    exclusive: bool
+    end: datetime
+
+
+@dataclass(frozen=True)
+class ChannelView:
+    """A channel as the gateway sees it: what runs, whether it may take requests."""
+
+    id: int
+    name: str
+    phase: str  # stopped, loading, ready, draining, stopping, failed
+    model: str | None  # the alias of the model that runs (or loads)
+    upstream: str | None  # "http://host:port" while a process runs
+    since: datetime
+    load_seconds: float  # estimate for what loads now
+    next_load_seconds: float  # estimate for the target it switches to
+    drain_seconds: float
+    switching: bool  # the node worker closed the gate: the target changed
+    booking: Booking | None = None
+    targets_model: str | None = None  # the model the channel is heading for
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int
+    code: str
+    message: str
+    retry_after: int | None = None
+
+
+@dataclass(frozen=True)
+class Route:
+    channel: ChannelView | None
+    refusal: Refusal | None = None
+    candidates: tuple[str, ...] = field(default=())
+
+
+def _seconds(value: float) -> int:
+    return max(1, math.ceil(value))
+
+
+def _remaining(total: float, since: datetime, now: datetime) -> float:
+    return total - (now - since).total_seconds()
+
+
+def admit(*, caller_id: int, channel: ChannelView, now: datetime) -> Refusal | None:
+    """SPEC §6's table for one caller and one channel; None means allowed."""
+    booking = channel.booking
+    if booking is not None and booking.user_id != caller_id:
+        return Refusal(
+            403,
+            "gpu_reserved",
+            f"channel {channel.name} is reserved by someone else until "
+            f"{booking.end.isoformat().replace('+00:00', 'Z')}",
+        )
+    if booking is not None and booking.exclusive:
+        return Refusal(
+            503,
+            "gpu_exclusive",
+            f"channel {channel.name} is booked whole-card: no inference process runs during your reservation",
+            _seconds((booking.end - now).total_seconds()),
+        )
+    if channel.switching or channel.phase in ("draining", "stopping"):
+        drain_left = (
+            max(_remaining(channel.drain_seconds, channel.since, now), 0)
+            if channel.phase == "draining"
+            else 0
+            if channel.phase == "stopping"
+            else channel.drain_seconds
+        )
+        return Refusal(
+            503,
+            "model_switching",
+            f"channel {channel.name} is switching models",
+            _seconds(drain_left + channel.next_load_seconds),
+        )
+    if channel.phase == "loading":
+        return Refusal(
+            503,
+            "model_loading",
+            f"channel {channel.name} is loading {channel.model}",
+            _seconds(_remaining(channel.load_seconds, channel.since, now)),
+        )
+    if channel.phase != "ready" or channel.upstream is None:
+        if channel.targets_model is not None and channel.phase == "failed":
+            return Refusal(
+                503,
+                "model_loading",
+                f"channel {channel.name} failed to load {channel.targets_model} and retries soon",
+                _seconds(channel.next_load_seconds),
+            )
+        return Refusal(404, "model_not_loaded", f"channel {channel.name} runs no model now")
+    return None
+
+
+def _loaded_where(channels: Sequence[ChannelView]) -> str:
+    loaded = [f"{c.model} on {c.name}" for c in channels if c.phase == "ready" and c.model]
+    return "; loaded now: " + ", ".join(loaded) if loaded else "; no model is loaded now"
+
+
+def route(
+    *,
+    caller_id: int,
+    model: str | None,
+    pinned: str | None,
+    channels: Sequence[ChannelView],
+    in_flight: Mapping[int, int],
+    now: datetime,
+) -> Route:
+    """Which channel serves the request (SPEC §6), and whether the caller may use it.
+
+    An explicit pin wins; then the caller's active reservation; then the
+    usable channels with the requested model loaded, fewest in-flight requests
+    first, ties by name; otherwise ``404 model_not_loaded`` listing what is
+    loaded where.
+    """
+    if pinned is not None:
+        match = next((c for c in channels if c.name == pinned), None)
+        if match is None:
+            return Route(
+                None,
+                Refusal(404, "model_not_loaded", f"no channel named {pinned!r}" + _loaded_where(channels)),
+            )
+        return Route(match, admit(caller_id=caller_id, channel=match, now=now))
+    mine = next((c for c in channels if c.booking is not None and c.booking.user_id == caller_id), None)
+    if mine is not None:
+        return Route(mine, admit(caller_id=caller_id, channel=mine, now=now))
+    if not model:
+        return Route(None, Refusal(400, "invalid_request", "the request names no model"))
+    usable = [
+        c for c in channels if c.model == model and admit(caller_id=caller_id, channel=c, now=now) is None
+    ]
+    if usable:
+        best = min(usable, key=lambda c: (in_flight.get(c.id, 0), c.name))
+        return Route(best, None, tuple(c.name for c in usable))
+    # Not servable now: say why, preferring the most useful answer.
+    heading = [c for c in channels if model in (c.model, c.targets_model)]
+    refusals = [r for c in heading if (r := admit(caller_id=caller_id, channel=c, now=now)) is not None]
+    waiting = [r for r in refusals if r.status == 503]
+    if waiting:
+        return Route(None, min(waiting, key=lambda r: r.retry_after or 0))
+    if refusals and all(r.code == "gpu_reserved" for r in refusals):
+        return Route(None, refusals[0])
+    return Route(
+        None, Refusal(404, "model_not_loaded", f"model {model!r} is not loaded" + _loaded_where(channels))
+    )
+
+
+def models_for(*, caller_id: int, channels: Sequence[ChannelView], now: datetime) -> list[tuple[str, str]]:
+    """``/v1/models``: (model, channel) pairs the caller can use right now."""
+    return sorted(
+        (c.model, c.name)
+        for c in channels
+        if c.model is not None and admit(caller_id=caller_id, channel=c, now=now) is None
+    )

@@ -1,0 +1,360 @@
+"""The OpenAI-compatible gateway: a small ASGI application in front of the channels.
+
+``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/models``,
+and the same under ``/channels/<name>/v1/…``. Requests pass through unchanged
+but for ``model``, mapped to the channel's alias; streams are forwarded chunk
+by chunk as they arrive. Decisions are ``gateway.access``; this module only
+reads, forwards and counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.utils import timezone
+
+from gateway.access import ChannelView, Refusal, admit, models_for, route
+from gateway.counters import Counters
+from gateway.snapshot import Caller, SnapshotCache
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+PROXIED = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
+HOP_BY_HOP = {
+    b"connection",
+    b"keep-alive",
+    b"transfer-encoding",
+    b"content-length",
+    b"te",
+    b"trailer",
+    b"upgrade",
+}
+USAGE_MARK = b'"usage":{'
+USAGE_MARK_SPACED = b'"usage": {'
+
+
+def error_body(status: int, code: str, message: str) -> bytes:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
+
+
+async def respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def refuse(send: Send, refusal: Refusal) -> None:
+    headers = [(b"retry-after", str(refusal.retry_after).encode())] if refusal.retry_after is not None else []
+    await respond(send, refusal.status, error_body(refusal.status, refusal.code, refusal.message), headers)
+
+
+def split_path(path: str) -> tuple[str | None, str]:
+    """``/channels/a100-0/v1/models`` → (``a100-0``, ``/v1/models``)."""
+    if path.startswith("/channels/"):
+        name, _, rest = path[len("/channels/") :].partition("/")
+        return name, "/" + rest
+    return None, path
+
+
+@dataclass
+class Usage:
+    prompt: int = 0
+    completion: int = 0
+
+    def add(self, payload: Any) -> None:
+        usage = payload.get("usage") if isinstance(payload, dict) else None
+        if isinstance(usage, dict):
+            self.prompt = int(usage.get("prompt_tokens") or 0)
+            self.completion = int(usage.get("completion_tokens") or 0)
+
+
+class Gateway:
+    def __init__(self) -> None:
+        self.snapshots = SnapshotCache(settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS)
+        self.counters = Counters(settings.REDIS_URL)
+        self.clients: dict[str, httpx.AsyncClient] = {}
+        self.max_body = settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES
+
+    def client_for(self, upstream: str) -> httpx.AsyncClient:
+        """One connection pool per upstream process."""
+        client = self.clients.get(upstream)
+        if client is None:
+            client = httpx.AsyncClient(
+                base_url=upstream,
+                timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0),
+                limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+            )
+            self.clients[upstream] = client
+        return client
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        pinned, path = split_path(scope["path"])
+        method = scope["method"]
+        caller = await self.authenticate(scope)
+        if caller is None:
+            await respond(
+                send,
+                401,
+                error_body(
+                    401,
+                    "invalid_api_key",
+                    "a valid API key is needed: Authorization: Bearer <key> (create one in the portal)",
+                ),
+            )
+            return
+        if path == "/v1/models" and method == "GET":
+            await self.models(send, caller, pinned)
+        elif path in PROXIED and method == "POST":
+            await self.proxy(scope, receive, send, caller, pinned, path)
+        else:
+            await respond(send, 404, error_body(404, "not_found", f"no endpoint {method} {scope['path']}"))
+
+    async def authenticate(self, scope: Scope) -> Caller | None:
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        scheme, _, key = header.decode("latin-1").partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            return None
+        hashed = hashlib.sha256(key.strip().encode()).hexdigest()
+        snapshot = await self.snapshots.get()
+        return snapshot.callers.get(hashed)
+
+    async def models(self, send: Send, caller: Caller, pinned: str | None) -> None:
+        snapshot = await self.snapshots.get()
+        channels = [c for c in snapshot.channels if pinned is None or c.name == pinned]
+        switching = await self.counters.switching(c.id for c in channels)
+        views = [_with_switching(c, c.id in switching) for c in channels]
+        pairs = models_for(caller_id=caller.user_id, channels=views, now=timezone.now())
+        data = [
+            {"id": model, "object": "model", "owned_by": "slotserve", "channel": name}
+            for model, name in pairs
+        ]
+        await respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
+
+    async def read_body(self, receive: Receive) -> bytes | None:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.max_body:
+                return b""
+            chunks.append(body)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    async def proxy(
+        self, scope: Scope, receive: Receive, send: Send, caller: Caller, pinned: str | None, path: str
+    ) -> None:
+        raw = await self.read_body(receive)
+        if raw is None:
+            return
+        if raw == b"" and self.max_body:
+            await respond(
+                send,
+                413,
+                error_body(
+                    413, "request_too_large", f"the request body is larger than {self.max_body} bytes"
+                ),
+            )
+            return
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            await respond(send, 400, error_body(400, "invalid_request", f"the body is not valid JSON: {exc}"))
+            return
+        if not isinstance(body, dict):
+            await respond(send, 400, error_body(400, "invalid_request", "the body must be a JSON object"))
+            return
+        snapshot = await self.snapshots.get()
+        now = timezone.now()
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        candidates = [c for c in snapshot.channels if c.model == model and c.phase == "ready"]
+        in_flight = await self.counters.in_flight(c.id for c in candidates) if len(candidates) > 1 else {}
+        chosen = route(
+            caller_id=caller.user_id,
+            model=model,
+            pinned=pinned,
+            channels=snapshot.channels,
+            in_flight=in_flight,
+            now=now,
+        )
+        if chosen.refusal is not None or chosen.channel is None:
+            await refuse(send, chosen.refusal or Refusal(404, "model_not_loaded", "no channel serves this"))
+            return
+        channel = chosen.channel
+        if not await self.counters.enter(channel.id):
+            refusal = admit(caller_id=caller.user_id, channel=_with_switching(channel, True), now=now)
+            await refuse(send, refusal or Refusal(503, "model_switching", "the channel is switching", 1))
+            return
+        usage = Usage()
+        try:
+            await self.forward(receive, send, channel, path, body, usage)
+        finally:
+            await self.counters.leave(
+                channel.id,
+                user_id=caller.user_id,
+                reservation_id=channel.booking.reservation_id if channel.booking else None,
+                prompt=usage.prompt,
+                completion=usage.completion,
+            )
+
+    async def forward(
+        self,
+        receive: Receive,
+        send: Send,
+        channel: ChannelView,
+        path: str,
+        body: dict[str, Any],
+        usage: Usage,
+    ) -> None:
+        assert channel.upstream is not None and channel.model is not None
+        body["model"] = channel.model
+        streaming = body.get("stream") is True
+        strip_usage = False
+        if streaming and path != "/v1/embeddings":
+            options = body.get("stream_options")
+            if not (isinstance(options, dict) and options.get("include_usage")):
+                # Ask for usage to count tokens, and hide the extra chunk from a client that did not.
+                body["stream_options"] = {
+                    **(options if isinstance(options, dict) else {}),
+                    "include_usage": True,
+                }
+                strip_usage = True
+        client = self.client_for(channel.upstream)
+        request = client.build_request(
+            "POST", path, content=json.dumps(body).encode(), headers={"content-type": "application/json"}
+        )
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            await respond(
+                send,
+                502,
+                error_body(
+                    502, "upstream_unreachable", f"channel {channel.name}'s process did not answer: {exc!r}"
+                ),
+            )
+            return
+        try:
+            await self.relay(receive, send, response, streaming, strip_usage, usage, channel)
+        finally:
+            await response.aclose()
+
+    async def relay(
+        self,
+        receive: Receive,
+        send: Send,
+        response: httpx.Response,
+        streaming: bool,
+        strip_usage: bool,
+        usage: Usage,
+        channel: ChannelView,
+    ) -> None:
+        headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP]
+        if not streaming:
+            content = await response.aread()
+            with contextlib.suppress(ValueError):
+                usage.add(json.loads(content))
+            headers.append((b"content-length", str(len(content)).encode()))
+            await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+            await send({"type": "http.response.body", "body": content})
+            return
+        headers.append((b"x-accel-buffering", b"no"))
+        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        pump = asyncio.ensure_future(self.pump(send, response, strip_usage, usage, channel))
+        watch = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (pump, watch):
+                task.cancel()
+            for task in (pump, watch):
+                with contextlib.suppress(asyncio.CancelledError, OSError):
+                    await task
+        if pump.done() and not pump.cancelled() and pump.exception() is None:
+            await send({"type": "http.response.body", "body": b""})
+
+    async def pump(
+        self, send: Send, response: httpx.Response, strip_usage: bool, usage: Usage, channel: ChannelView
+    ) -> None:
+        try:
+            async for chunk in response.aiter_raw():
+                if USAGE_MARK in chunk or USAGE_MARK_SPACED in chunk:
+                    chunk = _take_usage(chunk, usage, strip_usage)
+                    if not chunk:
+                        continue
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as exc:
+            # The process died mid-stream: end the stream with an error event the client can read.
+            event = {
+                "error": {
+                    "message": f"channel {channel.name}'s process ended the stream: {exc!r}",
+                    "type": "server_error",
+                    "code": "upstream_failed",
+                }
+            }
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": b"data: " + json.dumps(event).encode() + b"\n\n",
+                    "more_body": True,
+                }
+            )
+
+
+def _with_switching(channel: ChannelView, switching: bool) -> ChannelView:
+    from dataclasses import replace
+
+    return replace(channel, switching=switching) if switching != channel.switching else channel
+
+
+async def _disconnected(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _take_usage(chunk: bytes, usage: Usage, strip: bool) -> bytes:
+    """Read ``usage`` from the SSE events in ``chunk``; drop the usage-only event if asked."""
+    kept = []
+    for event in chunk.split(b"\n\n"):
+        if event.startswith(b"data: {") and (USAGE_MARK in event or USAGE_MARK_SPACED in event):
+            try:
+                payload = json.loads(event[6:])
+            except ValueError:
+                kept.append(event)
+                continue
+            usage.add(payload)
+            if strip and not payload.get("choices"):
+                continue
+        kept.append(event)
+    return b"\n\n".join(kept)

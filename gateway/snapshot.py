@@ -1,0 +1,116 @@
+"""What the gateway knows without asking the database on every request.
+
+Each gateway process keeps a snapshot of API keys, channels, what runs on
+them and the active reservations, read in one go and refreshed at most every
+``SLOTSERVE_GATEWAY_REFRESH_SECONDS``. The facts that must be exact at the
+moment of a request — in-flight counts and a channel's switching gate — live
+in Redis (``gateway.counters``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.utils import timezone
+
+from gateway.access import Booking, ChannelView
+
+
+@dataclass(frozen=True)
+class Caller:
+    user_id: int
+    username: str
+    key_id: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    callers: dict[str, Caller] = field(default_factory=dict)  # by hashed key
+    channels: tuple[ChannelView, ...] = ()
+    taken_at: float = 0.0
+
+
+def read_snapshot() -> Snapshot:
+    """One read of everything the gateway needs (a handful of queries)."""
+    from channels_app import selectors
+    from channels_app.models import Channel
+    from channels_app.scheduling import Target
+    from gateway.models import ApiKey
+    from reservations.models import Reservation
+
+    now = timezone.now()
+    callers = {
+        hashed: Caller(user_id, username, key_id)
+        for key_id, hashed, user_id, username in ApiKey.objects.usable().values_list(
+            "pk", "hashed", "user_id", "user__username"
+        )
+    }
+    active = {
+        r.channel_id: Booking(r.pk, r.user_id, r.exclusive, r.end)
+        for r in Reservation.objects.filter(status="approved", start__lte=now, end__gt=now)
+    }
+    channels = list(Channel.objects.select_related("runtime__model", "target__model", "node"))
+    wanted: set[tuple[int, Target]] = set()
+    for channel in channels:
+        runtime, target = channel.runtime_or_none(), channel.target_or_none()
+        if runtime is not None and runtime.model_id is not None:
+            wanted.add((channel.node_id, Target(runtime.model_id, runtime.preset_id)))
+        if target is not None and target.model_id is not None:
+            wanted.add((channel.node_id, Target(target.model_id, target.preset_id)))
+    estimates = selectors.load_estimates(wanted)
+    views = []
+    for channel in channels:
+        runtime, target = channel.runtime_or_none(), channel.target_or_none()
+        running = Target(runtime.model_id, runtime.preset_id) if runtime and runtime.model_id else None
+        heading = Target(target.model_id, target.preset_id) if target and target.model_id else None
+        upstream = None
+        if runtime is not None and runtime.port and runtime.phase in ("loading", "ready", "draining"):
+            upstream = f"http://{_url_host(runtime.host)}:{runtime.port}"
+        views.append(
+            ChannelView(
+                id=channel.pk,
+                name=channel.name,
+                phase=runtime.phase if runtime else "stopped",
+                model=runtime.model.name if runtime and runtime.model else None,
+                upstream=upstream,
+                since=runtime.since if runtime else now,
+                load_seconds=estimates.get((channel.node_id, running), 0.0) if running else 0.0,
+                next_load_seconds=estimates.get((channel.node_id, heading), 0.0) if heading else 0.0,
+                drain_seconds=settings.SLOTSERVE_DRAIN_SECONDS,
+                switching=False,
+                booking=active.get(channel.pk),
+                targets_model=target.model.name if target and target.model else None,
+            )
+        )
+    return Snapshot(callers=callers, channels=tuple(views), taken_at=time.monotonic())
+
+
+def _url_host(host: str) -> str:
+    if host in {"", "0.0.0.0"}:
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+class SnapshotCache:
+    """The current snapshot, refreshed by at most one reader at a time."""
+
+    def __init__(self, max_age: float) -> None:
+        self.max_age = max_age
+        self.current = Snapshot()
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> Snapshot:
+        if time.monotonic() - self.current.taken_at < self.max_age:
+            return self.current
+        async with self._lock:
+            if time.monotonic() - self.current.taken_at >= self.max_age:
+                from asgiref.sync import sync_to_async
+
+                self.current = await sync_to_async(read_snapshot, thread_sensitive=False)()
+        return self.current
+
+    def invalidate(self) -> None:
+        self.current = Snapshot()
