@@ -140,9 +140,15 @@ class Handler(BaseHTTPRequestHandler):
             piece = f"t{i} "
             delta: dict[str, Any] = {"index": 0, "finish_reason": "stop" if i == n - 1 else None}
             delta.update({"delta": {"content": piece}} if chat else {"text": piece})
-            self._event(
-                {"id": ident, "object": f"{kind}.chunk", "model": self.options.alias, "choices": [delta]}
-            )
+            try:
+                self._event(
+                    {"id": ident, "object": f"{kind}.chunk", "model": self.options.alias, "choices": [delta]}
+                )
+            except (BrokenPipeError, ConnectionResetError):
+                # Like the real servers: a client that hangs up cancels the generation.
+                print(f"standin: client went away after {i} of {n} chunks; generation cancelled", flush=True)
+                self.close_connection = True
+                return
             if self.options.standin_chunk_delay:
                 time.sleep(self.options.standin_chunk_delay / 1000)
         if include_usage:

@@ -19,6 +19,13 @@ from channels_app.lifecycle import ProcessState
 TICK_TASK = "channels_app.tasks.scheduler_tick"
 
 
+def flush_gateway_usage() -> None:
+    from channels_app.worker import redis_client
+    from gateway.usage import flush_usage
+
+    flush_usage(redis_client())
+
+
 def node_queue(node_name: str) -> str:
     return f"node.{node_name}"
 
@@ -41,6 +48,7 @@ def scheduler_tick() -> int:
     now = timezone.now()
     changed = len(services.decide_channels(now=now).changed)
     send_starting_soon(now=now)
+    flush_gateway_usage()
     for name in Node.objects.filter(channels__isnull=False).distinct().values_list("name", flat=True):
         send_to_node(node_tick, (name,), name)
     return changed

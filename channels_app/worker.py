@@ -49,7 +49,7 @@ from channels_app.models import (
     Preset,
 )
 from channels_app.scheduling import Reason, Target
-from gateway.counters import GATE, INFLIGHT
+from gateway.counters import GATE, INFLIGHT, key
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def redis_client() -> redis.Redis:
 
 def in_flight(channel_id: int) -> int:
     """Requests the gateway has admitted to the channel and not yet finished."""
-    value = redis_client().get(INFLIGHT.format(channel_id))
+    value = redis_client().get(key(INFLIGHT, channel_id))
     return int(value) if value else 0
 
 
@@ -79,11 +79,11 @@ def publish_gate(channel_id: int, state: ProcessState, wanted: Wanted, now: date
     switching = state.phase in (Phase.READY, Phase.DRAINING, Phase.STOPPING) and (
         target != state.running or reload or state.phase == Phase.STOPPING
     )
-    key = GATE.format(channel_id)
+    gate = key(GATE, channel_id)
     if switching:
-        redis_client().set(key, "1", ex=LOCK_SECONDS * 10)
+        redis_client().set(gate, "1", ex=LOCK_SECONDS * 10)
     else:
-        redis_client().delete(key)
+        redis_client().delete(gate)
 
 
 # --- Heartbeat ------------------------------------------------------------------
@@ -312,7 +312,7 @@ def reconcile(*, channel_id: int, now: datetime) -> ProcessState | None:
 
     Returns the new state, or None when another reconcile holds the channel.
     """
-    lock = redis_client().lock(f"slotserve:reconcile:{channel_id}", timeout=LOCK_SECONDS, blocking=False)
+    lock = redis_client().lock(key("reconcile", channel_id), timeout=LOCK_SECONDS, blocking=False)
     if not lock.acquire():
         return None
     try:

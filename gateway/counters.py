@@ -1,9 +1,9 @@
 """Facts the gateway and the node workers share through Redis, exact at every request.
 
-``slotserve:inflight:<channel>``  requests admitted and not yet finished
-``slotserve:gate:<channel>``      set by the node worker when the channel's target changed:
-                                  new requests get ``503 model_switching``
-``slotserve:usage:*``             requests and tokens per reservation and per user
+``<prefix>:inflight:<channel>``  requests admitted and not yet finished
+``<prefix>:gate:<channel>``      set by the node worker when the channel's target changed:
+                                 new requests get ``503 model_switching``
+``<prefix>:usage:*``             requests and tokens per reservation and per user
 
 Admission increments the in-flight count *before* it reads the gate, and the
 node worker closes the gate *before* it reads the count: whichever comes
@@ -16,10 +16,16 @@ from collections.abc import Iterable
 
 import redis.asyncio as aioredis
 
-INFLIGHT = "slotserve:inflight:{}"
-GATE = "slotserve:gate:{}"
-USAGE_RESERVATION = "slotserve:usage:reservation:{}"
-USAGE_USER = "slotserve:usage:user:{}"
+
+def key(kind: str, ident: object) -> str:
+    """A Redis key of this installation (``SLOTSERVE_REDIS_PREFIX``), e.g. ``slotserve:inflight:3``."""
+    from django.conf import settings
+
+    return f"{settings.SLOTSERVE_REDIS_PREFIX}:{kind}:{ident}"
+
+
+INFLIGHT, GATE = "inflight", "gate"
+USAGE_RESERVATION, USAGE_USER = "usage:reservation", "usage:user"
 
 
 class Counters:
@@ -29,11 +35,11 @@ class Counters:
     async def enter(self, channel_id: int) -> bool:
         """Count a request in; False (and counted out again) if the channel is switching."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.incr(INFLIGHT.format(channel_id))
-            pipe.exists(GATE.format(channel_id))
+            pipe.incr(key(INFLIGHT, channel_id))
+            pipe.exists(key(GATE, channel_id))
             _, gate = await pipe.execute()
         if gate:
-            await self.redis.decr(INFLIGHT.format(channel_id))
+            await self.redis.decr(key(INFLIGHT, channel_id))
             return False
         return True
 
@@ -41,27 +47,28 @@ class Counters:
         self, channel_id: int, *, user_id: int, reservation_id: int | None, prompt: int, completion: int
     ) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.decr(INFLIGHT.format(channel_id))
-            for key in [USAGE_USER.format(user_id)] + (
-                [USAGE_RESERVATION.format(reservation_id)] if reservation_id else []
-            ):
-                pipe.hincrby(key, "requests", 1)
+            pipe.decr(key(INFLIGHT, channel_id))
+            names = [key(USAGE_USER, user_id)]
+            if reservation_id:
+                names.append(key(USAGE_RESERVATION, reservation_id))
+            for name in names:
+                pipe.hincrby(name, "requests", 1)
                 if prompt:
-                    pipe.hincrby(key, "prompt_tokens", prompt)
+                    pipe.hincrby(name, "prompt_tokens", prompt)
                 if completion:
-                    pipe.hincrby(key, "completion_tokens", completion)
+                    pipe.hincrby(name, "completion_tokens", completion)
             await pipe.execute()
 
     async def in_flight(self, channel_ids: Iterable[int]) -> dict[int, int]:
         ids = list(channel_ids)
         if not ids:
             return {}
-        values = await self.redis.mget([INFLIGHT.format(i) for i in ids])
+        values = await self.redis.mget([key(INFLIGHT, i) for i in ids])
         return {i: int(v or 0) for i, v in zip(ids, values, strict=True)}
 
     async def switching(self, channel_ids: Iterable[int]) -> set[int]:
         ids = list(channel_ids)
         if not ids:
             return set()
-        values = await self.redis.mget([GATE.format(i) for i in ids])
+        values = await self.redis.mget([key(GATE, i) for i in ids])
         return {i for i, v in zip(ids, values, strict=True) if v}

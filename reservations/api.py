@@ -52,6 +52,9 @@ class ReservationOutput(serializers.ModelSerializer[Reservation]):
             "reject_reason",
             "note",
             "created",
+            "requests",
+            "prompt_tokens",
+            "completion_tokens",
         ]
 
 
@@ -170,7 +173,17 @@ class MeOutput(serializers.ModelSerializer[Profile]):
 
     class Meta:
         model = Profile
-        fields = ["username", "is_staff", "time_zone", "email_events", "calendar_url"]
+        fields = [
+            "username",
+            "is_staff",
+            "time_zone",
+            "email_events",
+            "calendar_url",
+            "requests",
+            "prompt_tokens",
+            "completion_tokens",
+        ]
+        read_only_fields = ["requests", "prompt_tokens", "completion_tokens"]
 
     def get_calendar_url(self, profile: Profile) -> str:
         request = self.context["request"]

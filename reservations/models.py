@@ -110,6 +110,10 @@ class Reservation(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     decided_at = models.DateTimeField(null=True, blank=True)
+    # Gateway usage during the reservation, copied from Redis by the tick.
+    requests = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
 
     objects = ReservationQuerySet.as_manager()
 
@@ -219,6 +223,10 @@ class Profile(models.Model):
     # Event kind → whether to email it; kinds not listed are emailed.
     email_events = models.JSONField(default=dict, blank=True)
     calendar_token = models.CharField(max_length=64, unique=True, default=_calendar_token)
+    # Gateway usage, all time, copied from Redis by the tick.
+    requests = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
 
     def __str__(self) -> str:
         return f"profile of {self.user}"

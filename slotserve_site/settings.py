@@ -153,6 +153,8 @@ DEFAULT_FROM_EMAIL = env_str("SLOTSERVE_EMAIL_FROM", "SlotServe <slotserve@local
 
 # --- Redis, Celery, Channels ----------------------------------------------
 REDIS_URL = env_str("SLOTSERVE_REDIS_URL", "redis://127.0.0.1:6379/0")
+# Prefix of SlotServe's own Redis keys, so installations can share one Redis.
+SLOTSERVE_REDIS_PREFIX = env_str("SLOTSERVE_REDIS_PREFIX", "slotserve")
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None

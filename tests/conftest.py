@@ -77,6 +77,14 @@ def bo_api(bo) -> APIClient:
 
 
 @pytest.fixture(autouse=True)
+def _own_redis_keys(settings):
+    """Each test its own Redis keys, so parallel test processes never see each other's counts."""
+    import uuid
+
+    settings.SLOTSERVE_REDIS_PREFIX = f"slotserve-test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(autouse=True)
 def _fast_passwords(settings):
     """Test users need no slow password hashing."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -19,6 +19,7 @@ from channels_app import processes, worker
 from channels_app.lifecycle import Phase
 from channels_app.models import ChannelRuntime, ChannelTarget, LoadRecord
 from channels_app.services import decide_channels
+from gateway.counters import INFLIGHT, key
 from reservations.models import Notification
 from tests import factories
 
@@ -122,7 +123,7 @@ def test_switching_presets_drains_then_restarts(node_env, tiny, settings):
     )
     decide_channels(now=now)
     redis = worker.redis_client()
-    redis.set(f"slotserve:inflight:{channel.pk}", 1)
+    redis.set(key(INFLIGHT, channel.pk), 1)
     try:
         assert converge(channel, until={Phase.DRAINING}).pid == first_pid
         # Still draining while the request runs, within SLOTSERVE_DRAIN_SECONDS.
@@ -131,7 +132,7 @@ def test_switching_presets_drains_then_restarts(node_env, tiny, settings):
         later = now + timedelta(seconds=settings.SLOTSERVE_DRAIN_SECONDS + 1)
         assert phase_after(channel, later) == Phase.STOPPING
     finally:
-        redis.delete(f"slotserve:inflight:{channel.pk}")
+        redis.delete(key(INFLIGHT, channel.pk))
     second = converge(channel, until={Phase.READY})
     assert second.preset_id == tiny["big"].pk and second.pid != first_pid
     with pytest.raises(ProcessLookupError):

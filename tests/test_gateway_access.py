@@ -1,0 +1,153 @@
+"""SPEC section 6 as tables: who may call a channel, and which channel serves a request."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gateway.access import Booking, ChannelView, admit, models_for, route
+
+NOW = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
+ANA, BO = 1, 2
+
+
+def channel(name: str = "a", **changes) -> ChannelView:
+    base = ChannelView(
+        id=1 if name == "a" else 2,
+        name=name,
+        phase="ready",
+        model="qwen",
+        upstream="http://127.0.0.1:9",
+        since=NOW - timedelta(seconds=10),
+        load_seconds=40,
+        next_load_seconds=60,
+        drain_seconds=30,
+        switching=False,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+BOOKED = Booking(reservation_id=7, user_id=ANA, exclusive=False, end=NOW + timedelta(hours=1))
+WHOLE = dataclasses.replace(BOOKED, exclusive=True)
+
+ACCESS = [
+    # (situation, channel, caller, expected (status, code, retry_after) or None for allowed)
+    ("not reserved: the booker", channel(), ANA, None),
+    ("not reserved: anyone else", channel(), BO, None),
+    ("active reservation, ready: the booker", channel(booking=BOOKED), ANA, None),
+    ("active reservation, ready: anyone else", channel(booking=BOOKED), BO, (403, "gpu_reserved", None)),
+    (
+        "active, still loading: the booker",
+        channel(booking=BOOKED, phase="loading"),
+        ANA,
+        (503, "model_loading", 30),
+    ),
+    (
+        "active, still loading: anyone else",
+        channel(booking=BOOKED, phase="loading"),
+        BO,
+        (403, "gpu_reserved", None),
+    ),
+    (
+        "active whole-card: the booker",
+        channel(booking=WHOLE, phase="stopped"),
+        ANA,
+        (503, "gpu_exclusive", 3600),
+    ),
+    (
+        "active whole-card: anyone else",
+        channel(booking=WHOLE, phase="stopped"),
+        BO,
+        (403, "gpu_reserved", None),
+    ),
+    ("switching (gate closed): the booker", channel(switching=True), ANA, (503, "model_switching", 90)),
+    ("switching (gate closed): anyone else", channel(switching=True), BO, (503, "model_switching", 90)),
+    ("draining for 10 s of 30: anyone", channel(phase="draining"), BO, (503, "model_switching", 80)),
+    ("stopping: anyone", channel(phase="stopping"), BO, (503, "model_switching", 60)),
+    (
+        "nothing runs",
+        channel(phase="stopped", model=None, upstream=None),
+        BO,
+        (404, "model_not_loaded", None),
+    ),
+]
+
+
+@pytest.mark.parametrize(("view", "caller", "expected"), [c[1:] for c in ACCESS], ids=[c[0] for c in ACCESS])
+def test_access_table(view, caller, expected):
+    refusal = admit(caller_id=caller, channel=view, now=NOW)
+    got = None if refusal is None else (refusal.status, refusal.code, refusal.retry_after)
+    assert got == expected
+
+
+def test_routing_prefers_the_callers_reservation():
+    mine = channel("b", model="llama", booking=BOOKED)
+    chosen = route(
+        caller_id=ANA, model="qwen", pinned=None, channels=[channel("a"), mine], in_flight={}, now=NOW
+    )
+    assert chosen.channel is mine and chosen.refusal is None
+
+
+def test_routing_by_model_fewest_in_flight_then_name():
+    a, b = channel("a"), channel("b")
+    assert (
+        route(
+            caller_id=BO, model="qwen", pinned=None, channels=[a, b], in_flight={1: 3, 2: 1}, now=NOW
+        ).channel
+        is b
+    )
+    assert route(caller_id=BO, model="qwen", pinned=None, channels=[b, a], in_flight={}, now=NOW).channel is a
+
+
+def test_routing_skips_channels_reserved_by_others():
+    reserved, free = channel("a", booking=BOOKED), channel("b")
+    assert (
+        route(
+            caller_id=BO, model="qwen", pinned=None, channels=[reserved, free], in_flight={}, now=NOW
+        ).channel
+        is free
+    )
+    alone = route(caller_id=BO, model="qwen", pinned=None, channels=[reserved], in_flight={}, now=NOW)
+    assert alone.refusal is not None and alone.refusal.code == "gpu_reserved"
+
+
+def test_pinned_channel():
+    a, b = channel("a"), channel("b", model="llama")
+    assert (
+        route(caller_id=BO, model="whatever", pinned="b", channels=[a, b], in_flight={}, now=NOW).channel is b
+    )
+    missing = route(caller_id=BO, model="qwen", pinned="zz", channels=[a, b], in_flight={}, now=NOW)
+    assert (
+        missing.refusal is not None
+        and missing.refusal.status == 404
+        and "no channel named 'zz'" in (missing.refusal.message)
+    )
+
+
+def test_nothing_matches_lists_what_is_loaded_where():
+    chosen = route(
+        caller_id=BO,
+        model="mistral",
+        pinned=None,
+        channels=[channel("a"), channel("b", model="llama")],
+        in_flight={},
+        now=NOW,
+    )
+    assert chosen.refusal is not None
+    assert (chosen.refusal.status, chosen.refusal.code) == (404, "model_not_loaded")
+    assert chosen.refusal.message == "model 'mistral' is not loaded; loaded now: qwen on a, llama on b"
+
+
+def test_a_model_still_loading_answers_503_with_retry_after():
+    loading = channel("a", phase="loading", since=NOW - timedelta(seconds=15))
+    chosen = route(caller_id=BO, model="qwen", pinned=None, channels=[loading], in_flight={}, now=NOW)
+    assert chosen.refusal is not None
+    assert (chosen.refusal.code, chosen.refusal.retry_after) == ("model_loading", 25)
+
+
+def test_models_lists_what_the_caller_can_use():
+    views = [channel("a", booking=BOOKED), channel("b", model="llama"), channel("c", phase="loading")]
+    assert models_for(caller_id=ANA, channels=views, now=NOW) == [("llama", "b"), ("qwen", "a")]
+    assert models_for(caller_id=BO, channels=views, now=NOW) == [("llama", "b")]

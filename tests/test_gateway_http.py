@@ -1,0 +1,419 @@
+"""The gateway over real HTTP: a live ASGI server in front of real stand-in processes
+(and one real llama-server), with the real Redis counting requests in flight."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from django.utils import timezone
+
+from channels_app.models import ChannelRuntime
+from channels_app.worker import redis_client
+from gateway.counters import GATE, INFLIGHT, key
+from gateway.proxy import Gateway
+from gateway.services import api_key_create, api_key_revoke
+from tests import factories
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def gateway_url(settings):
+    """A live server running only the gateway, with a snapshot that is never stale for long."""
+    settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.05
+    settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES = 64 * 1024
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(Gateway(), host="127.0.0.1", port=port, lifespan="off", log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def standins(tmp_path):
+    """Start stand-in servers on demand; all are stopped after the test."""
+    started: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def start(alias: str, *options: str) -> tuple[int, Path]:
+        port = free_port()
+        log = tmp_path / f"{alias}-{port}.log"
+        model = tmp_path / "model.gguf"
+        model.write_bytes(b"GGUF")
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "channels_app.standin",
+                "-m",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--alias",
+                alias,
+                "--standin-load-seconds",
+                "0",
+                *options,
+            ],
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        started.append((child, log))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
+                    return port, log
+            except httpx.HTTPError:
+                time.sleep(0.02)
+        raise AssertionError(f"stand-in did not start: {log.read_text()}")
+
+    yield start
+    for child, _ in started:
+        child.kill()
+        child.wait()
+
+
+def serve(channel, model, port: int | None, phase: str = "ready") -> None:
+    """What a node worker would have stored: the channel runs ``model`` on ``port``."""
+    ChannelRuntime.objects.update_or_create(
+        channel=channel,
+        defaults={
+            "phase": phase,
+            "model": model,
+            "host": "127.0.0.1",
+            "port": port,
+            "since": timezone.now(),
+            "pid": 1 if port else None,
+        },
+    )
+
+
+@pytest.fixture
+def world(standins, ana, bo):
+    qwen, llama = factories.llm("qwen"), factories.llm("llama")
+    node = factories.node("n1", gpus=2)
+    a = factories.channel("ch-a", on=node, gpu_indexes=[0])
+    b = factories.channel("ch-b", on=node, gpu_indexes=[1])
+    port_a, log_a = standins("qwen", "--standin-chunks", "8")
+    port_b, _log_b = standins("llama", "--standin-chunks", "8")
+    serve(a, qwen, port_a)
+    serve(b, llama, port_b)
+    _, ana_key = api_key_create(user=ana, name="t")
+    _, bo_key = api_key_create(user=bo, name="t")
+    return {
+        "a": a,
+        "b": b,
+        "qwen": qwen,
+        "llama": llama,
+        "ana": ana_key,
+        "bo": bo_key,
+        "log_a": log_a,
+        "ana_user": ana,
+        "bo_user": bo,
+    }
+
+
+def call(url: str, key: str | None, model: str = "qwen", *, path: str = "/v1/chat/completions", **extra):
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], **extra}
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(url + path, json=body, headers=headers, timeout=30)
+
+
+def error(answer: httpx.Response) -> tuple[int, str]:
+    return answer.status_code, answer.json()["error"]["code"]
+
+
+def book(world, who: str, *, exclusive: bool = False):
+    now = timezone.now()
+    return factories.reservation(
+        owner=world[f"{who}_user"],
+        on=world["a"],
+        start=now - timedelta(minutes=5),
+        end=now + timedelta(hours=1),
+        target=None if exclusive else factories.preset(world["qwen"], f"p{time.monotonic_ns()}"),
+    )
+
+
+def test_unreserved_channel_serves_everyone_and_maps_the_model(gateway_url, world):
+    for who in ("ana", "bo"):
+        answer = call(gateway_url, world[who])
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == "qwen"
+    pinned = call(gateway_url + "/channels/ch-b", world["bo"], model="anything")
+    assert pinned.status_code == 200 and pinned.json()["model"] == "llama"
+
+
+def test_active_reservation_lets_only_the_booker_in(gateway_url, world):
+    booking = book(world, "ana")
+    time.sleep(0.1)
+    mine = call(gateway_url, world["ana"], model="whatever-i-like")
+    assert mine.status_code == 200 and mine.json()["model"] == "qwen"
+    theirs = call(gateway_url, world["bo"])
+    assert error(theirs) == (403, "gpu_reserved")
+    assert call(gateway_url + "/channels/ch-a", world["bo"]).status_code == 403
+    # Usage is counted per reservation and per user, and reaches the database with the tick.
+    from gateway.usage import flush_usage
+
+    flush_usage(redis_client())
+    booking.refresh_from_db()
+    assert (booking.requests, booking.prompt_tokens, booking.completion_tokens) == (1, 5, 8)
+
+
+def test_booker_waits_while_the_model_loads(gateway_url, world):
+    book(world, "ana")
+    serve(world["a"], world["qwen"], None, phase="loading")
+    time.sleep(0.1)
+    answer = call(gateway_url, world["ana"])
+    assert error(answer) == (503, "model_loading")
+    assert int(answer.headers["Retry-After"]) >= 1
+    assert error(call(gateway_url, world["bo"])) == (403, "gpu_reserved")
+
+
+def test_whole_card_reservation(gateway_url, world):
+    book(world, "ana", exclusive=True)
+    serve(world["a"], None, None, phase="stopped")
+    time.sleep(0.1)
+    answer = call(gateway_url + "/channels/ch-a", world["ana"])
+    assert error(answer) == (503, "gpu_exclusive") and int(answer.headers["Retry-After"]) > 3500
+    assert error(call(gateway_url + "/channels/ch-a", world["bo"])) == (403, "gpu_reserved")
+
+
+def test_switching_channel_answers_503_for_everyone(gateway_url, world):
+    redis_client().set(key(GATE, world["a"].pk), "1")
+    for who in ("ana", "bo"):
+        answer = call(gateway_url, world[who])
+        assert error(answer) == (503, "model_switching")
+        assert int(answer.headers["Retry-After"]) >= 30
+    assert int(redis_client().get(key(INFLIGHT, world["a"].pk)) or 0) == 0
+
+
+def test_routing_by_model_prefers_the_channel_with_fewer_requests(gateway_url, world, standins):
+    port, log_b = standins("qwen")
+    serve(world["b"], world["qwen"], port)
+    redis_client().set(key(INFLIGHT, world["a"].pk), 5)
+    time.sleep(0.1)
+    # Both channels run qwen; ch-a has five requests in flight, so ch-b serves.
+    answer = call(gateway_url, world["bo"], stream=False)
+    assert answer.status_code == 200
+    assert "POST /v1/chat/completions" in log_b.read_text()
+    assert "POST /v1/chat/completions" not in world["log_a"].read_text()
+    missing = call(gateway_url, world["bo"], model="mistral")
+    assert error(missing) == (404, "model_not_loaded")
+    assert "loaded now: qwen on ch-a, qwen on ch-b" in missing.json()["error"]["message"]
+
+
+def test_models_endpoint_lists_what_the_caller_can_use(gateway_url, world):
+    book(world, "ana")
+    time.sleep(0.1)
+    mine = httpx.get(gateway_url + "/v1/models", headers={"Authorization": f"Bearer {world['ana']}"}).json()
+    theirs = httpx.get(gateway_url + "/v1/models", headers={"Authorization": f"Bearer {world['bo']}"}).json()
+    assert sorted(m["id"] for m in mine["data"]) == ["llama", "qwen"]
+    assert [m["id"] for m in theirs["data"]] == ["llama"]
+
+
+def test_streaming_passes_chunks_through_and_counts_tokens(gateway_url, world):
+    with httpx.stream(
+        "POST",
+        gateway_url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {world['bo']}"},
+        json={"model": "qwen", "messages": [], "stream": True},
+        timeout=30,
+    ) as answer:
+        assert answer.status_code == 200
+        assert answer.headers["x-accel-buffering"] == "no"
+        events = [line for line in answer.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    payloads = [json.loads(e[6:]) for e in events[:-1]]
+    # The usage chunk SlotServe asked for is hidden from a client that did not ask.
+    assert len(payloads) == 8 and all(p["choices"] for p in payloads)
+    from gateway.usage import flush_usage
+    from reservations.models import Profile
+
+    flush_usage(redis_client())
+    assert Profile.objects.get(user=world["bo_user"]).completion_tokens == 8
+
+
+def test_bad_requests(gateway_url, world):
+    url = gateway_url + "/v1/chat/completions"
+    auth = {"Authorization": f"Bearer {world['bo']}"}
+    assert error(httpx.post(url, content=b"{nope", headers=auth)) == (400, "invalid_request")
+    assert error(httpx.post(url, content=b"[1, 2]", headers=auth)) == (400, "invalid_request")
+    big = httpx.post(url, content=b"{" + b" " * (70 * 1024) + b"}", headers=auth)
+    assert error(big) == (413, "request_too_large")
+    assert error(call(gateway_url, None)) == (401, "invalid_api_key")
+    assert error(call(gateway_url, "ss-not-a-key")) == (401, "invalid_api_key")
+    from gateway.models import ApiKey
+
+    api_key_revoke(api_key=ApiKey.objects.get(user=world["bo_user"]))
+    time.sleep(0.1)
+    assert error(call(gateway_url, world["bo"])) == (401, "invalid_api_key")
+
+
+def test_unreachable_upstream_is_502(gateway_url, world):
+    serve(world["b"], world["llama"], free_port())
+    time.sleep(0.1)
+    answer = call(gateway_url, world["ana"], model="llama")
+    assert error(answer) == (502, "upstream_unreachable")
+    assert int(redis_client().get(key(INFLIGHT, world["b"].pk)) or 0) == 0
+
+
+def test_upstream_dying_mid_stream_ends_with_an_error_event(gateway_url, world, standins):
+    port, _ = standins(
+        "dying", "--standin-chunks", "200", "--standin-chunk-delay", "20", "--standin-crash-after", "0.5"
+    )
+    model = factories.llm("dying")
+    serve(world["b"], model, port)
+    time.sleep(0.1)
+    with httpx.stream(
+        "POST",
+        gateway_url + "/v1/completions",
+        headers={"Authorization": f"Bearer {world['ana']}"},
+        json={"model": "dying", "prompt": "x", "stream": True},
+        timeout=30,
+    ) as answer:
+        lines = [line for line in answer.iter_lines() if line.startswith("data: ")]
+    assert "upstream_failed" in lines[-1]
+    assert int(redis_client().get(key(INFLIGHT, world["b"].pk)) or 0) == 0
+
+
+def test_client_disconnect_cancels_the_upstream_and_releases_the_count(gateway_url, world, standins):
+    port, log = standins("slow", "--standin-chunks", "400", "--standin-chunk-delay", "20")
+    model = factories.llm("slow")
+    serve(world["b"], model, port)
+    time.sleep(0.1)
+    counter = key(INFLIGHT, world["b"].pk)
+    with httpx.stream(
+        "POST",
+        gateway_url + "/v1/completions",
+        headers={"Authorization": f"Bearer {world['ana']}"},
+        json={"model": "slow", "prompt": "x", "stream": True},
+        timeout=30,
+    ) as answer:
+        lines = answer.iter_lines()
+        next(lines)
+        assert int(redis_client().get(counter) or 0) == 1
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and int(redis_client().get(counter) or 0) != 0:
+        time.sleep(0.02)
+    assert int(redis_client().get(counter) or 0) == 0
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and "client went away" not in log.read_text():
+        time.sleep(0.05)
+    assert "generation cancelled" in log.read_text()
+
+
+def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, world, standins):
+    """A slow stream is in flight when the target changes: it completes; new requests get 503."""
+    from channels_app import worker
+    from channels_app.lifecycle import Phase
+    from channels_app.models import ChannelTarget
+
+    port, _ = standins("qwen2", "--standin-chunks", "30", "--standin-chunk-delay", "30")
+    model = factories.llm("qwen2")
+    runtime = ChannelRuntime.objects.get(channel=world["b"])
+    serve(world["b"], model, port)
+    ChannelRuntime.objects.filter(pk=runtime.pk).update(run_id="r", pid=None)
+    time.sleep(0.1)
+    received: list[str] = []
+
+    def stream() -> None:
+        with httpx.stream(
+            "POST",
+            gateway_url + "/v1/completions",
+            headers={"Authorization": f"Bearer {world['bo']}"},
+            json={"model": "qwen2", "prompt": "x", "stream": True},
+            timeout=30,
+        ) as answer:
+            received.extend(line for line in answer.iter_lines() if line.startswith("data: "))
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    time.sleep(0.2)
+    assert int(redis_client().get(key(INFLIGHT, world["b"].pk)) or 0) == 1
+    # The scheduler now wants something else on ch-b; the node worker closes the gate first.
+    ChannelTarget.objects.create(channel=world["b"], model=world["llama"], reason="manual_override")
+    state = worker.state_of(ChannelRuntime.objects.get(channel=world["b"]))
+    worker.publish_gate(
+        world["b"].pk,
+        state,
+        worker.wanted_of(world["b"], ChannelTarget.objects.get(channel=world["b"])),
+        timezone.now(),
+    )
+    assert state.phase == Phase.READY
+    refused = call(gateway_url + "/channels/ch-b", world["ana"], model="qwen2")
+    assert error(refused) == (503, "model_switching")
+    assert int(worker.in_flight(world["b"].pk)) == 1  # the node worker sees the stream and drains
+    reader.join(timeout=30)
+    assert received[-1] == "data: [DONE]" and len(received) == 31
+    assert worker.in_flight(world["b"].pk) == 0  # now the switch can proceed
+
+
+def test_openai_client_streams_from_a_real_llama_server(gateway_url, world, llama_server_bin, tiny_gguf):
+    import openai
+
+    port = free_port()
+    child = subprocess.Popen(
+        [
+            llama_server_bin,
+            "-m",
+            str(tiny_gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--alias",
+            "tiny",
+            "-c",
+            "256",
+            "-t",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        tiny = factories.llm("tiny")
+        serve(world["b"], tiny, port)
+        time.sleep(0.1)
+        client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=world["ana"])
+        stream = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hello"}], stream=True, max_tokens=8
+        )
+        chunks = [c for c in stream]
+        assert len(chunks) >= 2
+        assert any(c.choices and c.choices[0].delta.content for c in chunks)
+        assert all(c.model for c in chunks)
+    finally:
+        child.terminate()
+        child.wait()
