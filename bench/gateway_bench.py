@@ -1,0 +1,259 @@
+#!/usr/bin/env python
+"""Benchmark: what the gateway adds to streamed completions.
+
+    .venv/bin/python bench/gateway_bench.py [--server uvicorn|daphne] [--seconds 5] [--litellm PATH]
+
+A fast upstream (raw asyncio, 16 SSE chunks per request, back to back or
+--delay-ms apart) is called directly and through SlotServe's gateway (a
+separate server process), alternating, by a closed-loop load generator: each
+of 1, 16 and 64 concurrent workers keeps its own keep-alive connection and
+sends the next request when the last one ends. Reported per level: time to
+first token (p50, p99), requests per second, the gateway's added latency and
+throughput ratio, and the CPU milliseconds each server process spent per
+request. With --litellm PATH (a litellm executable), LiteLLM's proxy is
+measured in the same run, configured to the same upstream. Needs Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+CHUNKS = 16
+
+
+# --- The fast upstream ------------------------------------------------------------
+
+
+async def upstream_main(port: int, delay: float) -> None:
+    chunk = (
+        b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
+        b'"delta":{"content":"tok "},"finish_reason":null}]}\n\n'
+    )
+    usage = b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[],"usage":' \
+            b'{"prompt_tokens":5,"completion_tokens":16,"total_tokens":21}}\n\n'
+    framed = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+    framed_usage = f"{len(usage):x}\r\n".encode() + usage + b"\r\n"
+    done = b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+    head = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+            b"cache-control: no-cache\r\n\r\n")
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                headers = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in headers.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                body = await reader.readexactly(length) if length else b""
+                if headers.startswith(b"GET /health"):
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    continue
+                writer.write(head)
+                for _ in range(CHUNKS):
+                    writer.write(framed)
+                    if delay:
+                        await writer.drain()
+                        await asyncio.sleep(delay)
+                if b"include_usage" in body:
+                    writer.write(framed_usage)
+                writer.write(done)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
+    async with server:
+        await server.serve_forever()
+
+
+# --- The closed-loop load generator -------------------------------------------
+
+
+async def one_worker(host: str, port: int, path: str, key: str, deadline: float, ttfts: list[float],
+                     counts: list[int]) -> None:
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+    request = (f"POST {path} HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {key}\r\n"
+               f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise RuntimeError(head.decode(errors="replace"))
+            first = True
+            while True:
+                size_line = await reader.readuntil(b"\r\n")
+                size = int(size_line.strip(), 16)
+                data = await reader.readexactly(size + 2)
+                if first and size:
+                    ttfts.append(time.perf_counter() - started)
+                    first = False
+                if size == 0:
+                    break
+                del data
+            counts[0] += 1
+    finally:
+        writer.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+async def load(port: int, path: str, key: str, workers: int, seconds: float) -> tuple[list[float], int]:
+    ttfts: list[float] = []
+    counts = [0]
+    deadline = time.perf_counter() + seconds
+    await asyncio.gather(*(one_worker("127.0.0.1", port, path, key, deadline, ttfts, counts) for _ in range(workers)))
+    return ttfts, counts[0]
+
+
+def measure(name: str, port: int, path: str, key: str, workers: int, seconds: float, pid: int) -> dict[str, float]:
+    asyncio.run(load(port, path, key, workers, min(1.0, seconds)))  # warm up connections and caches
+    cpu_before = cpu_seconds(pid)
+    started = time.perf_counter()
+    ttfts, done = asyncio.run(load(port, path, key, workers, seconds))
+    elapsed = time.perf_counter() - started
+    cpu = cpu_seconds(pid) - cpu_before
+    ttfts.sort()
+    return {
+        "p50": statistics.median(ttfts) * 1000,
+        "p99": ttfts[int(len(ttfts) * 0.99) - 1] * 1000 if len(ttfts) > 1 else ttfts[0] * 1000,
+        "rps": done / elapsed,
+        "cpu_ms": cpu * 1000 / max(done, 1),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_http(port: int, path: str = "/health", timeout: float = 60) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}{path}", timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing answers on port {port}")
+
+
+def prepare_gateway(upstream_port: int) -> tuple[dict[str, str], str]:
+    """A SlotServe database with one channel running the upstream, and an API key."""
+    data = tempfile.mkdtemp(prefix="slotserve-gwbench-")
+    env = {**os.environ, "SLOTSERVE_DATA_DIR": data, "DJANGO_SETTINGS_MODULE": "slotserve_site.settings",
+           "SLOTSERVE_REDIS_PREFIX": f"gwbench-{os.getpid()}"}
+    env.pop("DATABASE_URL", None)
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from channels_app.models import Channel, ChannelRuntime, LLMModel, Node
+    from gateway.services import api_key_create
+
+    call_command("migrate", verbosity=0)
+    user = get_user_model().objects.create_user("bench")
+    node = Node.objects.create(name="bench", last_heartbeat=timezone.now())
+    model = LLMModel.objects.create(name="m", backend="vllm", path="/m")
+    channel = Channel.objects.create(name="bench-0", node=node, gpu_indexes=[0])
+    ChannelRuntime.objects.create(channel=channel, phase="ready", model=model, host="127.0.0.1",
+                                  port=upstream_port, pid=1)
+    _, key = api_key_create(user=user, name="bench")
+    return env, key
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--server", choices=["uvicorn", "daphne"], default="uvicorn")
+    parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--delay-ms", type=float, default=0, help="pause between upstream chunks")
+    parser.add_argument("--levels", default="1,16,64")
+    parser.add_argument("--litellm", metavar="PATH", help="a litellm executable to compare with")
+    args = parser.parse_args()
+
+    upstream_port, gateway_port = free_port(), free_port()
+    upstream = subprocess.Popen([sys.executable, __file__, "--upstream", str(upstream_port),
+                                 str(args.delay_ms / 1000)])
+    env, key = prepare_gateway(upstream_port)
+    venv_bin = Path(sys.executable).parent
+    if args.server == "uvicorn":
+        argv = [str(venv_bin / "uvicorn"), "slotserve_site.asgi:application", "--port", str(gateway_port),
+                "--log-level", "warning", "--no-access-log", "--lifespan", "off"]
+    else:
+        argv = [str(venv_bin / "daphne"), "-p", str(gateway_port), "-v", "0", "slotserve_site.asgi:application"]
+    gateway = subprocess.Popen(argv, env=env, cwd=ROOT)
+    servers = {"direct": (upstream_port, "/v1/chat/completions", upstream.pid),
+               "slotserve": (gateway_port, "/v1/chat/completions", gateway.pid)}
+    litellm = None
+    if args.litellm:
+        litellm_port = free_port()
+        config = Path(env["SLOTSERVE_DATA_DIR"]) / "litellm.yaml"
+        config.write_text(
+            "model_list:\n  - model_name: m\n    litellm_params:\n      model: openai/m\n"
+            f"      api_base: http://127.0.0.1:{upstream_port}/v1\n      api_key: none\n"
+        )
+        litellm_env = {**env, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MASTER_KEY": "sk-bench",
+                       "LITELLM_LOG": "ERROR"}
+        litellm = subprocess.Popen([args.litellm, "--config", str(config), "--port", str(litellm_port),
+                                    "--num_workers", "1"], env=litellm_env, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        servers["litellm"] = (litellm_port, "/v1/chat/completions", litellm.pid)
+    try:
+        wait_http(upstream_port)
+        wait_http(gateway_port, "/v1/models")
+        if litellm:
+            wait_http(servers["litellm"][0], "/health/liveliness", timeout=180)
+        keys = {"direct": "none", "slotserve": key, "litellm": "sk-bench"}
+        print(f"server: {args.server}; upstream chunk delay: {args.delay_ms:g} ms; {args.seconds:g} s per run")
+        print(f"{'streams':>7} {'via':>9} {'TTFT p50':>9} {'p99':>8} {'req/s':>8} {'vs direct':>9} "
+              f"{'added p50':>9} {'CPU/req':>8}")
+        for level in [int(x) for x in args.levels.split(",")]:
+            results = {name: measure(name, port, path, keys[name], level, args.seconds, pid)
+                       for name, (port, path, pid) in servers.items()}
+            direct = results["direct"]
+            for name, r in results.items():
+                ratio = r["rps"] / direct["rps"]
+                added = r["p50"] - direct["p50"]
+                print(f"{level:>7} {name:>9} {r['p50']:>7.2f}ms {r['p99']:>6.2f}ms {r['rps']:>8.0f} "
+                      f"{ratio:>8.0%} {added:>7.2f}ms {r['cpu_ms']:>6.2f}ms")
+    finally:
+        for process in (gateway, upstream, litellm):
+            if process is not None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--upstream":
+        asyncio.run(upstream_main(int(sys.argv[2]), float(sys.argv[3])))
+    else:
+        main()
