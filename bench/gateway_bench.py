@@ -42,13 +42,17 @@ async def upstream_main(port: int, delay: float) -> None:
         b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
         b'"delta":{"content":"tok "},"finish_reason":null}]}\n\n'
     )
-    usage = b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[],"usage":' \
-            b'{"prompt_tokens":5,"completion_tokens":16,"total_tokens":21}}\n\n'
+    usage = (
+        b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[],"usage":'
+        b'{"prompt_tokens":5,"completion_tokens":16,"total_tokens":21}}\n\n'
+    )
     framed = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
     framed_usage = f"{len(usage):x}\r\n".encode() + usage + b"\r\n"
     done = b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
-    head = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
-            b"cache-control: no-cache\r\n\r\n")
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+        b"cache-control: no-cache\r\n\r\n"
+    )
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -85,11 +89,16 @@ async def upstream_main(port: int, delay: float) -> None:
 # --- The closed-loop load generator -------------------------------------------
 
 
-async def one_worker(host: str, port: int, path: str, key: str, deadline: float, ttfts: list[float],
-                     counts: list[int]) -> None:
-    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
-    request = (f"POST {path} HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {key}\r\n"
-               f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
+async def one_worker(
+    host: str, port: int, path: str, key: str, deadline: float, ttfts: list[float], counts: list[int]
+) -> None:
+    body = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    ).encode()
+    request = (
+        f"POST {path} HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {key}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode() + body
     reader, writer = await asyncio.open_connection(host, port)
     try:
         while time.perf_counter() < deadline:
@@ -124,11 +133,15 @@ async def load(port: int, path: str, key: str, workers: int, seconds: float) -> 
     ttfts: list[float] = []
     counts = [0]
     deadline = time.perf_counter() + seconds
-    await asyncio.gather(*(one_worker("127.0.0.1", port, path, key, deadline, ttfts, counts) for _ in range(workers)))
+    await asyncio.gather(
+        *(one_worker("127.0.0.1", port, path, key, deadline, ttfts, counts) for _ in range(workers))
+    )
     return ttfts, counts[0]
 
 
-def measure(name: str, port: int, path: str, key: str, workers: int, seconds: float, pid: int) -> dict[str, float]:
+def measure(
+    name: str, port: int, path: str, key: str, workers: int, seconds: float, pid: int
+) -> dict[str, float]:
     asyncio.run(load(port, path, key, workers, min(1.0, seconds)))  # warm up connections and caches
     cpu_before = cpu_seconds(pid)
     started = time.perf_counter()
@@ -166,8 +179,12 @@ def wait_http(port: int, path: str = "/health", timeout: float = 60) -> None:
 def prepare_gateway(upstream_port: int) -> tuple[dict[str, str], str]:
     """A SlotServe database with one channel running the upstream, and an API key."""
     data = tempfile.mkdtemp(prefix="slotserve-gwbench-")
-    env = {**os.environ, "SLOTSERVE_DATA_DIR": data, "DJANGO_SETTINGS_MODULE": "slotserve_site.settings",
-           "SLOTSERVE_REDIS_PREFIX": f"gwbench-{os.getpid()}"}
+    env = {
+        **os.environ,
+        "SLOTSERVE_DATA_DIR": data,
+        "DJANGO_SETTINGS_MODULE": "slotserve_site.settings",
+        "SLOTSERVE_REDIS_PREFIX": f"gwbench-{os.getpid()}",
+    }
     env.pop("DATABASE_URL", None)
     os.environ.update(env)
     import django
@@ -185,14 +202,17 @@ def prepare_gateway(upstream_port: int) -> tuple[dict[str, str], str]:
     node = Node.objects.create(name="bench", last_heartbeat=timezone.now())
     model = LLMModel.objects.create(name="m", backend="vllm", path="/m")
     channel = Channel.objects.create(name="bench-0", node=node, gpu_indexes=[0])
-    ChannelRuntime.objects.create(channel=channel, phase="ready", model=model, host="127.0.0.1",
-                                  port=upstream_port, pid=1)
+    ChannelRuntime.objects.create(
+        channel=channel, phase="ready", model=model, host="127.0.0.1", port=upstream_port, pid=1
+    )
     _, key = api_key_create(user=user, name="bench")
     return env, key
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--server", choices=["uvicorn", "daphne"], default="uvicorn")
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--delay-ms", type=float, default=0, help="pause between upstream chunks")
@@ -201,18 +221,37 @@ def main() -> None:
     args = parser.parse_args()
 
     upstream_port, gateway_port = free_port(), free_port()
-    upstream = subprocess.Popen([sys.executable, __file__, "--upstream", str(upstream_port),
-                                 str(args.delay_ms / 1000)])
+    upstream = subprocess.Popen(
+        [sys.executable, __file__, "--upstream", str(upstream_port), str(args.delay_ms / 1000)]
+    )
     env, key = prepare_gateway(upstream_port)
     venv_bin = Path(sys.executable).parent
     if args.server == "uvicorn":
-        argv = [str(venv_bin / "uvicorn"), "slotserve_site.asgi:application", "--port", str(gateway_port),
-                "--log-level", "warning", "--no-access-log", "--lifespan", "off"]
+        argv = [
+            str(venv_bin / "uvicorn"),
+            "slotserve_site.asgi:application",
+            "--port",
+            str(gateway_port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+            "--lifespan",
+            "off",
+        ]
     else:
-        argv = [str(venv_bin / "daphne"), "-p", str(gateway_port), "-v", "0", "slotserve_site.asgi:application"]
+        argv = [
+            str(venv_bin / "daphne"),
+            "-p",
+            str(gateway_port),
+            "-v",
+            "0",
+            "slotserve_site.asgi:application",
+        ]
     gateway = subprocess.Popen(argv, env=env, cwd=ROOT)
-    servers = {"direct": (upstream_port, "/v1/chat/completions", upstream.pid),
-               "slotserve": (gateway_port, "/v1/chat/completions", gateway.pid)}
+    servers = {
+        "direct": (upstream_port, "/v1/chat/completions", upstream.pid),
+        "slotserve": (gateway_port, "/v1/chat/completions", gateway.pid),
+    }
     litellm = None
     if args.litellm:
         litellm_port = free_port()
@@ -221,11 +260,18 @@ def main() -> None:
             "model_list:\n  - model_name: m\n    litellm_params:\n      model: openai/m\n"
             f"      api_base: http://127.0.0.1:{upstream_port}/v1\n      api_key: none\n"
         )
-        litellm_env = {**env, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MASTER_KEY": "sk-bench",
-                       "LITELLM_LOG": "ERROR"}
-        litellm = subprocess.Popen([args.litellm, "--config", str(config), "--port", str(litellm_port),
-                                    "--num_workers", "1"], env=litellm_env, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
+        litellm_env = {
+            **env,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "LITELLM_MASTER_KEY": "sk-bench",
+            "LITELLM_LOG": "ERROR",
+        }
+        litellm = subprocess.Popen(
+            [args.litellm, "--config", str(config), "--port", str(litellm_port), "--num_workers", "1"],
+            env=litellm_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         servers["litellm"] = (litellm_port, "/v1/chat/completions", litellm.pid)
     try:
         wait_http(upstream_port)
@@ -233,18 +279,26 @@ def main() -> None:
         if litellm:
             wait_http(servers["litellm"][0], "/health/liveliness", timeout=180)
         keys = {"direct": "none", "slotserve": key, "litellm": "sk-bench"}
-        print(f"server: {args.server}; upstream chunk delay: {args.delay_ms:g} ms; {args.seconds:g} s per run")
-        print(f"{'streams':>7} {'via':>9} {'TTFT p50':>9} {'p99':>8} {'req/s':>8} {'vs direct':>9} "
-              f"{'added p50':>9} {'CPU/req':>8}")
+        print(
+            f"server: {args.server}; upstream chunk delay: {args.delay_ms:g} ms; {args.seconds:g} s per run"
+        )
+        print(
+            f"{'streams':>7} {'via':>9} {'TTFT p50':>9} {'p99':>8} {'req/s':>8} {'vs direct':>9} "
+            f"{'added p50':>9} {'CPU/req':>8}"
+        )
         for level in [int(x) for x in args.levels.split(",")]:
-            results = {name: measure(name, port, path, keys[name], level, args.seconds, pid)
-                       for name, (port, path, pid) in servers.items()}
+            results = {
+                name: measure(name, port, path, keys[name], level, args.seconds, pid)
+                for name, (port, path, pid) in servers.items()
+            }
             direct = results["direct"]
             for name, r in results.items():
                 ratio = r["rps"] / direct["rps"]
                 added = r["p50"] - direct["p50"]
-                print(f"{level:>7} {name:>9} {r['p50']:>7.2f}ms {r['p99']:>6.2f}ms {r['rps']:>8.0f} "
-                      f"{ratio:>8.0%} {added:>7.2f}ms {r['cpu_ms']:>6.2f}ms")
+                print(
+                    f"{level:>7} {name:>9} {r['p50']:>7.2f}ms {r['p99']:>6.2f}ms {r['rps']:>8.0f} "
+                    f"{ratio:>8.0%} {added:>7.2f}ms {r['cpu_ms']:>6.2f}ms"
+                )
     finally:
         for process in (gateway, upstream, litellm):
             if process is not None:

@@ -1,4 +1,4 @@
-"""``manage.py run``: SlotServe on one machine — web, API, beat and a worker.
+"""``manage.py run``: SlotServe on one machine — web, API, gateway, beat and a node worker.
 
 Migrates, creates an admin account on first start (printing its password
 once), then supervises daphne and a Celery worker with the beat scheduler.
@@ -38,15 +38,20 @@ class Command(BaseCommand):
         self._first_admin(options["admin"])
         python = sys.executable
         commands = {
+            # uvicorn with uvloop and httptools: measured faster than daphne for the
+            # gateway's streams (bench/gateway_bench.py, README "Benchmarks").
             "web": [
                 python,
                 "-m",
-                "daphne",
-                "-b",
-                options["host"],
-                "-p",
-                str(options["port"]),
+                "uvicorn",
                 "slotserve_site.asgi:application",
+                "--host",
+                options["host"],
+                "--port",
+                str(options["port"]),
+                "--lifespan",
+                "off",
+                "--no-access-log",
             ],
             "scheduler": [
                 python,
