@@ -90,3 +90,8 @@ def load(
         finished=started + timedelta(seconds=seconds),
         succeeded=succeeded,
     )
+
+
+def iso(moment: datetime) -> str:
+    """A time as the API writes it: ISO 8601 in UTC with ``Z``."""
+    return moment.isoformat().replace("+00:00", "Z")

@@ -31,28 +31,16 @@ def test_twenty_threads_post_the_same_slot_exactly_one_wins():
         "model": model.pk,
         "preset": chat.pk,
     }
-    barrier = threading.Barrier(THREADS)
-    statuses: list[int] = []
-    errors: list[BaseException] = []
 
-    def book(user) -> None:
-        client = APIClient()
-        client.force_authenticate(user)
-        try:
-            barrier.wait(timeout=30)
-            statuses.append(client.post("/api/reservations/", payload, format="json").status_code)
-        except BaseException as exc:  # noqa: BLE001 — reported by the assertion below
-            errors.append(exc)
-        finally:
-            connection.close()
+    def book(user):
+        def post() -> int:
+            client = APIClient()
+            client.force_authenticate(user)
+            return client.post("/api/reservations/", payload, format="json").status_code
 
-    threads = [threading.Thread(target=book, args=(user,)) for user in users]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+        return post
 
-    assert errors == []
+    statuses = _race([book(user) for user in users])
     assert sorted(statuses) == [201] + [409] * (THREADS - 1)
     assert Reservation.objects.filter(channel=channel).count() == 1
 

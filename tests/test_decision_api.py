@@ -9,14 +9,11 @@ import time_machine
 
 from channels_app.models import ChannelTarget
 from channels_app.tasks import scheduler_tick
+from tests.factories import iso
 
 T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 GiB = 2**30
-
-
-def iso(moment: datetime) -> str:
-    return moment.isoformat().replace("+00:00", "Z")
 
 
 @pytest.fixture

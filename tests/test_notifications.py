@@ -13,13 +13,10 @@ from reservations.models import Notification
 from reservations.notifications import notify
 from reservations.profiles import profile_for
 from tests import factories
+from tests.factories import iso
 
 T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
-
-
-def iso(moment: datetime) -> str:
-    return moment.isoformat().replace("+00:00", "Z")
 
 
 @pytest.fixture
