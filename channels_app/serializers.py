@@ -215,10 +215,23 @@ class LLMModelSerializer(serializers.ModelSerializer[LLMModel]):
 class PresetSerializer(serializers.ModelSerializer[Preset]):
     model = IdOrNameField(queryset=LLMModel.objects.all())
     args_effective = serializers.ListField(child=serializers.CharField(), read_only=True)
+    memory = serializers.SerializerMethodField()
 
     class Meta:
         model = Preset
-        fields = ["id", "model", "name", "args", "args_effective"]
+        fields = ["id", "model", "name", "args", "args_effective", "memory"]
+
+    def get_memory(self, preset: Preset) -> dict[str, Any]:
+        """The GPU memory estimate in bytes, or why there is none (the file is not on this machine)."""
+        from channels_app.memory import ShapeUnreadable, estimate_for
+
+        try:
+            estimate = estimate_for(
+                backend=preset.model.backend, path=preset.model.path, args=preset.args_effective
+            )
+        except ShapeUnreadable as exc:
+            return {"error": str(exc)}
+        return estimate.as_dict()
 
     def validate_args(self, value: str) -> str:
         try:

@@ -8,6 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 from channels_app import selectors
+from channels_app.memory import MemoryEstimate, ShapeUnreadable, estimate_for
 from channels_app.models import Channel, LLMModel, Preset
 from channels_app.scheduling import Target
 from reservations.models import Reservation
@@ -39,6 +40,15 @@ def quota_hint(
         "left": float(max(left, Decimal(0)).quantize(Decimal("0.01"))),
         "week": week_of(start).date().isoformat(),
     }
+
+
+def memory_estimate(model: LLMModel, preset: Preset | None) -> MemoryEstimate | None:
+    """The estimate when the model's file can be read here; None when it cannot."""
+    args = preset.args_effective if preset is not None else []
+    try:
+        return estimate_for(backend=model.backend, path=model.path, args=args)
+    except ShapeUnreadable:
+        return None
 
 
 def _gib(size: int) -> str:
@@ -91,6 +101,18 @@ def booking_hints(
                 f"GPU memory ({_gib(vram)})",
             }
         )
+    if model is not None and not exclusive:
+        estimate = memory_estimate(model, preset)
+        if estimate is not None and estimate.total > vram:
+            warnings.append(
+                {
+                    "code": "estimated_memory_exceeds_vram",
+                    "message": f"the estimated GPU memory need ({_gib(estimate.total)}: weights "
+                    f"{_gib(estimate.weights)}, KV cache {_gib(estimate.kv_cache)} for {estimate.context} "
+                    f"tokens, overhead {_gib(estimate.overhead)}) exceeds the channel's {_gib(vram)}",
+                    "memory": estimate.as_dict(),
+                }
+            )
     if needs_approval(channel=channel, exclusive=exclusive, user=user):
         warnings.append({"code": "approval_required", "message": "staff must approve this booking"})
     return warnings
