@@ -34,7 +34,17 @@ class Snapshot:
 
 
 def read_snapshot() -> Snapshot:
-    """One read of everything the gateway needs (a handful of queries)."""
+    """One read of everything the gateway needs, on a connection closed afterwards
+    (it runs in a worker thread once a second; no idle connection is left behind)."""
+    from django.db import connection
+
+    try:
+        return _read_snapshot()
+    finally:
+        connection.close()
+
+
+def _read_snapshot() -> Snapshot:
     from channels_app import selectors
     from channels_app.models import Channel
     from channels_app.scheduling import Target
