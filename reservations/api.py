@@ -20,8 +20,15 @@ from reservations.profiles import profile_for
 from slotserve_site.api_fields import IdOrNameField, current_user, moment_param
 
 
+class ChannelOrAutoField(IdOrNameField):
+    """A channel by id or name, or ``"auto"``: the best channel that fits (SPEC §7)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        return None if data == "auto" else super().to_internal_value(data)
+
+
 class ReservationInput(serializers.Serializer[Any]):
-    channel = IdOrNameField(queryset=Channel.objects.select_related("node"))
+    channel = ChannelOrAutoField(queryset=Channel.objects.select_related("node"))
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
     model = IdOrNameField(queryset=LLMModel.objects.all(), required=False, allow_null=True)
@@ -99,9 +106,13 @@ class ReservationViewSet(
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = ReservationInput(data=request.data)
         data.is_valid(raise_exception=True)
-        reservation = services.reservation_create(
-            user=request.user, now=timezone.now(), **data.validated_data
-        )
+        fields = data.validated_data
+        if fields["channel"] is None:
+            reservation = services.reservation_create_anywhere(
+                user=request.user, now=timezone.now(), **fields
+            )
+        else:
+            reservation = services.reservation_create(user=request.user, now=timezone.now(), **fields)
         return Response(ReservationOutput(reservation).data, status=status.HTTP_201_CREATED)
 
     @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
@@ -162,6 +173,10 @@ class ReservationViewSet(
         data.is_valid(raise_exception=True)
         user = current_user(request)
         fields = data.validated_data
+        if fields["channel"] is None:
+            raise serializers.ValidationError(
+                {"channel": "hints are for one channel; use /api/placement to choose"}
+            )
         warnings = hints.booking_hints(user=user, now=timezone.now(), **fields)
         return Response({"warnings": warnings, "quota": hints.quota_hint(user=user, **fields)})
 

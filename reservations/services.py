@@ -219,6 +219,54 @@ def reservation_create(
     return reservation
 
 
+def reservation_create_anywhere(
+    *,
+    user: Any,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    model: LLMModel | None = None,
+    preset: Preset | None = None,
+    exclusive: bool = False,
+    note: str = "",
+    channel: None = None,
+) -> Reservation:
+    """Book the best channel that fits (SPEC §7): placement ranks them, and each is
+    tried in turn with the same overlap guarantee as any booking, so two people asking
+    at once end up on different channels or get a clear 409."""
+    from channels_app.placement_api import placement_for
+
+    if exclusive or model is None:
+        raise InvalidInput(
+            "channel", '"auto" needs a model to place; name a channel for a whole-card booking'
+        )
+    ranked = placement_for(model=model, preset=preset, start=start, end=end)
+    for scored in ranked.ranked:
+        chosen = Channel.objects.get(pk=scored.candidate.id)
+        try:
+            return reservation_create(
+                user=user,
+                channel=chosen,
+                start=start,
+                end=end,
+                now=now,
+                model=model,
+                preset=preset,
+                note=note,
+            )
+        except ReservationConflict:
+            continue  # taken meanwhile: the next best
+    raise NoChannelFits(ranked.message or "every channel that fits was booked meanwhile")
+
+
+class NoChannelFits(ReservationConflict):
+    """No channel can take the booking; the message says why for each."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(None)
+        self.message = f"no channel can take this booking: {why}"
+
+
 def reservation_extend(*, reservation: Reservation, by: Any, end: datetime, now: datetime) -> Reservation:
     """Move the end of an active or future reservation later, when that time is free.
 

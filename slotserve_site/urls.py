@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from channels_app.api import ChannelViewSet, LLMModelViewSet, NodeViewSet, PresetViewSet
+from channels_app.placement_api import PlacementView
 from gateway.api import ApiKeyViewSet
 from reservations.api import MeView, NotificationViewSet, ReservationViewSet
 
@@ -31,6 +32,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/me/", MeView.as_view(), name="me"),
+    path("api/placement", PlacementView.as_view(), name="placement"),
     path("api/", include(router.urls)),
     path("api-auth/", include("rest_framework.urls")),
     path("health", health),

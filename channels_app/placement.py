@@ -1,0 +1,192 @@
+"""Choosing channels for a model: filter, then score (SPEC §7, after GPUStack), as pure functions.
+
+Each filter removes the channels that cannot run the model and says why; the
+scorers rank the rest, each up to its own maximum; the highest total wins and
+ties break by name. When nothing is left the answer counts every reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from channels_app.scheduling import Target
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A channel as placement sees it."""
+
+    id: int
+    name: str
+    node: str
+    node_ready: bool
+    labels: Mapping[str, str]  # the node's labels overlaid with the channel's
+    backends: frozenset[str]  # found installed on the node
+    file_present: bool  # the model's file is on the node's disk
+    vram_bytes: int
+    free_at_time: bool  # no pending or approved reservation overlaps the slot
+    booked_fraction: float = 0.0  # of the channel, in a window around the slot
+    node_booked_fraction: float = 0.0  # of all the node's channels, in the same window
+    runs_target: bool = False  # the same model + preset is loaded now
+    adjacent_target: bool = False  # a reservation right before or after uses the same target
+
+
+@dataclass(frozen=True)
+class Wanted:
+    model: str
+    backend: str
+    target: Target
+    labels: Mapping[str, str]  # the model's selector
+    need_bytes: int  # estimated GPU memory (or the file's size when no estimate can be made)
+
+
+@dataclass(frozen=True)
+class ScoreMaximums:
+    placement: float = 100.0
+    locality: float = 100.0
+
+
+@dataclass(frozen=True)
+class Scored:
+    candidate: Candidate
+    scores: dict[str, float]
+
+    @property
+    def total(self) -> float:
+        return sum(self.scores.values())
+
+
+@dataclass(frozen=True)
+class Placement:
+    ranked: list[Scored]
+    removed: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # filter → [(channel, why)]
+    message: str = ""
+
+
+Filter = Callable[[Candidate, Wanted], str | None]
+
+
+def _node_ready(c: Candidate, w: Wanted) -> str | None:
+    return None if c.node_ready else f"node {c.node} not ready"
+
+
+def _labels(c: Candidate, w: Wanted) -> str | None:
+    missing = [f"{k}={v}" for k, v in w.labels.items() if c.labels.get(k) != v]
+    return f"lacks labels {', '.join(missing)}" if missing else None
+
+
+def _backend(c: Candidate, w: Wanted) -> str | None:
+    return None if w.backend in c.backends else f"{w.backend} not installed on {c.node}"
+
+
+def _file(c: Candidate, w: Wanted) -> str | None:
+    return None if c.file_present else f"model file not on {c.node}"
+
+
+def _memory(c: Candidate, w: Wanted) -> str | None:
+    if w.need_bytes <= c.vram_bytes:
+        return None
+    return f"too little GPU memory (needs {w.need_bytes / GiB:.1f} GiB, has {c.vram_bytes / GiB:.1f} GiB)"
+
+
+def _free(c: Candidate, w: Wanted) -> str | None:
+    return None if c.free_at_time else "booked at that time"
+
+
+# The chain, in order; the first filter that removes a channel gives its reason.
+FILTERS: list[tuple[str, Filter]] = [
+    ("node_ready", _node_ready),
+    ("labels", _labels),
+    ("backend", _backend),
+    ("file", _file),
+    ("memory", _memory),
+    ("free", _free),
+]
+
+# How each removal is counted in the "nothing fits" message.
+_REASON_WORDS = {
+    "node_ready": "node not ready",
+    "labels": "lack the model's labels",
+    "backend": "lack the backend",
+    "file": "lack the model file",
+    "memory": "have too little GPU memory",
+    "free": "are booked at that time",
+}
+
+
+def placement_score(c: Candidate, w: Wanted, policy: str, maximum: float) -> float:
+    """binpack: the smallest channel that fits scores highest; spread: the least booked
+    channel and node around the slot (the channel's GPU weighs 2, the node's RAM 1)."""
+    if policy == "binpack":
+        return maximum * (w.need_bytes / c.vram_bytes) if c.vram_bytes else 0.0
+    free_channel = 1 - min(max(c.booked_fraction, 0.0), 1.0)
+    free_node = 1 - min(max(c.node_booked_fraction, 0.0), 1.0)
+    return maximum * (2 * free_channel + free_node) / 3
+
+
+def locality_score(c: Candidate, maximum: float) -> float:
+    """The file already on the node; no load lost (same target loaded or booked adjacently)."""
+    score = 0.0
+    if c.file_present:
+        score += maximum / 2
+    if c.runs_target or c.adjacent_target:
+        score += maximum / 2
+    return score
+
+
+def place(
+    candidates: Sequence[Candidate],
+    wanted: Wanted,
+    *,
+    policy: str = "binpack",
+    maximums: ScoreMaximums = ScoreMaximums(),
+) -> Placement:
+    if policy not in ("binpack", "spread"):
+        raise ValueError(f"placement policy {policy!r}: use binpack or spread")
+    removed: dict[str, list[tuple[str, str]]] = {}
+    kept: list[Candidate] = []
+    for candidate in candidates:
+        for name, check in FILTERS:
+            why = check(candidate, wanted)
+            if why is not None:
+                removed.setdefault(name, []).append((candidate.name, why))
+                break
+        else:
+            kept.append(candidate)
+    ranked = [
+        Scored(
+            c,
+            {
+                "placement": round(placement_score(c, wanted, policy, maximums.placement), 2),
+                "locality": round(locality_score(c, maximums.locality), 2),
+            },
+        )
+        for c in kept
+    ]
+    ranked.sort(key=lambda s: (-s.total, s.candidate.name))
+    return Placement(ranked, removed, "" if ranked else nothing_fits(len(candidates), removed))
+
+
+def nothing_fits(total: int, removed: Mapping[str, list[tuple[str, str]]]) -> str:
+    """'0 of 3 channels: 2 have too little GPU memory (needs 23.1 GiB, has 16.0 GiB), 1 node not ready'."""
+    parts = []
+    for name, _ in FILTERS:
+        entries = removed.get(name, [])
+        if not entries:
+            continue
+        count = len(entries)
+        detail = ""
+        if name == "memory":
+            # "(needs 23.1 GiB, has 16.0 GiB)" per channel → "(needs 23.1 GiB, have 16.0 GiB, 24.0 GiB)"
+            pairs = [why.split("(", 1)[1].rstrip(")").split(", has ") for _, why in entries]
+            haves = sorted(set(has for _, has in pairs), key=lambda h: float(h.split()[0]))
+            verb = "has" if len(haves) == 1 and count == 1 else "have"
+            detail = f" ({pairs[0][0]}, {verb} {', '.join(haves)})"
+        words = _REASON_WORDS[name]
+        if count == 1 and name != "node_ready":
+            words = words.replace("have ", "has ").replace("lack ", "lacks ").replace("are ", "is ")
+        parts.append(f"{count} {words}{detail}")
+    return f"0 of {total} channels: " + ", ".join(parts) if parts else f"0 of {total} channels"

@@ -1,0 +1,76 @@
+"""``GET /api/placement``: the whole filter-and-score chain for a model at a time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from channels_app.models import LLMModel, Preset
+from channels_app.placement import Placement, ScoreMaximums, place
+from channels_app.placement_inputs import placement_inputs
+from channels_app.services import validate_target
+from slotserve_site.api_fields import IdOrNameField
+
+
+class PlacementInput(serializers.Serializer[Any]):
+    model = IdOrNameField(queryset=LLMModel.objects.all())
+    preset = serializers.PrimaryKeyRelatedField(
+        queryset=Preset.objects.all(), required=False, allow_null=True
+    )
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    policy = serializers.ChoiceField(choices=["binpack", "spread"], default="binpack")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["end"] <= attrs["start"]:
+            raise serializers.ValidationError({"end": "end must be after start"})
+        return attrs
+
+
+def maximums() -> ScoreMaximums:
+    return ScoreMaximums(
+        placement=settings.SLOTSERVE_SCORE_PLACEMENT_MAX, locality=settings.SLOTSERVE_SCORE_LOCALITY_MAX
+    )
+
+
+def placement_for(
+    *, model: LLMModel, start: Any, end: Any, preset: Preset | None = None, policy: str = "binpack"
+) -> Placement:
+    validate_target(model=model, preset=preset)
+    candidates, wanted = placement_inputs(
+        model=model, preset=preset, start=start, end=end, now=timezone.now()
+    )
+    return place(candidates, wanted, policy=policy, maximums=maximums())
+
+
+def placement_json(result: Placement) -> dict[str, Any]:
+    return {
+        "channels": [
+            {
+                "channel": s.candidate.id,
+                "name": s.candidate.name,
+                "node": s.candidate.node,
+                "scores": s.scores,
+                "total": round(s.total, 2),
+            }
+            for s in result.ranked
+        ],
+        "removed": {
+            name: [{"channel": channel, "reason": why} for channel, why in entries]
+            for name, entries in result.removed.items()
+        },
+        "message": result.message,
+    }
+
+
+class PlacementView(APIView):
+    def get(self, request: Request) -> Response:
+        data = PlacementInput(data=request.query_params)
+        data.is_valid(raise_exception=True)
+        return Response(placement_json(placement_for(**data.validated_data)))

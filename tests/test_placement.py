@@ -1,0 +1,198 @@
+"""SPEC section 7: filter, then score — each filter and scorer, their sums, ties and refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from channels_app.placement import Candidate, ScoreMaximums, Wanted, place
+from channels_app.scheduling import Target
+
+GiB = 2**30
+WANT = Wanted(model="qwen", backend="llama.cpp", target=Target(1, 1), labels={}, need_bytes=20 * GiB)
+
+
+def cand(name: str, **changes) -> Candidate:
+    base = Candidate(
+        id=hash(name) % 1000,
+        name=name,
+        node="n1",
+        node_ready=True,
+        labels={},
+        backends=frozenset({"llama.cpp", "vllm"}),
+        file_present=True,
+        vram_bytes=24 * GiB,
+        free_at_time=True,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.mark.parametrize(
+    ("changes", "wanted", "filter_name", "why"),
+    [
+        ({"node_ready": False}, WANT, "node_ready", "node n1 not ready"),
+        ({}, dataclasses.replace(WANT, labels={"gpu": "a100"}), "labels", "lacks labels gpu=a100"),
+        ({"labels": {"gpu": "a100"}}, dataclasses.replace(WANT, labels={"gpu": "a100"}), None, None),
+        ({"backends": frozenset({"vllm"})}, WANT, "backend", "llama.cpp not installed on n1"),
+        ({"file_present": False}, WANT, "file", "model file not on n1"),
+        ({"vram_bytes": 16 * GiB}, WANT, "memory", "too little GPU memory (needs 20.0 GiB, has 16.0 GiB)"),
+        ({"vram_bytes": 20 * GiB}, WANT, None, None),
+        ({"free_at_time": False}, WANT, "free", "booked at that time"),
+    ],
+)
+def test_each_filter(changes, wanted, filter_name, why):
+    result = place([cand("a", **changes)], wanted)
+    if filter_name is None:
+        assert [s.candidate.name for s in result.ranked] == ["a"]
+    else:
+        assert result.ranked == [] and result.removed == {filter_name: [("a", why)]}
+
+
+def test_nothing_fits_counts_every_reason():
+    result = place(
+        [cand("a", vram_bytes=16 * GiB), cand("b", vram_bytes=16 * GiB), cand("c", node_ready=False)],
+        dataclasses.replace(WANT, need_bytes=int(23.1 * GiB)),
+    )
+    assert result.message == (
+        "0 of 3 channels: 1 node not ready, 2 have too little GPU memory (needs 23.1 GiB, have 16.0 GiB)"
+    )
+
+
+def test_binpack_prefers_the_smallest_channel_that_fits():
+    result = place(
+        [cand("big", vram_bytes=80 * GiB), cand("small", vram_bytes=24 * GiB)], WANT, policy="binpack"
+    )
+    assert [s.candidate.name for s in result.ranked] == ["small", "big"]
+    assert result.ranked[0].scores["placement"] == pytest.approx(100 * 20 / 24, abs=0.01)
+
+
+def test_spread_prefers_the_least_booked_channel_and_node():
+    busy = cand("busy", booked_fraction=0.5, node_booked_fraction=0.5)
+    idle = cand("idle", booked_fraction=0.0, node_booked_fraction=0.5)
+    result = place([busy, idle], WANT, policy="spread")
+    assert [s.candidate.name for s in result.ranked] == ["idle", "busy"]
+    assert result.ranked[0].scores["placement"] == pytest.approx(100 * (2 * 1 + 0.5) / 3, abs=0.01)
+    assert result.ranked[1].scores["placement"] == pytest.approx(100 * (2 * 0.5 + 0.5) / 3, abs=0.01)
+
+
+def test_locality_and_sums():
+    loaded = cand("b-loaded", runs_target=True)
+    plain = cand("a-plain")
+    result = place([plain, loaded], WANT, maximums=ScoreMaximums(placement=10, locality=40))
+    assert [(s.candidate.name, s.scores, s.total) for s in result.ranked] == [
+        (
+            "b-loaded",
+            {"placement": pytest.approx(8.33, abs=0.01), "locality": 40.0},
+            pytest.approx(48.33, abs=0.01),
+        ),
+        (
+            "a-plain",
+            {"placement": pytest.approx(8.33, abs=0.01), "locality": 20.0},
+            pytest.approx(28.33, abs=0.01),
+        ),
+    ]
+
+
+def test_ties_break_by_name():
+    result = place([cand("zeta"), cand("alpha"), cand("mid")], WANT)
+    assert [s.candidate.name for s in result.ranked] == ["alpha", "mid", "zeta"]
+
+
+def test_unknown_policy_is_named():
+    with pytest.raises(ValueError, match="placement policy 'pack'"):
+        place([cand("a")], WANT, policy="pack")
+
+
+# --- Through the API --------------------------------------------------------------
+
+from datetime import timedelta  # noqa: E402
+
+from django.utils import timezone  # noqa: E402
+
+from tests import factories  # noqa: E402
+from tests.factories import iso  # noqa: E402
+
+
+def _inventory():
+    node = factories.node("n1", gpus=3, memory=24 * GiB)
+    node.backends = ["llama.cpp"]
+    node.save()
+    big = factories.node("n2", gpus=1, memory=80 * GiB)
+    big.backends = ["llama.cpp"]
+    big.save()
+    channels = [factories.channel(f"small-{i}", on=node, gpu_indexes=[i]) for i in range(3)]
+    channels.append(factories.channel("large", on=big))
+    model = factories.llm("qwen", size=20 * GiB)
+    model.path = "/nowhere/qwen.gguf"  # not readable here: the need is the file's size
+    model.save()
+    return channels, model
+
+
+@pytest.mark.django_db
+def test_placement_api_ranks_and_explains(ana_api):
+    _, model = _inventory()
+    start = timezone.now() + timedelta(hours=1)
+    query = {"model": "qwen", "start": iso(start), "end": iso(start + timedelta(hours=1))}
+    ranked = ana_api.get("/api/placement", query).data
+    assert [c["name"] for c in ranked["channels"]] == ["small-0", "small-1", "small-2", "large"]
+    assert ranked["channels"][0]["scores"]["placement"] == pytest.approx(100 * 20 / 24, abs=0.01)
+    model.size_bytes = 30 * GiB
+    model.save()
+    one = ana_api.get("/api/placement", query).data
+    assert [c["name"] for c in one["channels"]] == ["large"]
+    assert len(one["removed"]["memory"]) == 3
+    model.size_bytes = 100 * GiB
+    model.save()
+    none = ana_api.get("/api/placement", query).data
+    assert none["message"] == (
+        "0 of 4 channels: 4 have too little GPU memory (needs 100.0 GiB, have 24.0 GiB, 80.0 GiB)"
+    )
+    bad = ana_api.get("/api/placement", {**query, "policy": "pack"})
+    assert bad.status_code == 400 and "policy" in bad.data
+
+
+@pytest.mark.django_db(transaction=True)
+def test_auto_channel_under_concurrency_gives_different_channels_or_409():
+    import threading
+
+    from django.db import connection
+    from rest_framework.test import APIClient
+
+    from reservations.models import Reservation
+
+    _inventory()
+    users = [factories.user(f"auto{i}") for i in range(6)]
+    start = timezone.now().replace(microsecond=0) + timedelta(hours=2)
+    body = {
+        "channel": "auto",
+        "start": start.isoformat(),
+        "end": (start + timedelta(hours=1)).isoformat(),
+        "model": "qwen",
+    }
+    barrier = threading.Barrier(len(users))
+    answers: list[tuple[int, dict[str, object]]] = []
+
+    def book(user) -> None:
+        client = APIClient()
+        client.force_authenticate(user)
+        try:
+            barrier.wait(timeout=30)
+            answer = client.post("/api/reservations/", body, format="json")
+            answers.append((answer.status_code, answer.data))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=book, args=(u,)) for u in users]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    codes = sorted(code for code, _ in answers)
+    assert codes == [201, 201, 201, 201, 409, 409]
+    channels = [data["channel_name"] for code, data in answers if code == 201]
+    assert sorted(channels) == ["large", "small-0", "small-1", "small-2"]
+    refusals = [data["message"] for code, data in answers if code == 409]
+    # Placed before the others committed ("booked meanwhile") or after ("4 are booked at that time").
+    assert all(m.startswith("no channel can take this booking: ") for m in refusals), refusals
+    assert Reservation.objects.count() == 4
