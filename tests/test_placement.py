@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -171,7 +172,7 @@ def test_auto_channel_under_concurrency_gives_different_channels_or_409():
         "model": "qwen",
     }
     barrier = threading.Barrier(len(users))
-    answers: list[tuple[int, dict[str, object]]] = []
+    answers: list[tuple[int, Any]] = []
 
     def book(user) -> None:
         client = APIClient()
