@@ -7,6 +7,7 @@ from channels_app.models import (
     Gpu,
     LLMModel,
     LoadRecord,
+    ModelFile,
     Node,
     Override,
     Preset,
@@ -89,3 +90,12 @@ class ChannelRuntimeAdmin(admin.ModelAdmin[ChannelRuntime]):
 
     def has_change_permission(self, request: object, obj: object = None) -> bool:
         return False
+
+
+@admin.register(ModelFile)
+class ModelFileAdmin(admin.ModelAdmin[ModelFile]):
+    """Reported by the node workers; register a model for a file under Models."""
+
+    list_display = ["path", "node", "backend", "size_bytes", "modified", "seen_at"]
+    list_filter = ["node", "backend"]
+    search_fields = ["path"]

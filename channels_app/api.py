@@ -17,11 +17,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from channels_app import processes, selectors, services
-from channels_app.models import Channel, ChannelRuntime, LLMModel, Node, Override, Preset
+from channels_app.models import Channel, ChannelRuntime, LLMModel, ModelFile, Node, Override, Preset
 from channels_app.scheduling import Target
 from channels_app.serializers import (
     ChannelSerializer,
     LLMModelSerializer,
+    ModelFileSerializer,
     NodeSerializer,
     PresetSerializer,
     decision_json,
@@ -83,6 +84,27 @@ def model_load_estimates() -> dict[int, float]:
     for (_, target), seconds in estimates.items():
         result[target.model_id] = max(seconds, result.get(target.model_id, 0.0))
     return result
+
+
+class ModelFileViewSet(viewsets.ReadOnlyModelViewSet[ModelFile]):
+    """Model files the node workers found; ``?registered=false`` lists those to offer for registration."""
+
+    serializer_class = ModelFileSerializer
+
+    def get_queryset(self) -> QuerySet[ModelFile]:
+        queryset = ModelFile.objects.select_related("node")
+        wanted = self.request.query_params.get("registered")
+        if wanted in {"true", "false"}:
+            paths = LLMModel.objects.values("path")
+            queryset = (
+                queryset.filter(path__in=paths) if wanted == "true" else queryset.exclude(path__in=paths)
+            )
+        return queryset
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        context = dict(super().get_serializer_context())
+        context["registered_paths"] = set(LLMModel.objects.values_list("path", flat=True))
+        return context
 
 
 class PresetViewSet(viewsets.ModelViewSet[Preset]):

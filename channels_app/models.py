@@ -345,3 +345,21 @@ class ChannelRuntime(models.Model):
         if self.model_id is None or self.phase not in {Phase.LOADING, Phase.READY}:
             return None
         return Target(self.model_id, self.preset_id)
+
+
+class ModelFile(models.Model):
+    """A model file or folder a node worker found in its model folders (SLOTSERVE_MODEL_DIRS)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="model_files")
+    path = models.CharField(max_length=1000)
+    backend = models.CharField(max_length=20, choices=Backend.choices)
+    size_bytes = models.BigIntegerField()
+    modified = models.DateTimeField()
+    seen_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["node__name", "path"]
+        constraints = [models.UniqueConstraint(fields=["node", "path"], name="model_file_unique_per_node")]
+
+    def __str__(self) -> str:
+        return f"{self.node}:{self.path}"

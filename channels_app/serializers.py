@@ -9,7 +9,7 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import serializers
 
-from channels_app.models import Channel, Gpu, LLMModel, Node, Preset
+from channels_app.models import Channel, Gpu, LLMModel, ModelFile, Node, Preset
 from channels_app.scheduling import Decision, PlanSegment, Target
 from slotserve_site.api_fields import IdOrNameField
 
@@ -210,6 +210,28 @@ class LLMModelSerializer(serializers.ModelSerializer[LLMModel]):
         if "size_bytes" not in validated_data:
             validated_data["size_bytes"] = measure_size(validated_data["path"])
         return super().create(validated_data)
+
+
+class ModelFileSerializer(serializers.ModelSerializer[ModelFile]):
+    node_name = serializers.CharField(source="node.name")
+    registered = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ModelFile
+        fields = [
+            "id",
+            "node",
+            "node_name",
+            "path",
+            "backend",
+            "size_bytes",
+            "modified",
+            "seen_at",
+            "registered",
+        ]
+
+    def get_registered(self, found: ModelFile) -> bool:
+        return found.path in self.context.get("registered_paths", set())
 
 
 class PresetSerializer(serializers.ModelSerializer[Preset]):

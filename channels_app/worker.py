@@ -22,7 +22,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from channels_app import gpus, processes
+from channels_app import discovery, gpus, processes
 from channels_app.backends import Backend
 from channels_app.lifecycle import (
     Failure,
@@ -113,6 +113,8 @@ def heartbeat(*, node_name: str, now: datetime) -> Node:
                 defaults={"name": gpu.name, "memory_bytes": gpu.memory_bytes, "free_bytes": gpu.free_bytes},
             )
         Gpu.objects.filter(node=node).exclude(index__in=[g.index for g in found]).delete()
+    if settings.SLOTSERVE_MODEL_DIRS:
+        discovery.report(node=node, files=discovery.scan(settings.SLOTSERVE_MODEL_DIRS), now=now)
     return node
 
 

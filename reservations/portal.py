@@ -4,22 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
+from pathlib import Path
 from typing import Any
 
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.views.decorators.http import require_POST
 
 from channels_app import selectors
 from channels_app.api import model_load_estimates
-from channels_app.models import Channel, LLMModel, Phase, Preset
+from channels_app.models import Channel, LLMModel, ModelFile, Node, Phase, Preset
 from channels_app.scheduling import Reason, Target
 from channels_app.services import plan_for
 from reservations.explain import BookingFacts, why
 from reservations.forms import OverrideForm
-from reservations.hints import adjacent_switch_minutes
+from reservations.hints import adjacent_switch_minutes, memory_estimate
 from reservations.models import Reservation, ReservationStatus
 
 PRELOADING = {Reason.PRELOAD_NEXT, Reason.SKIP_DEFAULT_SHORT_GAP, Reason.STOP_FOR_EXCLUSIVE}
@@ -243,8 +247,30 @@ def models_page(request: HttpRequest) -> HttpResponse:
             {
                 "model": model,
                 "estimate": round(estimates.get(model.pk, 0)),
-                "presets": [(p, " ".join(p.args_effective)) for p in model.presets.all()],
+                "presets": [
+                    (p, " ".join(p.args_effective), memory_estimate(model, p)) for p in model.presets.all()
+                ],
                 "exceeds": [c.name for c in channels if model.size_bytes > c.vram_bytes()],
+                "present_on": [n.name for n in model.nodes.all()],
             }
         )
-    return render(request, "portal/models.html", {"rows": rows})
+    registered = LLMModel.objects.values("path")
+    unregistered = ModelFile.objects.exclude(path__in=registered).select_related("node")
+    return render(request, "portal/models.html", {"rows": rows, "unregistered": unregistered})
+
+
+@staff_member_required
+@require_POST
+def register_model_file(request: HttpRequest, pk: int) -> HttpResponse:
+    """Register a model for a file a node worker found, named after the file."""
+    found = get_object_or_404(ModelFile, pk=pk)
+    name = Path(found.path).stem if found.backend == "llama.cpp" else Path(found.path).name
+    if LLMModel.objects.filter(name=name).exists():
+        messages.error(request, f"A model named {name} exists already; register this file in the admin.")
+        return redirect("portal:models")
+    model = LLMModel.objects.create(
+        name=name, backend=found.backend, path=found.path, size_bytes=found.size_bytes
+    )
+    model.nodes.set(Node.objects.filter(model_files__path=found.path))
+    messages.success(request, f"Model {name} registered; add presets for it in the admin or the API.")
+    return redirect("portal:models")

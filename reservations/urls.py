@@ -9,6 +9,7 @@ urlpatterns = [
     path("calendar/", portal.calendar, name="calendar"),
     path("calendar/<str:token>.ics", portal_actions.calendar_feed, name="calendar_feed"),
     path("models/", portal.models_page, name="models"),
+    path("models/files/<int:pk>/register", portal.register_model_file, name="register_model_file"),
     path("channels/<int:pk>/log", portal.run_log, name="run_log"),
     path("book/", portal_actions.book, name="book"),
     path("reservations/", portal_actions.my_reservations, name="my_reservations"),

@@ -211,6 +211,7 @@ if SLOTSERVE_FAKE_GPUS:
     except FakeGpuSpecError as exc:
         raise SettingError(str(exc)) from None
 SLOTSERVE_PROCESS_HOST = env_str("SLOTSERVE_PROCESS_HOST", "127.0.0.1")
+SLOTSERVE_MODEL_DIRS = env_list("SLOTSERVE_MODEL_DIRS", [])
 
 # Placement scorers' maximums (SPEC §7, like GPUStack's).
 SLOTSERVE_SCORE_PLACEMENT_MAX = env_float("SLOTSERVE_SCORE_PLACEMENT_MAX", 100.0)

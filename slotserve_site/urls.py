@@ -4,7 +4,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from channels_app.api import ChannelViewSet, LLMModelViewSet, NodeViewSet, PresetViewSet
+from channels_app.api import ChannelViewSet, LLMModelViewSet, ModelFileViewSet, NodeViewSet, PresetViewSet
 from channels_app.placement_api import PlacementView
 from gateway.api import ApiKeyViewSet
 from reservations.api import MeView, NotificationViewSet, ReservationViewSet
@@ -17,6 +17,7 @@ router.register("nodes", NodeViewSet)
 router.register("channels", ChannelViewSet)
 router.register("models", LLMModelViewSet)
 router.register("presets", PresetViewSet)
+router.register("model-files", ModelFileViewSet, basename="modelfile")
 router.register("reservations", ReservationViewSet, basename="reservation")
 router.register("notifications", NotificationViewSet, basename="notification")
 router.register("keys", ApiKeyViewSet, basename="apikey")
