@@ -23,7 +23,9 @@ class LocalDateTimeField(forms.DateTimeField):
 
 
 class BookingForm(forms.Form):
-    channel = forms.ModelChoiceField(queryset=Channel.objects.all())
+    channel = forms.ModelChoiceField(
+        queryset=Channel.objects.all(), required=False, empty_label="Any channel that fits"
+    )
     start = LocalDateTimeField()
     end = LocalDateTimeField()
     exclusive = forms.BooleanField(required=False, label="Whole card (no model, raw GPUs)")

@@ -51,6 +51,15 @@ def memory_estimate(model: LLMModel, preset: Preset | None) -> MemoryEstimate | 
         return None
 
 
+def free_vram_bytes(channel: Channel) -> int | None:
+    """Free memory of the channel's GPUs as the node last reported it; None if not reported."""
+    wanted = set(channel.gpu_indexes)
+    free = [g.free_bytes for g in channel.node.gpus.all() if g.index in wanted]
+    if not free or any(f is None for f in free):
+        return None
+    return sum(f for f in free if f is not None)
+
+
 def _gib(size: int) -> str:
     return f"{size / 2**30:.1f} GiB"
 
@@ -110,6 +119,16 @@ def booking_hints(
                     "message": f"the estimated GPU memory need ({_gib(estimate.total)}: weights "
                     f"{_gib(estimate.weights)}, KV cache {_gib(estimate.kv_cache)} for {estimate.context} "
                     f"tokens, overhead {_gib(estimate.overhead)}) exceeds the channel's {_gib(vram)}",
+                    "memory": estimate.as_dict(),
+                }
+            )
+        free = free_vram_bytes(channel)
+        if estimate is not None and free is not None and estimate.total <= vram and estimate.total > free:
+            warnings.append(
+                {
+                    "code": "estimated_memory_exceeds_free",
+                    "message": f"the GPUs report {_gib(free)} free now, less than the estimated "
+                    f"{_gib(estimate.total)}: something else uses them",
                     "memory": estimate.as_dict(),
                 }
             )

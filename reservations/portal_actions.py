@@ -54,8 +54,9 @@ def book(request: HttpRequest) -> HttpResponse:
         form = BookingForm(request.POST)
         if form.is_valid():
             data = form.cleaned_data
+            create = services.reservation_create if data["channel"] else services.reservation_create_anywhere
             try:
-                reservation = services.reservation_create(
+                reservation = create(
                     user=request.user,
                     now=timezone.now(),
                     channel=data["channel"],

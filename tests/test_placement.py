@@ -197,3 +197,52 @@ def test_auto_channel_under_concurrency_gives_different_channels_or_409():
     # Placed before the others committed ("booked meanwhile") or after ("4 are booked at that time").
     assert all(m.startswith("no channel can take this booking: ") for m in refusals), refusals
     assert Reservation.objects.count() == 4
+
+
+@pytest.mark.django_db
+def test_booking_form_with_any_channel(ana):
+    from django.test import Client
+
+    from reservations.models import Reservation
+
+    _inventory()
+    portal = Client()
+    portal.force_login(ana)
+    start = timezone.localtime() + timedelta(hours=3)
+    answer = portal.post(
+        "/book/",
+        {
+            "channel": "",
+            "start": start.strftime("%Y-%m-%dT%H:00"),
+            "end": (start + timedelta(hours=1)).strftime("%Y-%m-%dT%H:00"),
+            "model": LLMModelName.pk(),
+        },
+    )
+    assert answer.status_code == 302, answer.content.decode()[:1000]
+    assert Reservation.objects.get(user=ana).channel.name == "small-0"
+    assert "Any channel that fits" in portal.get("/book/").content.decode()
+
+
+@pytest.mark.django_db
+def test_hint_when_the_gpus_report_too_little_free_memory(tiny_gguf, ana_api):
+    from channels_app.models import Gpu
+
+    model = factories.llm("tiny")
+    model.path = str(tiny_gguf)
+    model.save()
+    preset = factories.preset(model, "short", "-c 128")
+    channel = factories.channel("shared")
+    Gpu.objects.filter(node=channel.node).update(free_bytes=100 * 2**20)  # someone else holds the rest
+    start = timezone.now() + timedelta(minutes=10)
+    answer = ana_api.get(
+        "/api/reservations/hints",
+        {
+            "channel": channel.pk,
+            "start": iso(start),
+            "end": iso(start + timedelta(hours=1)),
+            "model": model.pk,
+            "preset": preset.pk,
+        },
+    )
+    codes = [w["code"] for w in answer.data["warnings"]]
+    assert codes == ["estimated_memory_exceeds_free"]
