@@ -215,7 +215,7 @@ def test_booking_form_with_any_channel(ana):
             "channel": "",
             "start": start.strftime("%Y-%m-%dT%H:00"),
             "end": (start + timedelta(hours=1)).strftime("%Y-%m-%dT%H:00"),
-            "model": LLMModelName.pk(),
+            "model": LLMModel.objects.get(name="qwen").pk,
         },
     )
     assert answer.status_code == 302, answer.content.decode()[:1000]
