@@ -203,6 +203,7 @@ def test_auto_channel_under_concurrency_gives_different_channels_or_409():
 def test_booking_form_with_any_channel(ana):
     from django.test import Client
 
+    from channels_app.models import LLMModel
     from reservations.models import Reservation
 
     _inventory()
