@@ -332,13 +332,14 @@ def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, w
     from channels_app.lifecycle import Phase
     from channels_app.models import ChannelTarget
 
-    port, _ = standins("qwen2", "--standin-chunks", "30", "--standin-chunk-delay", "30")
+    port, _ = standins("qwen2", "--standin-chunks", "60", "--standin-chunk-delay", "30")
     model = factories.llm("qwen2")
     runtime = ChannelRuntime.objects.get(channel=world["b"])
     serve(world["b"], model, port)
     ChannelRuntime.objects.filter(pk=runtime.pk).update(run_id="r", pid=None)
     time.sleep(0.1)
     received: list[str] = []
+    streaming = threading.Event()
 
     def stream() -> None:
         with httpx.stream(
@@ -348,11 +349,14 @@ def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, w
             json={"model": "qwen2", "prompt": "x", "stream": True},
             timeout=30,
         ) as answer:
-            received.extend(line for line in answer.iter_lines() if line.startswith("data: "))
+            for line in answer.iter_lines():
+                if line.startswith("data: "):
+                    received.append(line)
+                    streaming.set()
 
     reader = threading.Thread(target=stream)
     reader.start()
-    time.sleep(0.2)
+    assert streaming.wait(timeout=10)  # the stream is admitted and flowing
     assert int(redis_client().get(key(INFLIGHT, world["b"].pk)) or 0) == 1
     # The scheduler now wants something else on ch-b; the node worker closes the gate first.
     ChannelTarget.objects.create(channel=world["b"], model=world["llama"], reason="manual_override")
@@ -368,7 +372,7 @@ def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, w
     assert error(refused) == (503, "model_switching")
     assert int(worker.in_flight(world["b"].pk)) == 1  # the node worker sees the stream and drains
     reader.join(timeout=30)
-    assert received[-1] == "data: [DONE]" and len(received) == 31
+    assert received[-1] == "data: [DONE]" and len(received) == 61
     assert worker.in_flight(world["b"].pk) == 0  # now the switch can proceed
 
 
