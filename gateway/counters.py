@@ -44,10 +44,26 @@ class Counters:
         return True
 
     async def leave(
-        self, channel_id: int, *, user_id: int, reservation_id: int | None, prompt: int, completion: int
+        self,
+        channel_id: int,
+        *,
+        user_id: int,
+        reservation_id: int | None,
+        prompt: int,
+        completion: int,
+        status: int | None = None,
+        ttft_seconds: float | None = None,
     ) -> None:
+        """Count the request out, with its usage and (for /metrics) its answer, in one round trip."""
+        from slotserve_site.metrics import GATEWAY_STATUS, GATEWAY_TTFT, ttft_bucket
+
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.decr(key(INFLIGHT, channel_id))
+            if status is not None:
+                pipe.hincrby(key(GATEWAY_STATUS, "all"), str(status), 1)
+            if ttft_seconds is not None:
+                pipe.hincrby(key(GATEWAY_TTFT, "all"), ttft_bucket(ttft_seconds), 1)
+                pipe.hincrbyfloat(key(GATEWAY_TTFT, "all"), "sum", ttft_seconds)
             names = [key(USAGE_USER, user_id)]
             if reservation_id:
                 names.append(key(USAGE_RESERVATION, reservation_id))
@@ -57,6 +73,17 @@ class Counters:
                     pipe.hincrby(name, "prompt_tokens", prompt)
                 if completion:
                     pipe.hincrby(name, "completion_tokens", completion)
+            await pipe.execute()
+
+    async def answered(self, status: int, ttft_seconds: float | None = None) -> None:
+        """Count an answer by status code, and its time to first token, for /metrics."""
+        from slotserve_site.metrics import GATEWAY_STATUS, GATEWAY_TTFT, ttft_bucket
+
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hincrby(key(GATEWAY_STATUS, "all"), str(status), 1)
+            if ttft_seconds is not None:
+                pipe.hincrby(key(GATEWAY_TTFT, "all"), ttft_bucket(ttft_seconds), 1)
+                pipe.hincrbyfloat(key(GATEWAY_TTFT, "all"), "sum", ttft_seconds)
             await pipe.execute()
 
     async def in_flight(self, channel_ids: Iterable[int]) -> dict[int, int]:

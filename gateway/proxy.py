@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +83,28 @@ def split_path(path: str) -> tuple[str | None, str]:
     return None, path
 
 
+class Answer:
+    """Watches what is sent to the client: the status, and when the first body bytes went out."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = time.perf_counter()
+        self.status: int | None = None
+        self.first_byte: float | None = None
+        self.counted = False
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        elif self.first_byte is None and message.get("body"):
+            self.first_byte = time.perf_counter()
+        await self._send(message)
+
+    @property
+    def ttft_seconds(self) -> float | None:
+        return None if self.first_byte is None else self.first_byte - self.started
+
+
 @dataclass
 class Usage:
     prompt: int = 0
@@ -139,6 +162,12 @@ class Gateway:
         return pool
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        answer = Answer(send)
+        await self.handle(scope, receive, answer.send, answer)
+        if not answer.counted and answer.status is not None:
+            await self.counters.answered(answer.status)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send, answer: Answer) -> None:
         pinned, path = split_path(scope["path"])
         method = scope["method"]
         caller = await self.authenticate(scope)
@@ -156,7 +185,7 @@ class Gateway:
         if path == "/v1/models" and method == "GET":
             await self.models(send, caller, pinned)
         elif path in PROXIED and method == "POST":
-            await self.proxy(scope, receive, send, caller, pinned, path)
+            await self.proxy(scope, receive, send, caller, pinned, path, answer)
         else:
             await respond(send, 404, error_body(404, "not_found", f"no endpoint {method} {scope['path']}"))
 
@@ -196,7 +225,14 @@ class Gateway:
                 return b"".join(chunks)
 
     async def proxy(
-        self, scope: Scope, receive: Receive, send: Send, caller: Caller, pinned: str | None, path: str
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        caller: Caller,
+        pinned: str | None,
+        path: str,
+        answer: Answer,
     ) -> None:
         raw = await self.read_body(receive)
         if raw is None:
@@ -249,7 +285,10 @@ class Gateway:
                 reservation_id=channel.booking.reservation_id if channel.booking else None,
                 prompt=usage.prompt,
                 completion=usage.completion,
+                status=answer.status,
+                ttft_seconds=answer.ttft_seconds,
             )
+            answer.counted = True
 
     async def forward(
         self,

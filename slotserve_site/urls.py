@@ -8,6 +8,7 @@ from channels_app.api import ChannelViewSet, LLMModelViewSet, ModelFileViewSet, 
 from channels_app.placement_api import PlacementView
 from gateway.api import ApiKeyViewSet
 from reservations.api import MeView, NotificationViewSet, ReservationViewSet
+from slotserve_site.metrics import metrics_view
 
 router = DefaultRouter()
 # API.md spells collections with a slash (/api/nodes/) and actions without one
@@ -37,5 +38,6 @@ urlpatterns = [
     path("api/", include(router.urls)),
     path("api-auth/", include("rest_framework.urls")),
     path("health", health),
+    path("metrics", metrics_view),
     path("", include("reservations.urls")),
 ]

@@ -421,3 +421,37 @@ def test_openai_client_streams_from_a_real_llama_server(gateway_url, world, llam
     finally:
         child.terminate()
         child.wait()
+
+
+def test_metrics_count_answers_phases_loads_and_reservations(gateway_url, world, settings):
+    from django.test import Client
+
+    from channels_app.models import LoadRecord
+
+    LoadRecord.objects.create(
+        model=world["qwen"],
+        node=world["a"].node,
+        channel=world["a"],
+        started=timezone.now() - timedelta(seconds=42),
+        finished=timezone.now(),
+        succeeded=True,
+    )
+    book(world, "ana")
+    time.sleep(0.1)
+    assert call(gateway_url, world["ana"]).status_code == 200
+    assert call(gateway_url, world["bo"]).status_code == 403
+    assert call(gateway_url, None).status_code == 401
+    text = Client().get("/metrics").content.decode()
+    assert 'slotserve_gateway_requests_total{code="200"} 1.0' in text
+    assert 'slotserve_gateway_requests_total{code="403"} 1.0' in text
+    assert 'slotserve_gateway_requests_total{code="401"} 1.0' in text
+    assert "slotserve_gateway_time_to_first_token_seconds_count 1.0" in text
+    assert 'slotserve_channel_phase{channel="ch-a",phase="ready"} 1.0' in text
+    assert 'slotserve_channel_model_info{channel="ch-b",model="llama",preset=""} 1.0' in text
+    assert 'slotserve_gateway_in_flight{channel="ch-a"} 0.0' in text
+    assert 'slotserve_loads_total{channel="ch-a",model="qwen",outcome="success"} 1.0' in text
+    assert 'slotserve_load_seconds_total{channel="ch-a",model="qwen"} 42' in text
+    assert 'slotserve_reservations{status="approved"} 1.0' in text
+    settings.SLOTSERVE_METRICS_TOKEN = "scrape-me"
+    assert Client().get("/metrics").status_code == 401
+    assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-me").status_code == 200

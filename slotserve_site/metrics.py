@@ -1,0 +1,151 @@
+"""Prometheus metrics at ``/metrics``, read at scrape time from the database and Redis.
+
+Reading the shared stores, rather than counting in each process, gives the
+same numbers whichever web, gateway or worker process is scraped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from django.conf import settings
+from django.db.models import Count, Sum
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from gateway.counters import INFLIGHT, key
+
+PHASES = ("stopped", "loading", "ready", "draining", "stopping", "failed")
+# Time to first token, seconds: the gateway counts each request into one of these buckets.
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+GATEWAY_STATUS = "metrics:gateway_status"
+GATEWAY_TTFT = "metrics:gateway_ttft"
+
+
+def ttft_bucket(seconds: float) -> str:
+    for bound in TTFT_BUCKETS:
+        if seconds <= bound:
+            return str(bound)
+    return "+Inf"
+
+
+class SlotServeCollector:
+    def collect(self) -> Iterator[Metric]:
+        from channels_app.models import Channel, LoadRecord
+        from channels_app.worker import redis_client
+        from reservations.models import Reservation
+
+        channels = list(Channel.objects.select_related("runtime__model", "runtime__preset"))
+        phase = GaugeMetricFamily(
+            "slotserve_channel_phase", "1 for the phase each channel is in", labels=["channel", "phase"]
+        )
+        model = GaugeMetricFamily(
+            "slotserve_channel_model_info", "What each channel runs", labels=["channel", "model", "preset"]
+        )
+        fallback = GaugeMetricFamily(
+            "slotserve_channel_fallback", "1 while the default serves a reservation", labels=["channel"]
+        )
+        retries = GaugeMetricFamily(
+            "slotserve_channel_retry_attempts",
+            "Failed attempts in a row of the current target",
+            labels=["channel"],
+        )
+        in_flight = GaugeMetricFamily(
+            "slotserve_gateway_in_flight", "Requests in flight per channel", labels=["channel"]
+        )
+        redis = redis_client()
+        counts = redis.mget([key(INFLIGHT, c.pk) for c in channels]) if channels else []
+        for channel, count in zip(channels, counts, strict=True):
+            runtime = channel.runtime_or_none()
+            current = runtime.phase if runtime else "stopped"
+            for name in PHASES:
+                phase.add_metric([channel.name, name], 1.0 if name == current else 0.0)
+            if runtime is not None and runtime.model is not None:
+                model.add_metric(
+                    [channel.name, runtime.model.name, runtime.preset.name if runtime.preset else ""], 1.0
+                )
+            fallback.add_metric([channel.name], 1.0 if runtime and runtime.fallback else 0.0)
+            retries.add_metric([channel.name], float(runtime.attempts if runtime else 0))
+            in_flight.add_metric([channel.name], float(int(count or 0)))
+        yield from (phase, model, fallback, retries, in_flight)
+
+        loads = CounterMetricFamily(
+            "slotserve_loads", "Model loads by outcome", labels=["channel", "model", "outcome"]
+        )
+        load_seconds = CounterMetricFamily(
+            "slotserve_load_seconds", "Seconds spent in successful loads", labels=["channel", "model"]
+        )
+        finished = LoadRecord.objects.exclude(succeeded=None).values(
+            "channel__name", "model__name", "succeeded"
+        )
+        for row in finished.annotate(n=Count("pk")):
+            outcome = "success" if row["succeeded"] else "failure"
+            loads.add_metric([row["channel__name"], row["model__name"], outcome], float(row["n"]))
+        for record in LoadRecord.objects.filter(succeeded=True).values(
+            "channel__name", "model__name", "started", "finished"
+        ):
+            if record["finished"] is None:
+                continue
+            seconds = (record["finished"] - record["started"]).total_seconds()
+            load_seconds.add_metric([record["channel__name"], record["model__name"]], seconds)
+        yield from (loads, _merge(load_seconds))
+
+        reservations = GaugeMetricFamily(
+            "slotserve_reservations", "Reservations by status", labels=["status"]
+        )
+        for row in Reservation.objects.values("status").annotate(n=Count("pk")):
+            reservations.add_metric([row["status"]], float(row["n"]))
+        yield reservations
+        usage = Reservation.objects.aggregate(
+            prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens")
+        )
+        tokens = CounterMetricFamily(
+            "slotserve_reservation_tokens", "Tokens used in reservations", labels=["kind"]
+        )
+        tokens.add_metric(["prompt"], float(usage["prompt"] or 0))
+        tokens.add_metric(["completion"], float(usage["completion"] or 0))
+        yield tokens
+
+        statuses = CounterMetricFamily(
+            "slotserve_gateway_requests", "Gateway answers by status code", labels=["code"]
+        )
+        for code, n in sorted(redis.hgetall(key(GATEWAY_STATUS, "all")).items()):
+            statuses.add_metric([_text(code)], float(int(n)))
+        yield statuses
+        raw = {_text(k): float(v) for k, v in redis.hgetall(key(GATEWAY_TTFT, "all")).items()}
+        cumulative, buckets = 0.0, []
+        for bound in [*map(str, TTFT_BUCKETS), "+Inf"]:
+            cumulative += raw.get(bound, 0.0)
+            buckets.append((bound, cumulative))
+        yield HistogramMetricFamily(
+            "slotserve_gateway_time_to_first_token_seconds",
+            "Time from a request's arrival to its first byte from the model",
+            buckets=buckets,
+            sum_value=raw.get("sum", 0.0),
+        )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _merge(family: CounterMetricFamily) -> CounterMetricFamily:
+    """One sample per label set: the loads' seconds added up."""
+    totals: dict[tuple[str, ...], float] = {}
+    for sample in family.samples:
+        labels = tuple(sample.labels.values())
+        totals[labels] = totals.get(labels, 0.0) + sample.value
+    merged = CounterMetricFamily(family.name, family.documentation, labels=["channel", "model"])
+    for labels, value in totals.items():
+        merged.add_metric(list(labels), value)
+    return merged
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    token = settings.SLOTSERVE_METRICS_TOKEN
+    if token and request.headers.get("Authorization") != f"Bearer {token}":
+        return HttpResponse("metrics need Authorization: Bearer <SLOTSERVE_METRICS_TOKEN>\n", status=401)
+    registry = CollectorRegistry()
+    registry.register(SlotServeCollector())
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
