@@ -1,0 +1,73 @@
+"""No Docker engine runs here, so the Compose file is checked against the code instead."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+SERVICES = COMPOSE["services"]
+SLOTSERVE_SERVICES = ("web", "scheduler", "node-worker")
+
+
+def settings_read() -> set[str]:
+    """Every environment variable the settings module reads."""
+    source = (ROOT / "slotserve_site" / "settings.py").read_text()
+    return set(re.findall(r'env_\w+\(\s*"([A-Z_]+)"', source))
+
+
+def test_services_images_and_health_checks():
+    assert set(SERVICES) == {"postgres", "redis", "web", "scheduler", "node-worker"}
+    assert SERVICES["postgres"]["image"].startswith("postgres:")
+    assert SERVICES["redis"]["image"].startswith("redis:")
+    for name in SLOTSERVE_SERVICES:
+        assert SERVICES[name]["image"] == "slotserve:latest"
+        assert SERVICES[name]["build"]["dockerfile"] == "docker/Dockerfile"
+    for name, service in SERVICES.items():
+        assert service["healthcheck"]["test"][0] == "CMD", name
+
+
+def test_commands_start_each_role():
+    assert "uvicorn slotserve_site.asgi:application" in " ".join(SERVICES["web"]["command"])
+    assert "manage.py migrate" in " ".join(SERVICES["web"]["command"])
+    scheduler = SERVICES["scheduler"]["command"]
+    assert scheduler[:4] == ["celery", "-A", "slotserve_site", "worker"] and "--beat" in scheduler
+    assert SERVICES["node-worker"]["command"] == ["python", "manage.py", "nodeworker"]
+    assert SERVICES["node-worker"]["runtime"] == "nvidia"
+    assert any(v.endswith(":/models:ro") for v in SERVICES["node-worker"]["volumes"])
+
+
+@pytest.mark.parametrize("name", SLOTSERVE_SERVICES)
+def test_each_service_gets_the_settings_it_needs_and_only_real_ones(name):
+    environment = SERVICES[name]["environment"]
+    known = settings_read() | {"NVIDIA_VISIBLE_DEVICES"}
+    unknown = {var for var in environment if var not in known}
+    assert unknown == set(), f"{name} sets variables SlotServe does not read: {unknown}"
+    needed = {"DATABASE_URL", "SLOTSERVE_REDIS_URL", "SLOTSERVE_SECRET_KEY"}
+    needed |= {
+        "web": {"SLOTSERVE_ALLOWED_HOSTS", "SLOTSERVE_CSRF_TRUSTED_ORIGINS"},
+        "scheduler": set(),
+        "node-worker": {"SLOTSERVE_NODE_NAME", "SLOTSERVE_PROCESS_HOST", "SLOTSERVE_MODEL_DIRS"},
+    }[name]
+    assert needed <= set(environment), needed - set(environment)
+
+
+def test_env_example_defines_every_variable_compose_needs():
+    text = (ROOT / "docker" / "compose.yaml").read_text()
+    required = set(re.findall(r"\$\{([A-Z_]+)\}", text))  # used without a default
+    example = {
+        line.split("=", 1)[0]
+        for line in (ROOT / "docker" / ".env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    }
+    assert required <= example, required - example
+
+
+def test_dockerfile_copies_every_package():
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    for package in ("slotserve_site", "channels_app", "reservations", "gateway", "templates"):
+        assert f"COPY {package} {package}" in dockerfile
