@@ -15,7 +15,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 
-from channels_app import selectors
+from channels_app import live, selectors
 from channels_app.models import Channel, ChannelTarget, LLMModel, Override, Preset
 from channels_app.scheduling import Decision, PlanSegment, decide, decide_at, plan
 
@@ -87,6 +87,7 @@ def decide_channels(*, now: datetime, channel_ids: Iterable[int] | None = None) 
             update_fields=["model", "preset", "reason", "valid_until", "reservation", "decided_at"],
         )
     changed = [row.channel_id for row in changed_rows]
+    live.announce(changed, "target")
     if changed:
         log.info("scheduler: %d of %d channels have a new target", len(changed), len(facts))
     return TickResult(channels=len(facts), changed=changed)

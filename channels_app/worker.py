@@ -22,7 +22,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from channels_app import discovery, gpus, processes
+from channels_app import discovery, gpus, live, processes
 from channels_app.backends import Backend
 from channels_app.lifecycle import (
     Failure,
@@ -327,6 +327,7 @@ def reconcile(*, channel_id: int, now: datetime) -> ProcessState | None:
         result = step(before, wanted, observe(runtime, channel, now), now)
         if result.state.phase != before.phase:
             log.info("channel %s: %s → %s", channel.name, before.phase, result.state.phase)
+            live.announce([channel_id], result.state.phase.value)
         act(result.actions, runtime, channel, target_row, now)
         after = result.state
         if any(isinstance(a, Start) for a in result.actions):

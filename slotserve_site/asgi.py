@@ -11,8 +11,12 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "slotserve_site.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402  (needs Django set up first)
+from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.urls import path  # noqa: E402
 
+from channels_app.live import OverviewConsumer  # noqa: E402
 from gateway.proxy import Gateway  # noqa: E402
 
 gateway_app = Gateway()
@@ -33,4 +37,11 @@ async def http_router(
         await django_asgi_app(dict(scope), receive, send)
 
 
-application = ProtocolTypeRouter({"http": http_router})
+application = ProtocolTypeRouter(
+    {
+        "http": http_router,
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(URLRouter([path("ws/overview", OverviewConsumer.as_asgi())]))
+        ),
+    }
+)

@@ -164,8 +164,12 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TASK_ALWAYS_EAGER = env_bool("SLOTSERVE_CELERY_EAGER", False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
+# The live overview: node workers and the scheduler announce changes through Redis.
 CHANNEL_LAYERS = {
-    "default": {"BACKEND": "channels.layers.InMemoryChannelLayer"},
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{SLOTSERVE_REDIS_PREFIX}:layer"},
+    },
 }
 
 # --- REST API ---------------------------------------------------------------

@@ -1,0 +1,47 @@
+"""Live overview: phase and target changes pushed to browsers over a WebSocket.
+
+The node worker and the scheduler announce a change of a channel to the
+``overview`` group of the channel layer (Redis in production); each open
+overview page is told which channel changed and refreshes its cards.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
+
+log = logging.getLogger(__name__)
+GROUP = "overview"
+
+
+def announce(channel_ids: list[int], what: str) -> None:
+    """Tell the open overviews that channels changed, in one message. Never fails the caller."""
+    layer = get_channel_layer()
+    if layer is None or not channel_ids:
+        return
+    try:
+        async_to_sync(layer.group_send)(
+            GROUP, {"type": "channel.changed", "channels": channel_ids, "what": what}
+        )
+    except Exception:
+        log.warning("could not announce a change of channels %s to the overview", channel_ids, exc_info=True)
+
+
+class OverviewConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        await self.channel_layer.group_add(GROUP, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        await self.channel_layer.group_discard(GROUP, self.channel_name)
+
+    async def channel_changed(self, event: dict[str, Any]) -> None:
+        await self.send_json({"channels": event["channels"], "what": event["what"]})
