@@ -336,3 +336,30 @@ def reconcile(*, channel_id: int, now: datetime) -> ProcessState | None:
         return after
     finally:
         lock.release()
+
+
+def stop_local_processes(*, node_name: str, timeout: float) -> int:
+    """Stop every inference process of this node now (the one-command start's Ctrl-C).
+
+    SIGTERM to each run's process group, SIGKILL to what is left after
+    ``timeout`` seconds; the channels are stored as stopped. Returns how many
+    processes were running.
+    """
+    import time
+
+    runtimes = [
+        r
+        for r in ChannelRuntime.objects.filter(channel__node__name=node_name).exclude(pid=None)
+        if r.pid is not None and processes.alive(r.pid, r.run_id)[0]
+    ]
+    for runtime in runtimes:
+        assert runtime.pid is not None
+        processes.send(runtime.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(processes.alive(r.pid or 0, r.run_id)[0] for r in runtimes):
+        time.sleep(0.1)
+    for runtime in runtimes:
+        if runtime.pid is not None and processes.alive(runtime.pid, runtime.run_id)[0]:
+            processes.send(runtime.pid, signal.SIGKILL)
+        store(runtime, ProcessState(phase=Phase.STOPPED))
+    return len(runtimes)

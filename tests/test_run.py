@@ -1,0 +1,102 @@
+"""The one-command start: it starts, serves, streams a completion in demo mode, and stops cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def processes_of(data_dir: Path) -> list[int]:
+    """Live processes started for this SlotServe (their environment names its data directory)."""
+    marker = f"SLOTSERVE_DATA_DIR={data_dir}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in environ.split(b"\0") and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
+    import socket
+
+    import openai
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in {"SLOTSERVE_REDIS_URL", "DATABASE_URL"}}
+    env.update(
+        SLOTSERVE_DATA_DIR=str(tmp_path),
+        SLOTSERVE_NODE_NAME=f"smoke-{port}",
+        SLOTSERVE_LLAMA_SERVER=llama_server_bin,
+        PYTHONUNBUFFERED="1",
+    )
+    log = (tmp_path / "run.log").open("w+")
+    run = subprocess.Popen(
+        [sys.executable, "manage.py", "run", "--port", str(port), "--demo"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        key = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and key is None:
+            text = (tmp_path / "run.log").read_text()
+            for line in text.splitlines():
+                if "API key for admin: " in line:
+                    key = line.rsplit(": ", 1)[1].strip()
+            assert run.poll() is None, text[-3000:]
+            time.sleep(0.2)
+        assert key, (tmp_path / "run.log").read_text()[-3000:]
+        ready = False
+        while time.monotonic() < deadline and not ready:
+            try:
+                ready = httpx.get(f"{base}/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        assert ready
+        assert httpx.get(f"{base}/accounts/login/").status_code == 200
+        # The scheduler and the node worker bring the demo model up on its fake GPU.
+        listed: list[str] = []
+        while time.monotonic() < deadline and "tiny" not in listed:
+            answer = httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {key}"})
+            listed = [m["id"] for m in answer.json()["data"]] if answer.status_code == 200 else []
+            time.sleep(0.5)
+        assert "tiny" in listed, (tmp_path / "run.log").read_text()[-3000:]
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key)
+        chunks = list(
+            client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}], stream=True, max_tokens=6
+            )
+        )
+        assert any(c.choices and c.choices[0].delta.content for c in chunks)
+        assert len(processes_of(tmp_path)) >= 5  # redis, uvicorn, scheduler, node worker, llama-server
+    finally:
+        os.killpg(run.pid, signal.SIGINT)
+        code = run.wait(timeout=60)
+    assert code == 0, (tmp_path / "run.log").read_text()[-3000:]
+    text = (tmp_path / "run.log").read_text()
+    assert "Stopped 1 inference process(es)." in text and "SlotServe stopped." in text
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and processes_of(tmp_path):
+        time.sleep(0.2)
+    assert processes_of(tmp_path) == []
