@@ -8,6 +8,8 @@ re-decides that channel right after it commits.
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -25,7 +27,7 @@ from reservations.rules import BookingLimits, check_length_and_horizon, check_qu
 START_GRACE = timedelta(minutes=1)
 EXCLUSION_VIOLATION = "23P01"  # PostgreSQL's SQLSTATE for an exclusion constraint
 DEADLOCK_DETECTED = "40P01"
-DEADLOCK_RETRIES = 5
+DEADLOCK_RETRIES = 10
 
 _T = TypeVar("_T")
 
@@ -50,6 +52,8 @@ def _retrying_deadlocks(work: Callable[[], _T]) -> _T:
                 or attempt == DEADLOCK_RETRIES - 1
             ):
                 raise
+            # Back off a random while, growing, so the same contenders do not meet again.
+            time.sleep(random.uniform(0.005, 0.03) * (attempt + 1))
     raise AssertionError("unreachable")
 
 
