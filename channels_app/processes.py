@@ -136,12 +136,13 @@ def _is_zombie(pid: int) -> bool:
 def healthy(host: str, port: int, timeout: float = 1.0) -> bool:
     """The backend's ``GET /health`` answers 200 (SPEC §4)."""
     try:
-        return httpx.get(f"http://{_url_host(host)}:{port}/health", timeout=timeout).status_code == 200
+        return httpx.get(f"http://{url_host(host)}:{port}/health", timeout=timeout).status_code == 200
     except httpx.HTTPError:
         return False
 
 
-def _url_host(host: str) -> str:
+def url_host(host: str) -> str:
+    """How to write ``host`` in a URL that reaches it (a wildcard bind means this machine)."""
     if host in {"0.0.0.0", ""}:
         return "127.0.0.1"
     if host == "::":

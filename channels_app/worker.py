@@ -89,13 +89,17 @@ def publish_gate(channel_id: int, state: ProcessState, wanted: Wanted, now: date
 # --- Heartbeat ------------------------------------------------------------------
 
 
-def backends_available() -> list[str]:
-    programs = {
+def executable_for(backend: Backend) -> str:
+    """The backend's program as configured (API.md "Backend programs")."""
+    return {
         Backend.LLAMA_CPP: settings.SLOTSERVE_LLAMA_SERVER,
         Backend.VLLM: settings.SLOTSERVE_VLLM,
         Backend.SGLANG: settings.SLOTSERVE_SGLANG,
-    }
-    return [backend.value for backend, program in programs.items() if shutil.which(shlex.split(program)[0])]
+    }[backend]
+
+
+def backends_available() -> list[str]:
+    return [b.value for b in Backend if shutil.which(shlex.split(executable_for(b))[0])]
 
 
 def heartbeat(*, node_name: str, now: datetime) -> Node:
@@ -225,11 +229,7 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
     model = LLMModel.objects.get(pk=target.model_id)
     preset = Preset.objects.get(pk=target.preset_id) if target.preset_id else None
     backend = Backend(model.backend)
-    executable = {
-        Backend.LLAMA_CPP: settings.SLOTSERVE_LLAMA_SERVER,
-        Backend.VLLM: settings.SLOTSERVE_VLLM,
-        Backend.SGLANG: settings.SLOTSERVE_SGLANG,
-    }[backend]
+    executable = executable_for(backend)
     launch = processes.Launch(
         backend=backend,
         executable=executable,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.utils import timezone
 
+from channels_app.processes import url_host
 from gateway.access import Booking, ChannelView
 
 
@@ -78,7 +79,7 @@ def _read_snapshot() -> Snapshot:
         heading = Target(target.model_id, target.preset_id) if target and target.model_id else None
         upstream = None
         if runtime is not None and runtime.port and runtime.phase in ("loading", "ready", "draining"):
-            upstream = f"http://{_url_host(runtime.host)}:{runtime.port}"
+            upstream = f"http://{url_host(runtime.host)}:{runtime.port}"
         views.append(
             ChannelView(
                 id=channel.pk,
@@ -96,12 +97,6 @@ def _read_snapshot() -> Snapshot:
             )
         )
     return Snapshot(callers=callers, channels=tuple(views), taken_at=time.monotonic())
-
-
-def _url_host(host: str) -> str:
-    if host in {"", "0.0.0.0"}:
-        return "127.0.0.1"
-    return f"[{host}]" if ":" in host else host
 
 
 class SnapshotCache:
