@@ -12,7 +12,7 @@ does not exist. Options, given in a preset, make it misbehave on purpose:
 
     --standin-load-seconds S   /health answers 503 for S seconds (default 0.2)
     --standin-hang             never becomes healthy
-    --standin-crash-after S    exits with status 1 after S seconds
+    --standin-crash-after S    exits with status 1 S seconds into its first completion (mid-stream)
     --standin-oom              prints a CUDA out-of-memory error while loading and exits 1
     --standin-ignore-sigterm   needs SIGKILL to stop
     --standin-chunks N         tokens per streamed answer (default 16)
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -59,6 +60,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     options: argparse.Namespace
     ready_at: float
+    crash_armed = False
 
     def log_message(self, format: str, *args: Any) -> None:
         sys.stdout.write(f"{self.address_string()} {format % args}\n")
@@ -111,6 +113,9 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found_error"}})
 
     def _complete(self, body: dict[str, Any], *, chat: bool) -> None:
+        if self.options.standin_crash_after is not None and not Handler.crash_armed:
+            Handler.crash_armed = True
+            threading.Thread(target=_crash, args=(self.options.standin_crash_after,), daemon=True).start()
         n = self.options.standin_chunks
         ident = f"cmpl-{uuid.uuid4().hex[:12]}"
         kind = "chat.completion" if chat else "text_completion"
@@ -172,6 +177,12 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
+def _crash(after: float) -> None:
+    time.sleep(after)
+    print("standin: fatal error: segmentation fault (simulated)", flush=True)
+    os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     options = parse(sys.argv[1:] if argv is None else argv)
     print(f"standin: loading {options.model_path} as {options.alias!r}", flush=True)
@@ -194,17 +205,6 @@ def main(argv: list[str] | None = None) -> int:
     Handler.ready_at = time.monotonic() + options.standin_load_seconds
     server = ThreadingHTTPServer((options.host, options.port), Handler)
     server.daemon_threads = True
-    if options.standin_crash_after is not None:
-
-        def crash() -> None:
-            time.sleep(options.standin_crash_after)
-            print("standin: fatal error: segmentation fault (simulated)", flush=True)
-            server.server_close()
-            import os
-
-            os._exit(1)
-
-        threading.Thread(target=crash, daemon=True).start()
     print(f"standin: listening on {options.host}:{options.port}", flush=True)
     try:
         server.serve_forever(poll_interval=0.05)
