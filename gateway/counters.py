@@ -5,9 +5,10 @@
                                  new requests get ``503 model_switching``
 ``<prefix>:usage:*``             requests and tokens per reservation and per user
 
-Admission increments the in-flight count *before* it reads the gate, and the
-node worker closes the gate *before* it reads the count: whichever comes
-second sees the other, so no request is admitted to a process being stopped.
+Admission reads the gate and increments the in-flight count in one atomic
+script, and the node worker closes the gate *before* it reads the count: a
+request is either counted before the gate closed, or refused, so no request is
+admitted to a process being stopped.
 """
 
 from __future__ import annotations
@@ -28,20 +29,53 @@ INFLIGHT, GATE = "inflight", "gate"
 USAGE_RESERVATION, USAGE_USER = "usage:reservation", "usage:user"
 
 
+# Count a request in, unless its channel's gate is closed: one round trip, and atomic.
+ENTER = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('INCR', KEYS[1])
+return 1
+"""
+
+# Count an answer: KEYS status hash, TTFT hash, then the in-flight count and the usage hashes
+# (user, reservation) when ARGV[1] is 1; ARGV status, TTFT bucket, TTFT seconds, prompt and
+# completion tokens ('' where not known).
+LEAVE = """
+if ARGV[2] ~= '' then redis.call('HINCRBY', KEYS[1], ARGV[2], 1) end
+if ARGV[3] ~= '' then
+  redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
+  redis.call('HINCRBYFLOAT', KEYS[2], 'sum', ARGV[4])
+end
+if ARGV[1] == '1' then
+  redis.call('DECR', KEYS[3])
+  for i = 4, #KEYS do
+    redis.call('HINCRBY', KEYS[i], 'requests', 1)
+    if ARGV[5] ~= '0' then redis.call('HINCRBY', KEYS[i], 'prompt_tokens', ARGV[5]) end
+    if ARGV[6] ~= '0' then redis.call('HINCRBY', KEYS[i], 'completion_tokens', ARGV[6]) end
+  end
+end
+return 1
+"""
+
+
 class Counters:
+    """The gateway's side: each request costs two round trips, one in (``enter``), one out (``leave``)."""
+
     def __init__(self, url: str) -> None:
-        self.redis = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        # Past 256 commands at once a request waits for a connection (up to 5 s), not fails.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=256, timeout=5, socket_timeout=2, socket_connect_timeout=2
+        )
+        self.redis = aioredis.Redis(connection_pool=pool)
+        self._enter = self.redis.register_script(ENTER)
+        self._leave = self.redis.register_script(LEAVE)
 
     async def enter(self, channel_id: int) -> bool:
-        """Count a request in; False (and counted out again) if the channel is switching."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.incr(key(INFLIGHT, channel_id))
-            pipe.exists(key(GATE, channel_id))
-            _, gate = await pipe.execute()
-        if gate:
-            await self.redis.decr(key(INFLIGHT, channel_id))
-            return False
-        return True
+        """Count a request in; False (and not counted) if the channel is switching.
+
+        The check and the count are one atomic step in Redis, so a node worker
+        that closes the gate and then reads the count sees every request admitted.
+        """
+        return bool(await self._enter(keys=[key(INFLIGHT, channel_id), key(GATE, channel_id)]))
 
     async def leave(
         self,
@@ -55,37 +89,31 @@ class Counters:
         ttft_seconds: float | None = None,
     ) -> None:
         """Count the request out, with its usage and (for /metrics) its answer, in one round trip."""
-        from slotserve_site.metrics import GATEWAY_STATUS, GATEWAY_TTFT, ttft_bucket
-
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.decr(key(INFLIGHT, channel_id))
-            if status is not None:
-                pipe.hincrby(key(GATEWAY_STATUS, "all"), str(status), 1)
-            if ttft_seconds is not None:
-                pipe.hincrby(key(GATEWAY_TTFT, "all"), ttft_bucket(ttft_seconds), 1)
-                pipe.hincrbyfloat(key(GATEWAY_TTFT, "all"), "sum", ttft_seconds)
-            names = [key(USAGE_USER, user_id)]
-            if reservation_id:
-                names.append(key(USAGE_RESERVATION, reservation_id))
-            for name in names:
-                pipe.hincrby(name, "requests", 1)
-                if prompt:
-                    pipe.hincrby(name, "prompt_tokens", prompt)
-                if completion:
-                    pipe.hincrby(name, "completion_tokens", completion)
-            await pipe.execute()
+        names = [key(USAGE_USER, user_id)]
+        if reservation_id:
+            names.append(key(USAGE_RESERVATION, reservation_id))
+        await self._count(status, ttft_seconds, [key(INFLIGHT, channel_id), *names], prompt, completion)
 
     async def answered(self, status: int, ttft_seconds: float | None = None) -> None:
         """Count an answer by status code, and its time to first token, for /metrics."""
+        await self._count(status, ttft_seconds, [], 0, 0)
+
+    async def _count(
+        self, status: int | None, ttft_seconds: float | None, keys: list[str], prompt: int, completion: int
+    ) -> None:
         from slotserve_site.metrics import GATEWAY_STATUS, GATEWAY_TTFT, ttft_bucket
 
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hincrby(key(GATEWAY_STATUS, "all"), str(status), 1)
-            if ttft_seconds is not None:
-                pipe.hincrby(key(GATEWAY_TTFT, "all"), ttft_bucket(ttft_seconds), 1)
-                pipe.hincrbyfloat(key(GATEWAY_TTFT, "all"), "sum", ttft_seconds)
-            await pipe.execute()
-
+        await self._leave(
+            keys=[key(GATEWAY_STATUS, "all"), key(GATEWAY_TTFT, "all"), *keys],
+            args=[
+                "1" if keys else "0",
+                "" if status is None else str(status),
+                "" if ttft_seconds is None else ttft_bucket(ttft_seconds),
+                "" if ttft_seconds is None else repr(ttft_seconds),
+                prompt,
+                completion,
+            ],
+        )
     async def in_flight(self, channel_ids: Iterable[int]) -> dict[int, int]:
         ids = list(channel_ids)
         if not ids:

@@ -26,6 +26,7 @@ from django.utils import timezone
 from gateway.access import ChannelView, Refusal, admit, models_for, route
 from gateway.counters import Counters
 from gateway.snapshot import Caller, SnapshotCache
+from gateway.upstream import Cancel, client_for
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ HOP_BY_HOP = {
     b"trailer",
     b"upgrade",
 }
+JSON_REQUEST = {"content-type": "application/json"}
 USAGE_MARK = b'"usage":{'
 USAGE_MARK_SPACED = b'"usage": {'
 
@@ -117,49 +119,19 @@ class Usage:
             self.completion = int(usage.get("completion_tokens") or 0)
 
 
-class UpstreamPool:
-    """The keep-alive connections to one upstream process.
-
-    Each connection is an httpx client of its own, lent to one request at a
-    time: httpcore's shared pool looks at every connection for every request,
-    which at 64 concurrent streams cost more CPU than the proxying itself.
-    """
-
-    KEEP = 256
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream = upstream
-        self.idle: list[httpx.AsyncClient] = []
-
-    def acquire(self) -> httpx.AsyncClient:
-        if self.idle:
-            return self.idle.pop()
-        return httpx.AsyncClient(
-            base_url=self.upstream,
-            timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=30.0),
-            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
-        )
-
-    async def release(self, client: httpx.AsyncClient, reusable: bool) -> None:
-        if reusable and len(self.idle) < self.KEEP:
-            self.idle.append(client)
-        else:
-            await client.aclose()
-
-
 class Gateway:
     def __init__(self) -> None:
         self.snapshots = SnapshotCache(settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS)
         self.counters = Counters(settings.REDIS_URL)
-        self.pools: dict[str, UpstreamPool] = {}
+        self.clients: dict[str, httpx.AsyncClient] = {}
         self.max_body = settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES
 
-    def pool_for(self, upstream: str) -> UpstreamPool:
-        """One pool of connections per upstream process."""
-        pool = self.pools.get(upstream)
-        if pool is None:
-            pool = self.pools[upstream] = UpstreamPool(upstream)
-        return pool
+    def client_for(self, upstream: str) -> httpx.AsyncClient:
+        """One client, with its pool of connections, per upstream process."""
+        client = self.clients.get(upstream)
+        if client is None:
+            client = self.clients[upstream] = client_for(upstream)
+        return client
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         answer = Answer(send)
@@ -312,75 +284,77 @@ class Gateway:
                     "include_usage": True,
                 }
                 strip_usage = True
-        pool = self.pool_for(channel.upstream)
-        client = pool.acquire()
+        client = self.client_for(channel.upstream)
+        cancel = Cancel()
         request = client.build_request(
-            "POST", path, content=json.dumps(body).encode(), headers={"content-type": "application/json"}
+            "POST",
+            path,
+            content=json.dumps(body).encode(),
+            headers=JSON_REQUEST,
+            extensions={"slotserve.cancel": cancel},
         )
+        # A client that goes away cancels the upstream's work at once, whatever stage it is at.
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, cancel))
         try:
-            response = await client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            await pool.release(client, reusable=False)
-            message = f"channel {channel.name}'s process did not answer: {exc!r}"
-            await respond(send, 502, error_body(502, "upstream_unreachable", message))
-            return
-        complete = False
-        try:
-            complete = await self.relay(receive, send, response, streaming, strip_usage, usage, channel)
+            try:
+                response = await client.send(request, stream=True)
+            except httpx.HTTPError as exc:
+                if not cancel.fired:
+                    message = f"channel {channel.name}'s process did not answer: {exc!r}"
+                    await respond(send, 502, error_body(502, "upstream_unreachable", message))
+                return
+            try:
+                await self.relay(send, response, streaming, strip_usage, usage, channel, cancel, watcher)
+            finally:
+                await response.aclose()
         finally:
-            await response.aclose()
-            # A connection whose answer was cut short is closed: that cancels the upstream's work.
-            await pool.release(client, reusable=complete)
+            watcher.cancel()
 
     async def relay(
         self,
-        receive: Receive,
         send: Send,
         response: httpx.Response,
         streaming: bool,
         strip_usage: bool,
         usage: Usage,
         channel: ChannelView,
-    ) -> bool:
-        """Send the upstream's answer to the client; True when it was relayed whole."""
+        cancel: Cancel,
+        watcher: asyncio.Future[None],
+    ) -> None:
+        """Send the upstream's answer to the client as it arrives."""
         headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP]
         if not streaming:
-            content = await response.aread()
+            try:
+                content = await response.aread()
+            except httpx.HTTPError as exc:
+                if not cancel.fired:
+                    message = f"channel {channel.name}'s process broke off its answer: {exc!r}"
+                    await respond(send, 502, error_body(502, "upstream_failed", message))
+                return
             with contextlib.suppress(ValueError):
                 usage.add(json.loads(content))
             headers.append((b"content-length", str(len(content)).encode()))
+            watcher.cancel()
             await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
             await send({"type": "http.response.body", "body": content})
-            return True
+            return
         headers.append((b"x-accel-buffering", b"no"))
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-        pump = asyncio.ensure_future(self.pump(send, response, strip_usage, usage, channel))
-        watch = asyncio.ensure_future(_disconnected(receive))
-        try:
-            await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (pump, watch):
-                task.cancel()
-            for task in (pump, watch):
-                with contextlib.suppress(asyncio.CancelledError, OSError):
-                    await task
-        finished = pump.done() and not pump.cancelled() and pump.exception() is None
-        if finished:
-            await send({"type": "http.response.body", "body": b""})
-        return finished and bool(pump.result())
-
-    async def pump(
-        self, send: Send, response: httpx.Response, strip_usage: bool, usage: Usage, channel: ChannelView
-    ) -> bool:
-        """Forward the stream; True when the upstream ended it normally."""
+        events = (
+            Events(usage, strip_usage)
+            if response.status_code == 200
+            and response.headers.get("content-type", "").startswith("text/event-stream")
+            else None
+        )
         try:
             async for chunk in response.aiter_raw():
-                if USAGE_MARK in chunk or USAGE_MARK_SPACED in chunk:
-                    chunk = _take_usage(chunk, usage, strip_usage)
-                    if not chunk:
-                        continue
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if events is not None:
+                    chunk = events.feed(chunk)
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except httpx.HTTPError as exc:
+            if cancel.fired:
+                return
             # The process died mid-stream: end the stream with an error event the client can read.
             event = {
                 "error": {
@@ -389,15 +363,45 @@ class Gateway:
                     "code": "upstream_failed",
                 }
             }
-            await send(
-                {
-                    "type": "http.response.body",
-                    "body": b"data: " + json.dumps(event).encode() + b"\n\n",
-                    "more_body": True,
-                }
-            )
-            return False
-        return True
+            tail = (events.flush() if events is not None else b"") + b"data: " + json.dumps(event).encode()
+            watcher.cancel()
+            await send({"type": "http.response.body", "body": tail + b"\n\n"})
+            return
+        watcher.cancel()
+        await send({"type": "http.response.body", "body": events.flush() if events is not None else b""})
+
+
+class Events:
+    """The server-sent events of a stream, passed on whole: reads ``usage`` on the way, and drops
+    the usage-only event the gateway asked for on the client's behalf."""
+
+    # An event is at most this long; beyond it the bytes are passed on as they are.
+    LIMIT = 1024 * 1024
+
+    def __init__(self, usage: Usage, strip_usage: bool) -> None:
+        self.usage = usage
+        self.strip_usage = strip_usage
+        self.pending = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The complete events received so far; a part event waits for the rest of it."""
+        if self.pending:
+            chunk = self.pending + chunk
+            self.pending = b""
+        lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\r\n\r\n")
+        cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)  # past the last whole event
+        if cut < len(chunk):
+            if cut == 0 and len(chunk) > self.LIMIT:
+                return chunk
+            self.pending = chunk[cut:]
+            chunk = chunk[:cut]
+        if USAGE_MARK in chunk or USAGE_MARK_SPACED in chunk:
+            chunk = _take_usage(chunk, self.usage, self.strip_usage)
+        return chunk
+
+    def flush(self) -> bytes:
+        rest, self.pending = self.pending, b""
+        return rest
 
 
 def _with_switching(channel: ChannelView, switching: bool) -> ChannelView:
@@ -406,10 +410,11 @@ def _with_switching(channel: ChannelView, switching: bool) -> ChannelView:
     return replace(channel, switching=switching) if switching != channel.switching else channel
 
 
-async def _disconnected(receive: Receive) -> None:
+async def _watch_disconnect(receive: Receive, cancel: Cancel) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            cancel.fire()
             return
 
 

@@ -10,6 +10,7 @@ in Redis (``gateway.counters``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -18,6 +19,8 @@ from django.utils import timezone
 
 from channels_app.processes import url_host
 from gateway.access import Booking, ChannelView
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -100,22 +103,42 @@ def _read_snapshot() -> Snapshot:
 
 
 class SnapshotCache:
-    """The current snapshot, refreshed by at most one reader at a time."""
+    """The current snapshot, refreshed by at most one reader at a time.
+
+    Past half its age limit a snapshot is refreshed in the background while
+    requests go on with it, so steady traffic never waits for the database; a
+    request waits only for a snapshot past its limit (the first, or after a lull).
+    """
 
     def __init__(self, max_age: float) -> None:
         self.max_age = max_age
         self.current = Snapshot()
         self._lock = asyncio.Lock()
+        self._ahead: asyncio.Future[None] | None = None
 
     async def get(self) -> Snapshot:
-        if time.monotonic() - self.current.taken_at < self.max_age:
+        age = time.monotonic() - self.current.taken_at
+        if age < self.max_age / 2:
             return self.current
+        if age < self.max_age:
+            if self._ahead is None or self._ahead.done():
+                self._ahead = asyncio.ensure_future(self._refresh_ahead())
+            return self.current
+        await self._refresh()
+        return self.current
+
+    async def _refresh(self) -> None:
         async with self._lock:
-            if time.monotonic() - self.current.taken_at >= self.max_age:
+            if time.monotonic() - self.current.taken_at >= self.max_age / 2:
                 from asgiref.sync import sync_to_async
 
                 self.current = await sync_to_async(read_snapshot, thread_sensitive=False)()
-        return self.current
+
+    async def _refresh_ahead(self) -> None:
+        try:
+            await self._refresh()
+        except Exception:  # the next request past the limit retries, and reports what is wrong
+            log.warning("the gateway could not refresh its snapshot", exc_info=True)
 
     def invalidate(self) -> None:
         self.current = Snapshot()

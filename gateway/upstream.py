@@ -1,0 +1,295 @@
+"""The gateway's connections to one upstream process: an httpx transport of its own.
+
+The gateway speaks to each channel's process (llama-server, vLLM, SGLang) through
+an ``httpx.AsyncClient`` whose transport is an ``UpstreamTransport``: one pool of
+keep-alive HTTP/1.1 connections per upstream, each lent to one request at a
+time, with the answers parsed by llhttp (``httptools``, the parser uvicorn
+uses). httpx's own transport parses every streamed chunk in Python (h11) and
+looks through its whole pool on every request; at 64 concurrent streams that
+cost more CPU than the proxying itself.
+
+A connection whose answer was not read to the end is closed, never reused:
+closing it is how an upstream request is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httptools
+import httpx
+
+# Reading from an upstream pauses while this much of its answer waits for a slow client.
+HIGH_WATER = 256 * 1024
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection, reading one answer at a time (asyncio protocol and llhttp callbacks)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.cancelled = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_done = False
+        self.complete = False
+        self.received = 0
+        self.body: list[bytes] = []
+        self.buffered = 0
+        self.error: Exception | None = None
+        self._eof_ends_body = False
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
+
+    def data_received(self, data: bytes) -> None:
+        self.received += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(httpx.RemoteProtocolError(f"the upstream's answer is not valid HTTP: {exc}"))
+            self.abort()
+        if self.buffered > HIGH_WATER and self.transport is not None and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.head_done and not self.complete and self._eof_ends_body and exc is None:
+            self.complete = True
+        elif not self.complete and self.error is None:
+            self.error = httpx.ReadError(
+                "the upstream closed the connection"
+                + ("" if self.head_done else " before it answered")
+                + (f": {exc}" if exc else "")
+            )
+        self._wake()
+
+    # llhttp callbacks
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        names = {name.lower() for name, _ in self.headers}
+        self._eof_ends_body = b"content-length" not in names and b"transfer-encoding" not in names
+        self.head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+        self.buffered += len(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+    # Used by the transport and the stream
+
+    def _fail(self, error: Exception) -> None:
+        if self.error is None:
+            self.error = error
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self) -> None:
+        """Until more of the answer arrived, it ended, or the connection failed."""
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def take(self) -> bytes:
+        """The body bytes received since the last take."""
+        chunk = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        self.body.clear()
+        self.buffered = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return chunk
+
+    def send(self, data: bytes) -> None:
+        assert self.transport is not None
+        self._reset()
+        self.transport.write(data)
+
+    def abort(self) -> None:
+        """Close at once (the upstream sees its request cancelled)."""
+        self.closed = self.cancelled = True
+        if self.transport is not None:
+            self.transport.abort()
+        self._fail(httpx.ReadError("the request was cancelled"))
+        self._wake()
+
+    @property
+    def reusable(self) -> bool:
+        return (
+            self.complete
+            and not self.closed
+            and self.error is None
+            and self.parser.should_keep_alive()
+            and not self.body
+        )
+
+
+class _AnswerStream(httpx.AsyncByteStream):
+    """An answer's body, chunk by chunk as it arrives; the connection goes back when it ends."""
+
+    def __init__(self, connection: _Connection, transport: UpstreamTransport) -> None:
+        self.connection = connection
+        self.transport = transport
+        self._released = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        connection = self.connection
+        while True:
+            if connection.body:
+                yield connection.take()
+            elif connection.complete:
+                return
+            elif connection.error is not None:
+                raise connection.error
+            else:
+                await connection.wait()
+
+    async def aclose(self) -> None:
+        if not self._released:
+            self._released = True
+            self.transport.give_back(self.connection)
+
+    def cancel(self) -> None:
+        """Stop the upstream's work on this request now (the client went away)."""
+        self.connection.abort()
+
+
+class Cancel:
+    """Cancels one upstream request from outside (the client went away), whatever stage it is at.
+
+    Passed to the transport as the request extension ``"slotserve.cancel"``.
+    """
+
+    def __init__(self) -> None:
+        self.fired = False
+        self._connection: _Connection | None = None
+
+    def attach(self, connection: _Connection) -> None:
+        self._connection = connection
+        if self.fired:
+            connection.abort()
+
+    def fire(self) -> None:
+        self.fired = True
+        if self._connection is not None:
+            self._connection.abort()
+
+
+class UpstreamTransport(httpx.AsyncBaseTransport):
+    """The keep-alive connections to one upstream process (``http://host:port``)."""
+
+    KEEP = 256
+
+    def __init__(self, upstream: str, *, connect_timeout: float = 5.0) -> None:
+        url = httpx.URL(upstream)
+        if not url.host or not url.port:
+            raise ValueError(f"an upstream is http://host:port, not {upstream!r}")
+        self.host, self.port = url.host, url.port
+        self.connect_timeout = connect_timeout
+        self.idle: list[_Connection] = []
+        self._host_header = url.netloc
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, connection = await loop.create_connection(_Connection, self.host, self.port)
+        except TimeoutError as exc:
+            raise httpx.ConnectTimeout(
+                f"no connection to {self.host}:{self.port} within {self.connect_timeout:g} s"
+            ) from exc
+        except OSError as exc:
+            raise httpx.ConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+        return connection
+
+    def _idle_connection(self) -> _Connection | None:
+        while self.idle:
+            connection = self.idle.pop()
+            if not connection.closed:
+                return connection
+        return None
+
+    def give_back(self, connection: _Connection) -> None:
+        if connection.reusable and len(self.idle) < self.KEEP:
+            self.idle.append(connection)
+        elif not connection.closed:
+            connection.abort()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        content = request.content  # the gateway sends bytes it already holds
+        target = request.url.raw_path
+        lines = [b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (request.method.encode(), target, self._host_header)]
+        lines.extend(b"%s: %s\r\n" % (k, v) for k, v in request.headers.raw if k.lower() != b"host")
+        if "content-length" not in request.headers:
+            lines.append(b"content-length: %d\r\n" % len(content))
+        lines.append(b"\r\n")
+        lines.append(content)
+        data = b"".join(lines)
+        cancel = request.extensions.get("slotserve.cancel")
+        connection = self._idle_connection()
+        if connection is not None:
+            await self._exchange(connection, data, cancel)
+            if connection.error is not None and connection.received == 0 and not connection.cancelled:
+                # The upstream closed this idle connection as we sent on it: once more, on a new one.
+                connection = None
+        if connection is None:
+            connection = await self._connect()
+            await self._exchange(connection, data, cancel)
+        if connection.error is not None:
+            error = connection.error
+            connection.abort()
+            raise error
+        return httpx.Response(
+            connection.status,
+            headers=connection.headers,
+            stream=_AnswerStream(connection, self),
+            extensions={"http_version": b"HTTP/1.1"},
+        )
+
+    @staticmethod
+    async def _exchange(connection: _Connection, data: bytes, cancel: Cancel | None) -> None:
+        """Send the request and wait for the answer's head."""
+        connection.send(data)
+        if cancel is not None:
+            cancel.attach(connection)
+        try:
+            while not connection.head_done and connection.error is None:
+                await connection.wait()
+        except asyncio.CancelledError:
+            connection.abort()
+            raise
+
+    async def aclose(self) -> None:
+        while self.idle:
+            self.idle.pop().abort()
+
+
+def client_for(upstream: str) -> httpx.AsyncClient:
+    """An httpx client for ``http://host:port``, with its own pool of connections."""
+    return httpx.AsyncClient(
+        base_url=upstream,
+        transport=UpstreamTransport(upstream),
+        headers={"accept-encoding": "identity"},  # the body is read for usage: no compression
+    )
