@@ -114,6 +114,7 @@ class Counters:
                 completion,
             ],
         )
+
     async def in_flight(self, channel_ids: Iterable[int]) -> dict[int, int]:
         ids = list(channel_ids)
         if not ids:

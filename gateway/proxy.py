@@ -26,7 +26,7 @@ from django.utils import timezone
 from gateway.access import ChannelView, Refusal, admit, models_for, route
 from gateway.counters import Counters
 from gateway.snapshot import Caller, SnapshotCache
-from gateway.upstream import Cancel, client_for
+from gateway.upstream import Cancel, UpstreamTransport
 
 log = logging.getLogger(__name__)
 
@@ -123,15 +123,15 @@ class Gateway:
     def __init__(self) -> None:
         self.snapshots = SnapshotCache(settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS)
         self.counters = Counters(settings.REDIS_URL)
-        self.clients: dict[str, httpx.AsyncClient] = {}
+        self.upstreams: dict[str, UpstreamTransport] = {}
         self.max_body = settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES
 
-    def client_for(self, upstream: str) -> httpx.AsyncClient:
-        """One client, with its pool of connections, per upstream process."""
-        client = self.clients.get(upstream)
-        if client is None:
-            client = self.clients[upstream] = client_for(upstream)
-        return client
+    def upstream_for(self, upstream: str) -> UpstreamTransport:
+        """One pool of connections per upstream process."""
+        transport = self.upstreams.get(upstream)
+        if transport is None:
+            transport = self.upstreams[upstream] = UpstreamTransport(upstream)
+        return transport
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         answer = Answer(send)
@@ -284,11 +284,11 @@ class Gateway:
                     "include_usage": True,
                 }
                 strip_usage = True
-        client = self.client_for(channel.upstream)
+        upstream = self.upstream_for(channel.upstream)
         cancel = Cancel()
-        request = client.build_request(
+        request = httpx.Request(
             "POST",
-            path,
+            upstream.url(path),
             content=json.dumps(body).encode(),
             headers=JSON_REQUEST,
             extensions={"slotserve.cancel": cancel},
@@ -297,7 +297,7 @@ class Gateway:
         watcher = asyncio.ensure_future(_watch_disconnect(receive, cancel))
         try:
             try:
-                response = await client.send(request, stream=True)
+                response = await upstream.handle_async_request(request)
             except httpx.HTTPError as exc:
                 if not cancel.fired:
                     message = f"channel {channel.name}'s process did not answer: {exc!r}"

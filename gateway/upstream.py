@@ -1,12 +1,14 @@
 """The gateway's connections to one upstream process: an httpx transport of its own.
 
-The gateway speaks to each channel's process (llama-server, vLLM, SGLang) through
-an ``httpx.AsyncClient`` whose transport is an ``UpstreamTransport``: one pool of
-keep-alive HTTP/1.1 connections per upstream, each lent to one request at a
-time, with the answers parsed by llhttp (``httptools``, the parser uvicorn
+The gateway speaks to each channel's process (llama-server, vLLM, SGLang) in
+``httpx.Request``s and ``httpx.Response``s through an ``UpstreamTransport``: one
+pool of keep-alive HTTP/1.1 connections per upstream, each lent to one request
+at a time, with the answers parsed by llhttp (``httptools``, the parser uvicorn
 uses). httpx's own transport parses every streamed chunk in Python (h11) and
-looks through its whole pool on every request; at 64 concurrent streams that
-cost more CPU than the proxying itself.
+looks through its whole pool on every request, and its client's redirect,
+auth and cookie handling cost a tenth of a streamed request's CPU: the gateway
+hands its requests to the transport itself (``client_for`` gives a whole
+``httpx.AsyncClient`` over it).
 
 A connection whose answer was not read to the end is closed, never reused:
 closing it is how an upstream request is cancelled.
@@ -40,6 +42,7 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.head_done = False
+        self.keep_alive = False
         self.complete = False
         self.received = 0
         self.body: list[bytes] = []
@@ -85,6 +88,7 @@ class _Connection(asyncio.Protocol):
         self.status = self.parser.get_status_code()
         names = {name.lower() for name, _ in self.headers}
         self._eof_ends_body = b"content-length" not in names and b"transfer-encoding" not in names
+        self.keep_alive = self.parser.should_keep_alive()
         self.head_done = True
 
     def on_body(self, body: bytes) -> None:
@@ -137,13 +141,7 @@ class _Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return (
-            self.complete
-            and not self.closed
-            and self.error is None
-            and self.parser.should_keep_alive()
-            and not self.body
-        )
+        return self.complete and not self.closed and self.error is None and self.keep_alive and not self.body
 
 
 class _AnswerStream(httpx.AsyncByteStream):
@@ -210,6 +208,15 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         self.connect_timeout = connect_timeout
         self.idle: list[_Connection] = []
         self._host_header = url.netloc
+        self._base = url
+        self._urls: dict[str, httpx.URL] = {}
+
+    def url(self, path: str) -> httpx.URL:
+        """The URL of ``path`` on this upstream (parsed once)."""
+        found = self._urls.get(path)
+        if found is None:
+            found = self._urls[path] = self._base.join(path)
+        return found
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -266,6 +273,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             headers=connection.headers,
             stream=_AnswerStream(connection, self),
             extensions={"http_version": b"HTTP/1.1"},
+            request=request,
         )
 
     @staticmethod
@@ -287,7 +295,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
 
 
 def client_for(upstream: str) -> httpx.AsyncClient:
-    """An httpx client for ``http://host:port``, with its own pool of connections."""
+    """An httpx client for ``http://host:port`` over its own pool of connections."""
     return httpx.AsyncClient(
         base_url=upstream,
         transport=UpstreamTransport(upstream),
