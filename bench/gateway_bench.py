@@ -86,6 +86,50 @@ async def upstream_main(port: int, delay: float) -> None:
         await server.serve_forever()
 
 
+def uvicorn_upstream_main(port: int, delay: float) -> None:
+    """The same answers from an ASGI application under uvicorn (httptools, uvloop): the server
+    vLLM's and SGLang's OpenAI endpoints run in, without their framework on top."""
+    import uvicorn
+
+    chunk = (
+        b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
+        b'"delta":{"content":"tok "},"finish_reason":null}]}\n\n'
+    )
+    usage = (
+        b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[],"usage":'
+        b'{"prompt_tokens":5,"completion_tokens":16,"total_tokens":21}}\n\n'
+    )
+    start = {
+        "type": "http.response.start",
+        "status": 200,
+        "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+    }
+
+    async def app(scope: dict, receive, send) -> None:  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/health":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await send(start)
+        for _ in range(CHUNKS):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if delay:
+                await asyncio.sleep(delay)
+        if b"include_usage" in body:
+            await send({"type": "http.response.body", "body": usage, "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    uvicorn.run(app, port=port, log_level="warning", access_log=False, lifespan="off")
+
+
 # --- The closed-loop load generator -------------------------------------------
 
 
@@ -217,12 +261,24 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--delay-ms", type=float, default=0, help="pause between upstream chunks")
     parser.add_argument("--levels", default="1,16,64")
+    parser.add_argument(
+        "--upstream",
+        choices=["raw", "uvicorn"],
+        default="raw",
+        help="raw asyncio (the fastest possible upstream) or an ASGI app under uvicorn",
+    )
     parser.add_argument("--litellm", metavar="PATH", help="a litellm executable to compare with")
     args = parser.parse_args()
 
     upstream_port, gateway_port = free_port(), free_port()
     upstream = subprocess.Popen(
-        [sys.executable, __file__, "--upstream", str(upstream_port), str(args.delay_ms / 1000)]
+        [
+            sys.executable,
+            __file__,
+            f"--{args.upstream}-upstream",
+            str(upstream_port),
+            str(args.delay_ms / 1000),
+        ]
     )
     env, key = prepare_gateway(upstream_port)
     venv_bin = Path(sys.executable).parent
@@ -280,7 +336,8 @@ def main() -> None:
             wait_http(servers["litellm"][0], "/health/liveliness", timeout=180)
         keys = {"direct": "none", "slotserve": key, "litellm": "sk-bench"}
         print(
-            f"server: {args.server}; upstream chunk delay: {args.delay_ms:g} ms; {args.seconds:g} s per run"
+            f"server: {args.server}; upstream: {args.upstream}, chunk delay {args.delay_ms:g} ms; "
+            f"{args.seconds:g} s per run"
         )
         print(
             f"{'streams':>7} {'via':>9} {'TTFT p50':>9} {'p99':>8} {'req/s':>8} {'vs direct':>9} "
@@ -307,7 +364,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--upstream":
+    if len(sys.argv) > 1 and sys.argv[1] == "--raw-upstream":
         asyncio.run(upstream_main(int(sys.argv[2]), float(sys.argv[3])))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--uvicorn-upstream":
+        uvicorn_upstream_main(int(sys.argv[2]), float(sys.argv[3]))
     else:
         main()
