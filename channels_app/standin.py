@@ -58,6 +58,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # like the real servers: each token goes out at once
     options: argparse.Namespace
     ready_at: float
     crash_armed = False

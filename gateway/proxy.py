@@ -322,7 +322,13 @@ class Gateway:
         watcher: asyncio.Future[None],
     ) -> None:
         """Send the upstream's answer to the client as it arrives."""
-        headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP]
+        headers, event_stream = [], False
+        for name, value in response.headers.raw:
+            lowered = name.lower()
+            if lowered == b"content-type":
+                event_stream = value.startswith(b"text/event-stream")
+            if lowered not in HOP_BY_HOP:
+                headers.append((name, value))
         if not streaming:
             try:
                 content = await response.aread()
@@ -340,14 +346,11 @@ class Gateway:
             return
         headers.append((b"x-accel-buffering", b"no"))
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-        events = (
-            Events(usage, strip_usage)
-            if response.status_code == 200
-            and response.headers.get("content-type", "").startswith("text/event-stream")
-            else None
-        )
+        events = Events(usage, strip_usage) if response.status_code == 200 and event_stream else None
+        stream = response.stream
+        assert isinstance(stream, httpx.AsyncByteStream)
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in stream:  # as the transport receives it, without httpx's wrappers
                 if events is not None:
                     chunk = events.feed(chunk)
                 if chunk:

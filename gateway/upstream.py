@@ -248,8 +248,15 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         content = request.content  # the gateway sends bytes it already holds
         target = request.url.raw_path
         lines = [b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (request.method.encode(), target, self._host_header)]
-        lines.extend(b"%s: %s\r\n" % (k, v) for k, v in request.headers.raw if k.lower() != b"host")
-        if "content-length" not in request.headers:
+        length_given = False
+        for name, value in request.headers.raw:
+            lowered = name.lower()
+            if lowered == b"content-length":
+                length_given = True
+            elif lowered == b"host":
+                continue
+            lines.append(b"%s: %s\r\n" % (name, value))
+        if not length_given:
             lines.append(b"content-length: %d\r\n" % len(content))
         lines.append(b"\r\n")
         lines.append(content)

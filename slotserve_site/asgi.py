@@ -2,6 +2,7 @@
 through Django, and the OpenAI-compatible gateway (``/v1/…`` and
 ``/channels/<name>/v1/…``) as its own small ASGI app, off Django's request path."""
 
+import gc
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -45,3 +46,7 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+# What start-up made lives as long as the process: out of the garbage collector's sight, a full
+# collection under load takes a few milliseconds instead of a hundred.
+gc.freeze()
