@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -105,7 +106,7 @@ def uvicorn_upstream_main(port: int, delay: float) -> None:
         "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
     }
 
-    async def app(scope: dict, receive, send) -> None:  # type: ignore[no-untyped-def]
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
         if scope["path"] == "/health":
