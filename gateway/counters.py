@@ -63,11 +63,12 @@ return 1
 class Counters:
     """The gateway's side: each request runs two scripts, one in (``enter``), one out (``leave``).
 
-    The scripts of requests that arrive together go to Redis together, in one
-    pipeline: while one batch is on its way, the next gathers. Each request
-    still waits for its own script's answer, so a count is in Redis before the
-    request goes on; the batch runs in a task of its own, so a request that is
-    cancelled meanwhile does not cut off the scripts of the others.
+    A script goes to Redis at once when nothing else is on its way; otherwise
+    the scripts of requests that the same turn of the event loop handles go
+    together, in one pipeline. Each request still waits for its own
+    script's answer, so a count is in Redis before the request goes on; the
+    batch runs in a task of its own, so a request that is cancelled meanwhile
+    does not cut off the scripts of the others.
     """
 
     def __init__(self, url: str) -> None:
@@ -77,35 +78,51 @@ class Counters:
         )
         self.redis = aioredis.Redis(connection_pool=pool)
         self._pending: list[tuple[str, list[str], list[str | int], asyncio.Future[Any]]] = []
-        self._sender: asyncio.Task[None] | None = None
+        self._flush_scheduled = False
+        self._sending: set[asyncio.Task[None]] = set()
+        self._busy = 0  # scripts and batches on their way to Redis
 
     async def _run(self, script: str, keys: list[str], args: list[str | int]) -> Any:
+        if self._busy == 0:
+            # Nothing else on its way to Redis: this one goes at once, on its own.
+            self._busy += 1
+            try:
+                return await self.redis.eval(script, len(keys), *keys, *args)
+            finally:
+                self._busy -= 1
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.append((script, keys, args, future))
-        if self._sender is None:
-            self._sender = asyncio.ensure_future(self._send_batches())
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
         return await future
 
-    async def _send_batches(self) -> None:
+    def _flush(self) -> None:
+        """Send what this turn of the event loop gathered, without waiting for earlier batches."""
+        self._flush_scheduled = False
+        batch, self._pending = self._pending, []
+        task = asyncio.ensure_future(self._send(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[tuple[str, list[str], list[str | int], asyncio.Future[Any]]]) -> None:
+        self._busy += 1
         try:
-            while self._pending:
-                batch, self._pending = self._pending, []
-                try:
-                    async with self.redis.pipeline(transaction=False) as pipe:
-                        for script, keys, args, _ in batch:
-                            pipe.eval(script, len(keys), *keys, *args)
-                        results = await pipe.execute(raise_on_error=False)
-                except (RedisError, OSError) as exc:  # Redis is unreachable: every caller hears why
-                    results = [exc] * len(batch)
-                for (*_, future), result in zip(batch, results, strict=True):
-                    if future.done():
-                        continue
-                    if isinstance(result, Exception):
-                        future.set_exception(result)
-                    else:
-                        future.set_result(result)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for script, keys, args, _ in batch:
+                    pipe.eval(script, len(keys), *keys, *args)
+                results = await pipe.execute(raise_on_error=False)
+        except (RedisError, OSError) as exc:  # Redis is unreachable: every caller hears why
+            results = [exc] * len(batch)
         finally:
-            self._sender = None
+            self._busy -= 1
+        for (*_, future), result in zip(batch, results, strict=True):
+            if future.done():
+                continue
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
 
     async def enter(self, channel_id: int) -> bool:
         """Count a request in; False (and not counted) if the channel is switching.
