@@ -362,6 +362,17 @@ def main() -> None:
             if process is not None:
                 process.send_signal(signal.SIGTERM)
                 process.wait(timeout=10)
+        forget_redis_keys(env["SLOTSERVE_REDIS_PREFIX"])
+
+
+def forget_redis_keys(prefix: str) -> None:
+    """The run's counters and metrics leave Redis with it."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for name in client.scan_iter(match=f"{prefix}:*"):
+        client.delete(name)
 
 
 if __name__ == "__main__":
