@@ -37,18 +37,19 @@ CHUNKS = 16
 
 # --- The fast upstream ------------------------------------------------------------
 
+CHUNK = (
+    b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
+    b'"delta":{"content":"tok "},"finish_reason":null}]}\n\n'
+)
+USAGE = (
+    b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[],"usage":'
+    b'{"prompt_tokens":5,"completion_tokens":16,"total_tokens":21}}\n\n'
+)
+
 
 async def upstream_main(port: int, delay: float) -> None:
-    chunk = (
-        b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
-        b'"delta":{"content":"tok "},"finish_reason":null}]}\n\n'
-    )
-    usage = (
-        b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[],"usage":'
-        b'{"prompt_tokens":5,"completion_tokens":16,"total_tokens":21}}\n\n'
-    )
-    framed = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
-    framed_usage = f"{len(usage):x}\r\n".encode() + usage + b"\r\n"
+    framed = f"{len(CHUNK):x}\r\n".encode() + CHUNK + b"\r\n"
+    framed_usage = f"{len(USAGE):x}\r\n".encode() + USAGE + b"\r\n"
     done = b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
     head = (
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
@@ -92,14 +93,6 @@ def uvicorn_upstream_main(port: int, delay: float) -> None:
     vLLM's and SGLang's OpenAI endpoints run in, without their framework on top."""
     import uvicorn
 
-    chunk = (
-        b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,'
-        b'"delta":{"content":"tok "},"finish_reason":null}]}\n\n'
-    )
-    usage = (
-        b'data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[],"usage":'
-        b'{"prompt_tokens":5,"completion_tokens":16,"total_tokens":21}}\n\n'
-    )
     start = {
         "type": "http.response.start",
         "status": 200,
@@ -121,11 +114,11 @@ def uvicorn_upstream_main(port: int, delay: float) -> None:
                 break
         await send(start)
         for _ in range(CHUNKS):
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": CHUNK, "more_body": True})
             if delay:
                 await asyncio.sleep(delay)
         if b"include_usage" in body:
-            await send({"type": "http.response.body", "body": usage, "more_body": True})
+            await send({"type": "http.response.body", "body": USAGE, "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
     uvicorn.run(app, port=port, log_level="warning", access_log=False, lifespan="off")
