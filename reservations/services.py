@@ -35,9 +35,11 @@ _T = TypeVar("_T")
 def _retrying_deadlocks(work: Callable[[], _T]) -> _T:
     """Run ``work`` in a transaction, again if PostgreSQL chose it as a deadlock's victim.
 
-    Two inserts that overlap each other's uncommitted rows wait for each other
-    while checking the exclusion constraint; PostgreSQL aborts one. Run again,
-    that one sees the winner's row and answers a clear conflict. Inside an
+    Two inserts that overlap each other's uncommitted rows would wait for each
+    other while checking the exclusion constraint, and PostgreSQL would abort
+    one; the channel's row lock (``_hold_channel``) keeps that from happening,
+    and this stays as the net behind it: run again, the victim sees the
+    winner's row and answers a clear conflict. Inside an
     outer transaction nothing can be retried, so the error goes up as it is.
     """
     for attempt in range(DEADLOCK_RETRIES):
@@ -55,6 +57,17 @@ def _retrying_deadlocks(work: Callable[[], _T]) -> _T:
             # Back off a random while, growing, so the same contenders do not meet again.
             time.sleep(random.uniform(0.005, 0.03) * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+def _hold_channel(channel_id: int) -> None:
+    """Take the channel's row lock for the rest of the transaction.
+
+    Bookings and extensions of one channel then go one at a time on
+    PostgreSQL, so their exclusion checks never wait on each other (SQLite's
+    IMMEDIATE transaction already does this). ``NO KEY UPDATE`` leaves rows
+    that merely point at the channel free to be written meanwhile.
+    """
+    list(Channel.objects.select_for_update(no_key=True).filter(pk=channel_id).values_list("pk", flat=True))
 
 
 class ReservationConflict(Exception):
@@ -190,6 +203,7 @@ def reservation_create(
     def book() -> Reservation:
         # Inside the transaction: on SQLite it holds the write lock, so two
         # bookings of one user cannot both fit the same remaining quota.
+        _hold_channel(channel.pk)
         _check_limits(user=user, channel=channel, start=start, end=end, now=now)
         conflict = _first_conflict(channel, start, end)
         if conflict is not None:
@@ -275,7 +289,8 @@ def reservation_extend(*, reservation: Reservation, by: Any, end: datetime, now:
     """Move the end of an active or future reservation later, when that time is free.
 
     Races with a new booking of the same minutes are settled like bookings:
-    the IMMEDIATE transaction on SQLite, the exclusion constraint on PostgreSQL.
+    one at a time per channel (the IMMEDIATE transaction on SQLite, the
+    channel's row lock on PostgreSQL), with the exclusion constraint behind.
     """
     if reservation.status not in BLOCKING_STATUSES or reservation.end <= now:
         raise InvalidTransition(f"cannot extend a reservation that is {reservation.status} or over")
@@ -284,6 +299,7 @@ def reservation_extend(*, reservation: Reservation, by: Any, end: datetime, now:
         raise InvalidInput("end", "the new end must be after the current end")
 
     def grow() -> Reservation:
+        _hold_channel(reservation.channel_id)
         _check_limits(
             user=reservation.user,
             channel=reservation.channel,
