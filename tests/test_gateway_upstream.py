@@ -379,3 +379,42 @@ def test_an_unreachable_redis_fails_each_waiting_request():
 
     results = asyncio.run(main())
     assert len(results) == 2 and all(isinstance(r, redis.ConnectionError) for r in results)
+
+
+# --- Snapshot -------------------------------------------------------------------------------------
+
+
+def test_the_snapshot_is_kept_fresh_in_the_background_and_requests_do_not_wait(monkeypatch):
+    import time
+
+    from gateway import snapshot as snapshots
+
+    reads = []
+
+    def slow_read():
+        reads.append(time.monotonic())
+        time.sleep(0.05)  # a database read
+        return snapshots.Snapshot(taken_at=time.monotonic())
+
+    monkeypatch.setattr(snapshots, "read_snapshot", slow_read)
+    monkeypatch.setattr(snapshots.SnapshotCache, "IDLE_STOP", 0.3)
+
+    async def main():
+        cache = snapshots.SnapshotCache(max_age=0.2)
+        await cache.get()  # the first request waits for the first read
+        waits, ages = [], []
+        for _ in range(50):
+            started = time.monotonic()
+            current = await cache.get()
+            waits.append(time.monotonic() - started)
+            ages.append(time.monotonic() - current.taken_at)
+            await asyncio.sleep(0.02)
+        reads_while_busy = len(reads)
+        await asyncio.sleep(0.8)  # no requests: the keeper stops
+        return waits, ages, reads_while_busy, len(reads), cache._keeper
+
+    waits, ages, busy, total, keeper = asyncio.run(main())
+    assert max(waits) < 0.02, "no request waited for a read"
+    assert max(ages) < 0.2, "and none saw a snapshot past its age limit"
+    assert busy >= 5, "the snapshot was read again and again while requests came"
+    assert total - busy <= 2 and keeper.done(), "an idle gateway stops reading"
