@@ -1,10 +1,12 @@
 #!/usr/bin/env python
 """Benchmark: what the gateway adds to streamed completions.
 
-    .venv/bin/python bench/gateway_bench.py [--server uvicorn|daphne] [--seconds 5] [--litellm PATH]
+    .venv/bin/python bench/gateway_bench.py [--server uvicorn|daphne] [--seconds 5]
+        [--delay-ms 20] [--upstream raw|uvicorn|fastapi] [--levels 1,16,64] [--litellm PATH]
 
-A fast upstream (raw asyncio, 16 SSE chunks per request, back to back or
---delay-ms apart) is called directly and through SlotServe's gateway (a
+A fast upstream (16 SSE chunks per request, back to back or --delay-ms apart;
+in raw asyncio, as a bare ASGI app under uvicorn, or as a FastAPI streaming
+route under uvicorn like vLLM's and SGLang's servers) is called directly and through SlotServe's gateway (a
 separate server process), alternating, by a closed-loop load generator: each
 of 1, 16 and 64 concurrent workers keeps its own keep-alive connection and
 sends the next request when the last one ends. Reported per level: time to
@@ -257,9 +259,10 @@ def main() -> None:
     parser.add_argument("--levels", default="1,16,64")
     parser.add_argument(
         "--upstream",
-        choices=["raw", "uvicorn"],
+        choices=["raw", "uvicorn", "fastapi"],
         default="raw",
-        help="raw asyncio (the fastest possible upstream) or an ASGI app under uvicorn",
+        help="raw asyncio (the fastest possible upstream), a bare ASGI app under uvicorn, or a "
+        "FastAPI streaming route under uvicorn (how vLLM and SGLang serve)",
     )
     parser.add_argument("--litellm", metavar="PATH", help="a litellm executable to compare with")
     args = parser.parse_args()
@@ -373,5 +376,9 @@ if __name__ == "__main__":
         asyncio.run(upstream_main(int(sys.argv[2]), float(sys.argv[3])))
     elif len(sys.argv) > 1 and sys.argv[1] == "--uvicorn-upstream":
         uvicorn_upstream_main(int(sys.argv[2]), float(sys.argv[3]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--fastapi-upstream":
+        from fastapi_upstream import serve  # beside this file
+
+        serve(int(sys.argv[2]), float(sys.argv[3]), chunks=CHUNKS, chunk=CHUNK, usage=USAGE)
     else:
         main()
