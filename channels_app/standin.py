@@ -17,6 +17,7 @@ does not exist. Options, given in a preset, make it misbehave on purpose:
     --standin-ignore-sigterm   needs SIGKILL to stop
     --standin-chunks N         tokens per streamed answer (default 16)
     --standin-chunk-delay MS   pause between streamed tokens (default 0)
+    --standin-prefill-ms MS    think this long before answering, giving up if the client hangs up
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -49,6 +52,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--standin-ignore-sigterm", action="store_true")
     parser.add_argument("--standin-chunks", type=int, default=16)
     parser.add_argument("--standin-chunk-delay", type=float, default=0.0)
+    parser.add_argument("--standin-prefill-ms", type=float, default=0.0)
     known, _ = parser.parse_known_args(argv)  # the backends' own options are accepted as they are
     known.model_path = known.model_path or known.path
     if not known.model_path:
@@ -117,6 +121,8 @@ class Handler(BaseHTTPRequestHandler):
         if self.options.standin_crash_after is not None and not Handler.crash_armed:
             Handler.crash_armed = True
             threading.Thread(target=_crash, args=(self.options.standin_crash_after,), daemon=True).start()
+        if not self._prefill():
+            return
         n = self.options.standin_chunks
         ident = f"cmpl-{uuid.uuid4().hex[:12]}"
         kind = "chat.completion" if chat else "text_completion"
@@ -169,6 +175,20 @@ class Handler(BaseHTTPRequestHandler):
             )
         self._chunk(b"data: [DONE]\n\n")
         self._chunk(b"")
+
+    def _prefill(self) -> bool:
+        """Read the prompt for --standin-prefill-ms; False when the client hung up meanwhile
+        (like the real servers, which abort a request whose client is gone)."""
+        deadline = time.monotonic() + self.options.standin_prefill_ms / 1000
+        while (left := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([self.connection], [], [], min(left, 0.05))
+            if readable and self.connection.recv(1, socket.MSG_PEEK) == b"":
+                print("standin: client went away before the first token; generation cancelled", flush=True)
+                self.close_connection = True
+                return False
+            if readable:
+                time.sleep(min(left, 0.05))  # the client's next request is waiting: keep thinking
+        return True
 
     def _event(self, payload: dict[str, Any]) -> None:
         self._chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")

@@ -459,3 +459,30 @@ def test_metrics_count_answers_phases_loads_and_reservations(gateway_url, world,
     settings.SLOTSERVE_METRICS_TOKEN = "scrape-me"
     assert Client().get("/metrics").status_code == 401
     assert Client().get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-me").status_code == 200
+
+
+def test_client_leaving_before_the_first_token_cancels_the_upstream(gateway_url, world, standins):
+    """A client that gives up while the model is still reading the prompt (no byte answered yet)
+    closes the upstream request at once, streaming or not."""
+    port, log = standins("thinker", "--standin-prefill-ms", "5000")
+    model = factories.llm("thinker")
+    serve(world["b"], model, port)
+    time.sleep(0.1)
+    counter = key(INFLIGHT, world["b"].pk)
+    for streaming in (False, True):
+        started = time.monotonic()
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                gateway_url + "/v1/chat/completions",
+                headers={"Authorization": f"Bearer {world['ana']}"},
+                json={"model": "thinker", "messages": [], "stream": streaming},
+                timeout=httpx.Timeout(5, read=0.3),
+            )
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and int(redis_client().get(counter) or 0) != 0:
+            time.sleep(0.02)
+        assert int(redis_client().get(counter) or 0) == 0
+        while time.monotonic() < deadline and log.read_text().count("before the first token") < 1 + streaming:
+            time.sleep(0.02)
+        assert log.read_text().count("before the first token") == 1 + streaming
+        assert time.monotonic() - started < 3, "cancelled long before the 5 s prefill would end"
