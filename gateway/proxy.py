@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from gateway.access import ChannelView, Refusal, admit, models_for, route
 from gateway.counters import Counters
-from gateway.snapshot import Caller, SnapshotCache
+from gateway.snapshot import Caller, Snapshot, SnapshotCache
 from gateway.upstream import Cancel, UpstreamTransport
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,15 @@ async def respond(
 async def refuse(send: Send, refusal: Refusal) -> None:
     headers = [(b"retry-after", str(refusal.retry_after).encode())] if refusal.retry_after is not None else []
     await respond(send, refusal.status, error_body(refusal.status, refusal.code, refusal.message), headers)
+
+
+def authenticate(scope: Scope, snapshot: Snapshot) -> Caller | None:
+    """The caller whose API key is in the ``Authorization: Bearer`` header, if it is usable."""
+    header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+    scheme, _, key = header.decode("latin-1").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        return None
+    return snapshot.callers.get(hashlib.sha256(key.strip().encode()).hexdigest())
 
 
 def split_path(path: str) -> tuple[str | None, str]:
@@ -142,7 +151,8 @@ class Gateway:
     async def handle(self, scope: Scope, receive: Receive, send: Send, answer: Answer) -> None:
         pinned, path = split_path(scope["path"])
         method = scope["method"]
-        caller = await self.authenticate(scope)
+        snapshot = await self.snapshots.get()  # one view of keys and channels for the whole request
+        caller = authenticate(scope, snapshot)
         if caller is None:
             await respond(
                 send,
@@ -155,23 +165,13 @@ class Gateway:
             )
             return
         if path == "/v1/models" and method == "GET":
-            await self.models(send, caller, pinned)
+            await self.models(send, snapshot, caller, pinned)
         elif path in PROXIED and method == "POST":
-            await self.proxy(scope, receive, send, caller, pinned, path, answer)
+            await self.proxy(receive, send, snapshot, caller, pinned, path, answer)
         else:
             await respond(send, 404, error_body(404, "not_found", f"no endpoint {method} {scope['path']}"))
 
-    async def authenticate(self, scope: Scope) -> Caller | None:
-        header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        scheme, _, key = header.decode("latin-1").partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            return None
-        hashed = hashlib.sha256(key.strip().encode()).hexdigest()
-        snapshot = await self.snapshots.get()
-        return snapshot.callers.get(hashed)
-
-    async def models(self, send: Send, caller: Caller, pinned: str | None) -> None:
-        snapshot = await self.snapshots.get()
+    async def models(self, send: Send, snapshot: Snapshot, caller: Caller, pinned: str | None) -> None:
         channels = [c for c in snapshot.channels if pinned is None or c.name == pinned]
         switching = await self.counters.switching(c.id for c in channels)
         views = [_with_switching(c, c.id in switching) for c in channels]
@@ -198,9 +198,9 @@ class Gateway:
 
     async def proxy(
         self,
-        scope: Scope,
         receive: Receive,
         send: Send,
+        snapshot: Snapshot,
         caller: Caller,
         pinned: str | None,
         path: str,
@@ -226,7 +226,6 @@ class Gateway:
         if not isinstance(body, dict):
             await respond(send, 400, error_body(400, "invalid_request", "the body must be a JSON object"))
             return
-        snapshot = await self.snapshots.get()
         now = timezone.now()
         model = body.get("model") if isinstance(body.get("model"), str) else None
         candidates = [c for c in snapshot.channels if c.model == model and c.phase == "ready"]

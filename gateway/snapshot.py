@@ -146,6 +146,3 @@ class SnapshotCache:
             except Exception:  # the next request past the limit retries, and reports what is wrong
                 log.warning("the gateway could not refresh its snapshot", exc_info=True)
                 await asyncio.sleep(self.max_age)
-
-    def invalidate(self) -> None:
-        self.current = Snapshot()

@@ -186,10 +186,11 @@ def reservation_create(
 ) -> Reservation:
     """Book ``[start, end)`` on ``channel``; raises ``ReservationConflict`` on overlap.
 
-    On SQLite the overlap check and the insert share one ``BEGIN IMMEDIATE``
-    transaction, so no other writer can slip in between. On PostgreSQL two
-    transactions may both pass the check; the exclusion constraint then makes
-    the second insert fail, and the slot that won is reported.
+    The overlap check and the insert run one booking of the channel at a time:
+    in one ``BEGIN IMMEDIATE`` transaction on SQLite, under the channel's row
+    lock on PostgreSQL (``_hold_channel``). The exclusion constraint stands
+    behind the check; should an insert still break it, the slot that won is
+    reported.
     """
     # In UTC from here on: Python subtracts two times of one zone as wall-clock
     # times, which is wrong across a daylight-saving change.

@@ -24,7 +24,6 @@ class Upstream:
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
         self.connections = 0
-        self.closed_by_peer = asyncio.Event()
         self.server: asyncio.Server | None = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
