@@ -1,5 +1,15 @@
-from django.contrib import admin
+from __future__ import annotations
 
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+
+from channels_app import services
 from channels_app.models import (
     Channel,
     ChannelRuntime,
@@ -54,9 +64,57 @@ class ChannelAdmin(admin.ModelAdmin[Channel]):
     search_fields = ["name"]
 
 
+class OverrideAdminForm(forms.ModelForm[Override]):
+    """Saves through ``override_set``: the same checks and re-decision as the API."""
+
+    request_user: Any = None  # set per request by ``OverrideAdmin.get_form``
+
+    class Meta:
+        model = Override
+        fields = ["channel", "model", "preset", "unload", "until"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        try:
+            self.instance = services.override_set(
+                channel=data.get("channel") or self.instance.channel,
+                until=data["until"],
+                now=timezone.now(),
+                by=self.request_user,
+                model=data.get("model"),
+                preset=data.get("preset"),
+                unload=bool(data.get("unload")),
+            )
+        except services.InvalidInput as exc:
+            raise ValidationError({exc.field: exc.message}) from None
+        return data
+
+
 @admin.register(Override)
 class OverrideAdmin(admin.ModelAdmin[Override]):
+    form = OverrideAdminForm
     list_display = ["channel", "model", "preset", "unload", "until", "set_by", "set_at"]
+    readonly_fields = ["set_by", "set_at"]
+
+    def get_form(self, request: HttpRequest, obj: Override | None = None, **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, **kwargs)
+        form.request_user = request.user
+        return form
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Override | None = None) -> list[str]:
+        return [*self.readonly_fields, "channel"] if obj is not None else list(self.readonly_fields)
+
+    def save_model(self, request: HttpRequest, obj: Override, form: Any, change: bool) -> None:
+        """The form's ``clean`` saved it through ``override_set`` already."""
+
+    def delete_model(self, request: HttpRequest, obj: Override) -> None:
+        services.override_clear(channel=obj.channel)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Override]) -> None:
+        for override in queryset.select_related("channel"):
+            services.override_clear(channel=override.channel)
 
 
 @admin.register(LoadRecord)

@@ -22,26 +22,47 @@ class OwnedOption:
     many: bool = False
 
 
-# Removed from presets so that a wrong value can never break routing.
+# The run's own secret (docs/security.md): a preset may neither replace it nor add a key it knows.
+_API_KEY = OwnedOption(frozenset({"--api-key"}))
+# A config file can set anything the command line can, the owned options included.
+_CONFIG = OwnedOption(frozenset({"--config"}))
+
+# Removed from presets so that a wrong value can never break routing or access.
 OWNED_OPTIONS: dict[Backend, tuple[OwnedOption, ...]] = {
     Backend.LLAMA_CPP: (
         OwnedOption(frozenset({"-m", "--model"})),
         OwnedOption(frozenset({"--host"})),
         OwnedOption(frozenset({"--port"})),
         OwnedOption(frozenset({"-a", "--alias"})),
+        _API_KEY,
+        OwnedOption(frozenset({"--api-key-file"})),
     ),
     Backend.VLLM: (
         OwnedOption(frozenset({"--model"})),
         OwnedOption(frozenset({"--host"})),
         OwnedOption(frozenset({"--port"})),
         OwnedOption(frozenset({"--served-model-name"}), many=True),
+        _API_KEY,
+        _CONFIG,
     ),
     Backend.SGLANG: (
         OwnedOption(frozenset({"--model-path", "--model"})),
         OwnedOption(frozenset({"--host"})),
         OwnedOption(frozenset({"--port"})),
         OwnedOption(frozenset({"--served-model-name"}), many=True),
+        _API_KEY,
+        OwnedOption(frozenset({"--admin-api-key"})),
+        _CONFIG,
     ),
+}
+
+# How each backend is given the run's secret without putting it on the command line, where
+# every user of the node could read it (/proc/<pid>/cmdline): an environment variable the
+# program reads, or (SGLang, which reads none) a config file only the node worker can read.
+API_KEY_ENV: dict[Backend, str | None] = {
+    Backend.LLAMA_CPP: "LLAMA_API_KEY",
+    Backend.VLLM: "VLLM_API_KEY",
+    Backend.SGLANG: None,
 }
 
 
@@ -50,11 +71,24 @@ def _is_option(token: str) -> bool:
     return token.startswith("-") and not token.lstrip("-").replace(".", "", 1).isdigit()
 
 
+def _owned_option(name: str, by_name: dict[str, OwnedOption]) -> OwnedOption | None:
+    """The owned option ``name`` names, exactly or as an abbreviation.
+
+    vLLM and SGLang parse with argparse, which takes any unique prefix of a long
+    option (``--hos 0.0.0.0`` is ``--host 0.0.0.0``): every prefix of an owned long
+    option is owned too, for every backend, whatever the program would make of it.
+    """
+    exact = by_name.get(name)
+    if exact is not None or not name.startswith("--") or len(name) < 3:
+        return exact
+    return next((option for owned, option in by_name.items() if owned.startswith(name)), None)
+
+
 def effective_args(backend: Backend, args: Sequence[str]) -> list[str]:
     """``args`` without the options SlotServe owns for ``backend``.
 
-    Both ``--opt value`` and ``--opt=value`` are removed, in short and long
-    forms; an owned option that takes several values loses all of them.
+    Both ``--opt value`` and ``--opt=value`` are removed, in short, long and
+    abbreviated forms; an owned option that takes several values loses all of them.
     """
     owned = OWNED_OPTIONS[backend]
     by_name = {name: option for option in owned for name in option.names}
@@ -63,7 +97,7 @@ def effective_args(backend: Backend, args: Sequence[str]) -> list[str]:
     while i < len(args):
         token = args[i]
         name, has_value, _ = token.partition("=")
-        option = by_name.get(name)
+        option = _owned_option(name, by_name) if _is_option(token) else None
         if option is None:
             result.append(token)
             i += 1

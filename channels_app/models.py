@@ -319,6 +319,8 @@ class ChannelRuntime(models.Model):
     pid = models.IntegerField(null=True, blank=True)
     host = models.CharField(max_length=255, blank=True)
     port = models.PositiveIntegerField(null=True, blank=True)
+    # The run's own API key (docs/security.md): the gateway sends it upstream; shown nowhere.
+    api_secret = models.CharField(max_length=100, blank=True, editable=False)
     log_path = models.CharField(max_length=1000, blank=True)
     load = models.ForeignKey("LoadRecord", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     stop_sent_at = models.DateTimeField(null=True, blank=True)

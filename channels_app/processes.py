@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import secrets
 import shlex
 import signal
 import socket
 import subprocess
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-from channels_app.backends import Backend, effective_args
+from channels_app.backends import API_KEY_ENV, Backend, effective_args
 
 # Popen objects of the processes this worker started, by run id, for their exit codes.
 _children: dict[str, subprocess.Popen[bytes]] = {}
@@ -39,6 +41,7 @@ class Launch:
     gpu_indexes: Sequence[int]
     host: str
     log_dir: Path
+    extra_env: Sequence[str] = field(default=())  # SLOTSERVE_PROCESS_ENV: more names to pass on
 
 
 @dataclass(frozen=True)
@@ -47,11 +50,74 @@ class Started:
     pid: int
     port: int
     log_path: Path
+    secret: str  # the run's API key: the gateway sends it, nobody else knows it
 
 
-def command_line(launch: Launch, port: int) -> list[str]:
+# What an inference process inherits from the node worker's environment: what the backends
+# need to find their libraries, GPUs, caches and locale — never the worker's own secrets
+# (DATABASE_URL, SLOTSERVE_SECRET_KEY, SLOTSERVE_REDIS_URL, SMTP passwords, …).
+CHILD_ENV_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "TERM",
+        "LD_LIBRARY_PATH",
+        "PYTHONPATH",
+        "VIRTUAL_ENV",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "OPENBLAS_CORETYPE",
+        "OPENBLAS_L2_SIZE",
+    }
+)
+CHILD_ENV_PREFIXES = (
+    "LC_",
+    "XDG_",
+    "CUDA_",
+    "NVIDIA_",
+    "NCCL_",
+    "HF_",
+    "HUGGINGFACE_",
+    "TRANSFORMERS_",
+    "TORCH",
+    "TRITON_",
+    "VLLM_",
+    "SGLANG_",
+    "LLAMA_ARG_",
+    "GGML_",
+)
+# Set by SlotServe for each run, never inherited.
+CHILD_ENV_OWNED = frozenset({"LLAMA_API_KEY", "VLLM_API_KEY", "CUDA_VISIBLE_DEVICES", "SLOTSERVE_RUN_ID"})
+
+
+def child_environment(
+    parent: Mapping[str, str], *, extra_names: Iterable[str] = (), own: Mapping[str, str]
+) -> dict[str, str]:
+    """The environment of an inference process: the allowlisted part of ``parent``, then ``own``."""
+    allowed = CHILD_ENV_NAMES | set(extra_names)
+    env = {
+        name: value
+        for name, value in parent.items()
+        if name not in CHILD_ENV_OWNED and (name in allowed or name.startswith(CHILD_ENV_PREFIXES))
+    }
+    env.update(own)
+    return env
+
+
+def command_line(launch: Launch, port: int, config_path: Path | None = None) -> list[str]:
     """The argv of a run: the backend's executable, the arguments SlotServe owns
-    (API.md "Backend programs"), then the preset's arguments without owned ones."""
+    (API.md "Backend programs"), then the preset's arguments without owned ones.
+
+    The run's secret is never on it (``/proc/<pid>/cmdline`` is world-readable):
+    it travels in the environment, or in the config file at ``config_path``.
+    """
     program = shlex.split(launch.executable)
     extra = effective_args(launch.backend, list(launch.preset_args))
     where = ["--host", launch.host, "--port", str(port)]
@@ -61,7 +127,32 @@ def command_line(launch: Launch, port: int) -> list[str]:
         owned = ["serve", launch.model_path, *where, "--served-model-name", launch.alias]
     else:
         owned = ["--model-path", launch.model_path, *where, "--served-model-name", launch.alias]
+    if config_path is not None:
+        owned += ["--config", str(config_path)]
     return [*program, *owned, *extra]
+
+
+def _private_file(path: Path, data: bytes = b"") -> None:
+    """Create ``path`` readable by its owner only (0600), whatever the umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def private_dir(path: Path) -> None:
+    """Create ``path`` (and its parents) readable by its owner only (0700)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+
+
+def redact(text: str, secret: str) -> str:
+    """``text`` without ``secret``, and without any ``--api-key VALUE`` it shows."""
+    if secret:
+        text = text.replace(secret, "[redacted]")
+    return re.sub(r"(--api-key[= ])\S+", r"\1[redacted]", text)
 
 
 def free_port(host: str) -> int:
@@ -74,12 +165,25 @@ def start(launch: Launch) -> Started:
     """Start a run in its own process group, its output to a per-run log file. Never a shell."""
     run_id = uuid.uuid4().hex[:12]
     port = free_port(launch.host)
-    launch.log_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(launch.log_dir)
     log_path = launch.log_dir / f"{run_id}.log"
-    env = dict(os.environ)
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in launch.gpu_indexes)
-    env["SLOTSERVE_RUN_ID"] = run_id
-    argv = command_line(launch, port)
+    secret = secrets.token_urlsafe(32)
+    own = {
+        # NVML numbers GPUs by PCI bus; CUDA by speed unless told otherwise.
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in launch.gpu_indexes),
+        "SLOTSERVE_RUN_ID": run_id,
+    }
+    config_path = None
+    key_variable = API_KEY_ENV[launch.backend]
+    if key_variable is not None:
+        own[key_variable] = secret
+    else:
+        config_path = launch.log_dir / f"{run_id}.config.yaml"
+        _private_file(config_path, f"api-key: {secret}\n".encode())
+    env = child_environment(os.environ, extra_names=launch.extra_env, own=own)
+    argv = command_line(launch, port, config_path)
+    _private_file(log_path)
     with log_path.open("ab") as log:
         log.write(f"$ {shlex.join(argv)}\n".encode())
         log.flush()
@@ -96,7 +200,7 @@ def start(launch: Launch) -> Started:
             log.write(f"could not start {argv[0]}: {exc}\n".encode())
             raise
     _children[run_id] = child
-    return Started(run_id=run_id, pid=child.pid, port=port, log_path=log_path)
+    return Started(run_id=run_id, pid=child.pid, port=port, log_path=log_path, secret=secret)
 
 
 def _run_id_of(pid: int) -> str | None:
@@ -133,10 +237,12 @@ def _is_zombie(pid: int) -> bool:
     return status.rsplit(")", 1)[-1].split()[0] == "Z"
 
 
-def healthy(host: str, port: int, timeout: float = 1.0) -> bool:
+def healthy(host: str, port: int, secret: str = "", timeout: float = 1.0) -> bool:
     """The backend's ``GET /health`` answers 200 (SPEC §4)."""
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
     try:
-        return httpx.get(f"http://{url_host(host)}:{port}/health", timeout=timeout).status_code == 200
+        url = f"http://{url_host(host)}:{port}/health"
+        return httpx.get(url, headers=headers, timeout=timeout).status_code == 200
     except httpx.HTTPError:
         return False
 

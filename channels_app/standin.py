@@ -8,7 +8,10 @@ It accepts the command lines SlotServe gives each backend, answers
 ``GET /health`` (503 while "loading", then 200) and the OpenAI endpoints
 (``/v1/models``, ``/v1/chat/completions`` with streaming, ``/v1/completions``,
 ``/v1/embeddings``). Like the real programs, it fails when the model path
-does not exist. Options, given in a preset, make it misbehave on purpose:
+does not exist, and with an API key (``--api-key``, ``LLAMA_API_KEY`` in the
+llama.cpp form, ``VLLM_API_KEY`` in the vLLM form, or ``api-key:`` in a
+``--config`` file as SGLang reads it) it answers every request but
+``/health`` and ``/v1/models`` with 401 unless the key is sent. Options, given in a preset, make it misbehave on purpose:
 
     --standin-load-seconds S   /health answers 503 for S seconds (default 0.2)
     --standin-hang             never becomes healthy
@@ -45,6 +48,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("-a", "--alias", "--served-model-name", dest="alias")
+    parser.add_argument("--api-key")
+    parser.add_argument("--config", help="SGLang's config file: `option: value` lines")
     parser.add_argument("--standin-load-seconds", type=float, default=0.2)
     parser.add_argument("--standin-hang", action="store_true")
     parser.add_argument("--standin-crash-after", type=float)
@@ -57,7 +62,22 @@ def parse(argv: list[str]) -> argparse.Namespace:
     known.model_path = known.model_path or known.path
     if not known.model_path:
         parser.error("no model path given (-m, --model-path, or serve PATH)")
+    known.api_key = known.api_key or _key_from_config(known.config) or _key_from_env(known.mode)
     return known
+
+
+def _key_from_env(mode: str | None) -> str | None:
+    return os.environ.get("VLLM_API_KEY" if mode == "serve" else "LLAMA_API_KEY") or None
+
+
+def _key_from_config(path: str | None) -> str | None:
+    if not path:
+        return None
+    for line in Path(path).read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "api-key":
+            return value.strip()
+    return None
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -92,8 +112,21 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found_error"}})
 
+    def _authorized(self) -> bool:
+        """Like the real servers: with a key set, a request without it gets 401."""
+        key = self.options.api_key
+        if not key or self.headers.get("Authorization", "") == f"Bearer {key}":
+            return True
+        self._json(
+            401, {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}}
+        )
+        return False
+
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
+        if not self._authorized():
+            self.rfile.read(length)
+            return
         try:
             body = json.loads(self.rfile.read(length) or b"{}")
         except json.JSONDecodeError:

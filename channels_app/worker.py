@@ -172,7 +172,7 @@ def store(runtime: ChannelRuntime, state: ProcessState) -> None:
     runtime.failure_error = failure.error if failure else ""
     runtime.fallback_failed = failure.fallback_failed if failure else False
     if state.pid is None:
-        runtime.run_id, runtime.port = "", None
+        runtime.run_id, runtime.port, runtime.api_secret = "", None, ""
     runtime.save()
 
 
@@ -205,7 +205,7 @@ def observe(runtime: ChannelRuntime, channel: Channel, now: datetime) -> Observe
         alive
         and runtime.port is not None
         and phase in (Phase.LOADING, Phase.READY)
-        and processes.healthy(runtime.host, runtime.port)
+        and processes.healthy(runtime.host, runtime.port, runtime.api_secret)
     )
     count = in_flight(channel.pk) if phase in (Phase.READY, Phase.DRAINING) else 0
     freed = True
@@ -239,6 +239,7 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
         gpu_indexes=list(channel.gpu_indexes),
         host=settings.SLOTSERVE_PROCESS_HOST,
         log_dir=Path(settings.DATA_DIR) / "runs" / channel.name,
+        extra_env=settings.SLOTSERVE_PROCESS_ENV,
     )
     runtime.load = LoadRecord.objects.create(
         model=model, preset=preset, node=channel.node, channel=channel, started=now
@@ -249,11 +250,12 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
     except OSError as exc:
         # Recorded in the run's log; the next step sees no process and fails the load with it.
         log.warning("channel %s: could not start %s: %s", channel.name, executable, exc)
-        runtime.run_id, runtime.pid, runtime.port = "", None, None
+        runtime.run_id, runtime.pid, runtime.port, runtime.api_secret = "", None, None, ""
         runtime.log_path = str(launch.log_dir / "start-failure.log")
         Path(runtime.log_path).write_text(f"could not start {executable}: {exc}\n")
         return
     runtime.run_id, runtime.pid, runtime.port = started.run_id, started.pid, started.port
+    runtime.api_secret = started.secret
     runtime.log_path = str(started.log_path)
     log.info(
         "channel %s: started %s (run %s, pid %s, port %s)",

@@ -34,6 +34,7 @@ class ChannelView:
     switching: bool  # the node worker closed the gate: the target changed
     booking: Booking | None = None
     targets_model: str | None = None  # the model the channel is heading for
+    upstream_key: str = field(default="", repr=False)  # the run's secret, sent upstream only
 
 
 @dataclass(frozen=True)

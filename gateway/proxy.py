@@ -45,7 +45,6 @@ HOP_BY_HOP = {
     b"trailer",
     b"upgrade",
 }
-JSON_REQUEST = {"content-type": "application/json"}
 USAGE_MARK = b'"usage":{'
 USAGE_MARK_SPACED = b'"usage": {'
 
@@ -289,7 +288,8 @@ class Gateway:
             "POST",
             upstream.url(path),
             content=json.dumps(body).encode(),
-            headers=JSON_REQUEST,
+            # The run's secret: the process answers nobody who does not have it (docs/security.md).
+            headers={"content-type": "application/json", "authorization": f"Bearer {channel.upstream_key}"},
             extensions={"slotserve.cancel": cancel},
         )
         # A client that goes away cancels the upstream's work at once, whatever stage it is at.

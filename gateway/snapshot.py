@@ -97,6 +97,7 @@ def _read_snapshot() -> Snapshot:
                 switching=False,
                 booking=active.get(channel.pk),
                 targets_model=target.model.name if target and target.model else None,
+                upstream_key=runtime.api_secret if upstream is not None and runtime else "",
             )
         )
     return Snapshot(callers=callers, channels=tuple(views), taken_at=time.monotonic())

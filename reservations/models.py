@@ -110,6 +110,11 @@ class Reservation(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     decided_at = models.DateTimeField(null=True, blank=True)
+    # An extension of an approved reservation that waits for approval: the time it adds,
+    # right after the reservation it extends (reservations.services.reservation_extend).
+    extends = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="extensions"
+    )
     # Gateway usage during the reservation, copied from Redis by the tick.
     requests = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)
@@ -207,6 +212,7 @@ class NotificationEvent(models.TextChoices):
     RECOVERED = "recovered", "Your booking's model recovered"
     ENDED_EARLY = "ended_early", "Your booking was ended early"
     CANCELLED = "cancelled", "Your booking was cancelled"
+    CHANGED = "changed", "Your booking was moved by staff"
 
 
 def _calendar_token() -> str:

@@ -59,6 +59,13 @@ def _retrying_deadlocks(work: Callable[[], _T]) -> _T:
     raise AssertionError("unreachable")
 
 
+def _is_overlap(exc: IntegrityError) -> bool:
+    """The database refused an overlap: PostgreSQL's exclusion constraint, or SQLite's trigger."""
+    return getattr(exc.__cause__, "sqlstate", None) == EXCLUSION_VIOLATION or "reservation_no_overlap" in str(
+        exc
+    )
+
+
 def _hold_channel(channel_id: int) -> None:
     """Take the channel's row lock for the rest of the transaction.
 
@@ -98,8 +105,9 @@ def _iso(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def needs_approval(*, channel: Channel, exclusive: bool, user: Any) -> bool:
-    if user.is_staff:
+def needs_approval(*, channel: Channel, exclusive: bool, user: Any, by: Any = None) -> bool:
+    """Whether a booking by ``user`` (made by ``by``, if someone else) waits for approval (SPEC §5)."""
+    if user.is_staff or (by is not None and by.is_staff):
         return False
     if channel.approval_policy == ApprovalPolicy.ALL:
         return True
@@ -183,8 +191,10 @@ def reservation_create(
     preset: Preset | None = None,
     exclusive: bool = False,
     note: str = "",
+    by: Any = None,
 ) -> Reservation:
-    """Book ``[start, end)`` on ``channel``; raises ``ReservationConflict`` on overlap.
+    """Book ``[start, end)`` on ``channel`` for ``user`` (by ``by``, staff booking for
+    someone, when given); raises ``ReservationConflict`` on overlap.
 
     The overlap check and the insert run one booking of the channel at a time:
     in one ``BEGIN IMMEDIATE`` transaction on SQLite, under the channel's row
@@ -198,7 +208,7 @@ def reservation_create(
     validate_slot(
         channel=channel, start=start, end=end, now=now, model=model, preset=preset, exclusive=exclusive
     )
-    pending = needs_approval(channel=channel, exclusive=exclusive, user=user)
+    pending = needs_approval(channel=channel, exclusive=exclusive, user=user, by=by)
     status = ReservationStatus.PENDING if pending else ReservationStatus.APPROVED
 
     def book() -> Reservation:
@@ -223,9 +233,10 @@ def reservation_create(
                     note=note,
                     created=now,
                     decided_at=None if pending else now,
+                    decided_by=None if pending or by is None else by,
                 )
         except IntegrityError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) != EXCLUSION_VIOLATION:
+            if not _is_overlap(exc):
                 raise
             raise ReservationConflict(_first_conflict(channel, start, end)) from None
         if pending:
@@ -289,15 +300,29 @@ class NoChannelFits(ReservationConflict):
 def reservation_extend(*, reservation: Reservation, by: Any, end: datetime, now: datetime) -> Reservation:
     """Move the end of an active or future reservation later, when that time is free.
 
+    The added time is checked like a new booking of it (limits, quota, overlap).
+    Where the channel's policy would make a booking of it wait for approval, an
+    approved reservation keeps its approved part and gets a pending *extension*
+    (a reservation of ``[end, new end)`` that ``extends`` it) and the approvers
+    are told; otherwise, and for a pending reservation, the end itself moves.
+    Returns the reservation that holds the new end.
+
     Races with a new booking of the same minutes are settled like bookings:
     one at a time per channel (the IMMEDIATE transaction on SQLite, the
-    channel's row lock on PostgreSQL), with the exclusion constraint behind.
+    channel's row lock on PostgreSQL), with the database's rule behind.
     """
     if reservation.status not in BLOCKING_STATUSES or reservation.end <= now:
         raise InvalidTransition(f"cannot extend a reservation that is {reservation.status} or over")
+    asking = reservation.extensions.filter(status=ReservationStatus.PENDING).order_by("-end").first()
+    if asking is not None:
+        # One request at a time: asking for more moves the end of the pending extension.
+        return reservation_extend(reservation=asking, by=by, end=end, now=now)
     end = end.astimezone(UTC)
     if end <= reservation.end:
         raise InvalidInput("end", "the new end must be after the current end")
+    as_request = reservation.status == ReservationStatus.APPROVED and needs_approval(
+        channel=reservation.channel, exclusive=reservation.exclusive, user=reservation.user, by=by
+    )
 
     def grow() -> Reservation:
         _hold_channel(reservation.channel_id)
@@ -314,11 +339,27 @@ def reservation_extend(*, reservation: Reservation, by: Any, end: datetime, now:
             raise ReservationConflict(conflict)
         try:
             with transaction.atomic():
+                if as_request:
+                    extension = Reservation.objects.create(
+                        user=reservation.user,
+                        channel=reservation.channel,
+                        start=reservation.end,
+                        end=end,
+                        model=reservation.model,
+                        preset=reservation.preset,
+                        exclusive=reservation.exclusive,
+                        status=ReservationStatus.PENDING,
+                        note=reservation.note,
+                        extends=reservation,
+                        created=now,
+                    )
+                    _tell_approvers(extension)
+                    return extension
                 updated = Reservation.objects.filter(
                     pk=reservation.pk, status=reservation.status, end=reservation.end
                 ).update(end=end)
         except IntegrityError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) != EXCLUSION_VIOLATION:
+            if not _is_overlap(exc):
                 raise
             raise ReservationConflict(
                 _first_conflict(reservation.channel, reservation.end, end, exclude=reservation.pk)
@@ -330,18 +371,92 @@ def reservation_extend(*, reservation: Reservation, by: Any, end: datetime, now:
             enqueue_redecide(reservation.channel_id)
         return reservation
 
-    _retrying_deadlocks(grow)
-    return reservation
+    return _retrying_deadlocks(grow)
+
+
+def reservation_reschedule(
+    *, reservation: Reservation, by: Any, start: datetime, end: datetime, note: str, now: datetime
+) -> Reservation:
+    """Staff move a pending or approved reservation to ``[start, end)`` (the Django admin).
+
+    Checked like a booking of the new slot (limits, overlap, the database's rule
+    behind); the owner is told, and the channel re-decides.
+    """
+    if reservation.status not in BLOCKING_STATUSES:
+        raise InvalidTransition(f"cannot change a reservation that is {reservation.status}")
+    start, end = start.astimezone(UTC), end.astimezone(UTC)
+    moved = (start, end) != (reservation.start, reservation.end)
+    if moved:
+        if end <= start:
+            raise InvalidInput("end", "end must be after start")
+        if reservation.end <= now:
+            raise InvalidTransition("cannot move a reservation that is over")
+        if start != reservation.start and start < now - START_GRACE:
+            raise InvalidInput("start", "start is in the past; reservations are for the future")
+
+    def change() -> Reservation:
+        _hold_channel(reservation.channel_id)
+        if moved:
+            _check_limits(
+                user=reservation.user,
+                channel=reservation.channel,
+                start=start,
+                end=end,
+                now=min(now, start),
+                exclude=reservation.pk,
+            )
+            conflict = _first_conflict(reservation.channel, start, end, exclude=reservation.pk)
+            if conflict is not None:
+                raise ReservationConflict(conflict)
+        try:
+            with transaction.atomic():
+                updated = Reservation.objects.filter(
+                    pk=reservation.pk, status=reservation.status, start=reservation.start, end=reservation.end
+                ).update(start=start, end=end, note=note)
+        except IntegrityError as exc:
+            if not _is_overlap(exc):
+                raise
+            raise ReservationConflict(
+                _first_conflict(reservation.channel, start, end, exclude=reservation.pk)
+            ) from None
+        if not updated:
+            raise InvalidTransition("the reservation changed meanwhile; reload it and try again")
+        reservation.refresh_from_db()
+        if moved:
+            if by != reservation.user:
+                notify(
+                    user=reservation.user,
+                    event="changed",
+                    text=f"Your reservation of {reservation.channel} was moved by {by} to "
+                    f"{_iso(start)} – {_iso(end)}.",
+                    key=f"changed:{reservation.pk}:{_iso(start)}:{_iso(end)}",
+                )
+            if reservation.status == ReservationStatus.APPROVED:
+                enqueue_redecide(reservation.channel_id)
+        return reservation
+
+    return _retrying_deadlocks(change)
 
 
 def _tell_approvers(reservation: Reservation) -> None:
     staff = get_user_model().objects.filter(is_staff=True, is_active=True)
+    if reservation.extends_id is not None:
+        text = (
+            f"{reservation.user} asks to extend reservation {reservation.extends_id} of "
+            f"{reservation.channel} until {_iso(reservation.end)} (the added time: "
+            f"{_iso(reservation.start)} to {_iso(reservation.end)})."
+        )
+    else:
+        text = (
+            f"{reservation.user} asks for {reservation.channel} "
+            f"from {_iso(reservation.start)} to {_iso(reservation.end)}."
+        )
     for approver in staff:
         notify(
             user=approver,
             event="submitted",
-            text=f"{reservation.user} asks for {reservation.channel} "
-            f"from {_iso(reservation.start)} to {_iso(reservation.end)}.",
+            text=text,
+            link="/approvals/",
             key=f"submitted:{reservation.pk}",
         )
 

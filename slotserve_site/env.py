@@ -60,3 +60,20 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None or raw.strip() == "":
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+# Keys that placeholders, examples and tutorials use.
+_PLACEHOLDERS = ("change", "secret", "example", "placeholder", "insecure", "your-", "xxxx", "password")
+
+
+def secret_key_weakness(key: str) -> str:
+    """Why ``key`` is too weak to sign sessions with, or "" when it will do."""
+    if len(key) < 32:
+        return f"only {len(key)} characters long (at least 32 are needed)"
+    if len(set(key)) < 10:
+        return "made of too few different characters"
+    lowered = key.lower()
+    for word in _PLACEHOLDERS:
+        if word in lowered:
+            return f"a placeholder (it contains {word!r})"
+    return ""

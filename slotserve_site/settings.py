@@ -6,6 +6,7 @@ bad value stops start-up naming the variable (see ``slotserve_site.env``).
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
 from pathlib import Path
@@ -13,14 +14,24 @@ from pathlib import Path
 import dj_database_url
 import django_stubs_ext
 
-from slotserve_site.env import SettingError, env_bool, env_float, env_int, env_list, env_str
+from slotserve_site.env import (
+    SettingError,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+    secret_key_weakness,
+)
 
 # Lets Django's classes be written with their type parameters (``ModelAdmin[Node]``).
 django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("SLOTSERVE_DATA_DIR", str(BASE_DIR / "data"))).resolve()
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+# The database (sessions in it), run logs and the secret key live here: its owner's only.
+DATA_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+DATA_DIR.chmod(0o700)
 
 DEBUG = env_bool("SLOTSERVE_DEBUG", False)
 
@@ -29,17 +40,39 @@ def _secret_key() -> str:
     """The key from the environment, else one kept in the data directory."""
     from_env = env_str("SLOTSERVE_SECRET_KEY", "")
     if from_env:
+        weakness = secret_key_weakness(from_env)
+        if weakness:
+            raise SettingError(
+                f"SLOTSERVE_SECRET_KEY is {weakness}: use a long random string, e.g. the output of "
+                "python3 -c 'import secrets; print(secrets.token_urlsafe(50))'"
+            )
         return from_env
     key_file = DATA_DIR / "secret_key"
     if not key_file.exists():
-        key_file.write_text(secrets.token_urlsafe(50))
-        key_file.chmod(0o600)
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(50))
+    key_file.chmod(0o600)
     return key_file.read_text().strip()
 
 
 SECRET_KEY = _secret_key()
 ALLOWED_HOSTS = env_list("SLOTSERVE_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("SLOTSERVE_CSRF_TRUSTED_ORIGINS", [])
+
+# Behind a proxy that ends HTTPS (docs/deploy.md): secure cookies, HSTS, and the proxy's
+# X-Forwarded-Proto trusted, so Django knows the request came over HTTPS.
+SLOTSERVE_HTTPS = env_bool("SLOTSERVE_HTTPS", False)
+if SLOTSERVE_HTTPS:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_HSTS_SECONDS = env_int("SLOTSERVE_HSTS_SECONDS", 31_536_000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = False
+    SECURE_SSL_REDIRECT = env_bool("SLOTSERVE_SSL_REDIRECT", True)
+    # The node workers and health checks call plain HTTP inside the network.
+    SECURE_REDIRECT_EXEMPT = [r"^health$", r"^metrics$"]
+SESSION_COOKIE_HTTPONLY = True
 
 INSTALLED_APPS = [
     "daphne",
@@ -54,6 +87,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_celery_beat",
+    "axes",
     "channels",
     "channels_app",
     "reservations",
@@ -70,7 +104,24 @@ MIDDLEWARE = [
     "slotserve_site.middleware.UserTimezoneMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it answers a locked-out sign-in.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# --- Sign-in throttling (django-axes) -----------------------------------------
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out user and address
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_ENABLED = env_bool("SLOTSERVE_LOGIN_THROTTLE", True)
+AXES_FAILURE_LIMIT = env_int("SLOTSERVE_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = env_float("SLOTSERVE_LOGIN_LOCKOUT_MINUTES", 15, minimum=0.1) / 60  # hours
+# One account from one address: a colleague's typos do not lock out the whole lab.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_IPWARE_PROXY_COUNT = 1 if SLOTSERVE_HTTPS else 0
 
 ROOT_URLCONF = "slotserve_site.urls"
 WSGI_APPLICATION = "slotserve_site.wsgi.application"
@@ -215,11 +266,17 @@ if SLOTSERVE_FAKE_GPUS:
     except FakeGpuSpecError as exc:
         raise SettingError(str(exc)) from None
 SLOTSERVE_PROCESS_HOST = env_str("SLOTSERVE_PROCESS_HOST", "127.0.0.1")
+# More environment variables an inference process may inherit (docs/security.md).
+SLOTSERVE_PROCESS_ENV = env_list("SLOTSERVE_PROCESS_ENV", [])
 SLOTSERVE_MODEL_DIRS = env_list("SLOTSERVE_MODEL_DIRS", [])
 
 # Placement scorers' maximums (SPEC §7, like GPUStack's).
 SLOTSERVE_SCORE_PLACEMENT_MAX = env_float("SLOTSERVE_SCORE_PLACEMENT_MAX", 100.0)
 SLOTSERVE_SCORE_LOCALITY_MAX = env_float("SLOTSERVE_SCORE_LOCALITY_MAX", 100.0)
+
+# Booking limits of a channel that sets none of its own.
+SLOTSERVE_DEFAULT_MAX_BOOKING_HOURS = env_float("SLOTSERVE_DEFAULT_MAX_BOOKING_HOURS", 24, minimum=0.25)
+SLOTSERVE_DEFAULT_MAX_DAYS_AHEAD = env_int("SLOTSERVE_DEFAULT_MAX_DAYS_AHEAD", 60, minimum=1)
 
 # Prometheus: /metrics is open unless a token is set.
 SLOTSERVE_METRICS_TOKEN = env_str("SLOTSERVE_METRICS_TOKEN", "")
@@ -240,5 +297,9 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("SLOTSERVE_LOG_LEVEL", "INFO")},
     # One line per proxied request would cost the gateway more than the proxying.
-    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
+    "loggers": {
+        "httpx": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
+        "axes": {"level": "WARNING"},  # a line per sign-in otherwise; lockouts still show
+    },
 }

@@ -30,9 +30,13 @@ def node(name: str | None = None, *, gpus: int = 1, memory: int = 24 * GiB, **ex
     return created
 
 
-def llm(name: str | None = None, *, size: int = 4 * 10**9, backend: str = "llama.cpp") -> LLMModel:
+def llm(
+    name: str | None = None, *, size: int = 4 * 10**9, backend: str = "llama.cpp", path: str | None = None
+) -> LLMModel:
     label = name or f"model{next(_seq)}"
-    return LLMModel.objects.create(name=label, backend=backend, path=f"/models/{label}.gguf", size_bytes=size)
+    return LLMModel.objects.create(
+        name=label, backend=backend, path=path or f"/models/{label}.gguf", size_bytes=size
+    )
 
 
 def preset(model: LLMModel, name: str = "default", args: str = "") -> Preset:

@@ -22,6 +22,23 @@ CASES = [
         ["--mem-fraction-static", "0.8"],
     ),
     (Backend.SGLANG, ["-m", "keep"], ["-m", "keep"]),
+    # argparse (vLLM, SGLang) takes any unique prefix of a long option: an abbreviation of an
+    # owned option is owned too, for every backend.
+    (Backend.VLLM, ["--hos", "0.0.0.0", "--dtype", "half"], ["--dtype", "half"]),
+    (Backend.VLLM, ["--por=1", "--served-model", "x", "--ho=::"], []),
+    (Backend.SGLANG, ["--api-k", "mine", "--tp", "2"], ["--tp", "2"]),
+    (Backend.SGLANG, ["--model-pa", "p", "--served", "x", "y", "--conf", "c.yaml"], []),
+    (Backend.LLAMA_CPP, ["--hos", "0.0.0.0", "--al", "x", "-c", "256"], ["-c", "256"]),
+    # The run's secret is SlotServe's: a preset can neither replace it nor add a key of its own.
+    (Backend.LLAMA_CPP, ["--api-key", "k", "--api-key-file=/tmp/k", "-ngl", "9"], ["-ngl", "9"]),
+    (
+        Backend.VLLM,
+        ["--api-key=k", "--config", "mine.yaml", "--max-model-len", "8"],
+        ["--max-model-len", "8"],
+    ),
+    (Backend.VLLM, ["--h", "0.0.0.0", "--hf-token", "t"], ["--hf-token", "t"]),
+    # Not abbreviations: a longer option of its own, or a value.
+    (Backend.LLAMA_CPP, ["--model-url", "u", "-ngl", "-1"], ["--model-url", "u", "-ngl", "-1"]),
 ]
 
 

@@ -44,8 +44,8 @@ def test_model_or_whole_card(slot):
         )
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="the exclusion constraint exists on PostgreSQL")
-def test_postgres_refuses_overlapping_blocking_reservations(slot):
+def test_the_database_refuses_overlapping_blocking_reservations(slot):
+    """An exclusion constraint on PostgreSQL, triggers on SQLite: no code path can break it."""
     start = slot["start"]
     make(slot, start, start + timedelta(hours=2))
     with pytest.raises(IntegrityError, match="reservation_no_overlap"), transaction.atomic():
@@ -54,3 +54,49 @@ def test_postgres_refuses_overlapping_blocking_reservations(slot):
     make(slot, start + timedelta(hours=2), start + timedelta(hours=3))
     make(slot, start - timedelta(hours=1), start, status="approved")
     make(slot, start, start + timedelta(hours=1), status="cancelled")
+
+
+def _raw_insert(slot, start, end, status):
+    table = Reservation._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'INSERT INTO {table} (user_id, channel_id, start, "end", model_id, preset_id, exclusive, status, '
+            "reject_reason, note, created, requests, prompt_tokens, completion_tokens) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, '', '', %s, 0, 0, 0)",
+            [
+                slot["owner"].pk,
+                slot["channel"].pk,
+                start,
+                end,
+                slot["target"].model_id,
+                slot["target"].pk,
+                False,
+                status,
+                timezone.now(),
+            ],
+        )
+
+
+def test_raw_sql_cannot_write_an_overlap_either(slot):
+    start = slot["start"]
+    kept = make(slot, start, start + timedelta(hours=2))
+    with pytest.raises(IntegrityError, match="reservation_no_overlap"), transaction.atomic():
+        _raw_insert(slot, start + timedelta(minutes=30), start + timedelta(hours=1), "pending")
+    _raw_insert(slot, start + timedelta(minutes=30), start + timedelta(hours=1), "rejected")  # holds nothing
+    _raw_insert(slot, start + timedelta(hours=2), start + timedelta(hours=3), "approved")  # back to back
+    table = Reservation._meta.db_table
+    # An update that moves a reservation onto another, or revives a rejected one on top of it.
+    with pytest.raises(IntegrityError, match="reservation_no_overlap"), transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f'UPDATE {table} SET "end" = %s WHERE id = %s', [start + timedelta(hours=4), kept.pk]
+            )
+    with pytest.raises(IntegrityError, match="reservation_no_overlap"), transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"UPDATE {table} SET status = 'approved' WHERE status = 'rejected'")
+    # Another channel's time is its own.
+    other = factories.channel("other")
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET channel_id = %s WHERE status = 'rejected'", [other.pk])
+        cursor.execute(f"UPDATE {table} SET status = 'approved' WHERE status = 'rejected'")
+    assert Reservation.objects.filter(channel=other, status="approved").count() == 1

@@ -71,3 +71,14 @@ def test_dockerfile_copies_every_package():
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
     for package in ("slotserve_site", "channels_app", "reservations", "gateway", "templates"):
         assert f"COPY {package} {package}" in dockerfile
+
+
+def test_redis_and_postgres_are_not_published_to_everyone_and_redis_has_a_password():
+    for name in ("redis", "postgres"):
+        for mapping in SERVICES[name].get("ports", []):
+            # host address:host port:container port — never a bare "6379:6379" (every interface)
+            assert mapping.count(":") == 2 and mapping.startswith("${SLOTSERVE_PRIVATE_ADDRESS}:"), mapping
+    assert "--requirepass" in SERVICES["redis"]["command"]
+    redis_url = COMPOSE["x-slotserve"]["environment"]["SLOTSERVE_REDIS_URL"]
+    assert redis_url.startswith("redis://:${REDIS_PASSWORD}@"), redis_url
+    assert COMPOSE["x-slotserve"]["environment"]["SLOTSERVE_HTTPS"].startswith("${SLOTSERVE_HTTPS")
