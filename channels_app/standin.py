@@ -11,7 +11,8 @@ It accepts the command lines SlotServe gives each backend, answers
 does not exist, and with an API key (``--api-key``, ``LLAMA_API_KEY`` in the
 llama.cpp form, ``VLLM_API_KEY`` in the vLLM form, or ``api-key:`` in a
 ``--config`` file as SGLang reads it) it answers every request but
-``/health`` and ``/v1/models`` with 401 unless the key is sent. Options, given in a preset, make it misbehave on purpose:
+``/health`` and ``/v1/models`` with 401 unless the key is sent.
+Options, given in a preset, make it misbehave on purpose:
 
     --standin-load-seconds S   /health answers 503 for S seconds (default 0.2)
     --standin-hang             never becomes healthy

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import signal
+import sys
 from typing import Any
 
 import pytest
@@ -8,6 +10,8 @@ from rest_framework.test import APIClient
 import channels_app.tasks
 from slotserve_site.celery import app as celery_app
 from tests import factories
+
+STANDIN = f"{sys.executable} -m channels_app.standin"
 
 
 @pytest.fixture(autouse=True)
@@ -108,3 +112,31 @@ def tiny_gguf(tmp_path_factory):
     from channels_app.tinymodel import write_tiny_llama
 
     return write_tiny_llama(tmp_path_factory.mktemp("models") / "tiny.gguf")
+
+
+@pytest.fixture
+def node_env(settings, tmp_path, llama_server_bin):
+    settings.DATA_DIR = tmp_path
+    settings.SLOTSERVE_LLAMA_SERVER = llama_server_bin
+    settings.SLOTSERVE_VLLM = STANDIN
+    settings.SLOTSERVE_SGLANG = STANDIN
+    settings.SLOTSERVE_FAKE_GPUS = "1x24GiB"
+    yield
+    # Stop whatever a failing test left running.
+    from channels_app import processes
+    from channels_app.models import ChannelRuntime
+
+    for runtime in ChannelRuntime.objects.exclude(pid=None):
+        processes.send(runtime.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def tiny(tiny_gguf):
+    model = factories.llm("tiny", size=tiny_gguf.stat().st_size)
+    model.path = str(tiny_gguf)
+    model.save()
+    return {
+        "model": model,
+        "small": factories.preset(model, "small", "-c 256 --port 1 -t 1"),
+        "big": factories.preset(model, "big", "-c 512 -t 1"),
+    }

@@ -60,8 +60,8 @@ def _raw_insert(slot, start, end, status):
     table = Reservation._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f'INSERT INTO {table} (user_id, channel_id, start, "end", model_id, preset_id, exclusive, status, '
-            "reject_reason, note, created, requests, prompt_tokens, completion_tokens) "
+            f'INSERT INTO {table} (user_id, channel_id, start, "end", model_id, preset_id, exclusive, '
+            "status, reject_reason, note, created, requests, prompt_tokens, completion_tokens) "
             "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, '', '', %s, 0, 0, 0)",
             [
                 slot["owner"].pk,
@@ -86,14 +86,12 @@ def test_raw_sql_cannot_write_an_overlap_either(slot):
     _raw_insert(slot, start + timedelta(hours=2), start + timedelta(hours=3), "approved")  # back to back
     table = Reservation._meta.db_table
     # An update that moves a reservation onto another, or revives a rejected one on top of it.
-    with pytest.raises(IntegrityError, match="reservation_no_overlap"), transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f'UPDATE {table} SET "end" = %s WHERE id = %s', [start + timedelta(hours=4), kept.pk]
-            )
-    with pytest.raises(IntegrityError, match="reservation_no_overlap"), transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(f"UPDATE {table} SET status = 'approved' WHERE status = 'rejected'")
+    overlap = pytest.raises(IntegrityError, match="reservation_no_overlap")
+    with overlap, transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f'UPDATE {table} SET "end" = %s WHERE id = %s', [start + timedelta(hours=4), kept.pk])
+    overlap = pytest.raises(IntegrityError, match="reservation_no_overlap")
+    with overlap, transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET status = 'approved' WHERE status = 'rejected'")
     # Another channel's time is its own.
     other = factories.channel("other")
     with connection.cursor() as cursor:

@@ -26,19 +26,6 @@ from tests import factories
 STANDIN = f"{sys.executable} -m channels_app.standin"
 
 
-@pytest.fixture
-def node_env(settings, tmp_path, llama_server_bin):
-    settings.DATA_DIR = tmp_path
-    settings.SLOTSERVE_LLAMA_SERVER = llama_server_bin
-    settings.SLOTSERVE_VLLM = STANDIN
-    settings.SLOTSERVE_SGLANG = STANDIN
-    settings.SLOTSERVE_FAKE_GPUS = "1x24GiB"
-    yield
-    # Stop whatever a failing test left running.
-    for runtime in ChannelRuntime.objects.exclude(pid=None):
-        processes.send(runtime.pid, signal.SIGKILL)
-
-
 def converge(
     channel, *, until: set[Phase], now: datetime | None = None, timeout: float = 30
 ) -> ChannelRuntime:
@@ -60,18 +47,6 @@ def phase_after(channel, now: datetime) -> Phase:
     state = worker.reconcile(channel_id=channel.pk, now=now)
     assert state is not None, "another reconcile held the channel"
     return state.phase
-
-
-@pytest.fixture
-def tiny(tiny_gguf):
-    model = factories.llm("tiny", size=tiny_gguf.stat().st_size)
-    model.path = str(tiny_gguf)
-    model.save()
-    return {
-        "model": model,
-        "small": factories.preset(model, "small", "-c 256 --port 1 -t 1"),
-        "big": factories.preset(model, "big", "-c 512 -t 1"),
-    }
 
 
 @pytest.mark.django_db(transaction=True)

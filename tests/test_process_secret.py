@@ -17,7 +17,7 @@ from channels_app.lifecycle import Phase
 from channels_app.models import ChannelRuntime
 from channels_app.services import decide_channels
 from tests import factories
-from tests.test_node_worker import converge, node_env, tiny  # noqa: F401  (fixtures)
+from tests.test_node_worker import converge
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
