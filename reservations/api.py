@@ -56,6 +56,7 @@ class ReservationOutput(serializers.ModelSerializer[Reservation]):
             "preset",
             "exclusive",
             "status",
+            "extends",
             "reject_reason",
             "note",
             "created",
@@ -152,10 +153,13 @@ class ReservationViewSet(
     def extend(self, request: Request, pk: str | None = None) -> Response:
         data = ExtendInput(data=request.data)
         data.is_valid(raise_exception=True)
-        reservation = services.reservation_extend(
-            reservation=self.get_object(), by=request.user, end=data.validated_data["end"], now=timezone.now()
+        extended = self.get_object()
+        holder = services.reservation_extend(
+            reservation=extended, by=request.user, end=data.validated_data["end"], now=timezone.now()
         )
-        return Response(ReservationOutput(reservation).data)
+        # 202: the added time is a pending extension (its own reservation) that waits for approval.
+        status = 202 if holder.pk != extended.pk else 200
+        return Response(ReservationOutput(holder).data, status=status)
 
     @action(detail=False, methods=["get"])
     def hints(self, request: Request) -> Response:

@@ -150,9 +150,12 @@ def extend(request: HttpRequest, pk: int) -> HttpResponse:
         return redirect("portal:my_reservations")
 
     def act(r: Reservation) -> Reservation:
-        return services.reservation_extend(
+        holder = services.reservation_extend(
             reservation=r, by=request.user, end=form.cleaned_data["end"], now=timezone.now()
         )
+        if holder.pk != r.pk:
+            messages.info(request, "The extension awaits approval; the booked time stays approved.")
+        return holder
 
     return _reservation_action(request, pk, act, "Reservation extended.")
 

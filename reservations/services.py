@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -133,7 +133,12 @@ def limits_of(channel: Channel) -> BookingLimits:
 
 
 def held_slots(
-    *, user: Any, channel: Channel, start: datetime, end: datetime, exclude: int | None = None
+    *,
+    user: Any,
+    channel: Channel,
+    start: datetime,
+    end: datetime,
+    exclude: int | Collection[int] | None = None,
 ) -> list[tuple[datetime, datetime]]:
     """The user's pending and approved slots on ``channel`` in the quota weeks of ``[start, end)``."""
     weeks_from, weeks_to = week_of(start), week_of(end) + timedelta(days=7)
@@ -141,12 +146,29 @@ def held_slots(
         Reservation.objects.blocking().filter(user=user, channel=channel).overlapping(weeks_from, weeks_to)
     )
     if exclude is not None:
-        found = found.exclude(pk=exclude)
+        found = found.exclude(pk__in=[exclude] if isinstance(exclude, int) else exclude)
     return list(found.values_list("start", "end"))
 
 
+def _whole_booking(reservation: Reservation) -> list[Reservation]:
+    """The reservation and the ones it extends, oldest first: one booking for the limits."""
+    chain = [reservation]
+    while chain[0].extends_id is not None and len(chain) < 100:
+        parent = chain[0].extends
+        if parent is None or parent.status not in BLOCKING_STATUSES or parent.end != chain[0].start:
+            break
+        chain.insert(0, parent)
+    return chain
+
+
 def _check_limits(
-    *, user: Any, channel: Channel, start: datetime, end: datetime, now: datetime, exclude: int | None = None
+    *,
+    user: Any,
+    channel: Channel,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    exclude: int | Collection[int] | None = None,
 ) -> None:
     limits = limits_of(channel)
     refusal = check_length_and_horizon(start=start, end=end, now=now, limits=limits)
@@ -324,15 +346,18 @@ def reservation_extend(*, reservation: Reservation, by: Any, end: datetime, now:
         channel=reservation.channel, exclusive=reservation.exclusive, user=reservation.user, by=by
     )
 
+    booking = _whole_booking(reservation)
+
     def grow() -> Reservation:
         _hold_channel(reservation.channel_id)
+        # The limits see the whole booking, the approved part and its extensions, as one.
         _check_limits(
             user=reservation.user,
             channel=reservation.channel,
-            start=reservation.start,
+            start=booking[0].start,
             end=end,
-            now=min(now, reservation.start),
-            exclude=reservation.pk,
+            now=min(now, booking[0].start),
+            exclude=[part.pk for part in booking],
         )
         conflict = _first_conflict(reservation.channel, reservation.end, end, exclude=reservation.pk)
         if conflict is not None:

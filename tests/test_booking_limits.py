@@ -144,3 +144,67 @@ def test_past_reservations_cannot_be_extended(limited, ana):
         answer = client.post(f"/api/reservations/{old.pk}/extend", {"end": iso(T0)})
     assert answer.status_code == 409
     assert "over" in answer.data["message"]
+
+
+@pytest.fixture
+def needs_approval(limited):
+    limited["channel"].approval_policy = "all"
+    limited["channel"].save()
+    return limited
+
+
+def test_extending_an_approved_booking_asks_for_the_added_time(
+    needs_approval, ana, ana_api, staff, staff_api
+):
+    """Staff approve one hour; the owner cannot make it more without approval (docs/security.md)."""
+    with time_machine.travel(T0, tick=False):
+        made = post(ana_api, needs_approval, T0 + HOUR, T0 + 2 * HOUR).data
+        assert made["status"] == "pending"
+        assert staff_api.post(f"/api/reservations/{made['id']}/approve").status_code == 200
+        asked = ana_api.post(f"/api/reservations/{made['id']}/extend", {"end": iso(T0 + 3 * HOUR)})
+        assert asked.status_code == 202, asked.data
+        assert asked.data["status"] == "pending" and asked.data["extends"] == made["id"]
+        assert (asked.data["start"], asked.data["end"]) == (iso(T0 + 2 * HOUR), iso(T0 + 3 * HOUR))
+        # The approved part stays approved, with its own end.
+        kept = Reservation.objects.get(pk=made["id"])
+        assert kept.status == "approved" and kept.end == T0 + 2 * HOUR
+        told = staff.notifications.get(key=f"submitted:{asked.data['id']}")
+        assert f"extend reservation {made['id']}" in told.text
+        # The added time is held: nobody else can book it meanwhile.
+        assert post(staff_api, needs_approval, T0 + 2 * HOUR, T0 + 3 * HOUR).status_code == 409
+        # Asking again moves the pending extension; limits still count the whole booking.
+        too_long = ana_api.post(f"/api/reservations/{made['id']}/extend", {"end": iso(T0 + 4 * HOUR)})
+        assert too_long.status_code == 400 and "at most" in too_long.data["message"]
+        # Approved, it runs on from the booked hour with the same model: no reload.
+        assert staff_api.post(f"/api/reservations/{asked.data['id']}/approve").status_code == 200
+        assert Reservation.objects.get(pk=asked.data["id"]).status == "approved"
+
+
+def test_extending_respects_the_quota_when_it_asks(needs_approval, ana_api, staff_api):
+    channel = needs_approval["channel"]
+    channel.weekly_quota_hours = Decimal(2)
+    channel.max_booking_minutes = None
+    channel.save()
+    with time_machine.travel(T0, tick=False):
+        made = post(ana_api, needs_approval, T0 + HOUR, T0 + 2 * HOUR).data
+        staff_api.post(f"/api/reservations/{made['id']}/approve")
+        over = ana_api.post(f"/api/reservations/{made['id']}/extend", {"end": iso(T0 + 4 * HOUR)})
+        assert over.status_code == 400 and "weekly quota" in over.data["message"]
+        assert Reservation.objects.count() == 1
+
+
+def test_staff_extend_at_once_and_channels_without_approval_extend_in_place(limited, ana_api, staff_api):
+    with time_machine.travel(T0, tick=False):
+        made = post(ana_api, limited, T0 + HOUR, T0 + 2 * HOUR).data
+        assert made["status"] == "approved"
+        grown = ana_api.post(f"/api/reservations/{made['id']}/extend", {"end": iso(T0 + 3 * HOUR)})
+        assert (
+            grown.status_code == 200 and grown.data["id"] == made["id"] and grown.data["status"] == "approved"
+        )
+        limited["channel"].approval_policy = "all"
+        limited["channel"].max_booking_minutes = None
+        limited["channel"].save()
+        by_staff = staff_api.post(
+            f"/api/reservations/{made['id']}/extend", {"end": iso(T0 + 3 * HOUR + HOUR / 2)}
+        )
+        assert by_staff.status_code == 200 and by_staff.data["id"] == made["id"]
