@@ -146,6 +146,10 @@ OOM_PATTERNS = re.compile(
 )
 
 
+# How the node worker's record of a launch that never ran begins (channels_app.worker._launch).
+LAUNCH_FAILED = "could not start"
+
+
 def explain_failure(*, exit_code: int | None, log_tail: str, timed_out_after: float | None = None) -> str:
     """A failed run's reason in plain words, from its exit and its own output."""
     if OOM_PATTERNS.search(log_tail):
@@ -157,6 +161,8 @@ def explain_failure(*, exit_code: int | None, log_tail: str, timed_out_after: fl
         return f"The model was not ready within {timed_out_after:g} s (SLOTSERVE_LOAD_TIMEOUT_SECONDS)."
     last = [line for line in log_tail.strip().splitlines() if line.strip()][-3:]
     tail = (" Last output: " + " | ".join(last)) if last else ""
+    if exit_code is None and last and last[-1].startswith(LAUNCH_FAILED):
+        return f"The process could not be started: {last[-1][len(LAUNCH_FAILED) :].strip()}"
     if exit_code is None:
         return "The process is gone (killed or crashed)." + tail
     if exit_code < 0:

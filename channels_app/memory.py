@@ -174,8 +174,9 @@ def read_gguf_shape(path: str | Path) -> ModelShape:
 
     try:
         reader = gguf.GGUFReader(str(path))
-    except (OSError, ValueError) as exc:
-        raise ShapeUnreadable(f"{path}: {exc}") from None
+    # A truncated or foreign file breaks the reader in several ways (an empty array, a short read).
+    except (OSError, ValueError, IndexError, KeyError, TypeError) as exc:
+        raise ShapeUnreadable(f"{path}: not a readable GGUF file ({exc})") from None
 
     def field(name: str, default: int | None = None) -> int | None:
         found = reader.fields.get(name)

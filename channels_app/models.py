@@ -6,6 +6,7 @@ import shlex
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -104,9 +105,43 @@ class Preset(models.Model):
     def __str__(self) -> str:
         return f"{self.model.name}/{self.name}"
 
+    def clean(self) -> None:
+        """The rule every edge shares (API, admin): the arguments split like a shell would."""
+        error = preset_args_error(self.args)
+        if error:
+            raise ValidationError({"args": error})
+
+    @property
+    def args_error(self) -> str:
+        """Why the stored arguments cannot be used ("" when they can)."""
+        return preset_args_error(self.args)
+
+    @property
+    def args_list(self) -> list[str]:
+        """The arguments as written; raises ``ValueError`` when they do not split."""
+        return split_preset_args(self.args)
+
     @property
     def args_effective(self) -> list[str]:
-        return effective_args(Backend(self.model.backend), shlex.split(self.args))
+        """The arguments without the owned ones; none when they do not split (see ``args_error``)."""
+        if self.args_error:
+            return []
+        return effective_args(Backend(self.model.backend), self.args_list)
+
+
+def split_preset_args(args: str) -> list[str]:
+    """``args`` split like a shell would (never run by one); ``ValueError`` says what is wrong."""
+    if "\0" in args:
+        raise ValueError("the arguments contain a NUL character")
+    return shlex.split(args)
+
+
+def preset_args_error(args: str) -> str:
+    try:
+        split_preset_args(args)
+    except ValueError as exc:
+        return f"cannot split the arguments like a shell would: {exc}"
+    return ""
 
 
 class ApprovalPolicy(models.TextChoices):

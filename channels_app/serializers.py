@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Any
 
 from django.utils import timezone
 from rest_framework import serializers
 
-from channels_app.models import Channel, Gpu, LLMModel, ModelFile, Node, Preset
+from channels_app.models import Channel, Gpu, LLMModel, ModelFile, Node, Preset, preset_args_error
 from channels_app.scheduling import Decision, PlanSegment, Target
 from slotserve_site.api_fields import IdOrNameField
 
@@ -237,11 +236,12 @@ class ModelFileSerializer(serializers.ModelSerializer[ModelFile]):
 class PresetSerializer(serializers.ModelSerializer[Preset]):
     model = IdOrNameField(queryset=LLMModel.objects.all())
     args_effective = serializers.ListField(child=serializers.CharField(), read_only=True)
+    args_error = serializers.CharField(read_only=True)
     memory = serializers.SerializerMethodField()
 
     class Meta:
         model = Preset
-        fields = ["id", "model", "name", "args", "args_effective", "memory"]
+        fields = ["id", "model", "name", "args", "args_effective", "args_error", "memory"]
 
     def get_memory(self, preset: Preset) -> dict[str, Any]:
         """The GPU memory estimate in bytes, or why there is none (the file is not on this machine)."""
@@ -256,8 +256,7 @@ class PresetSerializer(serializers.ModelSerializer[Preset]):
         return estimate.as_dict()
 
     def validate_args(self, value: str) -> str:
-        try:
-            shlex.split(value)
-        except ValueError as exc:
-            raise serializers.ValidationError(f"cannot split the arguments: {exc}") from None
+        error = preset_args_error(value)  # the model's rule (Preset.clean), shared with the admin
+        if error:
+            raise serializers.ValidationError(error)
         return value

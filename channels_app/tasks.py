@@ -7,6 +7,7 @@ node worker.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import shared_task
@@ -15,6 +16,8 @@ from django.utils import timezone
 
 from channels_app import services
 from channels_app.lifecycle import ProcessState
+
+log = logging.getLogger(__name__)
 
 TICK_TASK = "channels_app.tasks.scheduler_tick"
 
@@ -74,10 +77,20 @@ def node_tick(node_name: str) -> int:
     from channels_app.models import Channel
 
     now = timezone.now()
-    worker.heartbeat(node_name=node_name, now=now)
+    try:
+        worker.heartbeat(node_name=node_name, now=now)
+    except Exception:  # the channels still need their reconcile; the next tick retries
+        log.exception("node %s: the heartbeat failed", node_name)
     channel_ids = list(Channel.objects.filter(node__name=node_name).values_list("pk", flat=True))
     for channel_id in channel_ids:
-        state = worker.reconcile(channel_id=channel_id, now=timezone.now())
+        # One channel's error never stops the node's other channels.
+        try:
+            state = worker.reconcile(channel_id=channel_id, now=timezone.now())
+        except Exception:
+            log.exception(
+                "node %s: reconciling channel %s failed; the other channels go on", node_name, channel_id
+            )
+            continue
         _follow_up(channel_id, state, node_name)
     return len(channel_ids)
 

@@ -25,6 +25,7 @@ from django.db import transaction
 from channels_app import discovery, gpus, live, processes
 from channels_app.backends import Backend
 from channels_app.lifecycle import (
+    LAUNCH_FAILED,
     Failure,
     Kill,
     LoadFinished,
@@ -226,33 +227,40 @@ def observe(runtime: ChannelRuntime, channel: Channel, now: datetime) -> Observe
 
 
 def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: datetime) -> None:
+    """Start the target's process; a target that cannot be launched fails like a failed load."""
     model = LLMModel.objects.get(pk=target.model_id)
-    preset = Preset.objects.get(pk=target.preset_id) if target.preset_id else None
+    preset = Preset.objects.filter(pk=target.preset_id).first() if target.preset_id else None
     backend = Backend(model.backend)
     executable = executable_for(backend)
-    launch = processes.Launch(
-        backend=backend,
-        executable=executable,
-        model_path=model.path,
-        alias=model.name,
-        preset_args=shlex.split(preset.args) if preset else [],
-        gpu_indexes=list(channel.gpu_indexes),
-        host=settings.SLOTSERVE_PROCESS_HOST,
-        log_dir=Path(settings.DATA_DIR) / "runs" / channel.name,
-        extra_env=settings.SLOTSERVE_PROCESS_ENV,
-    )
+    log_dir = Path(settings.DATA_DIR) / "runs" / channel.name
     runtime.load = LoadRecord.objects.create(
         model=model, preset=preset, node=channel.node, channel=channel, started=now
     )
-    runtime.host = launch.host
+    runtime.host = settings.SLOTSERVE_PROCESS_HOST
     try:
+        if target.preset_id and preset is None:
+            raise ValueError(f"preset {target.preset_id} of {model.name} was deleted")
+        launch = processes.Launch(
+            backend=backend,
+            executable=executable,
+            model_path=model.path,
+            alias=model.name,
+            preset_args=preset.args_list if preset else [],
+            gpu_indexes=list(channel.gpu_indexes),
+            host=runtime.host,
+            log_dir=log_dir,
+            extra_env=settings.SLOTSERVE_PROCESS_ENV,
+        )
         started = processes.start(launch)
-    except OSError as exc:
-        # Recorded in the run's log; the next step sees no process and fails the load with it.
-        log.warning("channel %s: could not start %s: %s", channel.name, executable, exc)
+    except (OSError, ValueError) as exc:
+        # Recorded in a log of its own; the next step sees no process and fails the load with it
+        # (error shown, retries and fallback as for any failed load).
+        what = f"preset {preset}" if isinstance(exc, ValueError) and preset else executable
+        log.warning("channel %s: could not start %s: %s", channel.name, what, exc)
         runtime.run_id, runtime.pid, runtime.port, runtime.api_secret = "", None, None, ""
-        runtime.log_path = str(launch.log_dir / "start-failure.log")
-        Path(runtime.log_path).write_text(f"could not start {executable}: {exc}\n")
+        processes.private_dir(log_dir)
+        runtime.log_path = str(log_dir / "start-failure.log")
+        Path(runtime.log_path).write_text(f"{LAUNCH_FAILED} {what}: {exc}\n")
         return
     runtime.run_id, runtime.pid, runtime.port = started.run_id, started.pid, started.port
     runtime.api_secret = started.secret

@@ -98,7 +98,8 @@ def test_the_standin_for_vllm_and_sglang_gets_its_secret_without_the_command_lin
     runtime = converge(channel, until={Phase.READY})
     log = Path(runtime.log_path).read_text()
     assert f"listening on 127.0.0.1:{runtime.port}" in log, log
-    assert "--hos" not in log.splitlines()[0] and "known" not in log.splitlines()[0]
+    command = log.splitlines()[0].split()
+    assert "--hos" not in command and "--api-k" not in command and "known" not in command
     assert _chat(runtime.port, None).status_code == 401
     assert _chat(runtime.port, "known").status_code == 401
     assert _chat(runtime.port, runtime.api_secret).status_code == 200
