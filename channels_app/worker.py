@@ -9,6 +9,7 @@ finds the channel's lock taken and leaves it to the first.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import shlex
 import shutil
@@ -22,7 +23,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from channels_app import discovery, gpus, live, processes
+from channels_app import discovery, gpus, live, locks, processes
 from channels_app.backends import Backend
 from channels_app.lifecycle import (
     LAUNCH_FAILED,
@@ -50,22 +51,31 @@ from channels_app.models import (
     Preset,
 )
 from channels_app.scheduling import Reason, Target
-from gateway.counters import GATE, INFLIGHT, key
+from gateway.counters import GATE, in_flight_counts, key
 
 log = logging.getLogger(__name__)
 
 SERVES_RESERVATION = {Reason.ACTIVE_RESERVATION, Reason.PRELOAD_NEXT, Reason.SKIP_DEFAULT_SHORT_GAP}
-LOCK_SECONDS = 60
+# A reconcile holds its channel's lock for this long, renewed while it runs (channels_app.locks):
+# a worker that dies holding it frees the channel within the lock time, less than a tick.
+LOCK_SECONDS = 2.0
+# A closed gate outlives a worker that died while switching, but not forever.
+GATE_SECONDS = 600
 
 
 def redis_client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    """This process's client of SlotServe's Redis: one connection pool, shared."""
+    return _client_for(settings.REDIS_URL)
+
+
+@functools.cache
+def _client_for(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
 
 
 def in_flight(channel_id: int) -> int:
     """Requests the gateway has admitted to the channel and not yet finished."""
-    value = redis_client().get(key(INFLIGHT, channel_id))
-    return int(value) if value else 0
+    return in_flight_counts(redis_client(), [channel_id])[channel_id]
 
 
 def publish_gate(channel_id: int, state: ProcessState, wanted: Wanted, now: datetime) -> None:
@@ -82,7 +92,7 @@ def publish_gate(channel_id: int, state: ProcessState, wanted: Wanted, now: date
     )
     gate = key(GATE, channel_id)
     if switching:
-        redis_client().set(gate, "1", ex=LOCK_SECONDS * 10)
+        redis_client().set(gate, "1", ex=GATE_SECONDS)
     else:
         redis_client().delete(gate)
 
@@ -324,28 +334,30 @@ def reconcile(*, channel_id: int, now: datetime) -> ProcessState | None:
 
     Returns the new state, or None when another reconcile holds the channel.
     """
-    lock = redis_client().lock(key("reconcile", channel_id), timeout=LOCK_SECONDS, blocking=False)
-    if not lock.acquire():
-        return None
-    try:
-        channel = Channel.objects.select_related("node").get(pk=channel_id)
-        runtime, _ = ChannelRuntime.objects.get_or_create(channel=channel)
-        target_row = ChannelTarget.objects.select_related("reservation__user").filter(channel=channel).first()
-        before = state_of(runtime)
-        wanted = wanted_of(channel, target_row)
-        publish_gate(channel.pk, before, wanted, now)
-        result = step(before, wanted, observe(runtime, channel, now), now)
-        if result.state.phase != before.phase:
-            log.info("channel %s: %s → %s", channel.name, before.phase, result.state.phase)
-            live.announce([channel_id], result.state.phase.value)
-        act(result.actions, runtime, channel, target_row, now)
-        after = result.state
-        if any(isinstance(a, Start) for a in result.actions):
-            after = dataclasses.replace(after, pid=runtime.pid)  # known once the process runs
-        store(runtime, after)
-        return after
-    finally:
-        lock.release()
+    ttl = min(LOCK_SECONDS, float(settings.SLOTSERVE_TICK_SECONDS))
+    with locks.held(redis_client(), key("reconcile", channel_id), ttl) as mine:
+        if not mine:
+            return None
+        return _reconcile(channel_id, now)
+
+
+def _reconcile(channel_id: int, now: datetime) -> ProcessState:
+    channel = Channel.objects.select_related("node").get(pk=channel_id)
+    runtime, _ = ChannelRuntime.objects.get_or_create(channel=channel)
+    target_row = ChannelTarget.objects.select_related("reservation__user").filter(channel=channel).first()
+    before = state_of(runtime)
+    wanted = wanted_of(channel, target_row)
+    publish_gate(channel.pk, before, wanted, now)
+    result = step(before, wanted, observe(runtime, channel, now), now)
+    if result.state.phase != before.phase:
+        log.info("channel %s: %s → %s", channel.name, before.phase, result.state.phase)
+        live.announce([channel_id], result.state.phase.value)
+    act(result.actions, runtime, channel, target_row, now)
+    after = result.state
+    if any(isinstance(a, Start) for a in result.actions):
+        after = dataclasses.replace(after, pid=runtime.pid)  # known once the process runs
+    store(runtime, after)
+    return after
 
 
 def stop_local_processes(*, node_name: str, timeout: float) -> int:

@@ -1,19 +1,31 @@
 """Facts the gateway and the node workers share through Redis, exact at every request.
 
-``<prefix>:inflight:<channel>``  requests admitted and not yet finished
+``<prefix>:inflight:<channel>``  requests admitted and not yet finished: a sorted set of
+                                 request ids, each scored with the moment it expires
 ``<prefix>:gate:<channel>``      set by the node worker when the channel's target changed:
                                  new requests get ``503 model_switching``
 ``<prefix>:usage:*``             requests and tokens per reservation and per user
 
-Admission reads the gate and increments the in-flight count in one atomic
-script, and the node worker closes the gate *before* it reads the count: a
-request is either counted before the gate closed, or refused, so no request is
-admitted to a process being stopped.
+Admission reads the gate and adds the request in one atomic script, and the
+node worker closes the gate *before* it reads the count: a request is either
+counted before the gate closed, or refused, so no request is admitted to a
+process being stopped.
+
+The count heals itself. A counter that is incremented and decremented stays
+wrong forever once one step is lost (a Redis restart mid-stream, a gateway
+killed with requests in flight). Instead each request is one entry that
+expires ``INFLIGHT_TTL_SECONDS`` after it was last refreshed; the gateway
+refreshes the entries of its live requests every third of that, re-adding any
+that Redis lost, and the count is the entries not yet expired (by Redis' own
+clock, which every gateway and node worker share).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -31,17 +43,76 @@ def key(kind: str, ident: object) -> str:
 INFLIGHT, GATE = "inflight", "gate"
 USAGE_RESERVATION, USAGE_USER = "usage:reservation", "usage:user"
 
+# An in-flight entry lives this long unless its gateway refreshes it (every third of it).
+INFLIGHT_TTL_SECONDS = 15.0
 
-# Count a request in, unless its channel's gate is closed: one round trip, and atomic.
-ENTER = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-redis.call('INCR', KEYS[1])
-return 1
+log = logging.getLogger(__name__)
+
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 """
 
-# Count an answer: KEYS status hash, TTFT hash, then the in-flight count and the usage hashes
+# Count a request in, unless its channel's gate is closed: one round trip, and atomic.
+# ARGV: request id, entry lifetime in seconds.
+ENTER = (
+    _NOW
+    + """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2])) + 1)
+return 1
+"""
+)
+
+# Keep live requests counted: KEYS the gateway's marker, then in-flight sets; ARGV lifetime,
+# then one request id per set. While the marker stands, only entries still there are renewed
+# (ZADD XX), so a request counted out meanwhile is not counted in again; a missing marker
+# means Redis lost its data (a restart), and every live request is added back.
+REFRESH = (
+    _NOW
+    + """
+local ttl = tonumber(ARGV[1])
+local lost = redis.call('EXISTS', KEYS[1]) == 0
+for i = 2, #KEYS do
+  if lost then
+    redis.call('ZADD', KEYS[i], now + ttl, ARGV[i])
+  else
+    redis.call('ZADD', KEYS[i], 'XX', now + ttl, ARGV[i])
+  end
+  redis.call('EXPIRE', KEYS[i], math.ceil(ttl) + 1)
+end
+redis.call('SET', KEYS[1], '1', 'EX', math.ceil(ttl * 2))
+return lost and 1 or 0
+"""
+)
+
+# The live entries of each in-flight set in KEYS (expired ones are dropped on the way).
+COUNT = (
+    _NOW
+    + """
+local counts = {}
+for i = 1, #KEYS do
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+  counts[i] = redis.call('ZCARD', KEYS[i])
+end
+return counts
+"""
+)
+
+
+def in_flight_counts(client: Any, channel_ids: Iterable[int]) -> dict[int, int]:
+    """Requests in flight per channel, for the node workers and /metrics (a sync Redis client)."""
+    ids = list(channel_ids)
+    if not ids:
+        return {}
+    counts = client.eval(COUNT, len(ids), *[key(INFLIGHT, i) for i in ids])
+    return {i: int(c) for i, c in zip(ids, counts, strict=True)}
+
+
+# Count an answer: KEYS status hash, TTFT hash, then the in-flight set and the usage hashes
 # (user, reservation) when ARGV[1] is 1; ARGV status, TTFT bucket, TTFT seconds, prompt and
-# completion tokens ('' where not known).
+# completion tokens ('' where not known), the request id.
 LEAVE = """
 if ARGV[2] ~= '' then redis.call('HINCRBY', KEYS[1], ARGV[2], 1) end
 if ARGV[3] ~= '' then
@@ -49,7 +120,7 @@ if ARGV[3] ~= '' then
   redis.call('HINCRBYFLOAT', KEYS[2], 'sum', ARGV[4])
 end
 if ARGV[1] == '1' then
-  redis.call('DECR', KEYS[3])
+  redis.call('ZREM', KEYS[3], ARGV[7])
   for i = 4, #KEYS do
     redis.call('HINCRBY', KEYS[i], 'requests', 1)
     if ARGV[5] ~= '0' then redis.call('HINCRBY', KEYS[i], 'prompt_tokens', ARGV[5]) end
@@ -71,16 +142,23 @@ class Counters:
     does not cut off the scripts of the others.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, ttl_seconds: float | None = None) -> None:
         # Past 64 commands at once a caller waits for a connection (up to 5 s), not fails.
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=64, timeout=5, socket_timeout=5, socket_connect_timeout=2
         )
         self.redis = aioredis.Redis(connection_pool=pool)
+        self.ttl = INFLIGHT_TTL_SECONDS if ttl_seconds is None else ttl_seconds
         self._pending: list[tuple[str, list[str], list[str | int], asyncio.Future[Any]]] = []
         self._flush_scheduled = False
         self._sending: set[asyncio.Task[None]] = set()
         self._busy = 0  # scripts and batches on their way to Redis
+        # This gateway's requests in flight: request id → channel, refreshed in Redis while live.
+        self.live: dict[str, int] = {}
+        gateway_id = uuid.uuid4().hex[:8]
+        self._ids = (f"{gateway_id}-{n}" for n in itertools.count())
+        self._marker = key("gateway", gateway_id)
+        self._refresher: asyncio.Task[None] | None = None
 
     async def _run(self, script: str, keys: list[str], args: list[str | int]) -> Any:
         if self._busy == 0:
@@ -124,17 +202,40 @@ class Counters:
             else:
                 future.set_result(result)
 
-    async def enter(self, channel_id: int) -> bool:
-        """Count a request in; False (and not counted) if the channel is switching.
+    async def enter(self, channel_id: int) -> str | None:
+        """Count a request in: its id, or None (not counted) if the channel is switching.
 
         The check and the count are one atomic step in Redis, so a node worker
         that closes the gate and then reads the count sees every request admitted.
         """
-        return bool(await self._run(ENTER, [key(INFLIGHT, channel_id), key(GATE, channel_id)], []))
+        request_id = next(self._ids)
+        keys = [key(INFLIGHT, channel_id), key(GATE, channel_id)]
+        if not await self._run(ENTER, keys, [request_id, repr(self.ttl)]):
+            return None
+        self.live[request_id] = channel_id
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.ensure_future(self._keep_counted())
+        return request_id
+
+    async def _keep_counted(self) -> None:
+        """While this gateway has requests in flight, refresh their entries (and re-add lost ones)."""
+        while self.live:
+            await asyncio.sleep(self.ttl / 3)
+            live = list(self.live.items())
+            if not live:
+                return
+            try:
+                keys = [self._marker, *(key(INFLIGHT, channel) for _, channel in live)]
+                lost = await self._run(REFRESH, keys, [repr(self.ttl), *(request for request, _ in live)])
+                if lost:
+                    log.info("counted %d in-flight requests in Redis again", len(live))
+            except (RedisError, OSError):  # Redis is away: the next round re-adds them
+                log.warning("could not refresh %d in-flight requests in Redis", len(live), exc_info=True)
 
     async def leave(
         self,
         channel_id: int,
+        request_id: str,
         *,
         user_id: int,
         reservation_id: int | None,
@@ -144,17 +245,25 @@ class Counters:
         ttft_seconds: float | None = None,
     ) -> None:
         """Count the request out, with its usage and (for /metrics) its answer, in one round trip."""
+        self.live.pop(request_id, None)
         names = [key(USAGE_USER, user_id)]
         if reservation_id:
             names.append(key(USAGE_RESERVATION, reservation_id))
-        await self._count(status, ttft_seconds, [key(INFLIGHT, channel_id), *names], prompt, completion)
+        keys = [key(INFLIGHT, channel_id), *names]
+        await self._count(status, ttft_seconds, keys, prompt, completion, request_id)
 
     async def answered(self, status: int, ttft_seconds: float | None = None) -> None:
         """Count an answer by status code, and its time to first token, for /metrics."""
         await self._count(status, ttft_seconds, [], 0, 0)
 
     async def _count(
-        self, status: int | None, ttft_seconds: float | None, keys: list[str], prompt: int, completion: int
+        self,
+        status: int | None,
+        ttft_seconds: float | None,
+        keys: list[str],
+        prompt: int,
+        completion: int,
+        request_id: str = "",
     ) -> None:
         from slotserve_site.metrics import GATEWAY_STATUS, GATEWAY_TTFT, ttft_bucket
 
@@ -168,6 +277,7 @@ class Counters:
                 "" if ttft_seconds is None else repr(ttft_seconds),
                 prompt,
                 completion,
+                request_id,
             ],
         )
 
@@ -175,8 +285,8 @@ class Counters:
         ids = list(channel_ids)
         if not ids:
             return {}
-        values = await self.redis.mget([key(INFLIGHT, i) for i in ids])
-        return {i: int(v or 0) for i, v in zip(ids, values, strict=True)}
+        counts = await self._run(COUNT, [key(INFLIGHT, i) for i in ids], [])
+        return {i: int(c) for i, c in zip(ids, counts, strict=True)}
 
     async def switching(self, channel_ids: Iterable[int]) -> set[int]:
         ids = list(channel_ids)

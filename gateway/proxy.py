@@ -21,7 +21,9 @@ from typing import Any
 
 import httpx
 from django.conf import settings
+from django.db import DatabaseError
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from gateway.access import ChannelView, Refusal, admit, models_for, route
 from gateway.counters import Counters
@@ -47,6 +49,10 @@ HOP_BY_HOP = {
 }
 USAGE_MARK = b'"usage":{'
 USAGE_MARK_SPACED = b'"usage": {'
+
+
+# Seconds a client waits before trying again when Redis or the database is unreachable.
+UNAVAILABLE_RETRY_AFTER = 5
 
 
 def error_body(status: int, code: str, message: str) -> bytes:
@@ -143,9 +149,24 @@ class Gateway:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         answer = Answer(send)
-        await self.handle(scope, receive, answer.send, answer)
+        try:
+            await self.handle(scope, receive, answer.send, answer)
+        except (RedisError, DatabaseError) as exc:
+            # Which channel may take the request, and who is in flight, cannot be known now.
+            what = "Redis" if isinstance(exc, RedisError) else "the database"
+            log.warning("gateway: %s is unreachable: %r", what, exc)
+            if answer.status is None:
+                message = f"SlotServe cannot reach {what} right now; try again in a few seconds"
+                await respond(
+                    answer.send,
+                    503,
+                    error_body(503, "service_unavailable", message),
+                    [(b"retry-after", str(UNAVAILABLE_RETRY_AFTER).encode())],
+                )
+            return
         if not answer.counted and answer.status is not None:
-            await self.counters.answered(answer.status)
+            with contextlib.suppress(RedisError):  # a count for /metrics is not worth an error
+                await self.counters.answered(answer.status)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, answer: Answer) -> None:
         pinned, path = split_path(scope["path"])
@@ -241,7 +262,8 @@ class Gateway:
             await refuse(send, chosen.refusal or Refusal(404, "model_not_loaded", "no channel serves this"))
             return
         channel = chosen.channel
-        if not await self.counters.enter(channel.id):
+        request_id = await self.counters.enter(channel.id)
+        if request_id is None:
             refusal = admit(caller_id=caller.user_id, channel=_with_switching(channel, True), now=now)
             await refuse(send, refusal or Refusal(503, "model_switching", "the channel is switching", 1))
             return
@@ -249,16 +271,21 @@ class Gateway:
         try:
             await self.forward(receive, send, channel, path, body, usage)
         finally:
-            await self.counters.leave(
-                channel.id,
-                user_id=caller.user_id,
-                reservation_id=channel.booking.reservation_id if channel.booking else None,
-                prompt=usage.prompt,
-                completion=usage.completion,
-                status=answer.status,
-                ttft_seconds=answer.ttft_seconds,
-            )
             answer.counted = True
+            try:
+                await self.counters.leave(
+                    channel.id,
+                    request_id,
+                    user_id=caller.user_id,
+                    reservation_id=channel.booking.reservation_id if channel.booking else None,
+                    prompt=usage.prompt,
+                    completion=usage.completion,
+                    status=answer.status,
+                    ttft_seconds=answer.ttft_seconds,
+                )
+            except RedisError:
+                # The answer went out; its in-flight entry expires by itself (gateway.counters).
+                log.warning("gateway: could not count request %s out of channel %s", request_id, channel.id)
 
     async def forward(
         self,

@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from gateway.counters import INFLIGHT, key
+from gateway.counters import in_flight_counts, key
 
 PHASES = ("stopped", "loading", "ready", "draining", "stopping", "failed")
 # Time to first token, seconds: the gateway counts each request into one of these buckets.
@@ -55,8 +55,9 @@ class SlotServeCollector:
             "slotserve_gateway_in_flight", "Requests in flight per channel", labels=["channel"]
         )
         redis = redis_client()
-        counts = redis.mget([key(INFLIGHT, c.pk) for c in channels]) if channels else []
-        for channel, count in zip(channels, counts, strict=True):
+        counts = in_flight_counts(redis, [c.pk for c in channels])
+        for channel in channels:
+            count = counts[channel.pk]
             runtime = channel.runtime_or_none()
             current = runtime.phase if runtime else "stopped"
             for name in PHASES:

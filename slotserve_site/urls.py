@@ -25,7 +25,14 @@ router.register("keys", ApiKeyViewSet, basename="apikey")
 
 
 def health(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"status": "ok"})
+    """Whether this server can do its work: 200 with each dependency "ok", else 503 naming
+    the one that is down (for load balancers, Compose and the people reading them)."""
+    from slotserve_site.health import check_dependencies
+
+    checks = check_dependencies()
+    healthy = all(value == "ok" for value in checks.values())
+    status = "ok" if healthy else "unavailable"
+    return JsonResponse({"status": status, **checks}, status=200 if healthy else 503)
 
 
 urlpatterns = [

@@ -1,10 +1,17 @@
 from __future__ import annotations
 
 import signal
+import socket
+import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import uvicorn
 from rest_framework.test import APIClient
 
 import channels_app.tasks
@@ -140,3 +147,75 @@ def tiny(tiny_gguf):
         "small": factories.preset(model, "small", "-c 256 --port 1 -t 1"),
         "big": factories.preset(model, "big", "-c 512 -t 1"),
     }
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def gateway_url(settings):
+    """A live server running only the gateway, with a snapshot that is never stale for long."""
+    settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.05
+    from gateway.proxy import Gateway
+
+    settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES = 64 * 1024
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(Gateway(), host="127.0.0.1", port=port, lifespan="off", log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def standins(tmp_path):
+    """Start stand-in servers on demand; all are stopped after the test."""
+    started: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def start(alias: str, *options: str) -> tuple[int, Path]:
+        port = free_port()
+        log = tmp_path / f"{alias}-{port}.log"
+        model = tmp_path / "model.gguf"
+        model.write_bytes(b"GGUF")
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "channels_app.standin",
+                "-m",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--alias",
+                alias,
+                "--standin-load-seconds",
+                "0",
+                *options,
+            ],
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        started.append((child, log))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
+                    return port, log
+            except httpx.HTTPError:
+                time.sleep(0.02)
+        raise AssertionError(f"stand-in did not start: {log.read_text()}")
+
+    yield start
+    for child, _ in started:
+        child.kill()
+        child.wait()

@@ -4,97 +4,23 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import sys
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from django.utils import timezone
 
 from channels_app.models import ChannelRuntime
-from channels_app.worker import redis_client
+from channels_app.worker import in_flight, redis_client
 from gateway.counters import GATE, INFLIGHT, key
-from gateway.proxy import Gateway
 from gateway.services import api_key_create, api_key_revoke
 from tests import factories
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@pytest.fixture
-def gateway_url(settings):
-    """A live server running only the gateway, with a snapshot that is never stale for long."""
-    settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.05
-    settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES = 64 * 1024
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(Gateway(), host="127.0.0.1", port=port, lifespan="off", log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
-
-
-@pytest.fixture
-def standins(tmp_path):
-    """Start stand-in servers on demand; all are stopped after the test."""
-    started: list[tuple[subprocess.Popen[bytes], Path]] = []
-
-    def start(alias: str, *options: str) -> tuple[int, Path]:
-        port = free_port()
-        log = tmp_path / f"{alias}-{port}.log"
-        model = tmp_path / "model.gguf"
-        model.write_bytes(b"GGUF")
-        child = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "channels_app.standin",
-                "-m",
-                str(model),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--alias",
-                alias,
-                "--standin-load-seconds",
-                "0",
-                *options,
-            ],
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-        )
-        started.append((child, log))
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
-                    return port, log
-            except httpx.HTTPError:
-                time.sleep(0.02)
-        raise AssertionError(f"stand-in did not start: {log.read_text()}")
-
-    yield start
-    for child, _ in started:
-        child.kill()
-        child.wait()
 
 
 def serve(channel, model, port: int | None, phase: str = "ready") -> None:
@@ -208,13 +134,13 @@ def test_switching_channel_answers_503_for_everyone(gateway_url, world):
         answer = call(gateway_url, world[who])
         assert error(answer) == (503, "model_switching")
         assert int(answer.headers["Retry-After"]) >= 30
-    assert int(redis_client().get(key(INFLIGHT, world["a"].pk)) or 0) == 0
+    assert in_flight(world["a"].pk) == 0
 
 
 def test_routing_by_model_prefers_the_channel_with_fewer_requests(gateway_url, world, standins):
     port, log_b = standins("qwen")
     serve(world["b"], world["qwen"], port)
-    redis_client().set(key(INFLIGHT, world["a"].pk), 5)
+    redis_client().zadd(key(INFLIGHT, world["a"].pk), {f"r{i}": time.time() + 3600 for i in range(5)})
     time.sleep(0.1)
     # Both channels run qwen; ch-a has five requests in flight, so ch-b serves.
     answer = call(gateway_url, world["bo"], stream=False)
@@ -278,7 +204,7 @@ def test_unreachable_upstream_is_502(gateway_url, world):
     time.sleep(0.1)
     answer = call(gateway_url, world["ana"], model="llama")
     assert error(answer) == (502, "upstream_unreachable")
-    assert int(redis_client().get(key(INFLIGHT, world["b"].pk)) or 0) == 0
+    assert in_flight(world["b"].pk) == 0
 
 
 def test_upstream_dying_mid_stream_ends_with_an_error_event(gateway_url, world, standins):
@@ -299,9 +225,9 @@ def test_upstream_dying_mid_stream_ends_with_an_error_event(gateway_url, world, 
     assert "upstream_failed" in lines[-1]
     # The gateway counts the request out just after the stream's last bytes leave.
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and int(redis_client().get(key(INFLIGHT, world["b"].pk)) or 0) != 0:
+    while time.monotonic() < deadline and in_flight(world["b"].pk) != 0:
         time.sleep(0.02)
-    assert int(redis_client().get(key(INFLIGHT, world["b"].pk)) or 0) == 0
+    assert in_flight(world["b"].pk) == 0
 
 
 def test_client_disconnect_cancels_the_upstream_and_releases_the_count(gateway_url, world, standins):
@@ -309,7 +235,7 @@ def test_client_disconnect_cancels_the_upstream_and_releases_the_count(gateway_u
     model = factories.llm("slow")
     serve(world["b"], model, port)
     time.sleep(0.1)
-    counter = key(INFLIGHT, world["b"].pk)
+    counter = world["b"].pk
     with httpx.stream(
         "POST",
         gateway_url + "/v1/completions",
@@ -319,11 +245,11 @@ def test_client_disconnect_cancels_the_upstream_and_releases_the_count(gateway_u
     ) as answer:
         lines = answer.iter_lines()
         next(lines)
-        assert int(redis_client().get(counter) or 0) == 1
+        assert in_flight(counter) == 1
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and int(redis_client().get(counter) or 0) != 0:
+    while time.monotonic() < deadline and in_flight(counter) != 0:
         time.sleep(0.02)
-    assert int(redis_client().get(counter) or 0) == 0
+    assert in_flight(counter) == 0
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and "client went away" not in log.read_text():
         time.sleep(0.05)
@@ -361,7 +287,7 @@ def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, w
     reader = threading.Thread(target=stream)
     reader.start()
     assert streaming.wait(timeout=10)  # the stream is admitted and flowing
-    assert int(redis_client().get(key(INFLIGHT, world["b"].pk)) or 0) == 1
+    assert in_flight(world["b"].pk) == 1
     # The scheduler now wants something else on ch-b; the node worker closes the gate first.
     ChannelTarget.objects.create(channel=world["b"], model=world["llama"], reason="manual_override")
     state = worker.state_of(ChannelRuntime.objects.get(channel=world["b"]))
@@ -468,7 +394,7 @@ def test_client_leaving_before_the_first_token_cancels_the_upstream(gateway_url,
     model = factories.llm("thinker")
     serve(world["b"], model, port)
     time.sleep(0.1)
-    counter = key(INFLIGHT, world["b"].pk)
+    counter = world["b"].pk
     for streaming in (False, True):
         started = time.monotonic()
         with pytest.raises(httpx.ReadTimeout):
@@ -479,9 +405,9 @@ def test_client_leaving_before_the_first_token_cancels_the_upstream(gateway_url,
                 timeout=httpx.Timeout(5, read=0.3),
             )
         deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and int(redis_client().get(counter) or 0) != 0:
+        while time.monotonic() < deadline and in_flight(counter) != 0:
             time.sleep(0.02)
-        assert int(redis_client().get(counter) or 0) == 0
+        assert in_flight(counter) == 0
         while time.monotonic() < deadline and log.read_text().count("before the first token") < 1 + streaming:
             time.sleep(0.02)
         assert log.read_text().count("before the first token") == 1 + streaming

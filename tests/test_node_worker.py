@@ -73,6 +73,7 @@ def test_reservation_is_preloaded_with_a_real_llama_server(node_env, tiny, ana):
     answer = httpx.post(
         f"http://127.0.0.1:{runtime.port}/v1/chat/completions",
         json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        headers={"Authorization": f"Bearer {runtime.api_secret}"},  # only the gateway knows it
         timeout=30,
     )
     assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] is not None
@@ -98,7 +99,7 @@ def test_switching_presets_drains_then_restarts(node_env, tiny, settings):
     )
     decide_channels(now=now)
     redis = worker.redis_client()
-    redis.set(key(INFLIGHT, channel.pk), 1)
+    redis.zadd(key(INFLIGHT, channel.pk), {"a-request": time.time() + 3600})
     try:
         assert converge(channel, until={Phase.DRAINING}).pid == first_pid
         # Still draining while the request runs, within SLOTSERVE_DRAIN_SECONDS.

