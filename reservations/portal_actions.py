@@ -18,6 +18,7 @@ from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_POST
 from icalendar import Calendar, Event
 
@@ -272,7 +273,11 @@ def keys(request: HttpRequest) -> HttpResponse:
         _, new_key = api_key_create(user=request.user, name=form.cleaned_data["name"])
         form = ApiKeyForm()
     mine = ApiKey.objects.filter(user=_me(request), revoked_at__isnull=True)
-    return render(request, "portal/keys.html", {"form": form, "keys": mine, "new_key": new_key})
+    page = render(request, "portal/keys.html", {"form": form, "keys": mine, "new_key": new_key})
+    # The page may show a new key: no browser or proxy may keep a copy of it.
+    add_never_cache_headers(page)
+    page["Cache-Control"] = "no-store, no-cache, must-revalidate, private, max-age=0"
+    return page
 
 
 @login_required

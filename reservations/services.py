@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, OperationalError, connection, transaction
 
@@ -124,10 +125,13 @@ def _first_conflict(
 
 
 def limits_of(channel: Channel) -> BookingLimits:
+    """The channel's own limits; where it sets none, the installation's defaults
+    (``SLOTSERVE_DEFAULT_MAX_BOOKING_HOURS``, ``SLOTSERVE_DEFAULT_MAX_DAYS_AHEAD``)."""
+    default_max_minutes = round(settings.SLOTSERVE_DEFAULT_MAX_BOOKING_HOURS * 60)
     return BookingLimits(
         min_minutes=channel.min_booking_minutes,
-        max_minutes=channel.max_booking_minutes,
-        max_days_ahead=channel.max_days_ahead,
+        max_minutes=channel.max_booking_minutes or max(default_max_minutes, channel.min_booking_minutes),
+        max_days_ahead=channel.max_days_ahead or settings.SLOTSERVE_DEFAULT_MAX_DAYS_AHEAD,
         weekly_quota_hours=channel.weekly_quota_hours,
     )
 

@@ -6,6 +6,7 @@ same numbers whichever web, gateway or worker process is scraped.
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterator
 
 from django.conf import settings
@@ -145,7 +146,9 @@ def _merge(family: CounterMetricFamily) -> CounterMetricFamily:
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
     token = settings.SLOTSERVE_METRICS_TOKEN
-    if token and request.headers.get("Authorization") != f"Bearer {token}":
+    given = request.headers.get("Authorization", "")
+    # In constant time: how long a refusal takes says nothing about how much of the token was right.
+    if token and not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
         return HttpResponse("metrics need Authorization: Bearer <SLOTSERVE_METRICS_TOKEN>\n", status=401)
     registry = CollectorRegistry()
     registry.register(SlotServeCollector())
