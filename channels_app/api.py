@@ -8,11 +8,11 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.http import FileResponse, HttpResponseBase
-from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from rest_framework import permissions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.generics import get_object_or_404
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -28,7 +28,7 @@ from channels_app.serializers import (
     decision_json,
     plan_json,
 )
-from slotserve_site.api_fields import IdOrNameField, IsStaffOrReadOnly, moment_param
+from slotserve_site.api_fields import IdOrNameField, IsStaffOrReadOnly, MomentField, moment_param
 
 
 def run_log_path(channel: Channel) -> Path | None:
@@ -63,6 +63,9 @@ class LLMModelViewSet(viewsets.ModelViewSet[LLMModel]):
     queryset = LLMModel.objects.prefetch_related("nodes")
     serializer_class = LLMModelSerializer
     permission_classes = [IsStaffOrReadOnly]
+
+    def perform_destroy(self, instance: LLMModel) -> None:
+        services.model_delete(model=instance)
 
     def get_serializer_context(self) -> dict[str, Any]:
         context = dict(super().get_serializer_context())
@@ -112,6 +115,9 @@ class PresetViewSet(viewsets.ModelViewSet[Preset]):
     serializer_class = PresetSerializer
     permission_classes = [IsStaffOrReadOnly]
 
+    def perform_destroy(self, instance: Preset) -> None:
+        services.preset_delete(preset=instance)
+
     def get_queryset(self) -> QuerySet[Preset]:
         queryset = super().get_queryset()
         model = self.request.query_params.get("model")
@@ -130,7 +136,7 @@ class OverrideInput(serializers.Serializer[Any]):
         queryset=Preset.objects.all(), required=False, allow_null=True
     )
     unload = serializers.BooleanField(required=False, default=False)
-    until = serializers.DateTimeField()
+    until = MomentField()
 
 
 class OverrideOutput(serializers.ModelSerializer[Override]):

@@ -15,7 +15,7 @@ from channels_app.models import LLMModel, Preset
 from channels_app.placement import Placement, ScoreMaximums, place
 from channels_app.placement_inputs import placement_inputs
 from channels_app.services import validate_target
-from slotserve_site.api_fields import IdOrNameField
+from slotserve_site.api_fields import IdOrNameField, MomentField
 
 
 class PlacementInput(serializers.Serializer[Any]):
@@ -23,8 +23,8 @@ class PlacementInput(serializers.Serializer[Any]):
     preset = serializers.PrimaryKeyRelatedField(
         queryset=Preset.objects.all(), required=False, allow_null=True
     )
-    start = serializers.DateTimeField()
-    end = serializers.DateTimeField()
+    start = MomentField()
+    end = MomentField()
     policy = serializers.ChoiceField(choices=["binpack", "spread"], default="binpack")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

@@ -134,6 +134,50 @@ def plan_for(*, channel: Channel, now: datetime, start: datetime, end: datetime)
     return plan(inp, start, end)
 
 
+class InUse(Exception):
+    """The object runs or is wanted on a channel now; ``message`` names where."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _channels_using(*, model: LLMModel | None = None, preset: Preset | None = None) -> list[str]:
+    from channels_app.models import ChannelRuntime
+
+    running = ChannelRuntime.objects.filter(phase__in=["loading", "ready", "draining", "stopping"])
+    wanted = ChannelTarget.objects.all()
+    if model is not None:
+        running, wanted = running.filter(model=model), wanted.filter(model=model)
+    if preset is not None:
+        running, wanted = running.filter(preset=preset), wanted.filter(preset=preset)
+    names = set(running.values_list("channel__name", flat=True)) | set(
+        wanted.values_list("channel__name", flat=True)
+    )
+    return sorted(names)
+
+
+def model_delete(*, model: LLMModel) -> None:
+    """Delete a model no channel runs or is heading for; its presets go with it.
+
+    Reservations that name it keep it (``PROTECT``): the database refuses, and
+    the API answers 409 naming them.
+    """
+    using = _channels_using(model=model)
+    if using:
+        raise InUse(f"cannot delete model {model.name}: channel {', '.join(using)} runs it or is about to")
+    with transaction.atomic():
+        model.delete()
+
+
+def preset_delete(*, preset: Preset) -> None:
+    using = _channels_using(preset=preset)
+    if using:
+        raise InUse(f"cannot delete preset {preset}: channel {', '.join(using)} runs it or is about to")
+    with transaction.atomic():
+        preset.delete()
+
+
 def validate_target(*, model: LLMModel | None, preset: Preset | None) -> None:
     if preset is not None and (model is None or preset.model_id != model.pk):
         owner = preset.model.name

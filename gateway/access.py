@@ -98,7 +98,7 @@ def admit(*, caller_id: int, channel: ChannelView, now: datetime) -> Refusal | N
             f"channel {channel.name} is loading {channel.model}",
             _seconds(_remaining(channel.load_seconds, channel.since, now)),
         )
-    if channel.phase != "ready" or channel.upstream is None:
+    if channel.phase != "ready" or channel.upstream is None or channel.model is None:
         if channel.targets_model is not None and channel.phase == "failed":
             return Refusal(
                 503,

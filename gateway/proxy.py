@@ -203,6 +203,7 @@ class Gateway:
         await respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
 
     async def read_body(self, receive: Receive) -> bytes | None:
+        """The whole body; None when the client left; ``BodyTooLarge`` past the limit."""
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -211,7 +212,7 @@ class Gateway:
             body = message.get("body", b"")
             size += len(body)
             if size > self.max_body:
-                return b""
+                raise BodyTooLarge
             chunks.append(body)
             if not message.get("more_body"):
                 return b"".join(chunks)
@@ -226,28 +227,20 @@ class Gateway:
         path: str,
         answer: Answer,
     ) -> None:
-        raw = await self.read_body(receive)
+        try:
+            raw = await self.read_body(receive)
+        except BodyTooLarge:
+            message = f"the request body is larger than {self.max_body} bytes"
+            await respond(send, 413, error_body(413, "request_too_large", message))
+            return
         if raw is None:
             return
-        if raw == b"" and self.max_body:
-            await respond(
-                send,
-                413,
-                error_body(
-                    413, "request_too_large", f"the request body is larger than {self.max_body} bytes"
-                ),
-            )
-            return
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            await respond(send, 400, error_body(400, "invalid_request", f"the body is not valid JSON: {exc}"))
-            return
-        if not isinstance(body, dict):
-            await respond(send, 400, error_body(400, "invalid_request", "the body must be a JSON object"))
+        body, problem = parse_body(raw)
+        if body is None:
+            await respond(send, 400, error_body(400, "invalid_request", problem))
             return
         now = timezone.now()
-        model = body.get("model") if isinstance(body.get("model"), str) else None
+        model = body.get("model")
         candidates = [c for c in snapshot.channels if c.model == model and c.phase == "ready"]
         in_flight = await self.counters.in_flight(c.id for c in candidates) if len(candidates) > 1 else {}
         chosen = route(
@@ -431,6 +424,35 @@ class Events:
     def flush(self) -> bytes:
         rest, self.pending = self.pending, b""
         return rest
+
+
+class BodyTooLarge(Exception):
+    """The request body is past ``SLOTSERVE_GATEWAY_MAX_BODY_BYTES``."""
+
+
+def parse_body(raw: bytes) -> tuple[dict[str, Any] | None, str]:
+    """The request's JSON object, or None and what is wrong with it, in words for the caller.
+
+    ``stream`` must be a real boolean: a string "true" would stream from the backend while
+    the gateway read the answer as one JSON body, and count no tokens.
+    """
+    if not raw.strip():
+        return None, "the request body is empty: send a JSON object"
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        return None, "the JSON body is nested too deeply"
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return None, f"the body is not valid JSON: {exc}"
+    if not isinstance(body, dict):
+        return None, "the body must be a JSON object"
+    if "model" in body and not isinstance(body["model"], str):
+        return None, "model must be a string"
+    if "stream" in body and not isinstance(body["stream"], bool):
+        return None, "stream must be a boolean (true or false)"
+    if body.get("stream_options") is not None and not isinstance(body["stream_options"], dict):
+        return None, "stream_options must be an object"
+    return body, ""
 
 
 def _with_switching(channel: ChannelView, switching: bool) -> ChannelView:

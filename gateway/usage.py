@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import redis
+from django.contrib.auth import get_user_model
 from django.db.models import F
 
 from gateway.counters import USAGE_RESERVATION, USAGE_USER, key
@@ -35,9 +36,10 @@ def flush_usage(client: redis.Redis) -> int:
                 for k, v in client.hgetall(flushing).items()
             }
             updates = {f: F(f) + counts[f] for f in FIELDS if counts.get(f)}
+            # A user or reservation deleted since: its counts go with it (update() finds no row).
             if updates and kind == USAGE_RESERVATION:
                 changed += Reservation.objects.filter(pk=int(ident)).update(**updates)
-            elif updates:
+            elif updates and get_user_model().objects.filter(pk=int(ident)).exists():
                 Profile.objects.get_or_create(user_id=int(ident))
                 changed += Profile.objects.filter(user_id=int(ident)).update(**updates)
             client.delete(flushing)

@@ -17,7 +17,7 @@ from channels_app.models import Channel, LLMModel, Preset
 from reservations import hints, services
 from reservations.models import Notification, NotificationEvent, Profile, Reservation
 from reservations.profiles import profile_for
-from slotserve_site.api_fields import IdOrNameField, current_user, moment_param
+from slotserve_site.api_fields import IdOrNameField, MomentField, current_user, moment_param
 
 
 class ChannelOrAutoField(IdOrNameField):
@@ -29,8 +29,8 @@ class ChannelOrAutoField(IdOrNameField):
 
 class ReservationInput(serializers.Serializer[Any]):
     channel = ChannelOrAutoField(queryset=Channel.objects.select_related("node"))
-    start = serializers.DateTimeField()
-    end = serializers.DateTimeField()
+    start = MomentField()
+    end = MomentField()
     model = IdOrNameField(queryset=LLMModel.objects.all(), required=False, allow_null=True)
     preset = serializers.PrimaryKeyRelatedField(
         queryset=Preset.objects.all(), required=False, allow_null=True
@@ -67,7 +67,7 @@ class ReservationOutput(serializers.ModelSerializer[Reservation]):
 
 
 class ExtendInput(serializers.Serializer[Any]):
-    end = serializers.DateTimeField()
+    end = MomentField()
 
 
 class RejectInput(serializers.Serializer[Any]):

@@ -183,11 +183,17 @@ def _switch_minutes(channel: Channel, later: Reservation, earlier: Reservation) 
     return adjacent_switch_minutes(load_seconds=load, gap_seconds=(later.start - earlier.end).total_seconds())
 
 
+# The calendar shows days of years that a booking can be in (slotserve_site.api_fields).
+FIRST_DAY, LAST_DAY = date(1970, 1, 8), date(8999, 12, 24)
+
+
 def _day(raw: str | None, today: date) -> date:
+    """The day asked for; today when it is not a day, the nearest shown one at the ends of time."""
     try:
-        return date.fromisoformat(raw) if raw else today
+        day = date.fromisoformat(raw) if raw and len(raw) <= 10 else today
     except ValueError:
         return today
+    return min(max(day, FIRST_DAY), LAST_DAY)
 
 
 @login_required

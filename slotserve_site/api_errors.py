@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import ProtectedError, RestrictedError
 from rest_framework import serializers
+from rest_framework.exceptions import NotAcceptable
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.renderers import BaseRenderer
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -30,7 +35,7 @@ def _first_message(detail: Any, path: str = "") -> str:
 
 def _service_error(exc: Exception) -> Response | None:
     """Errors raised by the services, answered with the rule that refused."""
-    from channels_app.services import InvalidInput
+    from channels_app.services import InUse, InvalidInput
     from reservations.services import InvalidTransition, ReservationConflict
 
     if isinstance(exc, InvalidInput):
@@ -45,6 +50,8 @@ def _service_error(exc: Exception) -> Response | None:
                 "status": exc.conflicting.status,
             }
         return Response(body, status=409)
+    if isinstance(exc, InUse):
+        return Response({"message": exc.message, "code": "in_use"}, status=409)
     if isinstance(exc, InvalidTransition):
         return Response({"message": exc.message, "code": "invalid_transition"}, status=409)
     return None
@@ -54,10 +61,21 @@ def _iso(moment: Any) -> str:
     return str(serializers.DateTimeField().to_representation(moment))
 
 
+def _still_referenced(exc: ProtectedError | RestrictedError) -> Response:
+    """A delete refused because other rows point at the object: 409 naming them."""
+    objects = list(exc.protected_objects if isinstance(exc, ProtectedError) else exc.restricted_objects)
+    named = [f"{obj._meta.verbose_name} {obj}" for obj in objects[:5]]
+    more = f" and {len(objects) - 5} more" if len(objects) > 5 else ""
+    message = f"cannot delete it: {', '.join(named)}{more} still refer to it; remove or change those first"
+    return Response({"message": message, "code": "still_referenced"}, status=409)
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     handled = _service_error(exc)
     if handled is not None:
         return handled
+    if isinstance(exc, ProtectedError | RestrictedError):
+        return _still_referenced(exc)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
@@ -68,3 +86,15 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         data = {"message": _first_message(data), "errors": data}
     response.data = data
     return response
+
+
+class JsonWhateverIsAccepted(DefaultContentNegotiation):
+    """A browser's ``Accept: text/html`` still gets the JSON answer, not ``406 Not Acceptable``."""
+
+    def select_renderer(
+        self, request: Request, renderers: list[BaseRenderer], format_suffix: str | None = None
+    ) -> tuple[BaseRenderer, str]:
+        try:
+            return super().select_renderer(request, renderers, format_suffix)  # type: ignore[no-any-return]
+        except NotAcceptable:
+            return renderers[0], renderers[0].media_type

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -38,6 +38,29 @@ class IsStaffOrReadOnly(permissions.BasePermission):
         return request.method in permissions.SAFE_METHODS or bool(request.user.is_staff)
 
 
+# Times SlotServe takes from users: far enough apart for any booking, and clear of the ends of
+# Python's calendar (year 1, year 9999), where adding a load estimate or a week would overflow.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+OUT_OF_RANGE = "times must lie between 1970-01-01 and 9000-01-01"
+
+
+def in_range(value: datetime) -> bool:
+    return EARLIEST <= value < LATEST
+
+
+class MomentField(serializers.DateTimeField):
+    """An ISO 8601 time within ``EARLIEST`` and ``LATEST``; outside, a 400 that says so."""
+
+    def to_internal_value(self, value: Any) -> datetime:
+        if isinstance(value, str) and len(value) > 64:
+            raise serializers.ValidationError("not an ISO 8601 time (too long)")
+        moment = super().to_internal_value(value)
+        if not in_range(moment):
+            raise serializers.ValidationError(OUT_OF_RANGE)
+        return moment
+
+
 def moment_param(request: Request, name: str, default: datetime | None = None) -> datetime:
     """An ISO 8601 time from the query string; a 400 names the parameter."""
     raw = request.query_params.get(name)
@@ -52,8 +75,14 @@ def moment_param(request: Request, name: str, default: datetime | None = None) -
         value = None
     if value is None:
         raise serializers.ValidationError({name: f"{raw!r} is not an ISO 8601 time"})
-    if timezone.is_naive(value):
-        value = timezone.make_aware(value, timezone.get_current_timezone())
+    try:
+        if timezone.is_naive(value):
+            value = timezone.make_aware(value, timezone.get_current_timezone())
+        value.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise serializers.ValidationError({name: OUT_OF_RANGE}) from None
+    if not in_range(value):
+        raise serializers.ValidationError({name: OUT_OF_RANGE})
     return value
 
 

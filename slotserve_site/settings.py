@@ -230,9 +230,11 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # JSON only: every answer, errors included, is JSON whatever the client accepts (API.md).
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "slotserve_site.api_errors.exception_handler",
     "DATETIME_FORMAT": "iso-8601",
-    "UNAUTHENTICATED_USER": None,
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "slotserve_site.api_errors.JsonWhateverIsAccepted",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.permissions import AllowAny
 from rest_framework.routers import DefaultRouter
 
 from channels_app.api import ChannelViewSet, LLMModelViewSet, ModelFileViewSet, NodeViewSet, PresetViewSet
@@ -38,8 +39,13 @@ def health(request: HttpRequest) -> JsonResponse:
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    # The API's description is no secret: readable before signing in, like the sign-in page.
+    path("api/schema/", SpectacularAPIView.as_view(permission_classes=[AllowAny]), name="schema"),
+    path(
+        "api/docs/",
+        SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[AllowAny]),
+        name="api-docs",
+    ),
     path("api/me/", MeView.as_view(), name="me"),
     path("api/placement", PlacementView.as_view(), name="placement"),
     path("api/", include(router.urls)),
