@@ -98,9 +98,11 @@ class OverrideAdmin(admin.ModelAdmin[Override]):
     list_display = ["channel", "model", "preset", "unload", "until", "set_by", "set_at"]
     readonly_fields = ["set_by", "set_at"]
 
-    def get_form(self, request: HttpRequest, obj: Override | None = None, **kwargs: Any) -> Any:
-        form = super().get_form(request, obj, **kwargs)
-        form.request_user = request.user
+    def get_form(
+        self, request: HttpRequest, obj: Override | None = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form: Any = super().get_form(request, obj, change, **kwargs)
+        form.request_user = request.user  # who saves, for the service (a class made per request)
         return form
 
     def get_readonly_fields(self, request: HttpRequest, obj: Override | None = None) -> list[str]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -101,9 +102,11 @@ class ReservationAdmin(admin.ModelAdmin[Reservation]):
         # Another owner, channel or target is another booking: book it, cancel this one.
         return [*self.readonly_fields, "user", "channel", "model", "preset", "exclusive"]
 
-    def get_form(self, request: HttpRequest, obj: Reservation | None = None, **kwargs: Any) -> Any:
-        form = super().get_form(request, obj, **kwargs)
-        form.request_user = request.user
+    def get_form(
+        self, request: HttpRequest, obj: Reservation | None = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form: Any = super().get_form(request, obj, change, **kwargs)
+        form.request_user = request.user  # who saves, for the service (a class made per request)
         return form
 
     def save_model(self, request: HttpRequest, obj: Reservation, form: Any, change: bool) -> None:
@@ -162,7 +165,7 @@ class ReservationAdmin(admin.ModelAdmin[Reservation]):
                 "form": form,
                 "reservations": queryset,
                 "opts": self.model._meta,
-                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                "action_checkbox_name": ACTION_CHECKBOX_NAME,
             },
         )
 

@@ -7,6 +7,7 @@ script can print one line and a person knows what to fix.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.db.models import ProtectedError, RestrictedError
@@ -92,9 +93,11 @@ class JsonWhateverIsAccepted(DefaultContentNegotiation):
     """A browser's ``Accept: text/html`` still gets the JSON answer, not ``406 Not Acceptable``."""
 
     def select_renderer(
-        self, request: Request, renderers: list[BaseRenderer], format_suffix: str | None = None
+        self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
     ) -> tuple[BaseRenderer, str]:
+        offered = list(renderers)
         try:
-            return super().select_renderer(request, renderers, format_suffix)  # type: ignore[no-any-return]
+            chosen: tuple[BaseRenderer, str] = super().select_renderer(request, offered, format_suffix)
+            return chosen
         except NotAcceptable:
-            return renderers[0], renderers[0].media_type
+            return offered[0], offered[0].media_type
