@@ -113,8 +113,10 @@ def test_channels_without_limits_get_the_default_longest_booking_and_horizon(ana
         body = {"channel": channel.pk, "start": iso(begin), "end": iso(end), "model": target.model_id}
         return ana_api.post("/api/reservations/", body)
 
-    far = book(start.replace(year=9999), start.replace(year=9999) + timedelta(hours=1))
-    assert far.status_code == 400 and "days ahead" in far.data["message"]
+    far = book(start + timedelta(days=61), start + timedelta(days=61, hours=1))
+    assert far.status_code == 400 and "at most 60 days ahead" in far.data["message"]
+    very_far = book(start.replace(year=8999), start.replace(year=8999) + timedelta(hours=1))
+    assert very_far.status_code == 400 and "days ahead" in very_far.data["message"]
     long = book(start, start + timedelta(hours=25))
     assert long.status_code == 400 and "at most 24 hours" in long.data["message"]
     assert book(start, start + timedelta(hours=24)).status_code == 201
