@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from django.db.models import QuerySet
-from django.http import FileResponse, HttpResponseBase
+from django.http import HttpResponseBase, StreamingHttpResponse
 from django.utils import timezone
 from rest_framework import permissions, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -31,15 +32,22 @@ from channels_app.serializers import (
 from slotserve_site.api_fields import IdOrNameField, IsStaffOrReadOnly, MomentField, moment_param
 
 
-def run_log_path(channel: Channel) -> Path | None:
+def run_log_of(channel: Channel) -> tuple[Path | None, str]:
+    """The channel's current or last run log, and the run's secret to keep out of what is shown."""
     runtime = ChannelRuntime.objects.filter(channel=channel).first()
     if runtime is None or not runtime.log_path or not Path(runtime.log_path).is_file():
-        return None
-    return Path(runtime.log_path)
+        return None, ""
+    return Path(runtime.log_path), runtime.api_secret
 
 
-def tail_lines(path: Path, count: int) -> list[str]:
-    return processes.log_tail(path, limit=count * 400).splitlines()[-count:]
+def tail_lines(path: Path, count: int, secret: str = "") -> list[str]:
+    return processes.redact(processes.log_tail(path, limit=count * 400), secret).splitlines()[-count:]
+
+
+def _redacted_lines(path: Path, secret: str) -> Iterator[bytes]:
+    with path.open("rb") as log:
+        for line in log:
+            yield processes.redact(line.decode(errors="replace"), secret).encode()
 
 
 # A plan longer than this is refused: it would be slow and unreadable.
@@ -179,18 +187,20 @@ class ChannelViewSet(viewsets.ModelViewSet[Channel]):
         """The run log of the channel's current or last process: the last lines for
         everyone (``?lines=``, default 200), the whole file for staff (``?full=1``)."""
         channel = self.get_object()
-        path = run_log_path(channel)
+        path, secret = run_log_of(channel)
         if request.query_params.get("full"):
             if not request.user.is_staff:
                 raise PermissionDenied("only staff may read whole run logs")
             if path is None:
                 raise NotFound("this channel has no run log yet")
-            return FileResponse(path.open("rb"), content_type="text/plain; charset=utf-8")
+            return StreamingHttpResponse(
+                _redacted_lines(path, secret), content_type="text/plain; charset=utf-8"
+            )
         try:
             count = max(1, min(int(request.query_params.get("lines", 200)), 5000))
         except ValueError:
             raise serializers.ValidationError({"lines": "lines must be a whole number"}) from None
-        lines = tail_lines(path, count) if path is not None else []
+        lines = tail_lines(path, count, secret) if path is not None else []
         return Response({"channel": channel.pk, "lines": lines})
 
     @action(detail=True, methods=["get"])

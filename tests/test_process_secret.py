@@ -76,6 +76,20 @@ def test_a_real_llama_server_refuses_callers_without_the_runs_secret(node_env, t
     assert secret not in api.get(f"/api/channels/{channel.pk}/").content.decode()
     assert secret not in api.get("/api/channels/").content.decode()
     assert secret not in api.get("/metrics").content.decode()
+    # Should a backend ever print its key, the log is shown with it redacted.
+    with Path(runtime.log_path).open("a") as log:
+        log.write(f"main: api key {secret} set\n")
+    shown = api.get(f"/api/channels/{channel.pk}/log", {"lines": 5}).data["lines"]
+    assert "main: api key [redacted] set" in shown
+    staff = factories.user("boss", staff=True)
+    api.force_authenticate(staff)
+    whole = b"".join(api.get(f"/api/channels/{channel.pk}/log", {"full": 1}).streaming_content)
+    assert secret.encode() not in whole and b"[redacted]" in whole
+    from django.test import Client
+
+    portal = Client()
+    portal.force_login(ana)
+    assert secret not in portal.get(f"/channels/{channel.pk}/log").content.decode()
 
 
 def test_files_of_a_run_are_private(node_env, tiny):
