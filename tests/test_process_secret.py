@@ -83,7 +83,7 @@ def test_a_real_llama_server_refuses_callers_without_the_runs_secret(node_env, t
     assert "main: api key [redacted] set" in shown
     staff = factories.user("boss", staff=True)
     api.force_authenticate(staff)
-    whole = b"".join(api.get(f"/api/channels/{channel.pk}/log", {"full": 1}).streaming_content)
+    whole = b"".join(api.get(f"/api/channels/{channel.pk}/log", {"full": 1}).streaming_content)  # type: ignore[attr-defined]
     assert secret.encode() not in whole and b"[redacted]" in whole
     from django.test import Client
 
