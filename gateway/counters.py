@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -54,13 +55,13 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 """
 
 # Count a request in, unless its channel's gate is closed: one round trip, and atomic.
-# ARGV: request id, entry lifetime in seconds.
+# ARGV: request id, entry lifetime in seconds. (The set's own expiry is left to REFRESH, off
+# the hot path; an entry that outlives its gateway is counted out by its score.)
 ENTER = (
     _NOW
     + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2])) + 1)
 return 1
 """
 )
@@ -159,6 +160,7 @@ class Counters:
         self._ids = (f"{gateway_id}-{n}" for n in itertools.count())
         self._marker = key("gateway", gateway_id)
         self._refresher: asyncio.Task[None] | None = None
+        self._last_enter = 0.0
 
     async def _run(self, script: str, keys: list[str], args: list[str | int]) -> Any:
         if self._busy == 0:
@@ -213,17 +215,21 @@ class Counters:
         if not await self._run(ENTER, keys, [request_id, repr(self.ttl)]):
             return None
         self.live[request_id] = channel_id
+        self._last_enter = time.monotonic()
         if self._refresher is None or self._refresher.done():
             self._refresher = asyncio.ensure_future(self._keep_counted())
         return request_id
 
+    # The refresher outlives a quiet moment, so steady traffic does not start one per request.
+    REFRESHER_IDLE_STOP = 60.0
+
     async def _keep_counted(self) -> None:
         """While this gateway has requests in flight, refresh their entries (and re-add lost ones)."""
-        while self.live:
+        while self.live or time.monotonic() - self._last_enter < self.REFRESHER_IDLE_STOP:
             await asyncio.sleep(self.ttl / 3)
             live = list(self.live.items())
             if not live:
-                return
+                continue
             try:
                 keys = [self._marker, *(key(INFLIGHT, channel) for _, channel in live)]
                 lost = await self._run(REFRESH, keys, [repr(self.ttl), *(request for request, _ in live)])
