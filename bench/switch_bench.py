@@ -80,10 +80,10 @@ def main() -> None:
     from django.core.management import call_command
     from django.utils import timezone
 
+    from channels_app.dispatch import node_queue
     from channels_app.models import Channel, ChannelRuntime, LLMModel, Node, Preset
-    from channels_app.services import decide_channels, override_set
-    from channels_app.tasks import node_queue
-    from channels_app.tinymodel import write_tiny_llama
+    from channels_app.scheduling.services import decide_channels, override_set
+    from devtools.tinymodel import write_tiny_llama
     from slotserve_site.celery import app
 
     call_command("migrate", verbosity=0)
@@ -118,7 +118,7 @@ def main() -> None:
         queues=["celery", node_queue(node.name)],
         loglevel="WARNING",
     ):
-        from channels_app.tasks import channel_reconcile
+        from channels_app.node_agent.tasks import channel_reconcile
 
         channel_reconcile.apply_async(args=(channel.pk,), queue=node_queue(node.name))
         wait_ready(presets[0])

@@ -112,7 +112,7 @@ def measure(now: Any, steady_runs: int) -> dict[str, float]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from channels_app.services import decide_channels
+    from channels_app.scheduling.services import decide_channels
 
     def one(moment: Any) -> tuple[float, int, int]:
         with CaptureQueriesContext(connection) as captured:

@@ -9,7 +9,6 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from channels_app import services
 from channels_app.models import (
     Channel,
     ChannelRuntime,
@@ -22,6 +21,7 @@ from channels_app.models import (
     Override,
     Preset,
 )
+from channels_app.scheduling import services
 
 
 class GpuInline(admin.TabularInline[Gpu, Node]):

@@ -7,6 +7,16 @@ class ChannelsAppConfig(AppConfig):
     verbose_name = "GPU channels"
 
     def ready(self) -> None:
-        from channels_app.beat import register_tick
+        from django.conf import settings
+
+        from channels_app.node_agent.gpus import FakeGpuSpecError, parse_fake_gpus
+        from channels_app.scheduling.beat import register_tick
+        from slotserve_site.env import SettingError
+
+        if settings.SLOTSERVE_FAKE_GPUS:
+            try:
+                parse_fake_gpus(settings.SLOTSERVE_FAKE_GPUS)
+            except FakeGpuSpecError as exc:
+                raise SettingError(str(exc)) from None
 
         post_migrate.connect(register_tick, sender=self, dispatch_uid="slotserve_register_tick")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.utils import timezone
 
-from channels_app.processes import url_host
+from channels_app.node_agent.processes import url_host
 from gateway.access import Booking, ChannelView
 
 log = logging.getLogger(__name__)
@@ -49,9 +49,9 @@ def read_snapshot() -> Snapshot:
 
 
 def _read_snapshot() -> Snapshot:
-    from channels_app import selectors
     from channels_app.models import Channel
-    from channels_app.scheduling import Target
+    from channels_app.scheduling import selectors
+    from channels_app.scheduling.decision import Target
     from gateway.models import ApiKey
     from reservations.models import Reservation
 

@@ -12,7 +12,7 @@ from django.db import models
 from django.db.models import Func, Q
 from django.utils import timezone
 
-from channels_app.scheduling import Slot, Target
+from channels_app.scheduling.decision import Slot, Target
 
 
 class ReservationStatus(models.TextChoices):

@@ -18,8 +18,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, OperationalError, connection, transaction
 
+from channels_app.dispatch import enqueue_redecide
 from channels_app.models import ApprovalPolicy, Channel, LLMModel, Preset
-from channels_app.services import InvalidInput, enqueue_redecide, validate_target
+from channels_app.scheduling.services import InvalidInput, validate_target
 from reservations.models import BLOCKING_STATUSES, Reservation, ReservationStatus
 from reservations.notifications import notify
 from reservations.rules import BookingLimits, check_length_and_horizon, check_quota, week_of
@@ -290,7 +291,7 @@ def reservation_create_anywhere(
     """Book the best channel that fits (SPEC §7): placement ranks them, and each is
     tried in turn with the same overlap guarantee as any booking, so two people asking
     at once end up on different channels or get a clear 409."""
-    from channels_app.placement_api import placement_for
+    from channels_app.placement.api import placement_for
 
     if exclusive or model is None:
         raise InvalidInput(

@@ -9,3 +9,5 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "slotserve_site.settings")
 app = Celery("slotserve")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+# The stages of channels_app keep their tasks in their own packages.
+app.autodiscover_tasks(["channels_app.scheduling", "channels_app.node_agent"])

@@ -34,7 +34,7 @@ def ttft_bucket(seconds: float) -> str:
 class SlotServeCollector:
     def collect(self) -> Iterator[Metric]:
         from channels_app.models import Channel, LoadRecord
-        from channels_app.worker import redis_client
+        from channels_app.node_agent.worker import redis_client
         from reservations.models import Reservation
 
         channels = list(Channel.objects.select_related("runtime__model", "runtime__preset"))

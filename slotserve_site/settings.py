@@ -92,6 +92,7 @@ INSTALLED_APPS = [
     "channels_app",
     "reservations",
     "gateway",
+    "portal",
     "slotserve_site",  # the project's own commands: manage.py run
 ]
 
@@ -137,7 +138,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "slotserve_site.context_processors.navigation",
+                "portal.context_processors.navigation",
             ],
         },
     },
@@ -214,6 +215,9 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TASK_ALWAYS_EAGER = env_bool("SLOTSERVE_CELERY_EAGER", False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# No task runs forever: each declares tighter limits of its own where it can.
+CELERY_TASK_SOFT_TIME_LIMIT = 120
+CELERY_TASK_TIME_LIMIT = 180
 
 # The live overview: node workers and the scheduler announce changes through Redis.
 CHANNEL_LAYERS = {
@@ -259,14 +263,8 @@ SLOTSERVE_DRAIN_SECONDS = env_float("SLOTSERVE_DRAIN_SECONDS", 30)
 
 # Node workers (one per GPU machine).
 SLOTSERVE_NODE_NAME = env_str("SLOTSERVE_NODE_NAME", socket.gethostname())
+# Checked when the apps are ready (channels_app.apps): settings import no app code.
 SLOTSERVE_FAKE_GPUS = env_str("SLOTSERVE_FAKE_GPUS", "")
-if SLOTSERVE_FAKE_GPUS:
-    from channels_app.gpus import FakeGpuSpecError, parse_fake_gpus
-
-    try:
-        parse_fake_gpus(SLOTSERVE_FAKE_GPUS)
-    except FakeGpuSpecError as exc:
-        raise SettingError(str(exc)) from None
 SLOTSERVE_PROCESS_HOST = env_str("SLOTSERVE_PROCESS_HOST", "127.0.0.1")
 # More environment variables an inference process may inherit (docs/security.md).
 SLOTSERVE_PROCESS_ENV = env_list("SLOTSERVE_PROCESS_ENV", [])

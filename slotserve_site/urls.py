@@ -5,8 +5,14 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 from rest_framework.routers import DefaultRouter
 
-from channels_app.api import ChannelViewSet, LLMModelViewSet, ModelFileViewSet, NodeViewSet, PresetViewSet
-from channels_app.placement_api import PlacementView
+from channels_app.inventory.api import (
+    ChannelViewSet,
+    LLMModelViewSet,
+    ModelFileViewSet,
+    NodeViewSet,
+    PresetViewSet,
+)
+from channels_app.placement.api import PlacementView
 from gateway.api import ApiKeyViewSet
 from reservations.api import MeView, NotificationViewSet, ReservationViewSet
 from slotserve_site.metrics import metrics_view
@@ -52,5 +58,5 @@ urlpatterns = [
     path("api-auth/", include("rest_framework.urls")),
     path("health", health),
     path("metrics", metrics_view),
-    path("", include("reservations.urls")),
+    path("", include("portal.urls")),
 ]

@@ -14,11 +14,11 @@ import pytest
 import uvicorn
 from rest_framework.test import APIClient
 
-import channels_app.tasks
+import channels_app.dispatch
 from slotserve_site.celery import app as celery_app
 from tests import factories
 
-STANDIN = f"{sys.executable} -m channels_app.standin"
+STANDIN = f"{sys.executable} -m devtools.standin"
 
 
 @pytest.fixture(autouse=True)
@@ -29,17 +29,17 @@ def _eager_celery():
     celery_app.conf.task_always_eager = False
 
 
-REAL_SEND_TO_NODE = channels_app.tasks.send_to_node
+REAL_SEND_TO_NODE = channels_app.dispatch.send_to_node
 
 
 @pytest.fixture(autouse=True)
 def node_queue_sends(monkeypatch):
     """What the scheduler sent to node queues. Tests drive node workers themselves
-    (``channels_app.worker.reconcile`` with ``now`` injected), so nothing runs here."""
+    (``channels_app.node_agent.worker.reconcile`` with ``now`` injected), so nothing runs here."""
     sent: list[tuple[str, tuple[Any, ...], str]] = []
     monkeypatch.setattr(
-        "channels_app.tasks.send_to_node",
-        lambda task, args, node, countdown=None: sent.append((task.name, args, node)),
+        "channels_app.dispatch.send_to_node",
+        lambda task, args, node, countdown=None: sent.append((task, args, node)),
     )
     return sent
 
@@ -47,7 +47,7 @@ def node_queue_sends(monkeypatch):
 @pytest.fixture
 def real_node_queues(monkeypatch):
     """For the tests that run a real node worker on Redis."""
-    monkeypatch.setattr("channels_app.tasks.send_to_node", REAL_SEND_TO_NODE)
+    monkeypatch.setattr("channels_app.dispatch.send_to_node", REAL_SEND_TO_NODE)
     celery_app.conf.task_always_eager = False
 
 
@@ -116,7 +116,7 @@ def llama_server_bin() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory):
-    from channels_app.tinymodel import write_tiny_llama
+    from devtools.tinymodel import write_tiny_llama
 
     return write_tiny_llama(tmp_path_factory.mktemp("models") / "tiny.gguf")
 
@@ -130,8 +130,8 @@ def node_env(settings, tmp_path, llama_server_bin):
     settings.SLOTSERVE_FAKE_GPUS = "1x24GiB"
     yield
     # Stop whatever a failing test left running.
-    from channels_app import processes
     from channels_app.models import ChannelRuntime
+    from channels_app.node_agent import processes
 
     for runtime in ChannelRuntime.objects.exclude(pid=None):
         processes.send(runtime.pid, signal.SIGKILL)
@@ -189,7 +189,7 @@ def standins(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "channels_app.standin",
+                "devtools.standin",
                 "-m",
                 str(model),
                 "--host",

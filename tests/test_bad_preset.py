@@ -11,10 +11,10 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from channels_app.lifecycle import Phase
 from channels_app.models import ChannelRuntime, LoadRecord, Preset
-from channels_app.services import decide_channels
-from channels_app.tasks import node_tick
+from channels_app.node_agent.lifecycle import Phase
+from channels_app.node_agent.tasks import node_tick
+from channels_app.scheduling.services import decide_channels
 from tests import factories
 
 UNBALANCED = '-c "256 -ngl 99'

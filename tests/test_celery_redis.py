@@ -9,7 +9,7 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 
 from channels_app.models import ChannelTarget
-from channels_app.tasks import channel_redecide
+from channels_app.scheduling.tasks import channel_redecide
 from slotserve_site.celery import app as celery_app
 from tests import factories
 

@@ -8,7 +8,7 @@ import pytest
 import time_machine
 
 from channels_app.models import ChannelTarget
-from channels_app.tasks import scheduler_tick
+from channels_app.scheduling.tasks import scheduler_tick
 from tests.factories import iso
 
 T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)

@@ -6,9 +6,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from channels_app import worker
 from channels_app.models import LLMModel, ModelFile
-from channels_app.tinymodel import write_tiny_llama
+from channels_app.node_agent import worker
+from devtools.tinymodel import write_tiny_llama
 from tests import factories
 
 

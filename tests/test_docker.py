@@ -69,7 +69,7 @@ def test_env_example_defines_every_variable_compose_needs():
 
 def test_dockerfile_copies_every_package():
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
-    for package in ("slotserve_site", "channels_app", "reservations", "gateway", "templates"):
+    for package in ("slotserve_site", "channels_app", "reservations", "gateway", "portal", "templates"):
         assert f"COPY {package} {package}" in dockerfile
 
 

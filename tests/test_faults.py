@@ -16,8 +16,8 @@ import redis
 from django.test import Client
 from django.utils import timezone
 
-from channels_app import worker
 from channels_app.models import Channel
+from channels_app.node_agent import worker
 from gateway.counters import GATE, key
 from tests import factories
 from tests.conftest import free_port
@@ -207,7 +207,7 @@ def test_redis_down_gives_an_openai_503_with_retry_after_and_health_says_so(
 HOLDER = """
 import sys, time
 import redis
-from channels_app.locks import held
+from channels_app.node_agent.locks import held
 
 url, name, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
 with held(redis.Redis.from_url(url), name, ttl) as mine:

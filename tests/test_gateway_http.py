@@ -14,7 +14,7 @@ import pytest
 from django.utils import timezone
 
 from channels_app.models import ChannelRuntime
-from channels_app.worker import in_flight, redis_client
+from channels_app.node_agent.worker import in_flight, redis_client
 from gateway.counters import GATE, INFLIGHT, key
 from gateway.services import api_key_create, api_key_revoke
 from tests import factories
@@ -258,9 +258,9 @@ def test_client_disconnect_cancels_the_upstream_and_releases_the_count(gateway_u
 
 def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, world, standins):
     """A slow stream is in flight when the target changes: it completes; new requests get 503."""
-    from channels_app import worker
-    from channels_app.lifecycle import Phase
     from channels_app.models import ChannelTarget
+    from channels_app.node_agent import worker
+    from channels_app.node_agent.lifecycle import Phase
 
     port, _ = standins("qwen2", "--standin-chunks", "60", "--standin-chunk-delay", "30")
     model = factories.llm("qwen2")

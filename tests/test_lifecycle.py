@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from channels_app.lifecycle import (
+from channels_app.node_agent.lifecycle import (
     Failure,
     Kill,
     LoadFinished,
@@ -22,7 +22,7 @@ from channels_app.lifecycle import (
     retry_delay,
     step,
 )
-from channels_app.scheduling import Target
+from channels_app.scheduling.decision import Target
 
 T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
 A = Target(1, 10)  # the default
@@ -426,6 +426,6 @@ def test_retry_delay():
     ],
 )
 def test_follow_up_delay(phase, age, delay):
-    from channels_app.tasks import follow_up_delay
+    from channels_app.node_agent.tasks import follow_up_delay
 
     assert follow_up_delay(phase, age) == (pytest.approx(delay) if delay is not None else None)

@@ -8,8 +8,8 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 from django.utils import timezone
 
-from channels_app.live import OverviewConsumer
-from channels_app.services import decide_channels
+from channels_app.scheduling.services import decide_channels
+from portal.live import OverviewConsumer
 from tests import factories
 
 

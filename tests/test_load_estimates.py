@@ -2,7 +2,7 @@
 
 import pytest
 
-from channels_app.load_estimates import estimate_load_seconds
+from channels_app.scheduling.load_estimates import estimate_load_seconds
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from channels_app.memory import (
+from channels_app.placement.memory import (
     DEFAULT_OVERHEAD_BYTES,
     ShapeUnreadable,
     estimate_for,

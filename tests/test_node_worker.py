@@ -15,15 +15,15 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from channels_app import processes, worker
-from channels_app.lifecycle import Phase
 from channels_app.models import ChannelRuntime, ChannelTarget, LoadRecord
-from channels_app.services import decide_channels
+from channels_app.node_agent import processes, worker
+from channels_app.node_agent.lifecycle import Phase
+from channels_app.scheduling.services import decide_channels
 from gateway.counters import INFLIGHT, key
 from reservations.models import Notification
 from tests import factories
 
-STANDIN = f"{sys.executable} -m channels_app.standin"
+STANDIN = f"{sys.executable} -m devtools.standin"
 
 
 def converge(
@@ -87,7 +87,7 @@ def test_switching_presets_drains_then_restarts(node_env, tiny, settings):
     first = converge(channel, until={Phase.READY})
     first_pid = first.pid
     # An admin switches the channel to the other preset while a request is in flight.
-    from channels_app.services import override_set
+    from channels_app.scheduling.services import override_set
 
     override_set(
         channel=channel,
@@ -243,7 +243,8 @@ def test_tick_reaches_the_node_worker_through_redis(node_env, tiny, real_node_qu
 
     from celery.contrib.testing.worker import start_worker
 
-    from channels_app.tasks import node_queue, scheduler_tick
+    from channels_app.dispatch import node_queue
+    from channels_app.scheduling.tasks import scheduler_tick
     from slotserve_site.celery import app
 
     suffix = uuid.uuid4().hex[:8]

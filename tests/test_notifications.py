@@ -8,7 +8,7 @@ import pytest
 import time_machine
 from django.core import mail
 
-from channels_app.tasks import scheduler_tick
+from channels_app.scheduling.tasks import scheduler_tick
 from reservations.models import Notification
 from reservations.notifications import notify
 from reservations.profiles import profile_for

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from channels_app.placement import Candidate, ScoreMaximums, Wanted, place
-from channels_app.scheduling import Target
+from channels_app.placement.chains import Candidate, ScoreMaximums, Wanted, place
+from channels_app.scheduling.decision import Target
 
 GiB = 2**30
 WANT = Wanted(model="qwen", backend="llama.cpp", target=Target(1, 1), labels={}, need_bytes=20 * GiB)

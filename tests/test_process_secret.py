@@ -12,10 +12,10 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from channels_app import processes
-from channels_app.lifecycle import Phase
 from channels_app.models import ChannelRuntime
-from channels_app.services import decide_channels
+from channels_app.node_agent import processes
+from channels_app.node_agent.lifecycle import Phase
+from channels_app.scheduling.services import decide_channels
 from tests import factories
 from tests.test_node_worker import converge
 

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from channels_app.scheduling import (
+from channels_app.scheduling.decision import (
     DecisionInput,
     OverrideFacts,
     Reason,

@@ -11,10 +11,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django_celery_beat.models import PeriodicTask
 
-from channels_app.beat import TICK_TASK_NAME
+from channels_app.dispatch import SCHEDULER_TICK as TICK_TASK
 from channels_app.models import ChannelTarget
-from channels_app.services import decide_channels
-from channels_app.tasks import TICK_TASK
+from channels_app.scheduling.beat import TICK_TASK_NAME
+from channels_app.scheduling.services import decide_channels
 from tests import factories
 
 T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
@@ -66,7 +66,7 @@ def test_tick_changes_targets_only_when_the_decision_changes():
 @pytest.mark.django_db
 def test_tick_task_runs_through_celery():
     build(1)
-    from channels_app.tasks import scheduler_tick
+    from channels_app.scheduling.tasks import scheduler_tick
 
     with time_machine.travel(T0 + HOUR + timedelta(minutes=5), tick=False):
         assert scheduler_tick.delay().get() == 1

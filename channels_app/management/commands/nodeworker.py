@@ -14,9 +14,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 
-from channels_app import worker
+from channels_app.dispatch import node_queue
 from channels_app.models import Channel
-from channels_app.tasks import node_queue
+from channels_app.node_agent import worker
 from slotserve_site.celery import app
 
 

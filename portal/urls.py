@@ -1,6 +1,7 @@
 from django.urls import path
 
-from reservations import portal, portal_actions
+from portal import actions as portal_actions
+from portal import views as portal
 
 app_name = "portal"
 

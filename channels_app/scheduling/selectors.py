@@ -16,9 +16,9 @@ from django.conf import settings
 from django.db.models import F, OuterRef, Q, QuerySet, Subquery, Window
 from django.db.models.functions import RowNumber
 
-from channels_app.load_estimates import RECENT_LOADS, estimate_load_seconds
 from channels_app.models import Channel, LLMModel, LoadRecord, Override
-from channels_app.scheduling import DecisionInput, OverrideFacts, SchedulingSettings, Slot, Target
+from channels_app.scheduling.decision import DecisionInput, OverrideFacts, SchedulingSettings, Slot, Target
+from channels_app.scheduling.load_estimates import RECENT_LOADS, estimate_load_seconds
 from reservations.models import SCHEDULED_STATUSES, Reservation, ReservationStatus
 
 

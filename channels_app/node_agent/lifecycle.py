@@ -2,7 +2,7 @@
 
 ``step`` takes a channel's process state, what it should run, what was
 observed of the process and ``now``, and returns the next state and the
-actions to perform. The node worker (``channels_app.worker``) observes,
+actions to perform. The node worker (``channels_app.node_agent.worker``) observes,
 steps and acts; every step is short, never waits, and is safe to repeat.
 
 Phases: stopped → loading → ready → draining → stopping → stopped;
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from channels_app.scheduling import Target
+from channels_app.scheduling.decision import Target
 
 RETRY_FIRST_SECONDS = 30
 RETRY_MAX_SECONDS = 600
@@ -146,7 +146,7 @@ OOM_PATTERNS = re.compile(
 )
 
 
-# How the node worker's record of a launch that never ran begins (channels_app.worker._launch).
+# How the node worker's record of a launch that never ran begins (channels_app.node_agent.worker._launch).
 LAUNCH_FAILED = "could not start"
 
 

@@ -1,4 +1,4 @@
-"""Reads that turn the database into placement candidates (``channels_app.placement``)."""
+"""Reads that turn the database into placement candidates (``channels_app.placement.chains``)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from datetime import datetime, timedelta
 
 from django.db.models import Q
 
-from channels_app.memory import ShapeUnreadable, estimate_for
 from channels_app.models import Channel, LLMModel, Preset
-from channels_app.placement import Candidate, Wanted
-from channels_app.scheduling import Target
+from channels_app.placement.chains import Candidate, Wanted
+from channels_app.placement.memory import ShapeUnreadable, estimate_for
+from channels_app.scheduling.decision import Target
 from reservations.models import Reservation
 
 # Booked time is measured this far around the requested slot, for the spread policy.

@@ -1,4 +1,4 @@
-"""The node worker's shell around ``channels_app.lifecycle``: observe, step, act, store.
+"""The node worker's shell around ``channels_app.node_agent.lifecycle``: observe, step, act, store.
 
 The node worker is the only writer of ``ChannelRuntime`` and of load records
 (STYLE.md, one writer per fact). Each reconcile is short and never waits for
@@ -23,9 +23,19 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from channels_app import discovery, gpus, live, locks, processes
-from channels_app.backends import Backend
-from channels_app.lifecycle import (
+from channels_app.inventory.backends import Backend
+from channels_app.models import (
+    Channel,
+    ChannelRuntime,
+    ChannelTarget,
+    Gpu,
+    LLMModel,
+    LoadRecord,
+    Node,
+    Preset,
+)
+from channels_app.node_agent import discovery, gpus, locks, processes
+from channels_app.node_agent.lifecycle import (
     LAUNCH_FAILED,
     Failure,
     Kill,
@@ -40,23 +50,14 @@ from channels_app.lifecycle import (
     effective_target,
     step,
 )
-from channels_app.models import (
-    Channel,
-    ChannelRuntime,
-    ChannelTarget,
-    Gpu,
-    LLMModel,
-    LoadRecord,
-    Node,
-    Preset,
-)
-from channels_app.scheduling import Reason, Target
+from channels_app.scheduling.decision import Reason, Target
 from gateway.counters import GATE, in_flight_counts, key
+from portal import live
 
 log = logging.getLogger(__name__)
 
 SERVES_RESERVATION = {Reason.ACTIVE_RESERVATION, Reason.PRELOAD_NEXT, Reason.SKIP_DEFAULT_SHORT_GAP}
-# A reconcile holds its channel's lock for this long, renewed while it runs (channels_app.locks):
+# A reconcile holds its channel's lock for this long, renewed while it runs (channels_app.node_agent.locks):
 # a worker that dies holding it frees the channel within the lock time, less than a tick.
 LOCK_SECONDS = 2.0
 # A closed gate outlives a worker that died while switching, but not forever.

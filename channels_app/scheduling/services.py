@@ -1,7 +1,7 @@
 """Writes of the scheduler: each channel's target, overrides and reloads.
 
 The scheduler is the only writer of ``ChannelTarget`` (STYLE.md, one writer
-per fact); the decision itself is ``channels_app.scheduling.decide``.
+per fact); the decision itself is ``channels_app.scheduling.decision.decide``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 
-from channels_app import live, selectors
+from channels_app.dispatch import enqueue_redecide
 from channels_app.models import Channel, ChannelTarget, LLMModel, Override, Preset
-from channels_app.scheduling import Decision, PlanSegment, decide, decide_at, plan
+from channels_app.scheduling import selectors
+from channels_app.scheduling.decision import Decision, PlanSegment, decide, decide_at, plan
+from portal import live
 
 log = logging.getLogger(__name__)
 
@@ -91,25 +93,6 @@ def decide_channels(*, now: datetime, channel_ids: Iterable[int] | None = None) 
     if changed:
         log.info("scheduler: %d of %d channels have a new target", len(changed), len(facts))
     return TickResult(channels=len(facts), changed=changed)
-
-
-def enqueue_redecide(channel_id: int) -> None:
-    """Re-decide one channel right after the current transaction commits (SPEC §2)."""
-    from channels_app.tasks import channel_redecide
-
-    def send() -> None:
-        try:
-            channel_redecide.apply_async(
-                args=(channel_id,),
-                retry=True,
-                retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.2},
-            )
-        except Exception:
-            # The change is committed; the next tick (SLOTSERVE_TICK_SECONDS)
-            # re-decides the channel anyway. Say loudly that it was late.
-            log.exception("could not enqueue the re-decision of channel %s; the next tick will", channel_id)
-
-    transaction.on_commit(send)
 
 
 def decision_for(*, channel: Channel, now: datetime, at: datetime) -> Decision:

@@ -1,8 +1,8 @@
 """A stand-in inference server for machines without a GPU.
 
-    python -m channels_app.standin -m PATH --host H --port P --alias NAME [options]        # llama.cpp
-    python -m channels_app.standin serve PATH --host H --port P --served-model-name NAME   # vLLM
-    python -m channels_app.standin --model-path PATH --host H --port P --served-model-name NAME  # SGLang
+    python -m devtools.standin -m PATH --host H --port P --alias NAME [options]        # llama.cpp
+    python -m devtools.standin serve PATH --host H --port P --served-model-name NAME   # vLLM
+    python -m devtools.standin --model-path PATH --host H --port P --served-model-name NAME  # SGLang
 
 It accepts the command lines SlotServe gives each backend, answers
 ``GET /health`` (503 while "loading", then 200) and the OpenAI endpoints

@@ -9,7 +9,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from channels_app.models import Channel, Gpu, LLMModel, ModelFile, Node, Preset, preset_args_error
-from channels_app.scheduling import Decision, PlanSegment, Target
+from channels_app.scheduling.decision import Decision, PlanSegment, Target
 from slotserve_site.api_fields import IdOrNameField
 
 
@@ -245,7 +245,7 @@ class PresetSerializer(serializers.ModelSerializer[Preset]):
 
     def get_memory(self, preset: Preset) -> dict[str, Any]:
         """The GPU memory estimate in bytes, or why there is none (the file is not on this machine)."""
-        from channels_app.memory import ShapeUnreadable, estimate_for
+        from channels_app.placement.memory import ShapeUnreadable, estimate_for
 
         try:
             estimate = estimate_for(

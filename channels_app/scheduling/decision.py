@@ -3,8 +3,8 @@
 ``decide`` answers "what should this channel run at ``now``, why, and until
 when does that answer hold?" from plain data. ``plan`` strings decisions
 together into a timeline. Nothing here touches the database, the clock or a
-process: ``channels_app.selectors`` gathers the inputs and
-``channels_app.services`` stores the outcome.
+process: ``channels_app.scheduling.selectors`` gathers the inputs and
+``channels_app.scheduling.services`` stores the outcome.
 """
 
 from __future__ import annotations

@@ -17,10 +17,7 @@ from rest_framework.generics import get_object_or_404
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from channels_app import processes, selectors, services
-from channels_app.models import Channel, ChannelRuntime, LLMModel, ModelFile, Node, Override, Preset
-from channels_app.scheduling import Target
-from channels_app.serializers import (
+from channels_app.inventory.serializers import (
     ChannelSerializer,
     LLMModelSerializer,
     ModelFileSerializer,
@@ -29,6 +26,10 @@ from channels_app.serializers import (
     decision_json,
     plan_json,
 )
+from channels_app.models import Channel, ChannelRuntime, LLMModel, ModelFile, Node, Override, Preset
+from channels_app.node_agent import processes
+from channels_app.scheduling import selectors, services
+from channels_app.scheduling.decision import Target
 from slotserve_site.api_fields import IdOrNameField, IsStaffOrReadOnly, MomentField, moment_param
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.conf import settings
 
-from channels_app.tasks import TICK_TASK
+from channels_app.dispatch import SCHEDULER_TICK as TICK_TASK
 
 TICK_TASK_NAME = "SlotServe scheduler tick"
 

@@ -1,0 +1,69 @@
+"""Where work is sent: the Celery task names and queues the stages share.
+
+The scheduler, the node agent and the reservation services hand work to each
+other through Celery by *name*, so no stage imports another's tasks: the
+scheduler never imports the node agent, and the services never import a
+task module (no import cycles; ``./slotserve check`` enforces it).
+
+The scheduler's tasks run on the default queue (beat's worker); each node's
+tasks run on that node's own queue, ``node.<name>``, consumed only by its
+node worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+
+log = logging.getLogger(__name__)
+
+SCHEDULER_TICK = "channels_app.scheduling.tasks.scheduler_tick"
+CHANNEL_REDECIDE = "channels_app.scheduling.tasks.channel_redecide"
+NODE_TICK = "channels_app.node_agent.tasks.node_tick"
+CHANNEL_RECONCILE = "channels_app.node_agent.tasks.channel_reconcile"
+NOTIFICATION_EMAIL = "reservations.tasks.send_notification_email"
+
+
+def _send(task_name: str, **options: Any) -> None:
+    """Send by name; through the registered task where this process has it, so that eager
+    mode (tests, ``SLOTSERVE_CELERY_EAGER``) runs it in place."""
+    task = current_app.tasks.get(task_name)
+    if task is not None:
+        task.apply_async(**options)
+    else:
+        current_app.send_task(task_name, **options)
+
+
+def node_queue(node_name: str) -> str:
+    return f"node.{node_name}"
+
+
+def send_to_node(
+    task_name: str, args: tuple[Any, ...], node_name: str, countdown: float | None = None
+) -> None:
+    """Enqueue a node task on the node's queue; a late one expires before the next tick."""
+    expires = settings.SLOTSERVE_TICK_SECONDS + (countdown or 0)
+    _send(task_name, args=(*args,), queue=node_queue(node_name), countdown=countdown, expires=expires)
+
+
+def enqueue_redecide(channel_id: int) -> None:
+    """Re-decide one channel right after the current transaction commits (SPEC §2)."""
+
+    def send() -> None:
+        try:
+            _send(
+                CHANNEL_REDECIDE,
+                args=(channel_id,),
+                retry=True,
+                retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.2},
+            )
+        except Exception:
+            # The change is committed; the next tick (SLOTSERVE_TICK_SECONDS)
+            # re-decides the channel anyway. Say loudly that it was late.
+            log.exception("could not enqueue the re-decision of channel %s; the next tick will", channel_id)
+
+    transaction.on_commit(send)

@@ -1,0 +1,73 @@
+"""The node agent's Celery tasks, consumed on each node's own queue (``node.<name>``)."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.utils import timezone
+
+from channels_app import dispatch
+from channels_app.models import Channel
+from channels_app.node_agent import worker
+from channels_app.node_agent.lifecycle import ProcessState
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name=dispatch.NODE_TICK, ignore_result=True, soft_time_limit=60, time_limit=90)
+def node_tick(node_name: str) -> int:
+    """On the node: heartbeat with its GPUs, then reconcile each of its channels."""
+    now = timezone.now()
+    try:
+        worker.heartbeat(node_name=node_name, now=now)
+    except Exception:  # the channels still need their reconcile; the next tick retries
+        log.exception("node %s: the heartbeat failed", node_name)
+    channel_ids = list(Channel.objects.filter(node__name=node_name).values_list("pk", flat=True))
+    for channel_id in channel_ids:
+        # One channel's error never stops the node's other channels.
+        try:
+            state = worker.reconcile(channel_id=channel_id, now=timezone.now())
+        except Exception:
+            log.exception(
+                "node %s: reconciling channel %s failed; the other channels go on", node_name, channel_id
+            )
+            continue
+        _follow_up(channel_id, state, node_name)
+    return len(channel_ids)
+
+
+# While a process loads, drains or stops, look again soon rather than at the
+# next tick: after 50 ms at first, then less often the longer the phase lasts
+# (a tenth of its age, at most a second), so a switch costs the backend's own
+# time plus milliseconds, and a ten-minute load costs one probe a second.
+TRANSIENT = {"loading", "stopping", "draining"}
+FOLLOW_UP_MIN_SECONDS = 0.05
+FOLLOW_UP_MAX_SECONDS = 1.0
+
+
+def follow_up_delay(phase: str, age_seconds: float) -> float | None:
+    if phase not in TRANSIENT:
+        return None
+    return min(max(age_seconds / 10, FOLLOW_UP_MIN_SECONDS), FOLLOW_UP_MAX_SECONDS)
+
+
+@shared_task(name=dispatch.CHANNEL_RECONCILE, ignore_result=True, soft_time_limit=30, time_limit=45)
+def channel_reconcile(channel_id: int) -> str | None:
+    """On the node: one lifecycle step of one channel; returns the phase after it."""
+    state = worker.reconcile(channel_id=channel_id, now=timezone.now())
+    if state is None:
+        return None
+    node_name = Channel.objects.values_list("node__name", flat=True).get(pk=channel_id)
+    _follow_up(channel_id, state, node_name)
+    return state.phase.value
+
+
+def _follow_up(channel_id: int, state: ProcessState | None, node_name: str) -> None:
+    """Each step stays short; the next one is a new task (every phase ends by its timeout)."""
+    if state is None:
+        return
+    age = (timezone.now() - state.since).total_seconds() if state.since else 0.0
+    delay = follow_up_delay(state.phase.value, age)
+    if delay is not None:
+        dispatch.send_to_node(dispatch.CHANNEL_RECONCILE, (channel_id,), node_name, countdown=delay)
