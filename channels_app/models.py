@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from channels_app.inventory.backends import Backend, effective_args
 from channels_app.scheduling.decision import Target
+from channels_app.vocabulary import Phase, Reason
 
 # A node is ready while its heartbeat is younger than this many ticks (SPEC §7).
 HEARTBEAT_TICKS = 3
@@ -307,7 +308,7 @@ class ChannelTarget(models.Model):
     channel = models.OneToOneField(Channel, on_delete=models.CASCADE, primary_key=True, related_name="target")
     model = models.ForeignKey(LLMModel, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     preset = models.ForeignKey(Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    reason = models.CharField(max_length=40)
+    reason = models.CharField(max_length=40, choices=Reason.choices)
     valid_until = models.DateTimeField(null=True, blank=True)
     reservation = models.ForeignKey(
         "reservations.Reservation", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -319,21 +320,6 @@ class ChannelTarget(models.Model):
 
     def __str__(self) -> str:
         return f"{self.channel_id}: {self.model_id}/{self.preset_id} ({self.reason})"
-
-
-class Phase(models.TextChoices):
-    """Phases of a channel's inference process (SPEC §4).
-
-    stopped → loading → ready → draining → stopping → stopped;
-    loading → failed (exit or load timeout); failed → loading (retry).
-    """
-
-    STOPPED = "stopped"
-    LOADING = "loading"
-    READY = "ready"
-    DRAINING = "draining"
-    STOPPING = "stopping"
-    FAILED = "failed"
 
 
 class ChannelRuntime(models.Model):

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from channels_app.vocabulary import ErrorCode, Phase
+
 
 @dataclass(frozen=True)
 class Booking:
@@ -66,52 +68,52 @@ def admit(*, caller_id: int, channel: ChannelView, now: datetime) -> Refusal | N
     if booking is not None and booking.user_id != caller_id:
         return Refusal(
             403,
-            "gpu_reserved",
+            ErrorCode.GPU_RESERVED,
             f"channel {channel.name} is reserved by someone else until "
             f"{booking.end.isoformat().replace('+00:00', 'Z')}",
         )
     if booking is not None and booking.exclusive:
         return Refusal(
             503,
-            "gpu_exclusive",
+            ErrorCode.GPU_EXCLUSIVE,
             f"channel {channel.name} is booked whole-card: no inference process runs during your reservation",
             _seconds((booking.end - now).total_seconds()),
         )
-    if channel.switching or channel.phase in ("draining", "stopping"):
+    if channel.switching or channel.phase in (Phase.DRAINING, Phase.STOPPING):
         drain_left = (
             max(_remaining(channel.drain_seconds, channel.since, now), 0)
-            if channel.phase == "draining"
+            if channel.phase == Phase.DRAINING
             else 0
-            if channel.phase == "stopping"
+            if channel.phase == Phase.STOPPING
             else channel.drain_seconds
         )
         return Refusal(
             503,
-            "model_switching",
+            ErrorCode.MODEL_SWITCHING,
             f"channel {channel.name} is switching models",
             _seconds(drain_left + channel.next_load_seconds),
         )
-    if channel.phase == "loading":
+    if channel.phase == Phase.LOADING:
         return Refusal(
             503,
-            "model_loading",
+            ErrorCode.MODEL_LOADING,
             f"channel {channel.name} is loading {channel.model}",
             _seconds(_remaining(channel.load_seconds, channel.since, now)),
         )
-    if channel.phase != "ready" or channel.upstream is None or channel.model is None:
-        if channel.targets_model is not None and channel.phase == "failed":
+    if channel.phase != Phase.READY or channel.upstream is None or channel.model is None:
+        if channel.targets_model is not None and channel.phase == Phase.FAILED:
             return Refusal(
                 503,
-                "model_loading",
+                ErrorCode.MODEL_LOADING,
                 f"channel {channel.name} failed to load {channel.targets_model} and retries soon",
                 _seconds(channel.next_load_seconds),
             )
-        return Refusal(404, "model_not_loaded", f"channel {channel.name} runs no model now")
+        return Refusal(404, ErrorCode.MODEL_NOT_LOADED, f"channel {channel.name} runs no model now")
     return None
 
 
 def _loaded_where(channels: Sequence[ChannelView]) -> str:
-    loaded = [f"{c.model} on {c.name}" for c in channels if c.phase == "ready" and c.model]
+    loaded = [f"{c.model} on {c.name}" for c in channels if c.phase == Phase.READY and c.model]
     return "; loaded now: " + ", ".join(loaded) if loaded else "; no model is loaded now"
 
 
@@ -136,14 +138,16 @@ def route(
         if match is None:
             return Route(
                 None,
-                Refusal(404, "model_not_loaded", f"no channel named {pinned!r}" + _loaded_where(channels)),
+                Refusal(
+                    404, ErrorCode.MODEL_NOT_LOADED, f"no channel named {pinned!r}" + _loaded_where(channels)
+                ),
             )
         return Route(match, admit(caller_id=caller_id, channel=match, now=now))
     mine = next((c for c in channels if c.booking is not None and c.booking.user_id == caller_id), None)
     if mine is not None:
         return Route(mine, admit(caller_id=caller_id, channel=mine, now=now))
     if not model:
-        return Route(None, Refusal(400, "invalid_request", "the request names no model"))
+        return Route(None, Refusal(400, ErrorCode.INVALID_REQUEST, "the request names no model"))
     usable = [
         c for c in channels if c.model == model and admit(caller_id=caller_id, channel=c, now=now) is None
     ]
@@ -156,10 +160,11 @@ def route(
     waiting = [r for r in refusals if r.status == 503]
     if waiting:
         return Route(None, min(waiting, key=lambda r: r.retry_after or 0))
-    if refusals and all(r.code == "gpu_reserved" for r in refusals):
+    if refusals and all(r.code == ErrorCode.GPU_RESERVED for r in refusals):
         return Route(None, refusals[0])
     return Route(
-        None, Refusal(404, "model_not_loaded", f"model {model!r} is not loaded" + _loaded_where(channels))
+        None,
+        Refusal(404, ErrorCode.MODEL_NOT_LOADED, f"model {model!r} is not loaded" + _loaded_where(channels)),
     )
 
 

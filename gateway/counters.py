@@ -33,32 +33,36 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from channels_app.inflight import COUNT, REDIS_NOW
+from channels_app.vocabulary import RedisKey, redis_key
 
-def key(kind: str, ident: object) -> str:
-    """A Redis key of this installation (``SLOTSERVE_REDIS_PREFIX``), e.g. ``slotserve:inflight:3``."""
-    from django.conf import settings
-
-    return f"{settings.SLOTSERVE_REDIS_PREFIX}:{kind}:{ident}"
+key = redis_key
 
 
-INFLIGHT, GATE = "inflight", "gate"
-USAGE_RESERVATION, USAGE_USER = "usage:reservation", "usage:user"
+INFLIGHT, GATE = RedisKey.INFLIGHT, RedisKey.GATE
+USAGE_RESERVATION, USAGE_USER = RedisKey.USAGE_RESERVATION, RedisKey.USAGE_USER
+# Time to first token, seconds: each request is counted into one of these buckets (/metrics).
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def ttft_bucket(seconds: float) -> str:
+    for bound in TTFT_BUCKETS:
+        if seconds <= bound:
+            return str(bound)
+    return "+Inf"
+
 
 # An in-flight entry lives this long unless its gateway refreshes it (every third of it).
 INFLIGHT_TTL_SECONDS = 15.0
 
 log = logging.getLogger(__name__)
 
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-"""
 
 # Count a request in, unless its channel's gate is closed: one round trip, and atomic.
 # ARGV: request id, entry lifetime in seconds. (The set's own expiry is left to REFRESH, off
 # the hot path; an entry that outlives its gateway is counted out by its score.)
 ENTER = (
-    _NOW
+    REDIS_NOW
     + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
@@ -71,7 +75,7 @@ return 1
 # (ZADD XX), so a request counted out meanwhile is not counted in again; a missing marker
 # means Redis lost its data (a restart), and every live request is added back.
 REFRESH = (
-    _NOW
+    REDIS_NOW
     + """
 local ttl = tonumber(ARGV[1])
 local lost = redis.call('EXISTS', KEYS[1]) == 0
@@ -87,28 +91,6 @@ redis.call('SET', KEYS[1], '1', 'EX', math.ceil(ttl * 2))
 return lost and 1 or 0
 """
 )
-
-# The live entries of each in-flight set in KEYS (expired ones are dropped on the way).
-COUNT = (
-    _NOW
-    + """
-local counts = {}
-for i = 1, #KEYS do
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
-  counts[i] = redis.call('ZCARD', KEYS[i])
-end
-return counts
-"""
-)
-
-
-def in_flight_counts(client: Any, channel_ids: Iterable[int]) -> dict[int, int]:
-    """Requests in flight per channel, for the node workers and /metrics (a sync Redis client)."""
-    ids = list(channel_ids)
-    if not ids:
-        return {}
-    counts = client.eval(COUNT, len(ids), *[key(INFLIGHT, i) for i in ids])
-    return {i: int(c) for i, c in zip(ids, counts, strict=True)}
 
 
 # Count an answer: KEYS status hash, TTFT hash, then the in-flight set and the usage hashes
@@ -158,7 +140,7 @@ class Counters:
         self.live: dict[str, int] = {}
         gateway_id = uuid.uuid4().hex[:8]
         self._ids = (f"{gateway_id}-{n}" for n in itertools.count())
-        self._marker = key("gateway", gateway_id)
+        self._marker = key(RedisKey.GATEWAY_MARKER, gateway_id)
         self._refresher: asyncio.Task[None] | None = None
         self._last_enter = 0.0
 
@@ -271,11 +253,9 @@ class Counters:
         completion: int,
         request_id: str = "",
     ) -> None:
-        from slotserve_site.metrics import GATEWAY_STATUS, GATEWAY_TTFT, ttft_bucket
-
         await self._run(
             LEAVE,
-            [key(GATEWAY_STATUS, "all"), key(GATEWAY_TTFT, "all"), *keys],
+            [key(RedisKey.GATEWAY_STATUS, "all"), key(RedisKey.GATEWAY_TTFT, "all"), *keys],
             [
                 "1" if keys else "0",
                 "" if status is None else str(status),

@@ -25,6 +25,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from channels_app.vocabulary import ErrorCode, Phase
 from gateway.access import ChannelView, Refusal, admit, models_for, route
 from gateway.counters import Counters
 from gateway.snapshot import Caller, Snapshot, SnapshotCache
@@ -160,7 +161,7 @@ class Gateway:
                 await respond(
                     answer.send,
                     503,
-                    error_body(503, "service_unavailable", message),
+                    error_body(503, ErrorCode.SERVICE_UNAVAILABLE, message),
                     [(b"retry-after", str(UNAVAILABLE_RETRY_AFTER).encode())],
                 )
             return
@@ -179,7 +180,7 @@ class Gateway:
                 401,
                 error_body(
                     401,
-                    "invalid_api_key",
+                    ErrorCode.INVALID_API_KEY,
                     "a valid API key is needed: Authorization: Bearer <key> (create one in the portal)",
                 ),
             )
@@ -189,7 +190,9 @@ class Gateway:
         elif path in PROXIED and method == "POST":
             await self.proxy(receive, send, snapshot, caller, pinned, path, answer)
         else:
-            await respond(send, 404, error_body(404, "not_found", f"no endpoint {method} {scope['path']}"))
+            await respond(
+                send, 404, error_body(404, ErrorCode.NOT_FOUND, f"no endpoint {method} {scope['path']}")
+            )
 
     async def models(self, send: Send, snapshot: Snapshot, caller: Caller, pinned: str | None) -> None:
         channels = [c for c in snapshot.channels if pinned is None or c.name == pinned]
@@ -231,17 +234,17 @@ class Gateway:
             raw = await self.read_body(receive)
         except BodyTooLarge:
             message = f"the request body is larger than {self.max_body} bytes"
-            await respond(send, 413, error_body(413, "request_too_large", message))
+            await respond(send, 413, error_body(413, ErrorCode.REQUEST_TOO_LARGE, message))
             return
         if raw is None:
             return
         body, problem = parse_body(raw)
         if body is None:
-            await respond(send, 400, error_body(400, "invalid_request", problem))
+            await respond(send, 400, error_body(400, ErrorCode.INVALID_REQUEST, problem))
             return
         now = timezone.now()
         model = body.get("model")
-        candidates = [c for c in snapshot.channels if c.model == model and c.phase == "ready"]
+        candidates = [c for c in snapshot.channels if c.model == model and c.phase == Phase.READY]
         in_flight = await self.counters.in_flight(c.id for c in candidates) if len(candidates) > 1 else {}
         chosen = route(
             caller_id=caller.user_id,
@@ -252,13 +255,17 @@ class Gateway:
             now=now,
         )
         if chosen.refusal is not None or chosen.channel is None:
-            await refuse(send, chosen.refusal or Refusal(404, "model_not_loaded", "no channel serves this"))
+            await refuse(
+                send, chosen.refusal or Refusal(404, ErrorCode.MODEL_NOT_LOADED, "no channel serves this")
+            )
             return
         channel = chosen.channel
         request_id = await self.counters.enter(channel.id)
         if request_id is None:
             refusal = admit(caller_id=caller.user_id, channel=_with_switching(channel, True), now=now)
-            await refuse(send, refusal or Refusal(503, "model_switching", "the channel is switching", 1))
+            await refuse(
+                send, refusal or Refusal(503, ErrorCode.MODEL_SWITCHING, "the channel is switching", 1)
+            )
             return
         usage = Usage()
         try:
@@ -320,7 +327,7 @@ class Gateway:
             except httpx.HTTPError as exc:
                 if not cancel.fired:
                     message = f"channel {channel.name}'s process did not answer: {exc!r}"
-                    await respond(send, 502, error_body(502, "upstream_unreachable", message))
+                    await respond(send, 502, error_body(502, ErrorCode.UPSTREAM_UNREACHABLE, message))
                 return
             try:
                 await self.relay(send, response, streaming, strip_usage, usage, channel, cancel, watcher)
@@ -354,7 +361,7 @@ class Gateway:
             except httpx.HTTPError as exc:
                 if not cancel.fired:
                     message = f"channel {channel.name}'s process broke off its answer: {exc!r}"
-                    await respond(send, 502, error_body(502, "upstream_failed", message))
+                    await respond(send, 502, error_body(502, ErrorCode.UPSTREAM_FAILED, message))
                 return
             with contextlib.suppress(ValueError):
                 usage.add(json.loads(content))
@@ -382,7 +389,7 @@ class Gateway:
                 "error": {
                     "message": f"channel {channel.name}'s process ended the stream: {exc!r}",
                     "type": "server_error",
-                    "code": "upstream_failed",
+                    "code": ErrorCode.UPSTREAM_FAILED,
                 }
             }
             tail = (events.flush() if events is not None else b"") + b"data: " + json.dumps(event).encode()

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from channels_app.node_agent.processes import url_host
+from channels_app.vocabulary import SERVING_PHASES, Phase
 from gateway.access import Booking, ChannelView
 
 log = logging.getLogger(__name__)
@@ -81,13 +82,13 @@ def _read_snapshot() -> Snapshot:
         running = Target(runtime.model_id, runtime.preset_id) if runtime and runtime.model_id else None
         heading = Target(target.model_id, target.preset_id) if target and target.model_id else None
         upstream = None
-        if runtime is not None and runtime.port and runtime.phase in ("loading", "ready", "draining"):
+        if runtime is not None and runtime.port and runtime.phase in SERVING_PHASES:
             upstream = f"http://{url_host(runtime.host)}:{runtime.port}"
         views.append(
             ChannelView(
                 id=channel.pk,
                 name=channel.name,
-                phase=runtime.phase if runtime else "stopped",
+                phase=runtime.phase if runtime else Phase.STOPPED,
                 model=runtime.model.name if runtime and runtime.model else None,
                 upstream=upstream,
                 since=runtime.since if runtime else now,

@@ -24,11 +24,12 @@ from icalendar import Calendar, Event
 
 from channels_app.models import Channel, Preset
 from channels_app.scheduling.services import InvalidInput, channel_reload, override_clear, override_set
+from channels_app.vocabulary import NotificationEvent
 from gateway.models import ApiKey
 from gateway.services import api_key_create, api_key_revoke
 from portal.forms import ApiKeyForm, BookingForm, ExtendForm, OverrideForm, PreferencesForm, RejectForm
 from reservations import services
-from reservations.models import Notification, NotificationEvent, Profile, Reservation, ReservationStatus
+from reservations.models import Notification, Profile, Reservation, ReservationStatus
 from reservations.profiles import profile_for
 from reservations.services import InvalidTransition, ReservationConflict
 

@@ -8,7 +8,7 @@ from typing import Any
 from django import forms
 
 from channels_app.models import Channel, LLMModel, Preset
-from reservations.models import NotificationEvent
+from channels_app.vocabulary import NotificationEvent
 
 LOCAL_INPUT = ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M"]
 

@@ -14,8 +14,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from channels_app.models import Channel, LLMModel, Preset
+from channels_app.vocabulary import NotificationEvent
 from reservations import hints, services
-from reservations.models import Notification, NotificationEvent, Profile, Reservation
+from reservations.models import Notification, Profile, Reservation
 from reservations.profiles import profile_for
 from slotserve_site.api_fields import IdOrNameField, MomentField, current_user, moment_param
 

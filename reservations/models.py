@@ -13,6 +13,7 @@ from django.db.models import Func, Q
 from django.utils import timezone
 
 from channels_app.scheduling.decision import Slot, Target
+from channels_app.vocabulary import NotificationEvent
 
 
 class ReservationStatus(models.TextChoices):
@@ -176,7 +177,7 @@ class Notification(models.Model):
     """An in-app notification; ``key`` makes an event be sent once per user."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notifications")
-    event = models.CharField(max_length=40)
+    event = models.CharField(max_length=40, choices=NotificationEvent.choices)
     text = models.TextField()
     link = models.CharField(max_length=500, blank=True)
     key = models.CharField(max_length=200, null=True, blank=True)
@@ -197,22 +198,6 @@ class Notification(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user}: {self.event}"
-
-
-class NotificationEvent(models.TextChoices):
-    """The kinds of notification SlotServe sends (SPEC §5)."""
-
-    SUBMITTED = "submitted", "A booking awaits approval"
-    APPROVED = "approved", "Your booking was approved"
-    REJECTED = "rejected", "Your booking was rejected"
-    STARTING_SOON = "starting_soon", "Your booking starts in 15 minutes"
-    MODEL_READY = "model_ready", "The model of your booking is ready"
-    LOAD_FAILED = "load_failed", "The model of your booking failed to load"
-    FALLBACK = "fallback", "Your booking runs on the fallback model"
-    RECOVERED = "recovered", "Your booking's model recovered"
-    ENDED_EARLY = "ended_early", "Your booking was ended early"
-    CANCELLED = "cancelled", "Your booking was cancelled"
-    CHANGED = "changed", "Your booking was moved by staff"
 
 
 def _calendar_token() -> str:

@@ -7,7 +7,8 @@ from datetime import datetime, timedelta
 from django.db.models import Exists, OuterRef, Value
 from django.db.models.functions import Concat
 
-from reservations.models import Notification, NotificationEvent, Reservation, ReservationStatus
+from channels_app.vocabulary import NotificationEvent
+from reservations.models import Notification, Reservation, ReservationStatus
 from reservations.notifications import notify
 
 STARTING_SOON = timedelta(minutes=15)

@@ -22,7 +22,7 @@ class BookingLimits:
 
 
 @dataclass(frozen=True)
-class Refusal:
+class LimitBroken:
     """Which field broke which rule, in words a person can act on."""
 
     field: str
@@ -39,15 +39,17 @@ def _minutes(value: float) -> str:
 
 def check_length_and_horizon(
     *, start: datetime, end: datetime, now: datetime, limits: BookingLimits
-) -> Refusal | None:
+) -> LimitBroken | None:
     # In UTC: two times of one zone subtract as wall-clock times, wrong across DST.
     length = (end.astimezone(UTC) - start.astimezone(UTC)).total_seconds() / 60
     if length < limits.min_minutes:
-        return Refusal("end", f"a booking on this channel lasts at least {_minutes(limits.min_minutes)}")
+        return LimitBroken("end", f"a booking on this channel lasts at least {_minutes(limits.min_minutes)}")
     if limits.max_minutes is not None and length > limits.max_minutes:
-        return Refusal("end", f"a booking on this channel lasts at most {_minutes(limits.max_minutes)}")
+        return LimitBroken("end", f"a booking on this channel lasts at most {_minutes(limits.max_minutes)}")
     if limits.max_days_ahead is not None and start > now + timedelta(days=limits.max_days_ahead):
-        return Refusal("start", f"bookings on this channel start at most {limits.max_days_ahead} days ahead")
+        return LimitBroken(
+            "start", f"bookings on this channel start at most {limits.max_days_ahead} days ahead"
+        )
     return None
 
 
@@ -77,7 +79,7 @@ def check_quota(
     end: datetime,
     held: Iterable[tuple[datetime, datetime]],
     quota_hours: Decimal | None,
-) -> Refusal | None:
+) -> LimitBroken | None:
     """``held`` are the user's other pending or approved slots on the channel."""
     if quota_hours is None:
         return None
@@ -85,7 +87,7 @@ def check_quota(
     for week, wanted in hours_by_week([(start, end)]).items():
         left = quota_hours - used.get(week, Decimal(0))
         if wanted > left:
-            return Refusal(
+            return LimitBroken(
                 "end",
                 f"over your weekly quota on this channel: {quota_hours.normalize():f} hours a week, "
                 f"{max(left, Decimal(0)):.2f} left in the week of {week:%Y-%m-%d}",

@@ -21,6 +21,7 @@ from django.db import IntegrityError, OperationalError, connection, transaction
 from channels_app.dispatch import enqueue_redecide
 from channels_app.models import ApprovalPolicy, Channel, LLMModel, Preset
 from channels_app.scheduling.services import InvalidInput, validate_target
+from channels_app.vocabulary import NotificationEvent
 from reservations.models import BLOCKING_STATUSES, Reservation, ReservationStatus
 from reservations.notifications import notify
 from reservations.rules import BookingLimits, check_length_and_horizon, check_quota, week_of
@@ -456,7 +457,7 @@ def reservation_reschedule(
             if by != reservation.user:
                 notify(
                     user=reservation.user,
-                    event="changed",
+                    event=NotificationEvent.CHANGED,
                     text=f"Your reservation of {reservation.channel} was moved by {by} to "
                     f"{_iso(start)} – {_iso(end)}.",
                     key=f"changed:{reservation.pk}:{_iso(start)}:{_iso(end)}",
@@ -484,7 +485,7 @@ def _tell_approvers(reservation: Reservation) -> None:
     for approver in staff:
         notify(
             user=approver,
-            event="submitted",
+            event=NotificationEvent.SUBMITTED,
             text=text,
             link="/approvals/",
             key=f"submitted:{reservation.pk}",
@@ -515,7 +516,7 @@ def reservation_approve(*, reservation: Reservation, by: Any, now: datetime) -> 
         )
         notify(
             user=reservation.user,
-            event="approved",
+            event=NotificationEvent.APPROVED,
             text=f"Your reservation of {reservation.channel} from {_iso(reservation.start)} is approved.",
             key=f"approved:{reservation.pk}",
         )
@@ -538,7 +539,7 @@ def reservation_reject(*, reservation: Reservation, by: Any, reason: str, now: d
         )
         notify(
             user=reservation.user,
-            event="rejected",
+            event=NotificationEvent.REJECTED,
             text=f"Your reservation of {reservation.channel} from {_iso(reservation.start)} "
             f"was rejected: {reservation.reject_reason}",
             key=f"rejected:{reservation.pk}",
@@ -565,7 +566,7 @@ def reservation_cancel(*, reservation: Reservation, by: Any, now: datetime) -> R
         if by != reservation.user:
             notify(
                 user=reservation.user,
-                event="cancelled",
+                event=NotificationEvent.CANCELLED,
                 text=f"Your reservation of {reservation.channel} from {_iso(reservation.start)} "
                 f"was cancelled by {by}.",
                 key=f"cancelled:{reservation.pk}",
@@ -592,7 +593,7 @@ def reservation_end(*, reservation: Reservation, by: Any, now: datetime) -> Rese
         if by != reservation.user:
             notify(
                 user=reservation.user,
-                event="ended_early",
+                event=NotificationEvent.ENDED_EARLY,
                 text=f"Your reservation of {reservation.channel} was ended early by {by}.",
                 key=f"ended:{reservation.pk}",
             )

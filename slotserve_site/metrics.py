@@ -15,20 +15,13 @@ from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from gateway.counters import in_flight_counts, key
+from channels_app.inflight import in_flight_counts
+from channels_app.vocabulary import Phase, RedisKey
+from channels_app.vocabulary import redis_key as key
+from gateway.counters import TTFT_BUCKETS
 
-PHASES = ("stopped", "loading", "ready", "draining", "stopping", "failed")
-# Time to first token, seconds: the gateway counts each request into one of these buckets.
-TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-GATEWAY_STATUS = "metrics:gateway_status"
-GATEWAY_TTFT = "metrics:gateway_ttft"
-
-
-def ttft_bucket(seconds: float) -> str:
-    for bound in TTFT_BUCKETS:
-        if seconds <= bound:
-            return str(bound)
-    return "+Inf"
+PHASES = tuple(Phase.values)
+GATEWAY_STATUS, GATEWAY_TTFT = RedisKey.GATEWAY_STATUS, RedisKey.GATEWAY_TTFT
 
 
 class SlotServeCollector:
@@ -60,7 +53,7 @@ class SlotServeCollector:
         for channel in channels:
             count = counts[channel.pk]
             runtime = channel.runtime_or_none()
-            current = runtime.phase if runtime else "stopped"
+            current = runtime.phase if runtime else Phase.STOPPED
             for name in PHASES:
                 phase.add_metric([channel.name, name], 1.0 if name == current else 0.0)
             if runtime is not None and runtime.model is not None:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from channels_app.models import ChannelRuntime, Phase
+from channels_app.models import ChannelRuntime
+from channels_app.vocabulary import Phase
 from reservations.models import Notification, Reservation
 from tests import factories
 

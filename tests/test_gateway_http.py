@@ -260,7 +260,7 @@ def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, w
     """A slow stream is in flight when the target changes: it completes; new requests get 503."""
     from channels_app.models import ChannelTarget
     from channels_app.node_agent import worker
-    from channels_app.node_agent.lifecycle import Phase
+    from channels_app.vocabulary import Phase
 
     port, _ = standins("qwen2", "--standin-chunks", "60", "--standin-chunk-delay", "30")
     model = factories.llm("qwen2")

@@ -12,7 +12,6 @@ from channels_app.node_agent.lifecycle import (
     Kill,
     LoadFinished,
     Observed,
-    Phase,
     ProcessState,
     Start,
     Tell,
@@ -23,6 +22,7 @@ from channels_app.node_agent.lifecycle import (
     step,
 )
 from channels_app.scheduling.decision import Target
+from channels_app.vocabulary import Phase
 
 T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
 A = Target(1, 10)  # the default

@@ -17,8 +17,8 @@ from django.utils import timezone
 
 from channels_app.models import ChannelRuntime, ChannelTarget, LoadRecord
 from channels_app.node_agent import processes, worker
-from channels_app.node_agent.lifecycle import Phase
 from channels_app.scheduling.services import decide_channels
+from channels_app.vocabulary import Phase
 from gateway.counters import INFLIGHT, key
 from reservations.models import Notification
 from tests import factories

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from channels_app.placement.chains import Candidate, ScoreMaximums, Wanted, place
+from channels_app.placement.chains import Candidate, ScoreMaximums, Need, place
 from channels_app.scheduling.decision import Target
 
 GiB = 2**30
-WANT = Wanted(model="qwen", backend="llama.cpp", target=Target(1, 1), labels={}, need_bytes=20 * GiB)
+WANT = Need(model="qwen", backend="llama.cpp", target=Target(1, 1), labels={}, need_bytes=20 * GiB)
 
 
 def cand(name: str, **changes) -> Candidate:

@@ -8,7 +8,8 @@ import pytest
 import time_machine
 from django.test import Client
 
-from channels_app.models import ChannelRuntime, ChannelTarget, Phase
+from channels_app.models import ChannelRuntime, ChannelTarget
+from channels_app.vocabulary import Phase
 from reservations.models import Profile, Reservation
 from reservations.profiles import profile_for
 from tests import factories

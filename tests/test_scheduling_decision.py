@@ -16,7 +16,6 @@ import pytest
 from channels_app.scheduling.decision import (
     DecisionInput,
     OverrideFacts,
-    Reason,
     SchedulingSettings,
     Slot,
     Target,
@@ -24,6 +23,7 @@ from channels_app.scheduling.decision import (
     decide_at,
     plan,
 )
+from channels_app.vocabulary import Reason
 
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 A = Target(1, 10)

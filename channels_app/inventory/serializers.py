@@ -10,6 +10,7 @@ from rest_framework import serializers
 
 from channels_app.models import Channel, Gpu, LLMModel, ModelFile, Node, Preset, preset_args_error
 from channels_app.scheduling.decision import Decision, PlanSegment, Target
+from channels_app.vocabulary import Phase
 from slotserve_site.api_fields import IdOrNameField
 
 
@@ -115,7 +116,7 @@ class ChannelSerializer(serializers.ModelSerializer[Channel]):
         field = serializers.DateTimeField()
         runtime, target = channel.runtime_or_none(), channel.target_or_none()
         return {
-            "phase": runtime.phase if runtime else "stopped",
+            "phase": runtime.phase if runtime else Phase.STOPPED,
             "model": runtime.model_id if runtime else None,
             "preset": runtime.preset_id if runtime else None,
             "reason": target.reason if target else None,

@@ -16,21 +16,12 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from enum import StrEnum
 
 from channels_app.scheduling.decision import Target
+from channels_app.vocabulary import NotificationEvent, Phase
 
 RETRY_FIRST_SECONDS = 30
 RETRY_MAX_SECONDS = 600
-
-
-class Phase(StrEnum):
-    STOPPED = "stopped"
-    LOADING = "loading"
-    READY = "ready"
-    DRAINING = "draining"
-    STOPPING = "stopping"
-    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -194,7 +185,7 @@ def _fail(state: ProcessState, wanted: Wanted, now: datetime, error: str, alive:
     failure = Failure(state.running, attempts, now + retry_delay(attempts), error)
     actions: list[Action] = [LoadFinished(False, error)] if state.phase == Phase.LOADING else []
     if wanted.serves_reservation and not state.fallback:
-        actions.append(Tell("load_failed", error))
+        actions.append(Tell(NotificationEvent.LOAD_FAILED, error))
     # A failing fallback keeps the booked model's failure record, and is not
     # tried again before the booked model's own retry.
     kept = dataclasses.replace(previous, fallback_failed=True) if state.fallback and previous else failure
@@ -216,7 +207,9 @@ def _start_if_wanted(state: ProcessState, wanted: Wanted, now: datetime, actions
     if target is None:
         return Step(state, actions)
     if fallback and not state.fallback:
-        actions.append(Tell("fallback", "the default model serves the reservation until the next retry"))
+        actions.append(
+            Tell(NotificationEvent.FALLBACK, "the default model serves the reservation until the next retry")
+        )
     loading = dataclasses.replace(
         state,
         phase=Phase.LOADING,
@@ -309,10 +302,12 @@ def _ready(state: ProcessState, wanted: Wanted, now: datetime) -> Step:
     recovered = failure is not None and failure.target == state.running
     if recovered:
         if wanted.serves_reservation:
-            actions.append(Tell("recovered", "the booked model loaded after a retry and serves again"))
+            actions.append(
+                Tell(NotificationEvent.RECOVERED, "the booked model loaded after a retry and serves again")
+            )
         failure = None
     elif wanted.serves_reservation and not state.fallback:
-        actions.append(Tell("model_ready", "the model of the reservation is ready"))
+        actions.append(Tell(NotificationEvent.MODEL_READY, "the model of the reservation is ready"))
     error = "" if recovered or not state.fallback else state.error
     ready = dataclasses.replace(state, phase=Phase.READY, since=now, failure=failure, error=error)
     return Step(ready, actions)

@@ -11,6 +11,7 @@ from channels_app import dispatch
 from channels_app.models import Channel
 from channels_app.node_agent import worker
 from channels_app.node_agent.lifecycle import ProcessState
+from channels_app.vocabulary import Phase
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def node_tick(node_name: str) -> int:
 # next tick: after 50 ms at first, then less often the longer the phase lasts
 # (a tenth of its age, at most a second), so a switch costs the backend's own
 # time plus milliseconds, and a ten-minute load costs one probe a second.
-TRANSIENT = {"loading", "stopping", "draining"}
+TRANSIENT = {Phase.LOADING, Phase.STOPPING, Phase.DRAINING}
 FOLLOW_UP_MIN_SECONDS = 0.05
 FOLLOW_UP_MAX_SECONDS = 1.0
 

@@ -23,6 +23,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from channels_app.inflight import in_flight_counts
 from channels_app.inventory.backends import Backend
 from channels_app.models import (
     Channel,
@@ -41,7 +42,6 @@ from channels_app.node_agent.lifecycle import (
     Kill,
     LoadFinished,
     Observed,
-    Phase,
     ProcessState,
     Start,
     Tell,
@@ -50,8 +50,8 @@ from channels_app.node_agent.lifecycle import (
     effective_target,
     step,
 )
-from channels_app.scheduling.decision import Reason, Target
-from gateway.counters import GATE, in_flight_counts, key
+from channels_app.scheduling.decision import Target
+from channels_app.vocabulary import Phase, Reason, RedisKey, redis_key
 from portal import live
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def publish_gate(channel_id: int, state: ProcessState, wanted: Wanted, now: date
     switching = state.phase in (Phase.READY, Phase.DRAINING, Phase.STOPPING) and (
         target != state.running or reload or state.phase == Phase.STOPPING
     )
-    gate = key(GATE, channel_id)
+    gate = redis_key(RedisKey.GATE, channel_id)
     if switching:
         redis_client().set(gate, "1", ex=GATE_SECONDS)
     else:
@@ -336,7 +336,7 @@ def reconcile(*, channel_id: int, now: datetime) -> ProcessState | None:
     Returns the new state, or None when another reconcile holds the channel.
     """
     ttl = min(LOCK_SECONDS, float(settings.SLOTSERVE_TICK_SECONDS))
-    with locks.held(redis_client(), key("reconcile", channel_id), ttl) as mine:
+    with locks.held(redis_client(), redis_key(RedisKey.RECONCILE, channel_id), ttl) as mine:
         if not mine:
             return None
         return _reconcile(channel_id, now)

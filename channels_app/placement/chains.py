@@ -35,7 +35,7 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Wanted:
+class Need:
     model: str
     backend: str
     target: Target
@@ -66,33 +66,33 @@ class Placement:
     message: str = ""
 
 
-Filter = Callable[[Candidate, Wanted], str | None]
+Filter = Callable[[Candidate, Need], str | None]
 
 
-def _node_ready(c: Candidate, w: Wanted) -> str | None:
+def _node_ready(c: Candidate, w: Need) -> str | None:
     return None if c.node_ready else f"node {c.node} not ready"
 
 
-def _labels(c: Candidate, w: Wanted) -> str | None:
+def _labels(c: Candidate, w: Need) -> str | None:
     missing = [f"{k}={v}" for k, v in w.labels.items() if c.labels.get(k) != v]
     return f"lacks labels {', '.join(missing)}" if missing else None
 
 
-def _backend(c: Candidate, w: Wanted) -> str | None:
+def _backend(c: Candidate, w: Need) -> str | None:
     return None if w.backend in c.backends else f"{w.backend} not installed on {c.node}"
 
 
-def _file(c: Candidate, w: Wanted) -> str | None:
+def _file(c: Candidate, w: Need) -> str | None:
     return None if c.file_present else f"model file not on {c.node}"
 
 
-def _memory(c: Candidate, w: Wanted) -> str | None:
+def _memory(c: Candidate, w: Need) -> str | None:
     if w.need_bytes <= c.vram_bytes:
         return None
     return f"too little GPU memory (needs {w.need_bytes / GiB:.1f} GiB, has {c.vram_bytes / GiB:.1f} GiB)"
 
 
-def _free(c: Candidate, w: Wanted) -> str | None:
+def _free(c: Candidate, w: Need) -> str | None:
     return None if c.free_at_time else "booked at that time"
 
 
@@ -117,7 +117,7 @@ _REASON_WORDS = {
 }
 
 
-def placement_score(c: Candidate, w: Wanted, policy: str, maximum: float) -> float:
+def placement_score(c: Candidate, w: Need, policy: str, maximum: float) -> float:
     """binpack: the smallest channel that fits scores highest; spread: the least booked
     channel and node around the slot (the channel's GPU weighs 2, the node's RAM 1)."""
     if policy == "binpack":
@@ -139,7 +139,7 @@ def locality_score(c: Candidate, maximum: float) -> float:
 
 def place(
     candidates: Sequence[Candidate],
-    wanted: Wanted,
+    wanted: Need,
     *,
     policy: str = "binpack",
     maximums: ScoreMaximums = ScoreMaximums(),

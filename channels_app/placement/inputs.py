@@ -8,9 +8,10 @@ from datetime import datetime, timedelta
 from django.db.models import Q
 
 from channels_app.models import Channel, LLMModel, Preset
-from channels_app.placement.chains import Candidate, Wanted
+from channels_app.placement.chains import Candidate, Need
 from channels_app.placement.memory import ShapeUnreadable, estimate_for
 from channels_app.scheduling.decision import Target
+from channels_app.vocabulary import Phase
 from reservations.models import Reservation
 
 # Booked time is measured this far around the requested slot, for the spread policy.
@@ -29,7 +30,7 @@ def need_bytes(model: LLMModel, preset: Preset | None) -> int:
 
 def placement_inputs(
     *, model: LLMModel, preset: Preset | None, start: datetime, end: datetime, now: datetime
-) -> tuple[list[Candidate], Wanted]:
+) -> tuple[list[Candidate], Need]:
     target = Target(model.pk, preset.pk if preset else None)
     channels = list(Channel.objects.select_related("node", "runtime").prefetch_related("node__gpus"))
     file_nodes = set(model.nodes.values_list("pk", flat=True))
@@ -73,11 +74,13 @@ def placement_inputs(
                 free_at_time=c.pk not in busy,
                 booked_fraction=booked[c.pk] / window,
                 node_booked_fraction=node_booked[c.node_id] / (window * channels_per_node[c.node_id]),
-                runs_target=runtime is not None and runtime.phase == "ready" and runtime.running == target,
+                runs_target=runtime is not None
+                and runtime.phase == Phase.READY
+                and runtime.running == target,
                 adjacent_target=c.pk in adjacent,
             )
         )
-    wanted = Wanted(
+    wanted = Need(
         model=model.name,
         backend=model.backend,
         target=target,

@@ -13,24 +13,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from enum import StrEnum
 
-
-class Reason(StrEnum):
-    """Why a channel runs what it runs (SPEC section 2 and 4)."""
-
-    ACTIVE_RESERVATION = "active_reservation"
-    ACTIVE_EXCLUSIVE = "active_exclusive"
-    PRELOAD_NEXT = "preload_next"
-    STOP_FOR_EXCLUSIVE = "stop_for_exclusive"
-    SKIP_DEFAULT_SHORT_GAP = "skip_default_short_gap"
-    MANUAL_OVERRIDE = "manual_override"
-    MANUAL_UNLOAD = "manual_unload"
-    DEFAULT = "default"
-    IDLE = "idle"
-    # Chosen by the node worker, not by ``decide``: the booked model waits for
-    # its next retry and the default serves the reservation meanwhile (SPEC §4).
-    FALLBACK_DEFAULT = "fallback_default"
+from channels_app.vocabulary import Reason
 
 
 @dataclass(frozen=True, order=True)

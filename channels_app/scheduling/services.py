@@ -19,6 +19,7 @@ from channels_app.dispatch import enqueue_redecide
 from channels_app.models import Channel, ChannelTarget, LLMModel, Override, Preset
 from channels_app.scheduling import selectors
 from channels_app.scheduling.decision import Decision, PlanSegment, decide, decide_at, plan
+from channels_app.vocabulary import SERVING_PHASES, Phase
 from portal import live
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ class InUse(Exception):
 def _channels_using(*, model: LLMModel | None = None, preset: Preset | None = None) -> list[str]:
     from channels_app.models import ChannelRuntime
 
-    running = ChannelRuntime.objects.filter(phase__in=["loading", "ready", "draining", "stopping"])
+    running = ChannelRuntime.objects.filter(phase__in=[*SERVING_PHASES, Phase.STOPPING])
     wanted = ChannelTarget.objects.all()
     if model is not None:
         running, wanted = running.filter(model=model), wanted.filter(model=model)

@@ -1,0 +1,98 @@
+"""SlotServe's words, defined once: phases, reasons, notification events, error codes and the
+names of the facts shared through Redis. Models use them as ``choices``; the services, the
+node agent, the gateway and the metrics use the same members (SPEC.md §1, §2, §4, §6).
+
+This module imports nothing of SlotServe's: every other module may import it.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class Phase(models.TextChoices):
+    """Phases of a channel's inference process (SPEC §4).
+
+    stopped → loading → ready → draining → stopping → stopped;
+    loading → failed (exit or load timeout); failed → loading (retry).
+    """
+
+    STOPPED = "stopped"
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+# Phases in which a process exists and may be reached on its port.
+SERVING_PHASES = (Phase.LOADING, Phase.READY, Phase.DRAINING)
+
+
+class Reason(models.TextChoices):
+    """Why a channel runs what it runs (SPEC §2 and §4)."""
+
+    ACTIVE_RESERVATION = "active_reservation"
+    ACTIVE_EXCLUSIVE = "active_exclusive"
+    PRELOAD_NEXT = "preload_next"
+    STOP_FOR_EXCLUSIVE = "stop_for_exclusive"
+    SKIP_DEFAULT_SHORT_GAP = "skip_default_short_gap"
+    MANUAL_OVERRIDE = "manual_override"
+    MANUAL_UNLOAD = "manual_unload"
+    DEFAULT = "default"
+    IDLE = "idle"
+    # Chosen by the node worker, not by ``decide``: the booked model waits for
+    # its next retry and the default serves the reservation meanwhile (SPEC §4).
+    FALLBACK_DEFAULT = "fallback_default"
+
+
+class NotificationEvent(models.TextChoices):
+    """The kinds of notification SlotServe sends (SPEC §5)."""
+
+    SUBMITTED = "submitted", "A booking awaits approval"
+    APPROVED = "approved", "Your booking was approved"
+    REJECTED = "rejected", "Your booking was rejected"
+    STARTING_SOON = "starting_soon", "Your booking starts in 15 minutes"
+    MODEL_READY = "model_ready", "The model of your booking is ready"
+    LOAD_FAILED = "load_failed", "The model of your booking failed to load"
+    FALLBACK = "fallback", "Your booking runs on the fallback model"
+    RECOVERED = "recovered", "Your booking's model recovered"
+    ENDED_EARLY = "ended_early", "Your booking was ended early"
+    CANCELLED = "cancelled", "Your booking was cancelled"
+    CHANGED = "changed", "Your booking was moved by staff"
+
+
+class ErrorCode(models.TextChoices):
+    """The ``code`` of the gateway's OpenAI-shaped errors (API.md, "Gateway")."""
+
+    GPU_RESERVED = "gpu_reserved"
+    GPU_EXCLUSIVE = "gpu_exclusive"
+    MODEL_SWITCHING = "model_switching"
+    MODEL_LOADING = "model_loading"
+    MODEL_NOT_LOADED = "model_not_loaded"
+    INVALID_API_KEY = "invalid_api_key"
+    INVALID_REQUEST = "invalid_request"
+    REQUEST_TOO_LARGE = "request_too_large"
+    NOT_FOUND = "not_found"
+    SERVICE_UNAVAILABLE = "service_unavailable"
+    UPSTREAM_UNREACHABLE = "upstream_unreachable"
+    UPSTREAM_FAILED = "upstream_failed"
+
+
+class RedisKey(models.TextChoices):
+    """Kinds of SlotServe's Redis keys: ``<SLOTSERVE_REDIS_PREFIX>:<kind>:<id>``."""
+
+    INFLIGHT = "inflight", "requests in flight on a channel (a sorted set of expiring entries)"
+    GATE = "gate", "set while a channel switches: new requests get 503 model_switching"
+    USAGE_RESERVATION = "usage:reservation", "requests and tokens of a reservation"
+    USAGE_USER = "usage:user", "requests and tokens of a user"
+    GATEWAY_STATUS = "metrics:gateway_status", "gateway answers by status code, for /metrics"
+    GATEWAY_TTFT = "metrics:gateway_ttft", "gateway time-to-first-token histogram, for /metrics"
+    GATEWAY_MARKER = "gateway", "a gateway's mark that Redis still has its in-flight entries"
+    RECONCILE = "reconcile", "the lock a node worker holds while it reconciles a channel"
+
+
+def redis_key(kind: RedisKey | str, ident: object) -> str:
+    """A Redis key of this installation, e.g. ``slotserve:inflight:3``."""
+    return f"{settings.SLOTSERVE_REDIS_PREFIX}:{kind}:{ident}"
