@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from channels_app.placement.chains import Candidate, ScoreMaximums, Need, place
+from channels_app.placement.chains import Candidate, Need, ScoreMaximums, place
 from channels_app.scheduling.decision import Target
 
 GiB = 2**30
