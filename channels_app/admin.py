@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from channels_app.errors import InvalidInput
 from channels_app.models import (
     Channel,
     ChannelRuntime,
@@ -87,7 +88,7 @@ class OverrideAdminForm(forms.ModelForm[Override]):
                 preset=data.get("preset"),
                 unload=bool(data.get("unload")),
             )
-        except services.InvalidInput as exc:
+        except InvalidInput as exc:
             raise ValidationError({exc.field: exc.message}) from None
         return data
 

@@ -26,9 +26,11 @@ CHANNEL_REDECIDE = "channels_app.scheduling.tasks.channel_redecide"
 NODE_TICK = "channels_app.node_agent.tasks.node_tick"
 CHANNEL_RECONCILE = "channels_app.node_agent.tasks.channel_reconcile"
 NOTIFICATION_EMAIL = "reservations.tasks.send_notification_email"
+STARTING_SOON = "reservations.tasks.send_starting_soon_reminders"
+FLUSH_USAGE = "gateway.tasks.flush_gateway_usage"
 
 
-def _send(task_name: str, **options: Any) -> None:
+def send(task_name: str, **options: Any) -> None:
     """Send by name; through the registered task where this process has it, so that eager
     mode (tests, ``SLOTSERVE_CELERY_EAGER``) runs it in place."""
     task = current_app.tasks.get(task_name)
@@ -47,15 +49,15 @@ def send_to_node(
 ) -> None:
     """Enqueue a node task on the node's queue; a late one expires before the next tick."""
     expires = settings.SLOTSERVE_TICK_SECONDS + (countdown or 0)
-    _send(task_name, args=(*args,), queue=node_queue(node_name), countdown=countdown, expires=expires)
+    send(task_name, args=(*args,), queue=node_queue(node_name), countdown=countdown, expires=expires)
 
 
 def enqueue_redecide(channel_id: int) -> None:
     """Re-decide one channel right after the current transaction commits (SPEC §2)."""
 
-    def send() -> None:
+    def enqueue() -> None:
         try:
-            _send(
+            send(
                 CHANNEL_REDECIDE,
                 args=(channel_id,),
                 retry=True,
@@ -66,4 +68,4 @@ def enqueue_redecide(channel_id: int) -> None:
             # re-decides the channel anyway. Say loudly that it was late.
             log.exception("could not enqueue the re-decision of channel %s; the next tick will", channel_id)
 
-    transaction.on_commit(send)
+    transaction.on_commit(enqueue)

@@ -12,7 +12,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from channels_app.inventory.backends import Backend, effective_args
-from channels_app.scheduling.decision import Target
+from channels_app.inventory.target import Target
 from channels_app.vocabulary import Phase, Reason
 
 # A node is ready while its heartbeat is younger than this many ticks (SPEC §7).

@@ -87,6 +87,7 @@ class RedisKey(models.TextChoices):
     GATE = "gate", "set while a channel switches: new requests get 503 model_switching"
     USAGE_RESERVATION = "usage:reservation", "requests and tokens of a reservation"
     USAGE_USER = "usage:user", "requests and tokens of a user"
+    USAGE_KEY = "usage:key", "requests and tokens through an API key (its last use, for the key list)"
     GATEWAY_STATUS = "metrics:gateway_status", "gateway answers by status code, for /metrics"
     GATEWAY_TTFT = "metrics:gateway_ttft", "gateway time-to-first-token histogram, for /metrics"
     GATEWAY_MARKER = "gateway", "a gateway's mark that Redis still has its in-flight entries"

@@ -231,10 +231,13 @@ class Counters:
         completion: int,
         status: int | None = None,
         ttft_seconds: float | None = None,
+        key_id: int | None = None,
     ) -> None:
         """Count the request out, with its usage and (for /metrics) its answer, in one round trip."""
         self.live.pop(request_id, None)
         names = [key(USAGE_USER, user_id)]
+        if key_id is not None:
+            names.append(key(RedisKey.USAGE_KEY, key_id))
         if reservation_id:
             names.append(key(USAGE_RESERVATION, reservation_id))
         keys = [key(INFLIGHT, channel_id), *names]

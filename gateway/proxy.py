@@ -277,6 +277,7 @@ class Gateway:
                     channel.id,
                     request_id,
                     user_id=caller.user_id,
+                    key_id=caller.key_id,
                     reservation_id=channel.booking.reservation_id if channel.booking else None,
                     prompt=usage.prompt,
                     completion=usage.completion,

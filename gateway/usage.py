@@ -1,12 +1,17 @@
-"""Usage counted by the gateway in Redis, copied into the database by the tick."""
+"""Usage the gateway counted in Redis, copied into reservations, profiles and API keys by its
+periodic task (``gateway.tasks.flush_gateway_usage``)."""
 
 from __future__ import annotations
 
 import redis
 from django.contrib.auth import get_user_model
 from django.db.models import F
+from django.utils import timezone
 
-from gateway.counters import USAGE_RESERVATION, USAGE_USER, key
+from channels_app.vocabulary import RedisKey
+from channels_app.vocabulary import redis_key as key
+
+USAGE_RESERVATION, USAGE_USER, USAGE_KEY = RedisKey.USAGE_RESERVATION, RedisKey.USAGE_USER, RedisKey.USAGE_KEY
 
 FIELDS = ("requests", "prompt_tokens", "completion_tokens")
 
@@ -17,10 +22,12 @@ def flush_usage(client: redis.Redis) -> int:
     Each hash is renamed before it is read, so counts the gateway adds meanwhile
     go to a fresh hash and are flushed next time: nothing is lost or counted twice.
     """
+    from gateway.models import ApiKey
     from reservations.models import Profile, Reservation
 
     changed = 0
-    for kind in (USAGE_RESERVATION, USAGE_USER):
+    now = timezone.now()
+    for kind in (USAGE_RESERVATION, USAGE_USER, USAGE_KEY):
         for found in client.scan_iter(match=key(kind, "*")):
             name = found.decode() if isinstance(found, bytes) else str(found)
             ident = name.rsplit(":", 1)[1]
@@ -37,7 +44,10 @@ def flush_usage(client: redis.Redis) -> int:
             }
             updates = {f: F(f) + counts[f] for f in FIELDS if counts.get(f)}
             # A user or reservation deleted since: its counts go with it (update() finds no row).
-            if updates and kind == USAGE_RESERVATION:
+            if kind == USAGE_KEY:
+                # When a key was last used (to within a flush): what its owner sees in the key list.
+                changed += ApiKey.objects.filter(pk=int(ident)).update(last_used=now)
+            elif updates and kind == USAGE_RESERVATION:
                 changed += Reservation.objects.filter(pk=int(ident)).update(**updates)
             elif updates and get_user_model().objects.filter(pk=int(ident)).exists():
                 Profile.objects.get_or_create(user_id=int(ident))

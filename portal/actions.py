@@ -22,8 +22,9 @@ from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_POST
 from icalendar import Calendar, Event
 
+from channels_app.errors import InvalidInput
 from channels_app.models import Channel, Preset
-from channels_app.scheduling.services import InvalidInput, channel_reload, override_clear, override_set
+from channels_app.scheduling.services import channel_reload, override_clear, override_set
 from channels_app.vocabulary import NotificationEvent
 from gateway.models import ApiKey
 from gateway.services import api_key_create, api_key_revoke

@@ -7,28 +7,13 @@ overview page is told which channel changed and refreshes its cards.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from channels.layers import get_channel_layer
 
-log = logging.getLogger(__name__)
-GROUP = "overview"
+from channels_app.shared import OVERVIEW_GROUP
 
-
-def announce(channel_ids: list[int], what: str) -> None:
-    """Tell the open overviews that channels changed, in one message. Never fails the caller."""
-    layer = get_channel_layer()
-    if layer is None or not channel_ids:
-        return
-    try:
-        async_to_sync(layer.group_send)(
-            GROUP, {"type": "channel.changed", "channels": channel_ids, "what": what}
-        )
-    except Exception:
-        log.warning("could not announce a change of channels %s to the overview", channel_ids, exc_info=True)
+GROUP = OVERVIEW_GROUP
 
 
 class OverviewConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]

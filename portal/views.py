@@ -17,9 +17,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from channels_app.inventory.api import model_load_estimates
+from channels_app.inventory.target import Target
 from channels_app.models import Channel, LLMModel, ModelFile, Node, Preset
 from channels_app.scheduling import selectors
-from channels_app.scheduling.decision import Target
 from channels_app.scheduling.services import plan_for
 from channels_app.vocabulary import Phase, Reason
 from portal.forms import OverrideForm

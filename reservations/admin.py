@@ -20,7 +20,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from channels_app.scheduling.services import InvalidInput
+from channels_app.errors import InvalidInput
 from reservations import services
 from reservations.models import Notification, Reservation
 

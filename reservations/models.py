@@ -12,7 +12,8 @@ from django.db import models
 from django.db.models import Func, Q
 from django.utils import timezone
 
-from channels_app.scheduling.decision import Slot, Target
+from channels_app.inventory.target import Target
+from channels_app.scheduling.decision import Slot
 from channels_app.vocabulary import NotificationEvent
 
 

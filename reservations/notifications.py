@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 
+from channels_app import dispatch
 from reservations.models import Notification
 from reservations.profiles import profile_for
 
@@ -30,16 +30,16 @@ def notify(
             return None
         raise
     if user.email and profile_for(user).wants_email(event):
-        transaction.on_commit(lambda: _send_email(user.email, event, text, link))
+        subject, body = email_of(event, text, link)
+        # Sent by a task with retries after the commit: a slow or absent mail server never
+        # stalls whoever made the change (a web request, the node worker's reconcile).
+        transaction.on_commit(
+            lambda: dispatch.send(dispatch.NOTIFICATION_EMAIL, args=(user.email, subject, body))
+        )
     return notification
 
 
-def _send_email(address: str, event: str, text: str, link: str) -> None:
+def email_of(event: str, text: str, link: str) -> tuple[str, str]:
+    """The subject and body of a notification's email."""
     subject = f"[SlotServe] {event.replace('_', ' ')}"
-    body = f"{text}\n\n{link}" if link else text
-    try:
-        send_mail(subject, body, None, [address])
-    except OSError:
-        # The in-app notification is stored; a mail server that is down must
-        # not undo the change that caused it. Say so in the log, loudly.
-        log.exception("could not email %s about %s", address, event)
+    return subject, f"{text}\n\n{link}" if link else text

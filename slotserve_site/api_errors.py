@@ -36,7 +36,7 @@ def _first_message(detail: Any, path: str = "") -> str:
 
 def _service_error(exc: Exception) -> Response | None:
     """Errors raised by the services, answered with the rule that refused."""
-    from channels_app.scheduling.services import InUse, InvalidInput
+    from channels_app.errors import InUse, InvalidInput
     from reservations.services import InvalidTransition, ReservationConflict
 
     if isinstance(exc, InvalidInput):

@@ -27,7 +27,7 @@ GATEWAY_STATUS, GATEWAY_TTFT = RedisKey.GATEWAY_STATUS, RedisKey.GATEWAY_TTFT
 class SlotServeCollector:
     def collect(self) -> Iterator[Metric]:
         from channels_app.models import Channel, LoadRecord
-        from channels_app.node_agent.worker import redis_client
+        from channels_app.shared import redis_client
         from reservations.models import Reservation
 
         channels = list(Channel.objects.select_related("runtime__model", "runtime__preset"))

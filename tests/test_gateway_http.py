@@ -14,7 +14,8 @@ import pytest
 from django.utils import timezone
 
 from channels_app.models import ChannelRuntime
-from channels_app.node_agent.worker import in_flight, redis_client
+from channels_app.node_agent.worker import in_flight
+from channels_app.shared import redis_client
 from gateway.counters import GATE, INFLIGHT, key
 from gateway.services import api_key_create, api_key_revoke
 from tests import factories

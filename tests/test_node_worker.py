@@ -15,6 +15,7 @@ import httpx
 import pytest
 from django.utils import timezone
 
+from channels_app import shared
 from channels_app.models import ChannelRuntime, ChannelTarget, LoadRecord
 from channels_app.node_agent import processes, worker
 from channels_app.scheduling.services import decide_channels
@@ -98,7 +99,7 @@ def test_switching_presets_drains_then_restarts(node_env, tiny, settings):
         by=None,
     )
     decide_channels(now=now)
-    redis = worker.redis_client()
+    redis = shared.redis_client()
     redis.zadd(key(INFLIGHT, channel.pk), {"a-request": time.time() + 3600})
     try:
         assert converge(channel, until={Phase.DRAINING}).pid == first_pid

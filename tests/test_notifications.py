@@ -8,10 +8,10 @@ import pytest
 import time_machine
 from django.core import mail
 
-from channels_app.scheduling.tasks import scheduler_tick
 from reservations.models import Notification
 from reservations.notifications import notify
 from reservations.profiles import profile_for
+from reservations.tasks import send_starting_soon_reminders
 from tests import factories
 from tests.factories import iso
 
@@ -100,11 +100,11 @@ def test_starting_soon_is_sent_once_however_often_the_tick_runs(
     )
     with django_capture_on_commit_callbacks(execute=True):
         frozen.move_to(T0 + HOUR - timedelta(minutes=16))
-        scheduler_tick()
+        send_starting_soon_reminders()
         assert not Notification.objects.filter(event="starting_soon").exists()
         for minutes in (15, 10, 5, 1):
             frozen.move_to(T0 + HOUR - timedelta(minutes=minutes))
-            scheduler_tick()
+            send_starting_soon_reminders()
     notes = Notification.objects.filter(user=ana, event="starting_soon")
     assert [n.text for n in notes] == ["Your reservation of ch starts in 15 minutes."]
     assert mails_to(ana.email) == ["[SlotServe] starting soon"]

@@ -13,12 +13,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from channels_app.inventory.target import Target
 from channels_app.scheduling.decision import (
     DecisionInput,
     OverrideFacts,
     SchedulingSettings,
     Slot,
-    Target,
     decide,
     decide_at,
     plan,

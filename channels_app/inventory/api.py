@@ -17,6 +17,7 @@ from rest_framework.generics import get_object_or_404
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from channels_app.inventory import services as inventory_services
 from channels_app.inventory.serializers import (
     ChannelSerializer,
     LLMModelSerializer,
@@ -26,10 +27,10 @@ from channels_app.inventory.serializers import (
     decision_json,
     plan_json,
 )
+from channels_app.inventory.target import Target
 from channels_app.models import Channel, ChannelRuntime, LLMModel, ModelFile, Node, Override, Preset
 from channels_app.node_agent import processes
 from channels_app.scheduling import selectors, services
-from channels_app.scheduling.decision import Target
 from slotserve_site.api_fields import IdOrNameField, IsStaffOrReadOnly, MomentField, moment_param
 
 
@@ -74,7 +75,7 @@ class LLMModelViewSet(viewsets.ModelViewSet[LLMModel]):
     permission_classes = [IsStaffOrReadOnly]
 
     def perform_destroy(self, instance: LLMModel) -> None:
-        services.model_delete(model=instance)
+        inventory_services.model_delete(model=instance)
 
     def get_serializer_context(self) -> dict[str, Any]:
         context = dict(super().get_serializer_context())
@@ -125,7 +126,7 @@ class PresetViewSet(viewsets.ModelViewSet[Preset]):
     permission_classes = [IsStaffOrReadOnly]
 
     def perform_destroy(self, instance: Preset) -> None:
-        services.preset_delete(preset=instance)
+        inventory_services.preset_delete(preset=instance)
 
     def get_queryset(self) -> QuerySet[Preset]:
         queryset = super().get_queryset()

@@ -9,7 +9,6 @@ finds the channel's lock taken and leaves it to the first.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import shlex
 import shutil
@@ -18,13 +17,14 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from channels_app import shared
 from channels_app.inflight import in_flight_counts
 from channels_app.inventory.backends import Backend
+from channels_app.inventory.target import Target
 from channels_app.models import (
     Channel,
     ChannelRuntime,
@@ -50,9 +50,8 @@ from channels_app.node_agent.lifecycle import (
     effective_target,
     step,
 )
-from channels_app.scheduling.decision import Target
+from channels_app.shared import redis_client
 from channels_app.vocabulary import Phase, Reason, RedisKey, redis_key
-from portal import live
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +61,6 @@ SERVES_RESERVATION = {Reason.ACTIVE_RESERVATION, Reason.PRELOAD_NEXT, Reason.SKI
 LOCK_SECONDS = 2.0
 # A closed gate outlives a worker that died while switching, but not forever.
 GATE_SECONDS = 600
-
-
-def redis_client() -> redis.Redis:
-    """This process's client of SlotServe's Redis: one connection pool, shared."""
-    return _client_for(settings.REDIS_URL)
-
-
-@functools.cache
-def _client_for(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
 
 
 def in_flight(channel_id: int) -> int:
@@ -352,7 +341,7 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
     result = step(before, wanted, observe(runtime, channel, now), now)
     if result.state.phase != before.phase:
         log.info("channel %s: %s → %s", channel.name, before.phase, result.state.phase)
-        live.announce([channel_id], result.state.phase.value)
+        shared.announce([channel_id], result.state.phase.value)
     act(result.actions, runtime, channel, target_row, now)
     after = result.state
     if any(isinstance(a, Start) for a in result.actions):

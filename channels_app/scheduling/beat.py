@@ -6,9 +6,15 @@ from typing import Any
 
 from django.conf import settings
 
+from channels_app.dispatch import FLUSH_USAGE, STARTING_SOON
 from channels_app.dispatch import SCHEDULER_TICK as TICK_TASK
 
 TICK_TASK_NAME = "SlotServe scheduler tick"
+# The tick's other periodic jobs, each its own task: (beat entry name, task name).
+PERIODIC_JOBS = (
+    ("SlotServe starting-soon reminders", STARTING_SOON),
+    ("SlotServe gateway usage flush", FLUSH_USAGE),
+)
 
 
 def register_tick(**_: Any) -> None:
@@ -21,7 +27,8 @@ def register_tick(**_: Any) -> None:
 
     every = int(settings.SLOTSERVE_TICK_SECONDS)
     schedule, _ = IntervalSchedule.objects.get_or_create(every=every, period=IntervalSchedule.SECONDS)
-    PeriodicTask.objects.update_or_create(
-        name=TICK_TASK_NAME,
-        defaults={"task": TICK_TASK, "interval": schedule, "expire_seconds": every, "enabled": True},
-    )
+    for name, task in ((TICK_TASK_NAME, TICK_TASK), *PERIODIC_JOBS):
+        PeriodicTask.objects.update_or_create(
+            name=name,
+            defaults={"task": task, "interval": schedule, "expire_seconds": every, "enabled": True},
+        )

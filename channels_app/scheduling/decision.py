@@ -14,15 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from channels_app.inventory.target import Target
 from channels_app.vocabulary import Reason
-
-
-@dataclass(frozen=True, order=True)
-class Target:
-    """A model + preset: one unit, another preset is another target (SPEC §1)."""
-
-    model_id: int
-    preset_id: int | None = None
 
 
 @dataclass(frozen=True)

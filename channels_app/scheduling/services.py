@@ -15,23 +15,15 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 
+from channels_app import shared
 from channels_app.dispatch import enqueue_redecide
+from channels_app.errors import InvalidInput
+from channels_app.inventory.target import validate_target
 from channels_app.models import Channel, ChannelTarget, LLMModel, Override, Preset
 from channels_app.scheduling import selectors
 from channels_app.scheduling.decision import Decision, PlanSegment, decide, decide_at, plan
-from channels_app.vocabulary import SERVING_PHASES, Phase
-from portal import live
 
 log = logging.getLogger(__name__)
-
-
-class InvalidInput(Exception):
-    """A request names something that does not fit; ``field`` says which."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
 
 
 def _row_values(decision: Decision) -> tuple[object, ...]:
@@ -90,7 +82,7 @@ def decide_channels(*, now: datetime, channel_ids: Iterable[int] | None = None) 
             update_fields=["model", "preset", "reason", "valid_until", "reservation", "decided_at"],
         )
     changed = [row.channel_id for row in changed_rows]
-    live.announce(changed, "target")
+    shared.announce(changed, "target")
     if changed:
         log.info("scheduler: %d of %d channels have a new target", len(changed), len(facts))
     return TickResult(channels=len(facts), changed=changed)
@@ -116,56 +108,6 @@ def plan_for(*, channel: Channel, now: datetime, start: datetime, end: datetime)
         segments = plan(inp, now, end)
         return [s for s in segments if s.end > start]
     return plan(inp, start, end)
-
-
-class InUse(Exception):
-    """The object runs or is wanted on a channel now; ``message`` names where."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-def _channels_using(*, model: LLMModel | None = None, preset: Preset | None = None) -> list[str]:
-    from channels_app.models import ChannelRuntime
-
-    running = ChannelRuntime.objects.filter(phase__in=[*SERVING_PHASES, Phase.STOPPING])
-    wanted = ChannelTarget.objects.all()
-    if model is not None:
-        running, wanted = running.filter(model=model), wanted.filter(model=model)
-    if preset is not None:
-        running, wanted = running.filter(preset=preset), wanted.filter(preset=preset)
-    names = set(running.values_list("channel__name", flat=True)) | set(
-        wanted.values_list("channel__name", flat=True)
-    )
-    return sorted(names)
-
-
-def model_delete(*, model: LLMModel) -> None:
-    """Delete a model no channel runs or is heading for; its presets go with it.
-
-    Reservations that name it keep it (``PROTECT``): the database refuses, and
-    the API answers 409 naming them.
-    """
-    using = _channels_using(model=model)
-    if using:
-        raise InUse(f"cannot delete model {model.name}: channel {', '.join(using)} runs it or is about to")
-    with transaction.atomic():
-        model.delete()
-
-
-def preset_delete(*, preset: Preset) -> None:
-    using = _channels_using(preset=preset)
-    if using:
-        raise InUse(f"cannot delete preset {preset}: channel {', '.join(using)} runs it or is about to")
-    with transaction.atomic():
-        preset.delete()
-
-
-def validate_target(*, model: LLMModel | None, preset: Preset | None) -> None:
-    if preset is not None and (model is None or preset.model_id != model.pk):
-        owner = preset.model.name
-        raise InvalidInput("preset", f"preset {preset.name!r} belongs to model {owner!r}, not to this model")
 
 
 def override_set(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from celery import shared_task
 from django.utils import timezone
@@ -23,35 +22,15 @@ def fan_out_node_ticks() -> int:
     return len(names)
 
 
-def _flush_usage() -> None:
-    from channels_app.node_agent.worker import redis_client
-    from gateway.usage import flush_usage
-
-    flush_usage(redis_client())
-
-
-def _starting_soon() -> None:
-    from reservations.reminders import send_starting_soon
-
-    send_starting_soon(now=timezone.now())
-
-
 @shared_task(name=dispatch.SCHEDULER_TICK, ignore_result=True, soft_time_limit=30, time_limit=60)
 def scheduler_tick() -> int:
-    """Every tick, four jobs, each its own service: decide every channel, send due reminders,
-    move the gateway's usage into the database, and have every node converge. One job's
-    failure does not keep the others from running. Returns how many targets changed."""
+    """Decide every channel, then have every node converge; returns how many targets changed.
+
+    The tick's other periodic jobs are tasks of their own, each with its beat entry
+    (``channels_app.scheduling.beat``): starting-soon reminders, the gateway's usage flush.
+    """
     changed = len(services.decide_channels(now=timezone.now()).changed)
-    jobs: tuple[tuple[str, Callable[[], object]], ...] = (
-        ("reminders", _starting_soon),
-        ("usage flush", _flush_usage),
-        ("node fan-out", fan_out_node_ticks),
-    )
-    for name, job in jobs:
-        try:
-            job()
-        except Exception:
-            log.exception("scheduler tick: the %s failed; the next tick tries again", name)
+    fan_out_node_ticks()
     return changed
 
 

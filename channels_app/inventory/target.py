@@ -1,0 +1,26 @@
+"""A target: what a channel runs, a model + preset as one unit (SPEC §1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from channels_app.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from channels_app.models import LLMModel, Preset
+
+
+@dataclass(frozen=True, order=True)
+class Target:
+    """A model + preset: one unit, another preset is another target (SPEC §1)."""
+
+    model_id: int
+    preset_id: int | None = None
+
+
+def validate_target(*, model: LLMModel | None, preset: Preset | None) -> None:
+    """The one place of the rule that a preset belongs to its model."""
+    if preset is not None and (model is None or preset.model_id != model.pk):
+        owner = preset.model.name
+        raise InvalidInput("preset", f"preset {preset.name!r} belongs to model {owner!r}, not to this model")

@@ -1,0 +1,15 @@
+"""The gateway's periodic task: its usage counts, from Redis into the database."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from channels_app import dispatch
+from channels_app.shared import redis_client
+from gateway.usage import flush_usage
+
+
+@shared_task(name=dispatch.FLUSH_USAGE, ignore_result=True, soft_time_limit=30, time_limit=60)
+def flush_gateway_usage() -> int:
+    """Move the gateway's usage counts into reservations, profiles and API keys."""
+    return flush_usage(redis_client())
