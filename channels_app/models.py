@@ -11,8 +11,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from channels_app.inventory.backends import Backend, effective_args
-from channels_app.inventory.target import Target
+from channels_app.backends import Backend, effective_args
+from channels_app.target import Target
 from channels_app.vocabulary import Phase, Reason
 
 # A node is ready while its heartbeat is younger than this many ticks (SPEC §7).

@@ -50,9 +50,9 @@ def read_snapshot() -> Snapshot:
 
 
 def _read_snapshot() -> Snapshot:
-    from channels_app.inventory.target import Target
     from channels_app.models import Channel
     from channels_app.scheduling import selectors
+    from channels_app.target import Target
     from gateway.models import ApiKey
     from reservations.models import Reservation
 

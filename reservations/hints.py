@@ -7,10 +7,10 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from channels_app.inventory.target import Target
 from channels_app.models import Channel, LLMModel, Preset
 from channels_app.placement.memory import MemoryEstimate, ShapeUnreadable, estimate_for
 from channels_app.scheduling import selectors
+from channels_app.target import Target
 from reservations.models import Reservation
 from reservations.rules import quota_left, week_of
 from reservations.services import held_slots, needs_approval

@@ -12,8 +12,7 @@ from django.db import models
 from django.db.models import Func, Q
 from django.utils import timezone
 
-from channels_app.inventory.target import Target
-from channels_app.scheduling.decision import Slot
+from channels_app.target import Target
 from channels_app.vocabulary import NotificationEvent
 
 
@@ -160,15 +159,6 @@ class Reservation(models.Model):
         if self.exclusive or self.model_id is None:
             return None
         return Target(self.model_id, self.preset_id)
-
-    def as_slot(self) -> Slot:
-        return Slot(
-            id=self.pk,
-            start=self.start,
-            end=self.end,
-            target=self.target,
-            counts=self.status in SCHEDULED_STATUSES,
-        )
 
     def is_active(self, now: datetime) -> bool:
         return self.status == ReservationStatus.APPROVED and self.start <= now < self.end

@@ -20,8 +20,8 @@ from django.db import IntegrityError, OperationalError, connection, transaction
 
 from channels_app.dispatch import enqueue_redecide
 from channels_app.errors import InvalidInput
-from channels_app.inventory.target import validate_target
 from channels_app.models import ApprovalPolicy, Channel, LLMModel, Preset
+from channels_app.target import validate_target
 from channels_app.vocabulary import NotificationEvent
 from reservations.models import BLOCKING_STATUSES, Reservation, ReservationStatus
 from reservations.notifications import notify

@@ -5,7 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 from rest_framework.routers import DefaultRouter
 
-from channels_app.inventory.api import (
+from channels_app.api.views import (
     ChannelViewSet,
     LLMModelViewSet,
     ModelFileViewSet,

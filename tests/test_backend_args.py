@@ -2,7 +2,7 @@
 
 import pytest
 
-from channels_app.inventory.backends import Backend, effective_args
+from channels_app.backends import Backend, effective_args
 
 CASES = [
     (Backend.LLAMA_CPP, ["-c", "8192", "-ngl", "99"], ["-c", "8192", "-ngl", "99"]),

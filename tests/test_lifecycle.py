@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from channels_app.inventory.target import Target
 from channels_app.node_agent.lifecycle import (
     Failure,
     Kill,
@@ -22,6 +21,7 @@ from channels_app.node_agent.lifecycle import (
     retry_delay,
     step,
 )
+from channels_app.target import Target
 from channels_app.vocabulary import Phase
 
 T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)

@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from channels_app.inventory.target import Target
 from channels_app.scheduling.decision import (
     DecisionInput,
     OverrideFacts,
@@ -23,6 +22,7 @@ from channels_app.scheduling.decision import (
     decide_at,
     plan,
 )
+from channels_app.target import Target
 from channels_app.vocabulary import Reason
 
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from django.db import transaction
 
-from channels_app.inventory.backends import Backend
+from channels_app.backends import Backend
 from channels_app.models import LLMModel, ModelFile, Node
 
 MAX_DEPTH = 3

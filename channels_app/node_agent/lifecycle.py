@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from channels_app.inventory.target import Target
+from channels_app.target import Target
 from channels_app.vocabulary import NotificationEvent, Phase
 
 RETRY_FIRST_SECONDS = 30

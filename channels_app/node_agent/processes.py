@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from channels_app.inventory.backends import API_KEY_ENV, Backend, effective_args
+from channels_app.backends import API_KEY_ENV, Backend, effective_args
 
 # Popen objects of the processes this worker started, by run id, for their exit codes.
 _children: dict[str, subprocess.Popen[bytes]] = {}

@@ -22,9 +22,8 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from channels_app import shared
+from channels_app.backends import Backend
 from channels_app.inflight import in_flight_counts
-from channels_app.inventory.backends import Backend
-from channels_app.inventory.target import Target
 from channels_app.models import (
     Channel,
     ChannelRuntime,
@@ -51,6 +50,7 @@ from channels_app.node_agent.lifecycle import (
     step,
 )
 from channels_app.shared import redis_client
+from channels_app.target import Target
 from channels_app.vocabulary import Phase, Reason, RedisKey, redis_key
 
 log = logging.getLogger(__name__)

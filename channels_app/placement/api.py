@@ -11,10 +11,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from channels_app.inventory.target import validate_target
 from channels_app.models import LLMModel, Preset
 from channels_app.placement.chains import Placement, ScoreMaximums, place
 from channels_app.placement.inputs import placement_inputs
+from channels_app.target import validate_target
 from slotserve_site.api_fields import IdOrNameField, MomentField
 
 

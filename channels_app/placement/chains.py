@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from channels_app.inventory.target import Target
+from channels_app.target import Target
 
 GiB = 2**30
 

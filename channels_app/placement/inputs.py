@@ -7,10 +7,10 @@ from datetime import datetime, timedelta
 
 from django.db.models import Q
 
-from channels_app.inventory.target import Target
 from channels_app.models import Channel, LLMModel, Preset
 from channels_app.placement.chains import Candidate, Need
 from channels_app.placement.memory import ShapeUnreadable, estimate_for
+from channels_app.target import Target
 from channels_app.vocabulary import Phase
 from reservations.models import Reservation
 

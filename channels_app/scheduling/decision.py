@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from channels_app.inventory.target import Target
+from channels_app.target import Target
 from channels_app.vocabulary import Reason
 
 

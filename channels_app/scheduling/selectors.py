@@ -16,10 +16,10 @@ from django.conf import settings
 from django.db.models import F, OuterRef, Q, QuerySet, Subquery, Window
 from django.db.models.functions import RowNumber
 
-from channels_app.inventory.target import Target
 from channels_app.models import Channel, LLMModel, LoadRecord, Override
 from channels_app.scheduling.decision import DecisionInput, OverrideFacts, SchedulingSettings, Slot
 from channels_app.scheduling.load_estimates import RECENT_LOADS, estimate_load_seconds
+from channels_app.target import Target
 from reservations.models import SCHEDULED_STATUSES, Reservation, ReservationStatus
 
 

@@ -18,10 +18,10 @@ from django.db.models import F
 from channels_app import shared
 from channels_app.dispatch import enqueue_redecide
 from channels_app.errors import InvalidInput
-from channels_app.inventory.target import validate_target
 from channels_app.models import Channel, ChannelTarget, LLMModel, Override, Preset
 from channels_app.scheduling import selectors
 from channels_app.scheduling.decision import Decision, PlanSegment, decide, decide_at, plan
+from channels_app.target import validate_target
 
 log = logging.getLogger(__name__)
 

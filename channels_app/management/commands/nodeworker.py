@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+from celery import current_app as app  # the project's app (slotserve_site.celery)
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
@@ -17,7 +18,6 @@ from django.utils import timezone
 from channels_app.dispatch import node_queue
 from channels_app.models import Channel
 from channels_app.node_agent import worker
-from slotserve_site.celery import app
 
 
 class Command(BaseCommand):

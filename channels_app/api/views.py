@@ -17,8 +17,7 @@ from rest_framework.generics import get_object_or_404
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from channels_app.inventory import services as inventory_services
-from channels_app.inventory.serializers import (
+from channels_app.api.serializers import (
     ChannelSerializer,
     LLMModelSerializer,
     ModelFileSerializer,
@@ -27,10 +26,11 @@ from channels_app.inventory.serializers import (
     decision_json,
     plan_json,
 )
-from channels_app.inventory.target import Target
+from channels_app.inventory import services as inventory_services
 from channels_app.models import Channel, ChannelRuntime, LLMModel, ModelFile, Node, Override, Preset
 from channels_app.node_agent import processes
 from channels_app.scheduling import selectors, services
+from channels_app.target import Target
 from slotserve_site.api_fields import IdOrNameField, IsStaffOrReadOnly, MomentField, moment_param
 
 

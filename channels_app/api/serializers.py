@@ -8,9 +8,9 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import serializers
 
-from channels_app.inventory.target import Target
 from channels_app.models import Channel, Gpu, LLMModel, ModelFile, Node, Preset, preset_args_error
 from channels_app.scheduling.decision import Decision, PlanSegment
+from channels_app.target import Target
 from channels_app.vocabulary import Phase
 from slotserve_site.api_fields import IdOrNameField
 

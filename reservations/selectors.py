@@ -1,0 +1,38 @@
+"""Reads of reservations that the services and the hints share (STYLE.md: reads in selectors)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import datetime, timedelta
+from typing import Any
+
+from channels_app.models import Channel
+from reservations.models import Reservation
+from reservations.rules import week_of
+
+
+def first_conflict(
+    channel: Channel, start: datetime, end: datetime, exclude: int | None = None
+) -> Reservation | None:
+    found = Reservation.objects.blocking().filter(channel=channel).overlapping(start, end)
+    if exclude is not None:
+        found = found.exclude(pk=exclude)
+    return found.order_by("start").first()
+
+
+def held_slots(
+    *,
+    user: Any,
+    channel: Channel,
+    start: datetime,
+    end: datetime,
+    exclude: int | Collection[int] | None = None,
+) -> list[tuple[datetime, datetime]]:
+    """The user's pending and approved slots on ``channel`` in the quota weeks of ``[start, end)``."""
+    weeks_from, weeks_to = week_of(start), week_of(end) + timedelta(days=7)
+    found = (
+        Reservation.objects.blocking().filter(user=user, channel=channel).overlapping(weeks_from, weeks_to)
+    )
+    if exclude is not None:
+        found = found.exclude(pk__in=[exclude] if isinstance(exclude, int) else exclude)
+    return list(found.values_list("start", "end"))

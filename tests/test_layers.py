@@ -1,0 +1,68 @@
+"""The layers of the flow hold (pyproject.toml, ``[tool.importlinter]``), and the checker that
+``./slotserve check`` runs does fail on a new cycle or a forbidden import."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("slotserve_site", "portal", "gateway", "reservations", "channels_app", "devtools")
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(where: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(where)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"], cwd=where, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture
+def tree_copy(tmp_path: Path) -> Path:
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+def test_the_tree_keeps_its_layers(tree_copy):
+    done = _lint(tree_copy)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "0 broken" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "complaint"),
+    [
+        # The node agent reaching into the gateway: a layer upside down.
+        (
+            "channels_app/node_agent/bad.py",
+            "import gateway.proxy\n",
+            "channels_app.node_agent is not allowed to import gateway",
+        ),
+        # A cycle: the scheduler's decision importing the node agent that imports it.
+        (
+            "channels_app/scheduling/bad.py",
+            "from channels_app.node_agent import worker\n",
+            "not allowed to import channels_app.node_agent",
+        ),
+        # Settings importing app code.
+        ("slotserve_site/settings_extra.py", "", ""),
+    ],
+)
+def test_a_forbidden_import_fails_the_check(tree_copy, module, source, complaint):
+    if not source:  # settings: append the import to the real settings module
+        settings = tree_copy / "slotserve_site" / "settings.py"
+        settings.write_text(settings.read_text() + "\nfrom channels_app import vocabulary  # noqa\n")
+        complaint = "slotserve_site.settings is not allowed to import channels_app"
+    else:
+        (tree_copy / module).write_text(source)
+    done = _lint(tree_copy)
+    assert done.returncode != 0
+    assert complaint in done.stdout, done.stdout[-3000:]
