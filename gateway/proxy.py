@@ -16,7 +16,6 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -27,7 +26,9 @@ from redis.exceptions import RedisError
 
 from channels_app.vocabulary import ErrorCode, Phase
 from gateway.access import ChannelView, Refusal, admit, models_for, route
+from gateway.body import BodyTooLarge, parse_body
 from gateway.counters import Counters
+from gateway.events import Events, Usage
 from gateway.snapshot import Caller, Snapshot, SnapshotCache
 from gateway.upstream import Cancel, UpstreamTransport
 
@@ -48,10 +49,6 @@ HOP_BY_HOP = {
     b"trailer",
     b"upgrade",
 }
-USAGE_MARK = b'"usage":{'
-USAGE_MARK_SPACED = b'"usage": {'
-
-
 # Seconds a client waits before trying again when Redis or the database is unreachable.
 UNAVAILABLE_RETRY_AFTER = 5
 
@@ -120,18 +117,6 @@ class Answer:
     @property
     def ttft_seconds(self) -> float | None:
         return None if self.first_byte is None else self.first_byte - self.started
-
-
-@dataclass
-class Usage:
-    prompt: int = 0
-    completion: int = 0
-
-    def add(self, payload: Any) -> None:
-        usage = payload.get("usage") if isinstance(payload, dict) else None
-        if isinstance(usage, dict):
-            self.prompt = int(usage.get("prompt_tokens") or 0)
-            self.completion = int(usage.get("completion_tokens") or 0)
 
 
 class Gateway:
@@ -401,68 +386,6 @@ class Gateway:
         await send({"type": "http.response.body", "body": events.flush() if events is not None else b""})
 
 
-class Events:
-    """The server-sent events of a stream, passed on whole: reads ``usage`` on the way, and drops
-    the usage-only event the gateway asked for on the client's behalf."""
-
-    # An event is at most this long; beyond it the bytes are passed on as they are.
-    LIMIT = 1024 * 1024
-
-    def __init__(self, usage: Usage, strip_usage: bool) -> None:
-        self.usage = usage
-        self.strip_usage = strip_usage
-        self.pending = b""
-
-    def feed(self, chunk: bytes) -> bytes:
-        """The complete events received so far; a part event waits for the rest of it."""
-        if self.pending:
-            chunk = self.pending + chunk
-            self.pending = b""
-        lf, crlf = chunk.rfind(b"\n\n"), chunk.rfind(b"\r\n\r\n")
-        cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)  # past the last whole event
-        if cut < len(chunk):
-            if cut == 0 and len(chunk) > self.LIMIT:
-                return chunk
-            self.pending = chunk[cut:]
-            chunk = chunk[:cut]
-        if USAGE_MARK in chunk or USAGE_MARK_SPACED in chunk:
-            chunk = _take_usage(chunk, self.usage, self.strip_usage)
-        return chunk
-
-    def flush(self) -> bytes:
-        rest, self.pending = self.pending, b""
-        return rest
-
-
-class BodyTooLarge(Exception):
-    """The request body is past ``SLOTSERVE_GATEWAY_MAX_BODY_BYTES``."""
-
-
-def parse_body(raw: bytes) -> tuple[dict[str, Any] | None, str]:
-    """The request's JSON object, or None and what is wrong with it, in words for the caller.
-
-    ``stream`` must be a real boolean: a string "true" would stream from the backend while
-    the gateway read the answer as one JSON body, and count no tokens.
-    """
-    if not raw.strip():
-        return None, "the request body is empty: send a JSON object"
-    try:
-        body = json.loads(raw)
-    except RecursionError:
-        return None, "the JSON body is nested too deeply"
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return None, f"the body is not valid JSON: {exc}"
-    if not isinstance(body, dict):
-        return None, "the body must be a JSON object"
-    if "model" in body and not isinstance(body["model"], str):
-        return None, "model must be a string"
-    if "stream" in body and not isinstance(body["stream"], bool):
-        return None, "stream must be a boolean (true or false)"
-    if body.get("stream_options") is not None and not isinstance(body["stream_options"], dict):
-        return None, "stream_options must be an object"
-    return body, ""
-
-
 def _with_switching(channel: ChannelView, switching: bool) -> ChannelView:
     from dataclasses import replace
 
@@ -475,20 +398,3 @@ async def _watch_disconnect(receive: Receive, cancel: Cancel) -> None:
         if message["type"] == "http.disconnect":
             cancel.fire()
             return
-
-
-def _take_usage(chunk: bytes, usage: Usage, strip: bool) -> bytes:
-    """Read ``usage`` from the SSE events in ``chunk``; drop the usage-only event if asked."""
-    kept = []
-    for event in chunk.split(b"\n\n"):
-        if event.startswith(b"data: {") and (USAGE_MARK in event or USAGE_MARK_SPACED in event):
-            try:
-                payload = json.loads(event[6:])
-            except ValueError:
-                kept.append(event)
-                continue
-            usage.add(payload)
-            if strip and not payload.get("choices"):
-                continue
-        kept.append(event)
-    return b"\n\n".join(kept)

@@ -13,7 +13,8 @@ from channels_app.scheduling import selectors
 from channels_app.target import Target
 from reservations.models import Reservation
 from reservations.rules import quota_left, week_of
-from reservations.services import held_slots, needs_approval
+from reservations.selectors import held_slots
+from reservations.services import needs_approval
 
 
 def adjacent_switch_minutes(*, load_seconds: float, gap_seconds: float) -> int:

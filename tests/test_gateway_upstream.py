@@ -12,7 +12,7 @@ import pytest
 from django.conf import settings
 
 from gateway.counters import GATE, INFLIGHT, Counters, key
-from gateway.proxy import Events, Usage
+from gateway.events import Events, Usage
 from gateway.upstream import HIGH_WATER, Cancel, UpstreamTransport, client_for
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -1,0 +1,141 @@
+"""Booking a slot: on a named channel, or on the best channel that fits (SPEC §5, §7)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from channels_app.dispatch import enqueue_redecide
+from channels_app.errors import InvalidInput
+from channels_app.models import Channel, LLMModel, Preset
+from reservations.models import Reservation, ReservationStatus
+from reservations.selectors import first_conflict
+from reservations.services.common import (
+    ReservationConflict,
+    _check_limits,
+    _hold_channel,
+    _is_overlap,
+    _retrying_deadlocks,
+    _tell_approvers,
+    needs_approval,
+    validate_slot,
+)
+
+
+def reservation_create(
+    *,
+    user: Any,
+    channel: Channel,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    model: LLMModel | None = None,
+    preset: Preset | None = None,
+    exclusive: bool = False,
+    note: str = "",
+    by: Any = None,
+) -> Reservation:
+    """Book ``[start, end)`` on ``channel`` for ``user`` (by ``by``, staff booking for
+    someone, when given); raises ``ReservationConflict`` on overlap.
+
+    The overlap check and the insert run one booking of the channel at a time:
+    in one ``BEGIN IMMEDIATE`` transaction on SQLite, under the channel's row
+    lock on PostgreSQL (``_hold_channel``). The exclusion constraint stands
+    behind the check; should an insert still break it, the slot that won is
+    reported.
+    """
+    # In UTC from here on: Python subtracts two times of one zone as wall-clock
+    # times, which is wrong across a daylight-saving change.
+    start, end = start.astimezone(UTC), end.astimezone(UTC)
+    validate_slot(
+        channel=channel, start=start, end=end, now=now, model=model, preset=preset, exclusive=exclusive
+    )
+    pending = needs_approval(channel=channel, exclusive=exclusive, user=user, by=by)
+    status = ReservationStatus.PENDING if pending else ReservationStatus.APPROVED
+
+    def book() -> Reservation:
+        # Inside the transaction: on SQLite it holds the write lock, so two
+        # bookings of one user cannot both fit the same remaining quota.
+        _hold_channel(channel.pk)
+        _check_limits(user=user, channel=channel, start=start, end=end, now=now)
+        conflict = first_conflict(channel, start, end)
+        if conflict is not None:
+            raise ReservationConflict(conflict)
+        try:
+            with transaction.atomic():
+                reservation = Reservation.objects.create(
+                    user=user,
+                    channel=channel,
+                    start=start,
+                    end=end,
+                    model=None if exclusive else model,
+                    preset=None if exclusive else preset,
+                    exclusive=exclusive,
+                    status=status,
+                    note=note,
+                    created=now,
+                    decided_at=None if pending else now,
+                    decided_by=None if pending or by is None else by,
+                )
+        except IntegrityError as exc:
+            if not _is_overlap(exc):
+                raise
+            raise ReservationConflict(first_conflict(channel, start, end)) from None
+        if pending:
+            _tell_approvers(reservation)
+        else:
+            enqueue_redecide(channel.pk)
+        return reservation
+
+    reservation = _retrying_deadlocks(book)
+    return reservation
+
+
+def reservation_create_anywhere(
+    *,
+    user: Any,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    model: LLMModel | None = None,
+    preset: Preset | None = None,
+    exclusive: bool = False,
+    note: str = "",
+    channel: None = None,
+) -> Reservation:
+    """Book the best channel that fits (SPEC §7): placement ranks them, and each is
+    tried in turn with the same overlap guarantee as any booking, so two people asking
+    at once end up on different channels or get a clear 409."""
+    from channels_app.placement.api import placement_for
+
+    if exclusive or model is None:
+        raise InvalidInput(
+            "channel", '"auto" needs a model to place; name a channel for a whole-card booking'
+        )
+    ranked = placement_for(model=model, preset=preset, start=start, end=end)
+    for scored in ranked.ranked:
+        chosen = Channel.objects.get(pk=scored.candidate.id)
+        try:
+            return reservation_create(
+                user=user,
+                channel=chosen,
+                start=start,
+                end=end,
+                now=now,
+                model=model,
+                preset=preset,
+                note=note,
+            )
+        except ReservationConflict:
+            continue  # taken meanwhile: the next best
+    raise NoChannelFits(ranked.message or "every channel that fits was booked meanwhile")
+
+
+class NoChannelFits(ReservationConflict):
+    """No channel can take the booking; the message says why for each."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(None)
+        self.message = f"no channel can take this booking: {why}"

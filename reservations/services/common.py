@@ -1,0 +1,199 @@
+"""What the booking services share: the database's rules, limits and refusals."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Collection
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, OperationalError, connection, transaction
+
+from channels_app.errors import InvalidInput
+from channels_app.models import ApprovalPolicy, Channel, LLMModel, Preset
+from channels_app.target import validate_target
+from channels_app.vocabulary import NotificationEvent
+from reservations.models import BLOCKING_STATUSES, Reservation
+from reservations.notifications import notify
+from reservations.rules import BookingLimits, check_length_and_horizon, check_quota
+from reservations.selectors import held_slots
+
+# A booking may start this little in the past: a form sent "now" arrives late.
+START_GRACE = timedelta(minutes=1)
+EXCLUSION_VIOLATION = "23P01"  # PostgreSQL's SQLSTATE for an exclusion constraint
+DEADLOCK_DETECTED = "40P01"
+DEADLOCK_RETRIES = 10
+
+_T = TypeVar("_T")
+
+
+def _retrying_deadlocks(work: Callable[[], _T]) -> _T:
+    """Run ``work`` in a transaction, again if PostgreSQL chose it as a deadlock's victim.
+
+    Two inserts that overlap each other's uncommitted rows would wait for each
+    other while checking the exclusion constraint, and PostgreSQL would abort
+    one; the channel's row lock (``_hold_channel``) keeps that from happening,
+    and this stays as the net behind it: run again, the victim sees the
+    winner's row and answers a clear conflict. Inside an
+    outer transaction nothing can be retried, so the error goes up as it is.
+    """
+    for attempt in range(DEADLOCK_RETRIES):
+        if connection.in_atomic_block:
+            return work()
+        try:
+            with transaction.atomic():
+                return work()
+        except OperationalError as exc:
+            if (
+                getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED
+                or attempt == DEADLOCK_RETRIES - 1
+            ):
+                raise
+            # Back off a random while, growing, so the same contenders do not meet again.
+            time.sleep(random.uniform(0.005, 0.03) * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _is_overlap(exc: IntegrityError) -> bool:
+    """The database refused an overlap: PostgreSQL's exclusion constraint, or SQLite's trigger."""
+    return getattr(exc.__cause__, "sqlstate", None) == EXCLUSION_VIOLATION or "reservation_no_overlap" in str(
+        exc
+    )
+
+
+def _hold_channel(channel_id: int) -> None:
+    """Take the channel's row lock for the rest of the transaction.
+
+    Bookings and extensions of one channel then go one at a time on
+    PostgreSQL, so their exclusion checks never wait on each other (SQLite's
+    IMMEDIATE transaction already does this). ``NO KEY UPDATE`` leaves rows
+    that merely point at the channel free to be written meanwhile.
+    """
+    list(Channel.objects.select_for_update(no_key=True).filter(pk=channel_id).values_list("pk", flat=True))
+
+
+class ReservationConflict(Exception):
+    """The slot overlaps a pending or approved reservation of the same channel."""
+
+    def __init__(self, conflicting: Reservation | None) -> None:
+        self.conflicting = conflicting
+        if conflicting is None:
+            message = "the slot overlaps another reservation of this channel"
+        else:
+            message = (
+                f"the slot overlaps reservation {conflicting.pk} of this channel "
+                f"({_iso(conflicting.start)} to {_iso(conflicting.end)}, {conflicting.status})"
+            )
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidTransition(Exception):
+    """The reservation is not in a state that allows the requested change."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def needs_approval(*, channel: Channel, exclusive: bool, user: Any, by: Any = None) -> bool:
+    """Whether a booking by ``user`` (made by ``by``, if someone else) waits for approval (SPEC §5)."""
+    if user.is_staff or (by is not None and by.is_staff):
+        return False
+    if channel.approval_policy == ApprovalPolicy.ALL:
+        return True
+    return channel.approval_policy == ApprovalPolicy.EXCLUSIVE_ONLY and exclusive
+
+
+def limits_of(channel: Channel) -> BookingLimits:
+    """The channel's own limits; where it sets none, the installation's defaults
+    (``SLOTSERVE_DEFAULT_MAX_BOOKING_HOURS``, ``SLOTSERVE_DEFAULT_MAX_DAYS_AHEAD``)."""
+    default_max_minutes = round(settings.SLOTSERVE_DEFAULT_MAX_BOOKING_HOURS * 60)
+    return BookingLimits(
+        min_minutes=channel.min_booking_minutes,
+        max_minutes=channel.max_booking_minutes or max(default_max_minutes, channel.min_booking_minutes),
+        max_days_ahead=channel.max_days_ahead or settings.SLOTSERVE_DEFAULT_MAX_DAYS_AHEAD,
+        weekly_quota_hours=channel.weekly_quota_hours,
+    )
+
+
+def _whole_booking(reservation: Reservation) -> list[Reservation]:
+    """The reservation and the ones it extends, oldest first: one booking for the limits."""
+    chain = [reservation]
+    while chain[0].extends_id is not None and len(chain) < 100:
+        parent = chain[0].extends
+        if parent is None or parent.status not in BLOCKING_STATUSES or parent.end != chain[0].start:
+            break
+        chain.insert(0, parent)
+    return chain
+
+
+def _check_limits(
+    *,
+    user: Any,
+    channel: Channel,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    exclude: int | Collection[int] | None = None,
+) -> None:
+    limits = limits_of(channel)
+    refusal = check_length_and_horizon(start=start, end=end, now=now, limits=limits)
+    if refusal is None and not user.is_staff:
+        held = held_slots(user=user, channel=channel, start=start, end=end, exclude=exclude)
+        refusal = check_quota(start=start, end=end, held=held, quota_hours=limits.weekly_quota_hours)
+    if refusal is not None:
+        raise InvalidInput(refusal.field, refusal.message)
+
+
+def validate_slot(
+    *,
+    channel: Channel,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    model: LLMModel | None,
+    preset: Preset | None,
+    exclusive: bool,
+) -> None:
+    if end <= start:
+        raise InvalidInput("end", "end must be after start")
+    if start < now - START_GRACE:
+        raise InvalidInput("start", "start is in the past; reservations are for the future")
+    if exclusive and (model is not None or preset is not None):
+        raise InvalidInput("exclusive", "a whole-card reservation names no model or preset")
+    if not exclusive and model is None:
+        raise InvalidInput("model", "name a model (and preset), or book the whole card with exclusive: true")
+    if exclusive and not channel.allow_whole_card:
+        raise InvalidInput("exclusive", f"channel {channel.name} does not allow whole-card bookings")
+    validate_target(model=model, preset=preset)
+
+
+def _tell_approvers(reservation: Reservation) -> None:
+    staff = get_user_model().objects.filter(is_staff=True, is_active=True)
+    if reservation.extends_id is not None:
+        text = (
+            f"{reservation.user} asks to extend reservation {reservation.extends_id} of "
+            f"{reservation.channel} until {_iso(reservation.end)} (the added time: "
+            f"{_iso(reservation.start)} to {_iso(reservation.end)})."
+        )
+    else:
+        text = (
+            f"{reservation.user} asks for {reservation.channel} "
+            f"from {_iso(reservation.start)} to {_iso(reservation.end)}."
+        )
+    for approver in staff:
+        notify(
+            user=approver,
+            event=NotificationEvent.SUBMITTED,
+            text=text,
+            link="/approvals/",
+            key=f"submitted:{reservation.pk}",
+        )

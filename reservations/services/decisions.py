@@ -1,0 +1,124 @@
+"""Approving, rejecting, cancelling and ending reservations: conditional transitions."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from channels_app.dispatch import enqueue_redecide
+from channels_app.errors import InvalidInput
+from channels_app.vocabulary import NotificationEvent
+from reservations.models import Reservation, ReservationStatus
+from reservations.notifications import notify
+from reservations.services.common import InvalidTransition, _iso
+
+
+def _transition(
+    reservation: Reservation, allowed_from: tuple[str, ...], verb: str, **changes: Any
+) -> Reservation:
+    updated = Reservation.objects.filter(pk=reservation.pk, status__in=allowed_from).update(**changes)
+    reservation.refresh_from_db()
+    if not updated:
+        raise InvalidTransition(f"cannot {verb} a reservation that is {reservation.status}")
+    return reservation
+
+
+def reservation_approve(*, reservation: Reservation, by: Any, now: datetime) -> Reservation:
+    if reservation.end <= now:
+        raise InvalidTransition("cannot approve a reservation whose slot is over")
+    with transaction.atomic():
+        _transition(
+            reservation,
+            (ReservationStatus.PENDING,),
+            "approve",
+            status=ReservationStatus.APPROVED,
+            decided_by=by,
+            decided_at=now,
+        )
+        notify(
+            user=reservation.user,
+            event=NotificationEvent.APPROVED,
+            text=f"Your reservation of {reservation.channel} from {_iso(reservation.start)} is approved.",
+            key=f"approved:{reservation.pk}",
+        )
+        enqueue_redecide(reservation.channel_id)
+    return reservation
+
+
+def reservation_reject(*, reservation: Reservation, by: Any, reason: str, now: datetime) -> Reservation:
+    if not reason.strip():
+        raise InvalidInput("reason", "say why the reservation is rejected")
+    with transaction.atomic():
+        _transition(
+            reservation,
+            (ReservationStatus.PENDING,),
+            "reject",
+            status=ReservationStatus.REJECTED,
+            reject_reason=reason.strip(),
+            decided_by=by,
+            decided_at=now,
+        )
+        notify(
+            user=reservation.user,
+            event=NotificationEvent.REJECTED,
+            text=f"Your reservation of {reservation.channel} from {_iso(reservation.start)} "
+            f"was rejected: {reservation.reject_reason}",
+            key=f"rejected:{reservation.pk}",
+        )
+    return reservation
+
+
+def reservation_cancel(*, reservation: Reservation, by: Any, now: datetime) -> Reservation:
+    """Cancel a pending reservation, or an approved one that has not started."""
+    if reservation.status == ReservationStatus.APPROVED and reservation.start <= now:
+        raise InvalidTransition(
+            "cannot cancel a reservation that has started; end it early instead"
+            if reservation.end > now
+            else "cannot cancel a reservation that is over"
+        )
+    with transaction.atomic():
+        was = reservation.status
+        _transition(
+            reservation,
+            (ReservationStatus.PENDING, ReservationStatus.APPROVED),
+            "cancel",
+            status=ReservationStatus.CANCELLED,
+        )
+        if by != reservation.user:
+            notify(
+                user=reservation.user,
+                event=NotificationEvent.CANCELLED,
+                text=f"Your reservation of {reservation.channel} from {_iso(reservation.start)} "
+                f"was cancelled by {by}.",
+                key=f"cancelled:{reservation.pk}",
+            )
+        if was == ReservationStatus.APPROVED:
+            enqueue_redecide(reservation.channel_id)
+    return reservation
+
+
+def reservation_end(*, reservation: Reservation, by: Any, now: datetime) -> Reservation:
+    """End an active reservation now; the channel re-decides at once (SPEC §5)."""
+    if not reservation.is_active(now):
+        raise InvalidTransition(
+            f"cannot end a reservation that is not active (it is {reservation.status}, "
+            f"from {_iso(reservation.start)} to {_iso(reservation.end)})"
+        )
+    with transaction.atomic():
+        # ``end`` must stay after ``start``: ending in the very first instant is a cancel.
+        if now > reservation.start:
+            changes: dict[str, Any] = {"status": ReservationStatus.ENDED, "end": now}
+        else:
+            changes = {"status": ReservationStatus.CANCELLED}
+        _transition(reservation, (ReservationStatus.APPROVED,), "end", **changes)
+        if by != reservation.user:
+            notify(
+                user=reservation.user,
+                event=NotificationEvent.ENDED_EARLY,
+                text=f"Your reservation of {reservation.channel} was ended early by {by}.",
+                key=f"ended:{reservation.pk}",
+            )
+        enqueue_redecide(reservation.channel_id)
+    return reservation
