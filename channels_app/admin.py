@@ -4,6 +4,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -68,7 +69,7 @@ class ChannelAdmin(admin.ModelAdmin[Channel]):
 class OverrideAdminForm(forms.ModelForm[Override]):
     """Saves through ``override_set``: the same checks and re-decision as the API."""
 
-    request_user: Any = None  # set per request by ``OverrideAdmin.get_form``
+    request_user: User | None = None  # set per request by ``OverrideAdmin.get_form``
 
     class Meta:
         model = Override

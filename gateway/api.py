@@ -40,7 +40,7 @@ class ApiKeyViewSet(
     def create(self, request: Request) -> Response:
         data = ApiKeyInput(data=request.data)
         data.is_valid(raise_exception=True)
-        api_key, key = api_key_create(user=request.user, name=data.validated_data["name"])
+        api_key, key = api_key_create(user=current_user(request), name=data.validated_data["name"])
         return Response({**ApiKeyOutput(api_key).data, "key": key}, status=status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance: ApiKey) -> None:

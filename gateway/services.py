@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.utils import timezone
 
 from gateway.models import ApiKey, hash_key, new_key
 
 
-def api_key_create(*, user: Any, name: str) -> tuple[ApiKey, str]:
+def api_key_create(*, user: User, name: str) -> tuple[ApiKey, str]:
     """A new key for ``user``; the plain key is returned once and never stored."""
     key = new_key()
     api_key = ApiKey.objects.create(user=user, name=name, prefix=key[:10], hashed=hash_key(key))

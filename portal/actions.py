@@ -60,7 +60,7 @@ def book(request: HttpRequest) -> HttpResponse:
             create = services.reservation_create if data["channel"] else services.reservation_create_anywhere
             try:
                 reservation = create(
-                    user=request.user,
+                    user=_me(request),
                     now=timezone.now(),
                     channel=data["channel"],
                     start=data["start"],
@@ -129,7 +129,7 @@ def _reservation_action(
 @require_POST
 def cancel(request: HttpRequest, pk: int) -> HttpResponse:
     def act(r: Reservation) -> Reservation:
-        return services.reservation_cancel(reservation=r, by=request.user, now=timezone.now())
+        return services.reservation_cancel(reservation=r, by=_me(request), now=timezone.now())
 
     return _reservation_action(request, pk, act, "Reservation cancelled.")
 
@@ -138,7 +138,7 @@ def cancel(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def end(request: HttpRequest, pk: int) -> HttpResponse:
     def act(r: Reservation) -> Reservation:
-        return services.reservation_end(reservation=r, by=request.user, now=timezone.now())
+        return services.reservation_end(reservation=r, by=_me(request), now=timezone.now())
 
     return _reservation_action(request, pk, act, "Reservation ended; the channel is free again.")
 
@@ -154,7 +154,7 @@ def extend(request: HttpRequest, pk: int) -> HttpResponse:
 
     def act(r: Reservation) -> Reservation:
         holder = services.reservation_extend(
-            reservation=r, by=request.user, end=form.cleaned_data["end"], now=timezone.now()
+            reservation=r, by=_me(request), end=form.cleaned_data["end"], now=timezone.now()
         )
         if holder.pk != r.pk:
             messages.info(request, "The extension awaits approval; the booked time stays approved.")
@@ -179,7 +179,7 @@ def approvals(request: HttpRequest) -> HttpResponse:
 @require_POST
 def approve(request: HttpRequest, pk: int) -> HttpResponse:
     def act(r: Reservation) -> Reservation:
-        return services.reservation_approve(reservation=r, by=request.user, now=timezone.now())
+        return services.reservation_approve(reservation=r, by=_me(request), now=timezone.now())
 
     return _reservation_action(request, pk, act, "Approved.", back="portal:approvals")
 
@@ -194,7 +194,7 @@ def reject(request: HttpRequest, pk: int) -> HttpResponse:
 
     def act(r: Reservation) -> Reservation:
         return services.reservation_reject(
-            reservation=r, by=request.user, reason=form.cleaned_data["reason"], now=timezone.now()
+            reservation=r, by=_me(request), reason=form.cleaned_data["reason"], now=timezone.now()
         )
 
     return _reservation_action(request, pk, act, "Rejected.", back="portal:approvals")
@@ -217,7 +217,7 @@ def channel_override(request: HttpRequest, pk: int) -> HttpResponse:
         override_set(
             channel=channel,
             now=timezone.now(),
-            by=request.user,
+            by=_me(request),
             model=data["model"],
             preset=data["preset"],
             unload=data["unload"],
@@ -250,7 +250,7 @@ def notifications(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def preferences(request: HttpRequest) -> HttpResponse:
-    profile = profile_for(request.user)
+    profile = profile_for(_me(request))
     if request.method == "POST":
         form = PreferencesForm(request.POST)
         if form.is_valid():
@@ -272,7 +272,7 @@ def keys(request: HttpRequest) -> HttpResponse:
     new_key = None
     form = ApiKeyForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        _, new_key = api_key_create(user=request.user, name=form.cleaned_data["name"])
+        _, new_key = api_key_create(user=_me(request), name=form.cleaned_data["name"])
         form = ApiKeyForm()
     mine = ApiKey.objects.filter(user=_me(request), revoked_at__isnull=True)
     page = render(request, "portal/keys.html", {"form": form, "keys": mine, "new_key": new_key})

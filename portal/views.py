@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from pathlib import Path
-from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
 from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -98,6 +98,12 @@ def channel_cards(*, now: datetime, staff: bool) -> list[ChannelCard]:
     return cards
 
 
+def _viewer(request: HttpRequest) -> User:
+    """The signed-in user of a page behind ``login_required``."""
+    assert isinstance(request.user, User), "view needs login_required"
+    return request.user
+
+
 @login_required
 def overview(request: HttpRequest) -> HttpResponse:
     cards = channel_cards(now=timezone.now(), staff=request.user.is_staff)
@@ -130,7 +136,7 @@ def _place(start: datetime, end: datetime, origin: datetime, span: timedelta) ->
     return (lo - origin) / span * 100, (hi - lo) / span * 100
 
 
-def calendar_rows(*, origin: datetime, span: timedelta, now: datetime, viewer: Any) -> list[CalendarRow]:
+def calendar_rows(*, origin: datetime, span: timedelta, now: datetime, viewer: User) -> list[CalendarRow]:
     tz = timezone.get_current_timezone()
     shown = Reservation.objects.exclude(status__in=[ReservationStatus.REJECTED, ReservationStatus.CANCELLED])
     channels = Channel.objects.select_related("node").prefetch_related(
@@ -221,7 +227,7 @@ def calendar(request: HttpRequest) -> HttpResponse:
         )
     now_left = (now - origin) / span * 100 if origin <= now < origin + span else None
     context = {
-        "rows": calendar_rows(origin=origin, span=span, now=now, viewer=request.user),
+        "rows": calendar_rows(origin=origin, span=span, now=now, viewer=_viewer(request)),
         "day": day,
         "week": week,
         "ticks": ticks,

@@ -14,6 +14,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -38,10 +39,16 @@ def service_errors_as_form_errors(work: Callable[[], Any]) -> Any:
         raise ValidationError(exc.message) from None
 
 
+def _staff(request: HttpRequest) -> User:
+    """The admin's user: the admin site lets only signed-in staff in."""
+    assert isinstance(request.user, User)
+    return request.user
+
+
 class ReservationAdminForm(forms.ModelForm[Reservation]):
     """Saves through ``reservation_create`` (a new one) or ``reservation_reschedule``."""
 
-    request_user: Any = None  # set per request by ``ReservationAdmin.get_form``
+    request_user: User | None = None  # set per request by ``ReservationAdmin.get_form``
 
     class Meta:
         model = Reservation
@@ -51,6 +58,8 @@ class ReservationAdminForm(forms.ModelForm[Reservation]):
         data = super().clean() or {}
         if self.errors:
             return data
+        assert self.request_user is not None, "made by ReservationAdmin.get_form"
+        by = self.request_user
         now = timezone.now()
         if self.instance.pk is None:
             self.instance = service_errors_as_form_errors(
@@ -64,14 +73,14 @@ class ReservationAdminForm(forms.ModelForm[Reservation]):
                     preset=data.get("preset"),
                     exclusive=bool(data.get("exclusive")),
                     note=data.get("note", ""),
-                    by=self.request_user,
+                    by=by,
                 )
             )
         else:
             self.instance = service_errors_as_form_errors(
                 lambda: services.reservation_reschedule(
                     reservation=self.instance,
-                    by=self.request_user,
+                    by=by,
                     start=data["start"],
                     end=data["end"],
                     note=data.get("note", ""),
@@ -140,7 +149,7 @@ class ReservationAdmin(admin.ModelAdmin[Reservation]):
             request,
             queryset,
             "Approved",
-            lambda r: services.reservation_approve(reservation=r, by=request.user, now=now),
+            lambda r: services.reservation_approve(reservation=r, by=_staff(request), now=now),
         )
 
     @admin.action(description="Reject the selected reservations (asks for a reason)")
@@ -153,7 +162,9 @@ class ReservationAdmin(admin.ModelAdmin[Reservation]):
                 request,
                 queryset,
                 "Rejected",
-                lambda r: services.reservation_reject(reservation=r, by=request.user, reason=reason, now=now),
+                lambda r: services.reservation_reject(
+                    reservation=r, by=_staff(request), reason=reason, now=now
+                ),
             )
             return None
         return TemplateResponse(
@@ -176,7 +187,7 @@ class ReservationAdmin(admin.ModelAdmin[Reservation]):
             request,
             queryset,
             "Cancelled",
-            lambda r: services.reservation_cancel(reservation=r, by=request.user, now=now),
+            lambda r: services.reservation_cancel(reservation=r, by=_staff(request), now=now),
         )
 
 

@@ -111,16 +111,18 @@ class ReservationViewSet(
         fields = data.validated_data
         if fields["channel"] is None:
             reservation = services.reservation_create_anywhere(
-                user=request.user, now=timezone.now(), **fields
+                user=current_user(request), now=timezone.now(), **fields
             )
         else:
-            reservation = services.reservation_create(user=request.user, now=timezone.now(), **fields)
+            reservation = services.reservation_create(
+                user=current_user(request), now=timezone.now(), **fields
+            )
         return Response(ReservationOutput(reservation).data, status=status.HTTP_201_CREATED)
 
     @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
     def approve(self, request: Request, pk: str | None = None) -> Response:
         reservation = services.reservation_approve(
-            reservation=self.get_object(), by=request.user, now=timezone.now()
+            reservation=self.get_object(), by=current_user(request), now=timezone.now()
         )
         return Response(ReservationOutput(reservation).data)
 
@@ -130,7 +132,7 @@ class ReservationViewSet(
         data.is_valid(raise_exception=True)
         reservation = services.reservation_reject(
             reservation=self.get_object(),
-            by=request.user,
+            by=current_user(request),
             reason=data.validated_data["reason"],
             now=timezone.now(),
         )
@@ -139,14 +141,14 @@ class ReservationViewSet(
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         reservation = services.reservation_cancel(
-            reservation=self.get_object(), by=request.user, now=timezone.now()
+            reservation=self.get_object(), by=current_user(request), now=timezone.now()
         )
         return Response(ReservationOutput(reservation).data)
 
     @action(detail=True, methods=["post"])
     def end(self, request: Request, pk: str | None = None) -> Response:
         reservation = services.reservation_end(
-            reservation=self.get_object(), by=request.user, now=timezone.now()
+            reservation=self.get_object(), by=current_user(request), now=timezone.now()
         )
         return Response(ReservationOutput(reservation).data)
 
@@ -156,7 +158,7 @@ class ReservationViewSet(
         data.is_valid(raise_exception=True)
         extended = self.get_object()
         holder = services.reservation_extend(
-            reservation=extended, by=request.user, end=data.validated_data["end"], now=timezone.now()
+            reservation=extended, by=current_user(request), end=data.validated_data["end"], now=timezone.now()
         )
         # 202: the added time is a pending extension (its own reservation) that waits for approval.
         status = 202 if holder.pk != extended.pk else 200

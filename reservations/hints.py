@@ -7,6 +7,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from django.contrib.auth.models import User
+
 from channels_app.models import Channel, LLMModel, Preset
 from channels_app.placement.memory import MemoryEstimate, ShapeUnreadable, estimate_for
 from channels_app.scheduling import selectors
@@ -28,7 +30,7 @@ def adjacent_switch_minutes(*, load_seconds: float, gap_seconds: float) -> int:
 
 
 def quota_hint(
-    *, user: Any, channel: Channel, start: datetime, end: datetime, **_: Any
+    *, user: User, channel: Channel, start: datetime, end: datetime, **_: Any
 ) -> dict[str, Any] | None:
     """The weekly quota and what is left of it in the week the booking starts."""
     quota = channel.weekly_quota_hours
@@ -67,7 +69,7 @@ def _gib(size: int) -> str:
 
 def booking_hints(
     *,
-    user: Any,
+    user: User,
     channel: Channel,
     start: datetime,
     end: datetime,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
 from channels_app import dispatch
@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 
 def notify(
-    *, user: Any, event: str, text: str, link: str = "", key: str | None = None
+    *, user: User, event: str, text: str, link: str = "", key: str | None = None
 ) -> Notification | None:
     """Store a notification for ``user`` and email it after commit, if they want it.
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from django.contrib.auth.models import User
 
 from reservations.models import Profile
 
 
-def profile_for(user: Any) -> Profile:
+def profile_for(user: User) -> Profile:
     profile, _ = Profile.objects.get_or_create(user=user)
     return profile

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import datetime, timedelta
-from typing import Any
+
+from django.contrib.auth.models import User
 
 from channels_app.models import Channel
 from reservations.models import Reservation
@@ -22,7 +23,7 @@ def first_conflict(
 
 def held_slots(
     *,
-    user: Any,
+    user: User,
     channel: Channel,
     start: datetime,
     end: datetime,

@@ -31,7 +31,13 @@ from channels_app.models import Channel, ChannelRuntime, LLMModel, ModelFile, No
 from channels_app.node_agent import processes
 from channels_app.scheduling import selectors, services
 from channels_app.target import Target
-from slotserve_site.api_fields import IdOrNameField, IsStaffOrReadOnly, MomentField, moment_param
+from slotserve_site.api_fields import (
+    IdOrNameField,
+    IsStaffOrReadOnly,
+    MomentField,
+    current_user,
+    moment_param,
+)
 
 
 def run_log_of(channel: Channel) -> tuple[Path | None, str]:
@@ -171,7 +177,7 @@ class ChannelViewSet(viewsets.ModelViewSet[Channel]):
         override = services.override_set(
             channel=channel,
             now=timezone.now(),
-            by=request.user,
+            by=current_user(request),
             **data.validated_data,
         )
         return Response(OverrideOutput(override).data, status=status.HTTP_201_CREATED)

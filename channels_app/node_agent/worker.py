@@ -13,9 +13,10 @@ import logging
 import shlex
 import shutil
 import signal
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -37,6 +38,7 @@ from channels_app.models import (
 from channels_app.node_agent import discovery, gpus, locks, processes
 from channels_app.node_agent.lifecycle import (
     LAUNCH_FAILED,
+    Action,
     Failure,
     Kill,
     LoadFinished,
@@ -51,7 +53,9 @@ from channels_app.node_agent.lifecycle import (
 )
 from channels_app.shared import redis_client
 from channels_app.target import Target
-from channels_app.vocabulary import Phase, Reason, RedisKey, redis_key
+from channels_app.vocabulary import NotificationEvent, Phase, Reason, RedisKey, redis_key
+from reservations.models import Reservation
+from reservations.notifications import notify
 
 log = logging.getLogger(__name__)
 
@@ -276,47 +280,48 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
 
 
 def _tell(channel: Channel, target_row: ChannelTarget | None, action: Tell) -> None:
-    from reservations.notifications import notify
-
     reservation = target_row.reservation if target_row is not None else None
     if reservation is None:
         return
     text = f"{channel.name}: {action.text}. {reservation_summary(reservation)}"
     key = f"{action.event}:{reservation.pk}"
     notify(user=reservation.user, event=action.event, text=text, link="/", key=key)
-    if action.event in {"load_failed", "fallback"}:
+    if action.event in {NotificationEvent.LOAD_FAILED, NotificationEvent.FALLBACK}:
         for admin in (
             get_user_model().objects.filter(is_staff=True, is_active=True).exclude(pk=reservation.user_id)
         ):
             notify(user=admin, event=action.event, text=text, link="/", key=key)
 
 
-def reservation_summary(reservation: Any) -> str:
+def reservation_summary(reservation: Reservation) -> str:
     return f"(reservation {reservation.pk} of {reservation.user}, {reservation.start:%Y-%m-%d %H:%M} UTC)"
 
 
 def act(
-    actions: list[Any],
+    actions: Sequence[Action],
     runtime: ChannelRuntime,
     channel: Channel,
     target_row: ChannelTarget | None,
     now: datetime,
 ) -> None:
     for action in actions:
-        if isinstance(action, Start):
-            _launch(runtime, channel, action.target, now)
-        elif isinstance(action, Terminate):
-            processes.send(action.pid, signal.SIGTERM)
-        elif isinstance(action, Kill):
-            log.warning("channel %s: pid %s ignored SIGTERM; sending SIGKILL", channel.name, action.pid)
-            processes.send(action.pid, signal.SIGKILL)
-        elif isinstance(action, LoadFinished):
-            if runtime.load_id is not None:
-                LoadRecord.objects.filter(pk=runtime.load_id, finished__isnull=True).update(
-                    finished=now, succeeded=action.succeeded, error=action.error
-                )
-        elif isinstance(action, Tell):
-            _tell(channel, target_row, action)
+        match action:
+            case Start(target=target):
+                _launch(runtime, channel, target, now)
+            case Terminate(pid=pid):
+                processes.send(pid, signal.SIGTERM)
+            case Kill(pid=pid):
+                log.warning("channel %s: pid %s ignored SIGTERM; sending SIGKILL", channel.name, pid)
+                processes.send(pid, signal.SIGKILL)
+            case LoadFinished(succeeded=succeeded, error=error):
+                if runtime.load_id is not None:
+                    LoadRecord.objects.filter(pk=runtime.load_id, finished__isnull=True).update(
+                        finished=now, succeeded=succeeded, error=error
+                    )
+            case Tell():
+                _tell(channel, target_row, action)
+            case _:
+                assert_never(action)
 
 
 def reconcile(*, channel_id: int, now: datetime) -> ProcessState | None:

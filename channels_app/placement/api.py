@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
-from django.utils import timezone
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from channels_app.models import LLMModel, Preset
-from channels_app.placement.chains import Placement, ScoreMaximums, place
-from channels_app.placement.inputs import placement_inputs
-from channels_app.target import validate_target
+from channels_app.placement.chains import Placement
+from channels_app.placement.selectors import placement_for
 from slotserve_site.api_fields import IdOrNameField, MomentField
 
 
@@ -31,22 +28,6 @@ class PlacementInput(serializers.Serializer[Any]):
         if attrs["end"] <= attrs["start"]:
             raise serializers.ValidationError({"end": "end must be after start"})
         return attrs
-
-
-def maximums() -> ScoreMaximums:
-    return ScoreMaximums(
-        placement=settings.SLOTSERVE_SCORE_PLACEMENT_MAX, locality=settings.SLOTSERVE_SCORE_LOCALITY_MAX
-    )
-
-
-def placement_for(
-    *, model: LLMModel, start: Any, end: Any, preset: Preset | None = None, policy: str = "binpack"
-) -> Placement:
-    validate_target(model=model, preset=preset)
-    candidates, wanted = placement_inputs(
-        model=model, preset=preset, start=start, end=end, now=timezone.now()
-    )
-    return place(candidates, wanted, policy=policy, maximums=maximums())
 
 
 def placement_json(result: Placement) -> dict[str, Any]:

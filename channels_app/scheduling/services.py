@@ -10,8 +10,8 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import F
 
@@ -115,7 +115,7 @@ def override_set(
     channel: Channel,
     until: datetime,
     now: datetime,
-    by: Any,
+    by: User | None,
     model: LLMModel | None = None,
     preset: Preset | None = None,
     unload: bool = False,

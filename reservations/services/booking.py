@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
 from channels_app.dispatch import enqueue_redecide
@@ -26,7 +26,7 @@ from reservations.services.common import (
 
 def reservation_create(
     *,
-    user: Any,
+    user: User,
     channel: Channel,
     start: datetime,
     end: datetime,
@@ -35,7 +35,7 @@ def reservation_create(
     preset: Preset | None = None,
     exclusive: bool = False,
     note: str = "",
-    by: Any = None,
+    by: User | None = None,
 ) -> Reservation:
     """Book ``[start, end)`` on ``channel`` for ``user`` (by ``by``, staff booking for
     someone, when given); raises ``ReservationConflict`` on overlap.
@@ -95,7 +95,7 @@ def reservation_create(
 
 def reservation_create_anywhere(
     *,
-    user: Any,
+    user: User,
     start: datetime,
     end: datetime,
     now: datetime,
@@ -108,7 +108,7 @@ def reservation_create_anywhere(
     """Book the best channel that fits (SPEC §7): placement ranks them, and each is
     tried in turn with the same overlap guarantee as any booking, so two people asking
     at once end up on different channels or get a clear 409."""
-    from channels_app.placement.api import placement_for
+    from channels_app.placement.selectors import placement_for
 
     if exclusive or model is None:
         raise InvalidInput(

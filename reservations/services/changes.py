@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
 from channels_app.dispatch import enqueue_redecide
@@ -28,7 +28,7 @@ from reservations.services.common import (
 )
 
 
-def reservation_extend(*, reservation: Reservation, by: Any, end: datetime, now: datetime) -> Reservation:
+def reservation_extend(*, reservation: Reservation, by: User, end: datetime, now: datetime) -> Reservation:
     """Move the end of an active or future reservation later, when that time is free.
 
     The added time is checked like a new booking of it (limits, quota, overlap).
@@ -109,7 +109,7 @@ def reservation_extend(*, reservation: Reservation, by: Any, end: datetime, now:
 
 
 def reservation_reschedule(
-    *, reservation: Reservation, by: Any, start: datetime, end: datetime, note: str, now: datetime
+    *, reservation: Reservation, by: User, start: datetime, end: datetime, note: str, now: datetime
 ) -> Reservation:
     """Staff move a pending or approved reservation to ``[start, end)`` (the Django admin).
 

@@ -6,10 +6,11 @@ import random
 import time
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import User
 from django.db import IntegrityError, OperationalError, connection, transaction
 
 from channels_app.errors import InvalidInput
@@ -103,7 +104,7 @@ def _iso(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def needs_approval(*, channel: Channel, exclusive: bool, user: Any, by: Any = None) -> bool:
+def needs_approval(*, channel: Channel, exclusive: bool, user: User, by: User | None = None) -> bool:
     """Whether a booking by ``user`` (made by ``by``, if someone else) waits for approval (SPEC §5)."""
     if user.is_staff or (by is not None and by.is_staff):
         return False
@@ -137,7 +138,7 @@ def _whole_booking(reservation: Reservation) -> list[Reservation]:
 
 def _check_limits(
     *,
-    user: Any,
+    user: User,
     channel: Channel,
     start: datetime,
     end: datetime,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.db import transaction
 
 from channels_app.dispatch import enqueue_redecide
@@ -25,7 +26,7 @@ def _transition(
     return reservation
 
 
-def reservation_approve(*, reservation: Reservation, by: Any, now: datetime) -> Reservation:
+def reservation_approve(*, reservation: Reservation, by: User, now: datetime) -> Reservation:
     if reservation.end <= now:
         raise InvalidTransition("cannot approve a reservation whose slot is over")
     with transaction.atomic():
@@ -47,7 +48,7 @@ def reservation_approve(*, reservation: Reservation, by: Any, now: datetime) -> 
     return reservation
 
 
-def reservation_reject(*, reservation: Reservation, by: Any, reason: str, now: datetime) -> Reservation:
+def reservation_reject(*, reservation: Reservation, by: User, reason: str, now: datetime) -> Reservation:
     if not reason.strip():
         raise InvalidInput("reason", "say why the reservation is rejected")
     with transaction.atomic():
@@ -70,7 +71,7 @@ def reservation_reject(*, reservation: Reservation, by: Any, reason: str, now: d
     return reservation
 
 
-def reservation_cancel(*, reservation: Reservation, by: Any, now: datetime) -> Reservation:
+def reservation_cancel(*, reservation: Reservation, by: User, now: datetime) -> Reservation:
     """Cancel a pending reservation, or an approved one that has not started."""
     if reservation.status == ReservationStatus.APPROVED and reservation.start <= now:
         raise InvalidTransition(
@@ -99,7 +100,7 @@ def reservation_cancel(*, reservation: Reservation, by: Any, now: datetime) -> R
     return reservation
 
 
-def reservation_end(*, reservation: Reservation, by: Any, now: datetime) -> Reservation:
+def reservation_end(*, reservation: Reservation, by: User, now: datetime) -> Reservation:
     """End an active reservation now; the channel re-decides at once (SPEC §5)."""
     if not reservation.is_active(now):
         raise InvalidTransition(
