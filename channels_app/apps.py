@@ -19,4 +19,8 @@ class ChannelsAppConfig(AppConfig):
             except FakeGpuSpecError as exc:
                 raise SettingError(str(exc)) from None
 
+        # The stages' tasks, registered in every process (channels_app.dispatch sends by name).
+        import channels_app.node_agent.tasks
+        import channels_app.scheduling.tasks  # noqa: F401
+
         post_migrate.connect(register_tick, sender=self, dispatch_uid="slotserve_register_tick")

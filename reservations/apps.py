@@ -4,3 +4,7 @@ from django.apps import AppConfig
 class ReservationsConfig(AppConfig):
     name = "reservations"
     verbose_name = "Reservations"
+
+    def ready(self) -> None:
+        # Registered in every process, so eager mode runs them where they are sent by name.
+        import reservations.tasks  # noqa: F401
