@@ -22,6 +22,7 @@ from channels_app.models import (
     Node,
     Override,
     Preset,
+    ReloadRequest,
 )
 from channels_app.scheduling import services
 
@@ -133,6 +134,19 @@ class ChannelTargetAdmin(admin.ModelAdmin[ChannelTarget]):
     """Read-only: the scheduler is the only writer of targets."""
 
     list_display = ["channel", "model", "preset", "reason", "valid_until", "decided_at"]
+
+    def has_add_permission(self, request: object) -> bool:
+        return False
+
+    def has_change_permission(self, request: object, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(ReloadRequest)
+class ReloadRequestAdmin(admin.ModelAdmin[ReloadRequest]):
+    """Read-only: reloads are asked for with "Reload process now" (portal, API)."""
+
+    list_display = ["channel", "generation", "requested_at", "requested_by"]
 
     def has_add_permission(self, request: object) -> bool:
         return False

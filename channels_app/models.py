@@ -313,13 +313,29 @@ class ChannelTarget(models.Model):
     reservation = models.ForeignKey(
         "reservations.Reservation", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    # Incremented by an explicit reload; the node worker restarts the process
-    # without draining when it sees a generation it has not run yet (SPEC §4).
-    reload_generation = models.PositiveIntegerField(default=0)
     decided_at = models.DateTimeField(default=timezone.now)
 
     def __str__(self) -> str:
         return f"{self.channel_id}: {self.model_id}/{self.preset_id} ({self.reason})"
+
+
+class ReloadRequest(models.Model):
+    """Staff asked to restart a channel's process at once, without draining (SPEC §4).
+
+    A fact of its own, written by ``channel_reload`` only: each request raises the
+    generation, and the node worker restarts the process when it sees a generation it
+    has not run yet.
+    """
+
+    channel = models.OneToOneField(Channel, on_delete=models.CASCADE, primary_key=True, related_name="reload")
+    generation = models.PositiveIntegerField(default=0)
+    requested_at = models.DateTimeField(default=timezone.now)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    def __str__(self) -> str:
+        return f"reload {self.generation} of {self.channel_id}"
 
 
 class ChannelRuntime(models.Model):

@@ -234,7 +234,7 @@ def channel_override(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def channel_reload_view(request: HttpRequest, pk: int) -> HttpResponse:
     channel = get_object_or_404(Channel, pk=pk)
-    channel_reload(channel=channel, now=timezone.now())
+    channel_reload(channel=channel, now=timezone.now(), by=_me(request))
     messages.success(request, f"{channel} restarts its process now.")
     return redirect("portal:overview")
 

@@ -290,3 +290,9 @@ def test_reload_endpoint(world, staff_api, ana_api):
     assert ana_api.post(url).status_code == 403
     assert staff_api.post(url).data["reload_generation"] == 1
     assert staff_api.post(url).data["reload_generation"] == 2
+    # A reload is its own fact: the scheduler's target is not written by a web request.
+    from channels_app.models import ReloadRequest
+
+    asked = ReloadRequest.objects.get(channel=world["channel"])
+    assert asked.generation == 2 and asked.requested_by is not None
+    assert not ChannelTarget.objects.filter(channel=world["channel"]).exists()

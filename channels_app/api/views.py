@@ -185,7 +185,7 @@ class ChannelViewSet(viewsets.ModelViewSet[Channel]):
     @action(detail=True, methods=["post"], permission_classes=[permissions.IsAdminUser])
     def reload(self, request: Request, pk: str | None = None) -> Response:
         channel = self.get_object()
-        generation = services.channel_reload(channel=channel, now=timezone.now())
+        generation = services.channel_reload(channel=channel, now=timezone.now(), by=current_user(request))
         return Response(
             {"channel": channel.pk, "reload_generation": generation}, status=status.HTTP_202_ACCEPTED
         )

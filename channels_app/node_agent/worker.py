@@ -34,6 +34,7 @@ from channels_app.models import (
     LoadRecord,
     Node,
     Preset,
+    ReloadRequest,
 )
 from channels_app.node_agent import discovery, gpus, locks, processes
 from channels_app.node_agent.lifecycle import (
@@ -181,9 +182,10 @@ def store(runtime: ChannelRuntime, state: ProcessState) -> None:
     runtime.save()
 
 
-def wanted_of(channel: Channel, target_row: ChannelTarget | None) -> Wanted:
+def wanted_of(channel: Channel, target_row: ChannelTarget | None, reload_generation: int = 0) -> Wanted:
     common: dict[str, Any] = {
         "default": channel.default_target,
+        "reload_generation": reload_generation,
         "drain_seconds": settings.SLOTSERVE_DRAIN_SECONDS,
         "stop_timeout_seconds": settings.SLOTSERVE_STOP_TIMEOUT_SECONDS,
         "load_timeout_seconds": settings.SLOTSERVE_LOAD_TIMEOUT_SECONDS,
@@ -193,7 +195,6 @@ def wanted_of(channel: Channel, target_row: ChannelTarget | None) -> Wanted:
     return Wanted(
         target=_target(target_row.model_id, target_row.preset_id),
         serves_reservation=target_row.reason in SERVES_RESERVATION and target_row.reservation_id is not None,
-        reload_generation=target_row.reload_generation,
         **common,
     )
 
@@ -341,7 +342,8 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
     runtime, _ = ChannelRuntime.objects.get_or_create(channel=channel)
     target_row = ChannelTarget.objects.select_related("reservation__user").filter(channel=channel).first()
     before = state_of(runtime)
-    wanted = wanted_of(channel, target_row)
+    generation = ReloadRequest.objects.filter(channel=channel).values_list("generation", flat=True).first()
+    wanted = wanted_of(channel, target_row, generation or 0)
     publish_gate(channel.pk, before, wanted, now)
     result = step(before, wanted, observe(runtime, channel, now), now)
     if result.state.phase != before.phase:

@@ -18,7 +18,7 @@ from django.db.models import F
 from channels_app import shared
 from channels_app.dispatch import enqueue_redecide
 from channels_app.errors import InvalidInput
-from channels_app.models import Channel, ChannelTarget, LLMModel, Override, Preset
+from channels_app.models import Channel, ChannelTarget, LLMModel, Override, Preset, ReloadRequest
 from channels_app.scheduling import selectors
 from channels_app.scheduling.decision import Decision, PlanSegment, decide, decide_at, plan
 from channels_app.target import validate_target
@@ -152,10 +152,16 @@ def override_clear(*, channel: Channel) -> bool:
     return bool(deleted)
 
 
-def channel_reload(*, channel: Channel, now: datetime) -> int:
-    """Ask the node worker to restart the channel's process at once, without draining."""
+def channel_reload(*, channel: Channel, now: datetime, by: User | None = None) -> int:
+    """Ask the node worker to restart the channel's process at once, without draining.
+
+    Returns the request's generation. The reload is a fact of its own (``ReloadRequest``):
+    the scheduler's target is the scheduler's alone to write.
+    """
     with transaction.atomic():
-        ChannelTarget.objects.get_or_create(channel=channel, defaults={"reason": "idle", "decided_at": now})
-        ChannelTarget.objects.filter(channel=channel).update(reload_generation=F("reload_generation") + 1)
-        generation = ChannelTarget.objects.values_list("reload_generation", flat=True).get(channel=channel)
+        ReloadRequest.objects.get_or_create(channel=channel)
+        ReloadRequest.objects.filter(channel=channel).update(
+            generation=F("generation") + 1, requested_at=now, requested_by=by
+        )
+        generation = ReloadRequest.objects.values_list("generation", flat=True).get(channel=channel)
     return int(generation)
