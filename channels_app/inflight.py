@@ -37,5 +37,6 @@ def in_flight_counts(client: Any, channel_ids: Iterable[int]) -> dict[int, int]:
     ids = list(channel_ids)
     if not ids:
         return {}
-    counts = client.eval(COUNT, len(ids), *[redis_key(RedisKey.INFLIGHT, i) for i in ids])
+    # A registered script: EVALSHA, loaded again by redis-py when Redis forgot it.
+    counts = client.register_script(COUNT)(keys=[redis_key(RedisKey.INFLIGHT, i) for i in ids])
     return {i: int(c) for i, c in zip(ids, counts, strict=True)}

@@ -23,6 +23,8 @@ clock, which every gateway and node worker share).
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import itertools
 import logging
 import time
@@ -31,12 +33,18 @@ from collections.abc import Iterable
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from channels_app.inflight import COUNT, REDIS_NOW
 from channels_app.vocabulary import RedisKey, redis_key
 
 key = redis_key
+
+
+@functools.cache
+def script_sha(script: str) -> str:
+    """The SHA1 Redis knows a script by (EVALSHA sends it instead of the script's text)."""
+    return hashlib.sha1(script.encode()).hexdigest()
 
 
 INFLIGHT, GATE = RedisKey.INFLIGHT, RedisKey.GATE
@@ -149,7 +157,7 @@ class Counters:
             # Nothing else on its way to Redis: this one goes at once, on its own.
             self._busy += 1
             try:
-                return await self.redis.eval(script, len(keys), *keys, *args)
+                return await self._evalsha(script, keys, args)
             finally:
                 self._busy -= 1
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -158,6 +166,15 @@ class Counters:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
         return await future
+
+    async def _evalsha(self, script: str, keys: list[str], args: list[str | int]) -> Any:
+        """Run a script by its SHA (Redis keeps it once loaded); load it again after a Redis restart."""
+        sha = script_sha(script)
+        try:
+            return await self.redis.evalsha(sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await self.redis.script_load(script)
+            return await self.redis.evalsha(sha, len(keys), *keys, *args)
 
     def _flush(self) -> None:
         """Send what this turn of the event loop gathered, without waiting for earlier batches."""
@@ -172,8 +189,13 @@ class Counters:
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for script, keys, args, _ in batch:
-                    pipe.eval(script, len(keys), *keys, *args)
+                    pipe.evalsha(script_sha(script), len(keys), *keys, *args)
                 results = await pipe.execute(raise_on_error=False)
+            # A Redis that restarted has forgotten the scripts: load each, run those again.
+            for i, result in enumerate(results):
+                if isinstance(result, NoScriptError):
+                    script, keys, args, _ = batch[i]
+                    results[i] = await self._evalsha(script, keys, args)
         except (RedisError, OSError) as exc:  # Redis is unreachable: every caller hears why
             results = [exc] * len(batch)
         finally:
