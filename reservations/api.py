@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from channels_app.models import Channel, LLMModel, Preset
 from channels_app.vocabulary import NotificationEvent
 from reservations import hints, services
+from reservations.filters import NotificationFilter, ReservationFilter
 from reservations.models import Notification, Profile, Reservation
 from reservations.profiles import profile_for
 from slotserve_site.api_fields import IdOrNameField, MomentField, current_user, moment_param
@@ -88,21 +89,12 @@ class ReservationViewSet(
     """
 
     serializer_class = ReservationOutput
+    filterset_class = ReservationFilter
 
     def get_queryset(self) -> QuerySet[Reservation]:
         queryset = Reservation.objects.select_related("user", "channel")
         if not self.request.user.is_staff:
             queryset = queryset.filter(user=current_user(self.request))
-        params = self.request.query_params
-        if params.get("channel"):
-            channel = params["channel"]
-            queryset = (
-                queryset.filter(channel_id=int(channel))
-                if channel.isdigit()
-                else queryset.filter(channel__name=channel)
-            )
-        if params.get("status"):
-            queryset = queryset.filter(status=params["status"])
         return queryset.order_by("start")
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -244,11 +236,10 @@ class NotificationOutput(serializers.ModelSerializer[Notification]):
 class NotificationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet[Notification]):
     serializer_class = NotificationOutput
 
+    filterset_class = NotificationFilter
+
     def get_queryset(self) -> QuerySet[Notification]:
-        queryset = Notification.objects.filter(user=current_user(self.request))
-        if self.request.query_params.get("unread") in {"true", "1", "yes"}:
-            queryset = queryset.filter(read=False)
-        return queryset
+        return Notification.objects.filter(user=current_user(self.request))
 
     @action(detail=True, methods=["post"])
     def read(self, request: Request, pk: str | None = None) -> Response:

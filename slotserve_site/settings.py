@@ -84,6 +84,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.postgres",
     "rest_framework",
+    "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_celery_beat",
@@ -236,6 +237,11 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     # JSON only: every answer, errors included, is JSON whatever the client accepts (API.md).
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # Lists filter with django-filter (a bad value is a 400 naming it) and paginate when asked:
+    # ?limit=&offset= gives {count, next, previous, results}; without them, the whole list.
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": None,
     "EXCEPTION_HANDLER": "slotserve_site.api_errors.exception_handler",
     "DATETIME_FORMAT": "iso-8601",
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "slotserve_site.api_errors.JsonWhateverIsAccepted",

@@ -296,3 +296,15 @@ def test_reload_endpoint(world, staff_api, ana_api):
     asked = ReloadRequest.objects.get(channel=world["channel"])
     assert asked.generation == 2 and asked.requested_by is not None
     assert not ChannelTarget.objects.filter(channel=world["channel"]).exists()
+
+
+def test_lists_filter_with_named_errors_and_paginate_when_asked(world, ana_api, staff_api):
+    listed = ana_api.get("/api/reservations/", {"status": "approved"})
+    assert listed.status_code == 200 and isinstance(listed.data, list)
+    bad = ana_api.get("/api/reservations/", {"status": "maybe"})
+    assert bad.status_code == 400 and "status" in bad.data["message"]
+    by_name = staff_api.get("/api/reservations/", {"channel": world["channel"].name}).data
+    by_id = staff_api.get("/api/reservations/", {"channel": world["channel"].pk}).data
+    assert by_name == by_id
+    page = staff_api.get("/api/reservations/", {"limit": 1})
+    assert set(page.data) == {"count", "next", "previous", "results"} and len(page.data["results"]) <= 1

@@ -7,7 +7,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from django.db.models import QuerySet
 from django.http import HttpResponseBase, StreamingHttpResponse
 from django.utils import timezone
 from rest_framework import permissions, serializers, status, viewsets
@@ -17,6 +16,7 @@ from rest_framework.generics import get_object_or_404
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from channels_app.api.filters import ModelFileFilter, PresetFilter
 from channels_app.api.serializers import (
     ChannelSerializer,
     LLMModelSerializer,
@@ -110,15 +110,8 @@ class ModelFileViewSet(viewsets.ReadOnlyModelViewSet[ModelFile]):
 
     serializer_class = ModelFileSerializer
 
-    def get_queryset(self) -> QuerySet[ModelFile]:
-        queryset = ModelFile.objects.select_related("node")
-        wanted = self.request.query_params.get("registered")
-        if wanted in {"true", "false"}:
-            paths = LLMModel.objects.values("path")
-            queryset = (
-                queryset.filter(path__in=paths) if wanted == "true" else queryset.exclude(path__in=paths)
-            )
-        return queryset
+    queryset = ModelFile.objects.select_related("node")
+    filterset_class = ModelFileFilter
 
     def get_serializer_context(self) -> dict[str, Any]:
         context = dict(super().get_serializer_context())
@@ -129,21 +122,11 @@ class ModelFileViewSet(viewsets.ReadOnlyModelViewSet[ModelFile]):
 class PresetViewSet(viewsets.ModelViewSet[Preset]):
     queryset = Preset.objects.select_related("model")
     serializer_class = PresetSerializer
+    filterset_class = PresetFilter
     permission_classes = [IsStaffOrReadOnly]
 
     def perform_destroy(self, instance: Preset) -> None:
         inventory_services.preset_delete(preset=instance)
-
-    def get_queryset(self) -> QuerySet[Preset]:
-        queryset = super().get_queryset()
-        model = self.request.query_params.get("model")
-        if model:
-            queryset = (
-                queryset.filter(model__name=model)
-                if not model.isdigit()
-                else queryset.filter(model_id=int(model))
-            )
-        return queryset
 
 
 class OverrideInput(serializers.Serializer[Any]):
