@@ -16,9 +16,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from channels_app.api.views import model_load_estimates
 from channels_app.models import Channel, LLMModel, ModelFile, Node, Preset
 from channels_app.scheduling import selectors
+from channels_app.scheduling.selectors import model_load_estimates
 from channels_app.scheduling.services import plan_for
 from channels_app.target import Target
 from channels_app.vocabulary import Phase, Reason
@@ -242,7 +242,7 @@ def calendar(request: HttpRequest) -> HttpResponse:
 @login_required
 def run_log(request: HttpRequest, pk: int) -> HttpResponse:
     """The last lines of the channel's current or last run, as the process wrote them."""
-    from channels_app.api.views import run_log_of, tail_lines
+    from channels_app.node_agent.run_logs import run_log_of, tail_lines
 
     channel = get_object_or_404(Channel, pk=pk)
     path, secret = run_log_of(channel)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from django.http import HttpResponseBase, StreamingHttpResponse
@@ -27,10 +25,10 @@ from channels_app.api.serializers import (
     plan_json,
 )
 from channels_app.inventory import services as inventory_services
-from channels_app.models import Channel, ChannelRuntime, LLMModel, ModelFile, Node, Override, Preset
-from channels_app.node_agent import processes
-from channels_app.scheduling import selectors, services
-from channels_app.target import Target
+from channels_app.models import Channel, LLMModel, ModelFile, Node, Override, Preset
+from channels_app.node_agent.run_logs import redacted_lines, run_log_of, tail_lines
+from channels_app.scheduling import services
+from channels_app.scheduling.selectors import model_load_estimates
 from slotserve_site.api_fields import (
     IdOrNameField,
     IsStaffOrReadOnly,
@@ -38,25 +36,6 @@ from slotserve_site.api_fields import (
     current_user,
     moment_param,
 )
-
-
-def run_log_of(channel: Channel) -> tuple[Path | None, str]:
-    """The channel's current or last run log, and the run's secret to keep out of what is shown."""
-    runtime = ChannelRuntime.objects.filter(channel=channel).first()
-    if runtime is None or not runtime.log_path or not Path(runtime.log_path).is_file():
-        return None, ""
-    return Path(runtime.log_path), runtime.api_secret
-
-
-def tail_lines(path: Path, count: int, secret: str = "") -> list[str]:
-    return processes.redact(processes.log_tail(path, limit=count * 400), secret).splitlines()[-count:]
-
-
-def _redacted_lines(path: Path, secret: str) -> Iterator[bytes]:
-    with path.open("rb") as log:
-        for line in log:
-            yield processes.redact(line.decode(errors="replace"), secret).encode()
-
 
 # A plan longer than this is refused: it would be slow and unreadable.
 MAX_PLAN = timedelta(days=62)
@@ -89,20 +68,6 @@ class LLMModelViewSet(viewsets.ModelViewSet[LLMModel]):
         context["channel_vram"] = {c.name: c.vram_bytes() for c in channels}
         context["load_estimates"] = model_load_estimates()
         return context
-
-
-def model_load_estimates() -> dict[int, float]:
-    """Each model's load estimate without a preset, on the node it loads slowest on.
-
-    A model not yet loaded anywhere gets the size-based first estimate.
-    """
-    nodes = list(Node.objects.values_list("pk", flat=True)) or [0]
-    model_ids = list(LLMModel.objects.values_list("pk", flat=True))
-    estimates = selectors.load_estimates((n, Target(m)) for n in nodes for m in model_ids)
-    result: dict[int, float] = {}
-    for (_, target), seconds in estimates.items():
-        result[target.model_id] = max(seconds, result.get(target.model_id, 0.0))
-    return result
 
 
 class ModelFileViewSet(viewsets.ReadOnlyModelViewSet[ModelFile]):
@@ -185,7 +150,7 @@ class ChannelViewSet(viewsets.ModelViewSet[Channel]):
             if path is None:
                 raise NotFound("this channel has no run log yet")
             return StreamingHttpResponse(
-                _redacted_lines(path, secret), content_type="text/plain; charset=utf-8"
+                redacted_lines(path, secret), content_type="text/plain; charset=utf-8"
             )
         try:
             count = max(1, min(int(request.query_params.get("lines", 200)), 5000))

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db.models import F, OuterRef, Q, QuerySet, Subquery, Window
 from django.db.models.functions import RowNumber
 
-from channels_app.models import Channel, LLMModel, LoadRecord, Override
+from channels_app.models import Channel, LLMModel, LoadRecord, Node, Override
 from channels_app.scheduling.decision import DecisionInput, OverrideFacts, SchedulingSettings, Slot
 from channels_app.scheduling.load_estimates import RECENT_LOADS, estimate_load_seconds
 from channels_app.target import Target
@@ -174,3 +174,17 @@ def channel_window_inputs(*, channel: Channel, start: datetime, end: datetime) -
     slots = _slot_rows(reservations)
     fresh = _channels([channel.pk]).get()
     return _build_inputs([fresh], slots)[fresh.pk].decision_input
+
+
+def model_load_estimates() -> dict[int, float]:
+    """Each model's load estimate without a preset, on the node it loads slowest on.
+
+    A model not yet loaded anywhere gets the size-based first estimate.
+    """
+    nodes = list(Node.objects.values_list("pk", flat=True)) or [0]
+    model_ids = list(LLMModel.objects.values_list("pk", flat=True))
+    estimates = load_estimates((n, Target(m)) for n in nodes for m in model_ids)
+    result: dict[int, float] = {}
+    for (_, target), seconds in estimates.items():
+        result[target.model_id] = max(seconds, result.get(target.model_id, 0.0))
+    return result
