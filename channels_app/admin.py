@@ -25,6 +25,7 @@ from channels_app.models import (
     ReloadRequest,
 )
 from channels_app.scheduling import services
+from slotserve_site.admin_services import SavedByServicesAdmin
 
 
 class GpuInline(admin.TabularInline[Gpu, Node]):
@@ -96,23 +97,13 @@ class OverrideAdminForm(forms.ModelForm[Override]):
 
 
 @admin.register(Override)
-class OverrideAdmin(admin.ModelAdmin[Override]):
+class OverrideAdmin(SavedByServicesAdmin[Override]):
     form = OverrideAdminForm
     list_display = ["channel", "model", "preset", "unload", "until", "set_by", "set_at"]
     readonly_fields = ["set_by", "set_at"]
 
-    def get_form(
-        self, request: HttpRequest, obj: Override | None = None, change: bool = False, **kwargs: Any
-    ) -> Any:
-        form: Any = super().get_form(request, obj, change, **kwargs)
-        form.request_user = request.user  # who saves, for the service (a class made per request)
-        return form
-
     def get_readonly_fields(self, request: HttpRequest, obj: Override | None = None) -> list[str]:
         return [*self.readonly_fields, "channel"] if obj is not None else list(self.readonly_fields)
-
-    def save_model(self, request: HttpRequest, obj: Override, form: Any, change: bool) -> None:
-        """The form's ``clean`` saved it through ``override_set`` already."""
 
     def delete_model(self, request: HttpRequest, obj: Override) -> None:
         services.override_clear(channel=obj.channel)

@@ -24,6 +24,7 @@ from django.utils import timezone
 from channels_app.errors import InvalidInput
 from reservations import services
 from reservations.models import Notification, Reservation
+from slotserve_site.admin_services import SavedByServicesAdmin
 
 LOCKED_FIELDS = ["status", "reject_reason", "decided_by", "decided_at", "extends", "created"]
 USAGE_FIELDS = ["requests", "prompt_tokens", "completion_tokens"]
@@ -95,7 +96,7 @@ class RejectForm(forms.Form):
 
 
 @admin.register(Reservation)
-class ReservationAdmin(admin.ModelAdmin[Reservation]):
+class ReservationAdmin(SavedByServicesAdmin[Reservation]):
     form = ReservationAdminForm
     list_display = ["channel", "user", "start", "end", "model", "preset", "exclusive", "status"]
     list_filter = ["status", "exclusive", "channel"]
@@ -110,16 +111,6 @@ class ReservationAdmin(admin.ModelAdmin[Reservation]):
             return list(self.readonly_fields)
         # Another owner, channel or target is another booking: book it, cancel this one.
         return [*self.readonly_fields, "user", "channel", "model", "preset", "exclusive"]
-
-    def get_form(
-        self, request: HttpRequest, obj: Reservation | None = None, change: bool = False, **kwargs: Any
-    ) -> Any:
-        form: Any = super().get_form(request, obj, change, **kwargs)
-        form.request_user = request.user  # who saves, for the service (a class made per request)
-        return form
-
-    def save_model(self, request: HttpRequest, obj: Reservation, form: Any, change: bool) -> None:
-        """The form's ``clean`` saved it through the services already."""
 
     def has_delete_permission(self, request: HttpRequest, obj: Reservation | None = None) -> bool:
         return False  # cancel instead: the owner is told and the channel re-decides
