@@ -41,7 +41,8 @@ def send(task_name: str, **options: Any) -> None:
 
 
 def node_queue(node_name: str) -> str:
-    return f"node.{node_name}"
+    """The node's own queue, named with the installation's prefix (``SLOTSERVE_REDIS_PREFIX``)."""
+    return f"{settings.SLOTSERVE_REDIS_PREFIX}.node.{node_name}"
 
 
 def send_to_node(

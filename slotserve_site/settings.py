@@ -210,6 +210,9 @@ REDIS_URL = env_str("SLOTSERVE_REDIS_URL", "redis://127.0.0.1:6379/0")
 SLOTSERVE_REDIS_PREFIX = env_str("SLOTSERVE_REDIS_PREFIX", "slotserve")
 
 CELERY_BROKER_URL = REDIS_URL
+# Queues carry the installation's prefix too: two installations on one Redis never take each
+# other's tasks. Node queues are "<prefix>.node.<name>" (channels_app.dispatch.node_queue).
+CELERY_TASK_DEFAULT_QUEUE = f"{SLOTSERVE_REDIS_PREFIX}.scheduler"
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"

@@ -8,7 +8,16 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import serializers
 
-from channels_app.models import Channel, Gpu, LLMModel, ModelFile, Node, Preset, preset_args_error
+from channels_app.models import (
+    Channel,
+    Gpu,
+    LLMModel,
+    ModelFile,
+    Node,
+    Preset,
+    channel_gpus_problem,
+    preset_args_error,
+)
 from channels_app.scheduling.decision import Decision, PlanSegment
 from channels_app.target import Target
 from channels_app.vocabulary import Phase
@@ -137,22 +146,23 @@ class ChannelSerializer(serializers.ModelSerializer[Channel]):
         }
 
     def validate_gpu_indexes(self, value: Any) -> list[int]:
-        if (
-            not isinstance(value, list)
-            or not value
-            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
-        ):
-            raise serializers.ValidationError(
-                "gpu_indexes must be a non-empty list of GPU indexes, e.g. [0, 1]"
-            )
-        if len(set(value)) != len(value):
-            raise serializers.ValidationError("gpu_indexes names a GPU twice")
+        problem = channel_gpus_problem(node=None, gpu_indexes=value, channel_id=None)
+        if problem:
+            raise serializers.ValidationError(problem)
         return sorted(value)
 
     def validate_labels(self, value: Any) -> dict[str, str]:
         return _labels(value)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        node = attrs.get("node", getattr(self.instance, "node", None))
+        gpus = attrs.get("gpu_indexes", getattr(self.instance, "gpu_indexes", None))
+        # The model's rule (Channel.clean), shared with the admin: GPUs exist, none shared.
+        problem = channel_gpus_problem(
+            node=node, gpu_indexes=gpus, channel_id=getattr(self.instance, "pk", None)
+        )
+        if problem:
+            raise serializers.ValidationError({"gpu_indexes": problem})
         model = attrs.get("default_model", getattr(self.instance, "default_model", None))
         preset = attrs.get("default_preset", getattr(self.instance, "default_preset", None))
         if preset is not None and (model is None or preset.model_id != model.pk):

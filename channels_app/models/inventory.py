@@ -223,6 +223,15 @@ class Channel(models.Model):
         except ObjectDoesNotExist:
             return None
 
+    def clean(self) -> None:
+        """The rule every edge shares (API, admin): the channel's GPUs exist on its node and
+        belong to no other channel of that node."""
+        problem = channel_gpus_problem(
+            node=self.node if self.node_id else None, gpu_indexes=self.gpu_indexes, channel_id=self.pk
+        )
+        if problem:
+            raise ValidationError({"gpu_indexes": problem})
+
     def vram_bytes(self) -> int:
         """The memory of the channel's GPUs; uses ``node.gpus`` (prefetch it)."""
         wanted = set(self.gpu_indexes)
@@ -245,3 +254,36 @@ class ModelFile(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node}:{self.path}"
+
+
+def channel_gpus_problem(*, node: Node | None, gpu_indexes: object, channel_id: int | None) -> str:
+    """Why ``gpu_indexes`` cannot be a channel of ``node`` ("" when it can).
+
+    Two channels sharing a GPU would load two models onto it, and an index the node does not
+    have gives a channel no memory at all. Checked by the services' callers; the database
+    cannot state it over a JSON list (a race of two admins is left to the second save's check).
+    """
+    if (
+        not isinstance(gpu_indexes, list)
+        or not gpu_indexes
+        or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in gpu_indexes)
+    ):
+        return "gpu_indexes must be a non-empty list of GPU indexes, e.g. [0, 1]"
+    if len(set(gpu_indexes)) != len(gpu_indexes):
+        return "gpu_indexes names a GPU twice"
+    if node is None:
+        return ""
+    present = set(node.gpus.values_list("index", flat=True))
+    if not present:
+        return f"node {node.name} has reported no GPUs yet: start its node worker first"
+    missing = sorted(set(gpu_indexes) - present)
+    if missing:
+        return f"node {node.name} has no GPU {', '.join(map(str, missing))} (it has {sorted(present)})"
+    others = Channel.objects.filter(node=node)
+    if channel_id is not None:
+        others = others.exclude(pk=channel_id)
+    for other_name, other_gpus in others.values_list("name", "gpu_indexes"):
+        shared = sorted(set(gpu_indexes) & set(other_gpus or []))
+        if shared:
+            return f"GPU {', '.join(map(str, shared))} of node {node.name} belongs to channel {other_name}"
+    return ""

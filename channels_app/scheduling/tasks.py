@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from celery import shared_task
+from django.conf import settings
 from django.utils import timezone
 
 from channels_app import dispatch
-from channels_app.models import Channel, Node
+from channels_app.models import HEARTBEAT_TICKS, Channel, Node
 from channels_app.scheduling import services
 
 log = logging.getLogger(__name__)
 
 
 def fan_out_node_ticks() -> int:
-    """Have every node with channels converge: one ``node_tick`` on each node's queue."""
-    names = list(Node.objects.filter(channels__isnull=False).distinct().values_list("name", flat=True))
+    """Have every live node with channels converge now: one ``node_tick`` on its queue.
+
+    Only nodes whose own heartbeat is recent: a node without a running worker gets nothing
+    (its tasks would only pile up), and each node worker ticks itself anyway
+    (``channels_app.node_agent.heartbeat``), so nodes keep converging while the scheduler is down.
+    """
+    since = timezone.now() - timedelta(seconds=HEARTBEAT_TICKS * settings.SLOTSERVE_TICK_SECONDS)
+    live = Node.objects.filter(channels__isnull=False, last_heartbeat__gte=since).distinct()
+    names = list(live.values_list("name", flat=True))
     for name in names:
         dispatch.send_to_node(dispatch.NODE_TICK, (name,), name)
     return len(names)

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from channels_app.dispatch import node_queue
 from channels_app.models import Channel
-from channels_app.node_agent import worker
+from channels_app.node_agent import heartbeat, worker
 
 
 class Command(BaseCommand):
@@ -33,6 +33,8 @@ class Command(BaseCommand):
         self.stdout.write(f"node {name}: {node.gpus.count()} GPU(s); queue {node_queue(name)}")
         for channel_id in Channel.objects.filter(node=node).values_list("pk", flat=True):
             worker.reconcile(channel_id=channel_id, now=timezone.now())
+        # The node's own pulse, independent of the scheduler (channels_app.node_agent.heartbeat).
+        heartbeat.start(name)
         # Threads, not forks: the worker must be the parent of the processes it
         # starts, to see their exit codes and reap them.
         app.Worker(
