@@ -242,11 +242,10 @@ def calendar(request: HttpRequest) -> HttpResponse:
 @login_required
 def run_log(request: HttpRequest, pk: int) -> HttpResponse:
     """The last lines of the channel's current or last run, as the process wrote them."""
-    from channels_app.node_agent.run_logs import run_log_of, tail_lines
+    from channels_app.node_agent.run_logs import recent_lines
 
     channel = get_object_or_404(Channel, pk=pk)
-    path, secret = run_log_of(channel)
-    lines = tail_lines(path, 200, secret) if path is not None else []
+    lines = recent_lines(channel, 200)
     return render(request, "portal/run_log.html", {"channel": channel, "lines": lines})
 
 

@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 from channels_app import dispatch
 from channels_app.models import Channel, Node
 from channels_app.node_agent import heartbeat
+from channels_app.node_agent import tasks as node_tasks
 from channels_app.scheduling.tasks import fan_out_node_ticks
 from tests import factories
 
@@ -52,7 +53,7 @@ def test_a_node_worker_beats_and_reconciles_without_the_scheduler(settings, tmp_
     Node.objects.filter(pk=node.pk).update(last_heartbeat=None)
     factories.channel("solo-0", on=node, gpu_indexes=[0])
     # One failing round (the database away, say) must not stop the next ones.
-    real_run = heartbeat.node_tick.run
+    real_run = node_tasks.node_tick.run
     calls = {"n": 0}
 
     def flaky(name: str) -> int:
@@ -61,7 +62,7 @@ def test_a_node_worker_beats_and_reconciles_without_the_scheduler(settings, tmp_
             raise ConnectionError("the database went away")
         return real_run(name)
 
-    monkeypatch.setattr(heartbeat.node_tick, "run", flaky)
+    monkeypatch.setattr(node_tasks.node_tick, "run", flaky)
     stop = threading.Event()
     beating = threading.Thread(target=heartbeat.keep_beating, args=("solo", stop, 0.1), daemon=True)
     beating.start()

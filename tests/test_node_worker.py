@@ -296,3 +296,43 @@ def test_run_log_through_the_api_and_the_portal(node_env, tiny, ana, staff):
     portal = Client()
     portal.force_login(ana)
     assert "--alias tiny" in portal.get(f"/channels/{channel.pk}/log").content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_run_log_reaches_hosts_that_do_not_have_the_file(node_env, tiny, ana, staff, monkeypatch):
+    """The node worker ships its runs' lines to a bounded Redis stream; the API and the portal
+    read it from any host, following new lines as the process writes them."""
+    from django.test import Client
+    from rest_framework.test import APIClient
+
+    from channels_app.node_agent import log_shipping
+
+    channel = factories.channel("cpu-0", default=tiny["small"])
+    decide_channels(now=timezone.now())
+    runtime = converge(channel, until={Phase.READY})
+    # The web host is another machine: the node's file is not there.
+    monkeypatch.setattr("channels_app.node_agent.run_logs.run_log_of", lambda c: (None, runtime.api_secret))
+    api = APIClient()
+    api.force_authenticate(ana)
+    deadline = time.monotonic() + 10
+    lines: list[str] = []
+    while time.monotonic() < deadline:
+        lines = api.get(f"/api/channels/{channel.pk}/log", {"lines": 5000}).data["lines"]
+        if any("listening" in line for line in lines):
+            break
+        time.sleep(0.05)
+    assert lines[0].startswith("$ ") and "--alias tiny" in lines[0], lines[:3]
+    assert any("listening" in line for line in lines)
+    portal = Client()
+    portal.force_login(ana)
+    assert "--alias tiny" in portal.get(f"/channels/{channel.pk}/log").content.decode()
+    api.force_authenticate(staff)
+    whole = b"".join(api.get(f"/api/channels/{channel.pk}/log", {"full": 1}).streaming_content)  # type: ignore[attr-defined]
+    assert b"--alias tiny" in whole
+    # Bounded: a chatty process cannot fill Redis.
+    client = shared.redis_client()
+    for _ in range(3):
+        log_shipping._add(
+            channel.pk, runtime.run_id, [f"line {i}" for i in range(log_shipping.STREAM_MAXLEN)]
+        )
+    assert client.xlen(log_shipping.stream_key(channel.pk)) <= log_shipping.STREAM_MAXLEN * 1.2

@@ -26,7 +26,7 @@ from channels_app.api.serializers import (
 )
 from channels_app.inventory import services as inventory_services
 from channels_app.models import Channel, LLMModel, ModelFile, Node, Override, Preset
-from channels_app.node_agent.run_logs import redacted_lines, run_log_of, tail_lines
+from channels_app.node_agent.run_logs import recent_lines, whole_log
 from channels_app.scheduling import services
 from channels_app.scheduling.selectors import model_load_estimates
 from slotserve_site.api_fields import (
@@ -143,21 +143,18 @@ class ChannelViewSet(viewsets.ModelViewSet[Channel]):
         """The run log of the channel's current or last process: the last lines for
         everyone (``?lines=``, default 200), the whole file for staff (``?full=1``)."""
         channel = self.get_object()
-        path, secret = run_log_of(channel)
         if request.query_params.get("full"):
             if not request.user.is_staff:
                 raise PermissionDenied("only staff may read whole run logs")
-            if path is None:
+            whole = whole_log(channel)
+            if whole is None:
                 raise NotFound("this channel has no run log yet")
-            return StreamingHttpResponse(
-                redacted_lines(path, secret), content_type="text/plain; charset=utf-8"
-            )
+            return StreamingHttpResponse(whole, content_type="text/plain; charset=utf-8")
         try:
             count = max(1, min(int(request.query_params.get("lines", 200)), 5000))
         except ValueError:
             raise serializers.ValidationError({"lines": "lines must be a whole number"}) from None
-        lines = tail_lines(path, count, secret) if path is not None else []
-        return Response({"channel": channel.pk, "lines": lines})
+        return Response({"channel": channel.pk, "lines": recent_lines(channel, count)})
 
     @action(detail=True, methods=["get"])
     def decision(self, request: Request, pk: str | None = None) -> Response:

@@ -36,7 +36,7 @@ from channels_app.models import (
     Preset,
     ReloadRequest,
 )
-from channels_app.node_agent import discovery, gpus, locks, processes
+from channels_app.node_agent import discovery, gpus, locks, log_shipping, processes
 from channels_app.node_agent.lifecycle import (
     LAUNCH_FAILED,
     Action,
@@ -202,10 +202,20 @@ def wanted_of(channel: Channel, target_row: ChannelTarget | None, reload_generat
 # --- Observe, act ------------------------------------------------------------------
 
 
+def _follow_log(channel_id: int, run_id: str, pid: int, path: Path, *, from_start: bool) -> None:
+    """Ship the run's output to the control plane as it is written (node_agent.log_shipping)."""
+    log_shipping.follow(
+        channel_id, run_id, path, alive=lambda: processes.alive(pid, run_id)[0], from_start=from_start
+    )
+
+
 def observe(runtime: ChannelRuntime, channel: Channel, now: datetime) -> Observed:
     alive, exit_code = False, None
     if runtime.pid is not None and runtime.run_id:
         alive, exit_code = processes.alive(runtime.pid, runtime.run_id)
+        if alive and runtime.log_path and not log_shipping.following(runtime.run_id):
+            # A run this worker adopted (it restarted): ship its lines from here on.
+            _follow_log(channel.pk, runtime.run_id, runtime.pid, Path(runtime.log_path), from_start=False)
     phase = Phase(runtime.phase)
     healthy = (
         alive
@@ -266,10 +276,12 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
         processes.private_dir(log_dir)
         runtime.log_path = str(log_dir / "start-failure.log")
         Path(runtime.log_path).write_text(f"{LAUNCH_FAILED} {what}: {exc}\n")
+        log_shipping.ship_file(channel.pk, f"failed-{now.timestamp():.0f}", Path(runtime.log_path))
         return
     runtime.run_id, runtime.pid, runtime.port = started.run_id, started.pid, started.port
     runtime.api_secret = started.secret
     runtime.log_path = str(started.log_path)
+    _follow_log(channel.pk, started.run_id, started.pid, started.log_path, from_start=True)
     log.info(
         "channel %s: started %s (run %s, pid %s, port %s)",
         channel.name,
