@@ -10,7 +10,8 @@ from typing import Any
 from django.contrib.auth.models import User
 
 from channels_app.models import Channel, LLMModel, Preset
-from channels_app.placement.memory import MemoryEstimate, ShapeUnreadable, estimate_for
+from channels_app.placement.estimates import preset_memory_estimate
+from channels_app.placement.memory import MemoryEstimate
 from channels_app.scheduling import selectors
 from channels_app.target import Target
 from reservations.models import Reservation
@@ -47,11 +48,7 @@ def quota_hint(
 
 def memory_estimate(model: LLMModel, preset: Preset | None) -> MemoryEstimate | None:
     """The estimate when the model's file can be read here; None when it cannot."""
-    args = preset.args_effective if preset is not None else []
-    try:
-        return estimate_for(backend=model.backend, path=model.path, args=args)
-    except ShapeUnreadable:
-        return None
+    return preset_memory_estimate(model, preset)
 
 
 def free_vram_bytes(channel: Channel) -> int | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.test import Client
 from django.utils import timezone
@@ -76,3 +78,48 @@ def test_models_page_shows_memory_estimates(tiny_gguf, ana):
     portal.force_login(ana)
     page = portal.get("/models/").content.decode()
     assert "128 tokens" in page and "KV cache" in page
+
+
+@pytest.mark.django_db
+def test_estimates_work_on_a_host_without_the_file_from_what_the_node_reported(
+    model_dir, ana_api, monkeypatch
+):
+    """The node reads the GGUF metadata; a web host that has no file estimates from that."""
+    from channels_app.models import Gpu
+    from channels_app.placement import memory
+    from channels_app.placement.estimates import model_memory_estimate
+
+    path = str(model_dir / "tiny.gguf")
+    model = LLMModel.objects.create(name="tiny", backend="llama.cpp", path=path)  # no size given
+    node = worker.heartbeat(node_name="gpu1", now=timezone.now())
+    reported = ModelFile.objects.get(node=node, path=path)
+    assert reported.shape is not None and reported.shape["n_layers"] > 0 and reported.shape_error == ""
+    broken = ModelFile.objects.get(node=node, path=str(model_dir / "org" / "qwen-hf"))
+    assert broken.shape is None and "config.json" in broken.shape_error  # said why, once
+    model.refresh_from_db()
+    assert model.size_bytes == reported.size_bytes > 0  # discovery corrects a missing size
+    here = model_memory_estimate(model, ["-c", "256"])
+
+    # The web host: reading the file fails there.
+    def nothing_here(*, backend: str, path: str) -> dict[str, object]:
+        raise memory.ShapeUnreadable(f"{path}: no such file on this host")
+
+    monkeypatch.setattr(memory, "read_shape", nothing_here)
+    there = model_memory_estimate(model, ["-c", "256"])
+    assert there == here
+    # The booking dialog's hint fires from the reported shape on a channel too small for it.
+    small = factories.node("small", gpus=1, memory=1000)
+    Gpu.objects.filter(node=small).update(free_bytes=500)
+    channel = factories.channel("tight", on=small)
+    start = timezone.now() + timedelta(hours=1)
+    hints = ana_api.get(
+        "/api/reservations/hints",
+        {
+            "channel": channel.pk,
+            "start": start.isoformat(),
+            "end": (start + timedelta(hours=1)).isoformat(),
+            "model": model.pk,
+        },
+    )
+    codes = {w["code"] for w in hints.data["warnings"]}
+    assert "estimated_memory_exceeds_vram" in codes, hints.data

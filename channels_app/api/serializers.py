@@ -257,12 +257,11 @@ class PresetSerializer(serializers.ModelSerializer[Preset]):
 
     def get_memory(self, preset: Preset) -> dict[str, Any]:
         """The GPU memory estimate in bytes, or why there is none (the file is not on this machine)."""
-        from channels_app.placement.memory import ShapeUnreadable, estimate_for
+        from channels_app.placement.estimates import model_memory_estimate
+        from channels_app.placement.memory import ShapeUnreadable
 
         try:
-            estimate = estimate_for(
-                backend=preset.model.backend, path=preset.model.path, args=preset.args_effective
-            )
+            estimate = model_memory_estimate(preset.model, preset.args_effective)
         except ShapeUnreadable as exc:
             return {"error": str(exc)}
         return estimate.as_dict()

@@ -247,6 +247,10 @@ class ModelFile(models.Model):
     size_bytes = models.BigIntegerField()
     modified = models.DateTimeField()
     seen_at = models.DateTimeField(default=timezone.now)
+    # What memory estimates need, read on the node (GGUF metadata; config.json and safetensors
+    # sizes), so a web host without the file can estimate too (placement.memory).
+    shape = models.JSONField(null=True, blank=True)
+    shape_error = models.TextField(blank=True)
 
     class Meta:
         ordering = ["node__name", "path"]

@@ -6,11 +6,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from django.db import transaction
 
 from channels_app.backends import Backend
 from channels_app.models import LLMModel, ModelFile, Node
+from channels_app.placement.memory import ShapeUnreadable, read_shape
 
 MAX_DEPTH = 3
 
@@ -60,20 +62,40 @@ def _walk(root: Path, depth: int) -> Iterable[Path]:
             yield from _walk(child, depth - 1)
 
 
+def shape_of(f: FoundFile) -> tuple[dict[str, Any] | None, str]:
+    """What memory estimates need of the file, read here on the node; or why it cannot be read."""
+    try:
+        return read_shape(backend=f.backend, path=f.path), ""
+    except ShapeUnreadable as exc:
+        return None, str(exc)
+
+
 def report(*, node: Node, files: list[FoundFile], now: datetime) -> None:
-    """Store what the node has, and which registered models' files are on it."""
+    """Store what the node has, with what estimates need of each file (read once per change of
+    the file), and which registered models' files are on it; a model registered without a size
+    gets its file's."""
+    known = {m.path: m for m in ModelFile.objects.filter(node=node)}
+    shapes = {}
+    for f in files:
+        seen = known.get(f.path)
+        if (
+            seen is None
+            or (seen.size_bytes, seen.modified) != (f.size_bytes, f.modified)
+            or not (seen.shape or seen.shape_error)
+        ):
+            shapes[f.path] = shape_of(f)  # outside the transaction: reading a file takes time
     with transaction.atomic():
         for f in files:
-            ModelFile.objects.update_or_create(
-                node=node,
-                path=f.path,
-                defaults={
-                    "backend": f.backend,
-                    "size_bytes": f.size_bytes,
-                    "modified": f.modified,
-                    "seen_at": now,
-                },
-            )
+            defaults: dict[str, Any] = {
+                "backend": f.backend,
+                "size_bytes": f.size_bytes,
+                "modified": f.modified,
+                "seen_at": now,
+            }
+            if f.path in shapes:
+                defaults["shape"], defaults["shape_error"] = shapes[f.path]
+            ModelFile.objects.update_or_create(node=node, path=f.path, defaults=defaults)
+            LLMModel.objects.filter(path=f.path, size_bytes=0).update(size_bytes=f.size_bytes)
         ModelFile.objects.filter(node=node).exclude(path__in=[f.path for f in files]).delete()
         present = {f.path for f in files}
         for model in LLMModel.objects.filter(path__in=present):

@@ -9,7 +9,8 @@ from django.db.models import Q
 
 from channels_app.models import Channel, LLMModel, Preset
 from channels_app.placement.chains import Candidate, Need
-from channels_app.placement.memory import ShapeUnreadable, estimate_for
+from channels_app.placement.estimates import model_memory_estimate
+from channels_app.placement.memory import ShapeUnreadable
 from channels_app.target import Target
 from channels_app.vocabulary import Phase
 from reservations.models import Reservation
@@ -21,9 +22,7 @@ AROUND = timedelta(hours=12)
 def need_bytes(model: LLMModel, preset: Preset | None) -> int:
     """The estimated GPU memory need; the file's size when the file cannot be read here."""
     try:
-        return estimate_for(
-            backend=model.backend, path=model.path, args=preset.args_effective if preset else []
-        ).total
+        return model_memory_estimate(model, preset.args_effective if preset else []).total
     except ShapeUnreadable:
         return model.size_bytes
 

@@ -7,10 +7,12 @@ package) or an HF folder's ``config.json`` and safetensors files.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 MiB = 2**20
 # CUDA context, compute buffers and the like, beyond weights and KV cache.
@@ -239,8 +241,25 @@ def read_hf_shape(folder: str | Path) -> tuple[ModelShape, int]:
 
 def estimate_for(*, backend: str, path: str, args: Sequence[str]) -> MemoryEstimate:
     """The estimate for a model file or folder on this machine and a preset's effective arguments."""
+    return estimate_from_shape(backend=backend, shape=read_shape(backend=backend, path=path), args=args)
+
+
+def read_shape(*, backend: str, path: str) -> dict[str, Any]:
+    """The shape of a model file or folder on this machine, as plain data a node can report."""
+    if backend == "llama.cpp":
+        return {**dataclasses.asdict(read_gguf_shape(path)), "dtype_bytes": 2}
+    shape, dtype_bytes = read_hf_shape(path)
+    return {**dataclasses.asdict(shape), "dtype_bytes": dtype_bytes}
+
+
+def estimate_from_shape(*, backend: str, shape: dict[str, Any], args: Sequence[str]) -> MemoryEstimate:
+    """The estimate from a shape read here or reported by the node that has the file."""
+    fields = {f.name for f in dataclasses.fields(ModelShape)}
+    try:
+        model_shape = ModelShape(**{k: v for k, v in shape.items() if k in fields})
+    except TypeError as exc:
+        raise ShapeUnreadable(f"the reported shape is incomplete: {exc}") from None
     memory_args = preset_memory_args(args)
     if backend == "llama.cpp":
-        return estimate_gguf(read_gguf_shape(path), memory_args)
-    shape, dtype_bytes = read_hf_shape(path)
-    return estimate_hf(shape, memory_args, dtype_bytes=dtype_bytes)
+        return estimate_gguf(model_shape, memory_args)
+    return estimate_hf(model_shape, memory_args, dtype_bytes=int(shape.get("dtype_bytes", 2)))
