@@ -13,6 +13,7 @@ elsewhere it says why and skips. CI runs it in its PostgreSQL pass.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -20,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -114,6 +116,49 @@ class Cluster:
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=10)
 
 
+class Forwarder:
+    """A TCP forwarder in a thread: connections to ``listen`` go on to ``target``."""
+
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int]) -> None:
+        self.listen, self.target = listen, target
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        assert self.ready.wait(10), "the forwarder did not start"
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(asyncio.start_server(self._handle, *self.listen))
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except OSError:
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
 def _redis_executable() -> str:
     found = shutil.which("redis-server")
     if found:
@@ -133,6 +178,7 @@ def cluster(settings, tmp_path) -> Iterator[dict[str, Any]]:
     tag = secrets.token_hex(2)
     net = Cluster(tag)
     started: list[subprocess.Popen[bytes]] = []
+    stoppers: list[Callable[[], None]] = []
     try:
         net.up()
         # Redis and PostgreSQL on the control host's bridge address, as the nodes reach them.
@@ -159,17 +205,10 @@ def cluster(settings, tmp_path) -> Iterator[dict[str, Any]]:
         )
         db = connection.settings_dict
         pg_port = free_port()
-        started.append(
-            subprocess.Popen(
-                [
-                    "socat",
-                    f"TCP-LISTEN:{pg_port},bind={CONTROL},fork,reuseaddr",
-                    f"TCP:{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
+        # PostgreSQL listens on loopback here; the nodes reach it on the bridge, as other machines would.
+        forwarder = Forwarder((CONTROL, pg_port), (db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)))
+        forwarder.start()
+        stoppers.append(forwarder.stop)
         settings.REDIS_URL = f"redis://:{redis_password}@{CONTROL}:{redis_port}/0"
         _wait("Redis on the bridge", lambda: _redis_answers(settings.REDIS_URL), timeout=10)
         user = db["USER"] or "postgres"
@@ -192,6 +231,8 @@ def cluster(settings, tmp_path) -> Iterator[dict[str, Any]]:
         for process in started:
             process.kill()
             process.wait(timeout=10)
+        for stop in stoppers:
+            stop()
         net.down()
 
 
