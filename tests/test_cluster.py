@@ -7,8 +7,10 @@ llama-server) bind to their node's address and the gateway on the control host r
 across the bridge. Then node B loses its link: it turns not_ready while its process keeps
 running, and comes back by itself when the link returns.
 
-Needs root (``ip netns``) and PostgreSQL (a shared database is what several machines have);
-elsewhere it says why and skips. CI runs it in its PostgreSQL pass.
+No scheduler process runs here: the nodes heartbeat and converge on their own (the test writes
+the targets the scheduler would). Needs root (``ip netns``) and PostgreSQL (a shared database
+is what several machines have); elsewhere it says why and skips. CI runs it in its PostgreSQL
+pass.
 """
 
 from __future__ import annotations
@@ -361,6 +363,20 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
         ),
         timeout=20,
     )
+
+    # "Any channel" places by the files the nodes reported: only node B has tiny-b's file.
+    later = timezone.now() + timedelta(hours=3)
+    placed = api.post(
+        "/api/reservations/",
+        {
+            "channel": "auto",
+            "model": model_b.pk,
+            "start": later.isoformat(),
+            "end": (later + timedelta(hours=1)).isoformat(),
+        },
+        format="json",
+    )
+    assert placed.status_code == 201 and placed.data["channel_name"] == "ch-b", placed.data
 
     # Node B loses its link: not_ready within three heartbeats, its process keeps running.
     cluster["net"].link("node-b", up=False)
