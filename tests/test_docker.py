@@ -82,3 +82,10 @@ def test_redis_and_postgres_are_not_published_to_everyone_and_redis_has_a_passwo
     redis_url = COMPOSE["x-slotserve"]["environment"]["SLOTSERVE_REDIS_URL"]
     assert redis_url.startswith("redis://:${REDIS_PASSWORD}@"), redis_url
     assert COMPOSE["x-slotserve"]["environment"]["SLOTSERVE_HTTPS"].startswith("${SLOTSERVE_HTTPS")
+
+
+def test_every_service_shares_the_installations_prefix():
+    """Keys and queues carry SLOTSERVE_REDIS_PREFIX: a node worker with another prefix would
+    listen on a queue nobody sends to."""
+    prefixes = {SERVICES[name]["environment"].get("SLOTSERVE_REDIS_PREFIX") for name in SLOTSERVE_SERVICES}
+    assert prefixes == {"${SLOTSERVE_REDIS_PREFIX:-slotserve}"}
