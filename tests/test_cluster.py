@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import pytest
 from django.db import connection
+from django.test import Client
 from django.utils import timezone
 
 from channels_app.models import Channel, ChannelRuntime, LLMModel, ModelFile, Node, Preset
@@ -389,6 +390,10 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
     assert time.monotonic() - cut <= 3 * settings.SLOTSERVE_TICK_SECONDS + 3
     os.kill(runtime_b.pid, 0)  # still running
     assert Node.objects.get(name="node-a").is_ready(timezone.now())
+    portal = Client()
+    portal.force_login(ana)
+    overview = portal.get("/", {"partial": 1}).content.decode()
+    assert overview.count("node not ready") == 1  # node B's card says so; node A's does not
 
     # The link returns: node B is ready again by itself, with the same process.
     cluster["net"].link("node-b", up=True)
