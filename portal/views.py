@@ -241,12 +241,13 @@ def calendar(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def run_log(request: HttpRequest, pk: int) -> HttpResponse:
-    """The last lines of the channel's current or last run, as the process wrote them."""
-    from channels_app.node_agent.run_logs import recent_lines
+    """The last lines of the channel's current or last run, as the process wrote them; the page
+    then follows new lines live (``GET /api/channels/{id}/log?after=<cursor>``)."""
+    from channels_app.node_agent.run_logs import recent_lines_with_cursor
 
     channel = get_object_or_404(Channel, pk=pk)
-    lines = recent_lines(channel, 200)
-    return render(request, "portal/run_log.html", {"channel": channel, "lines": lines})
+    lines, cursor = recent_lines_with_cursor(channel, 200)
+    return render(request, "portal/run_log.html", {"channel": channel, "lines": lines, "cursor": cursor})
 
 
 @login_required

@@ -336,3 +336,39 @@ def test_the_run_log_reaches_hosts_that_do_not_have_the_file(node_env, tiny, ana
             channel.pk, runtime.run_id, [f"line {i}" for i in range(log_shipping.STREAM_MAXLEN)]
         )
     assert client.xlen(log_shipping.stream_key(channel.pk)) <= log_shipping.STREAM_MAXLEN * 1.2
+
+
+@pytest.mark.django_db
+def test_the_run_log_is_followed_live_from_a_cursor(ana):
+    """Each answer carries a cursor; asking ``after`` it gives only the lines shipped since, and
+    a new run's lines replace the old run's (``new_run``). The portal page starts from it."""
+    from django.test import Client
+    from rest_framework.test import APIClient
+
+    from channels_app.node_agent import log_shipping
+
+    channel = factories.channel("cpu-0")
+    log_shipping._add(channel.pk, "run-1", ["$ llama-server", "loading"])
+    api = APIClient()
+    api.force_authenticate(ana)
+    url = f"/api/channels/{channel.pk}/log"
+    first = api.get(url).data
+    assert first["lines"] == ["$ llama-server", "loading"]
+    assert api.get(url, {"after": first["cursor"]}).data["lines"] == []  # nothing new yet
+
+    log_shipping._add(channel.pk, "run-1", ["listening"])
+    since = api.get(url, {"after": first["cursor"]}).data
+    assert (since["lines"], since["new_run"]) == (["listening"], False)
+    assert api.get(url, {"after": since["cursor"]}).data["lines"] == []
+
+    log_shipping._add(channel.pk, "run-2", ["$ llama-server again"])
+    again = api.get(url, {"after": since["cursor"]}).data
+    assert (again["lines"], again["new_run"]) == (["$ llama-server again"], True)
+
+    bad = api.get(url, {"after": "yesterday"})
+    assert bad.status_code == 400 and "after" in bad.data
+
+    portal = Client()
+    portal.force_login(ana)
+    page = portal.get(f"/channels/{channel.pk}/log").content.decode()
+    assert f'data-cursor="{again["cursor"]}"' in page and "$ llama-server again" in page

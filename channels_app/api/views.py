@@ -7,9 +7,10 @@ from typing import Any
 
 from django.http import HttpResponseBase, StreamingHttpResponse
 from django.utils import timezone
+from redis.exceptions import RedisError
 from rest_framework import permissions, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied
 from rest_framework.generics import get_object_or_404
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -26,7 +27,8 @@ from channels_app.api.serializers import (
 )
 from channels_app.inventory import services as inventory_services
 from channels_app.models import Channel, LLMModel, ModelFile, Node, Override, Preset
-from channels_app.node_agent.run_logs import recent_lines, whole_log
+from channels_app.node_agent.log_shipping import valid_cursor
+from channels_app.node_agent.run_logs import lines_since, recent_lines_with_cursor, whole_log
 from channels_app.scheduling import services
 from channels_app.scheduling.selectors import model_load_estimates
 from slotserve_site.api_fields import (
@@ -39,6 +41,11 @@ from slotserve_site.api_fields import (
 
 # A plan longer than this is refused: it would be slow and unreadable.
 MAX_PLAN = timedelta(days=62)
+
+
+class ServiceUnavailable(APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_code = "service_unavailable"
 
 
 def name_maps() -> dict[str, dict[int, str]]:
@@ -141,7 +148,9 @@ class ChannelViewSet(viewsets.ModelViewSet[Channel]):
     @action(detail=True, methods=["get"])
     def log(self, request: Request, pk: str | None = None) -> HttpResponseBase:
         """The run log of the channel's current or last process: the last lines for
-        everyone (``?lines=``, default 200), the whole file for staff (``?full=1``)."""
+        everyone (``?lines=``, default 200), the whole file for staff (``?full=1``). Each answer
+        has a ``cursor``; ``?after=<cursor>`` gives only the lines shipped since (``new_run``
+        says a new process began, whose lines replace the old), to follow a log live."""
         channel = self.get_object()
         if request.query_params.get("full"):
             if not request.user.is_staff:
@@ -154,7 +163,17 @@ class ChannelViewSet(viewsets.ModelViewSet[Channel]):
             count = max(1, min(int(request.query_params.get("lines", 200)), 5000))
         except ValueError:
             raise serializers.ValidationError({"lines": "lines must be a whole number"}) from None
-        return Response({"channel": channel.pk, "lines": recent_lines(channel, count)})
+        after = request.query_params.get("after")
+        if after is not None:
+            if not valid_cursor(after):
+                raise serializers.ValidationError({"after": "after must be a cursor from an earlier answer"})
+            try:
+                lines, cursor, new_run = lines_since(channel, after, count)
+            except RedisError:
+                raise ServiceUnavailable("run-log lines are unavailable while Redis is away") from None
+            return Response({"channel": channel.pk, "lines": lines, "cursor": cursor, "new_run": new_run})
+        lines, cursor = recent_lines_with_cursor(channel, count)
+        return Response({"channel": channel.pk, "lines": lines, "cursor": cursor, "new_run": False})
 
     @action(detail=True, methods=["get"])
     def decision(self, request: Request, pk: str | None = None) -> Response:

@@ -117,13 +117,43 @@ def _follow(
 
 def recent(channel_id: int, count: int) -> list[str]:
     """The last ``count`` lines of the channel's latest run, oldest first ([] if none shipped)."""
+    return recent_with_cursor(channel_id, count)[0]
+
+
+def recent_with_cursor(channel_id: int, count: int) -> tuple[list[str], str]:
+    """The last ``count`` lines of the latest run, and the cursor to ask for the lines after them."""
     entries: Any = redis_client().xrevrange(stream_key(channel_id), count=max(count, 1))
     if not entries:
-        return []
+        return [], "0"
     latest = entries[0][1].get(b"run")
-    lines = [
-        bytes(fields[b"line"]).decode(errors="replace")
-        for _, fields in entries
-        if fields.get(b"run") == latest
-    ]
-    return list(reversed(lines))
+    lines = [_line(fields) for _, fields in entries if fields.get(b"run") == latest]
+    return list(reversed(lines)), _cursor(entries[0][0])
+
+
+def lines_after(channel_id: int, cursor: str, count: int) -> tuple[list[str], str, bool]:
+    """Lines shipped after ``cursor`` (at most ``count``), the new cursor, and whether a new run
+    began after it (then only the newest run's lines are given, as a page shows one run)."""
+    entries: Any = redis_client().xrange(stream_key(channel_id), min=f"({cursor}", count=max(count, 1))
+    if not entries:
+        return [], cursor, False
+    newest = entries[-1][1].get(b"run")
+    before: Any = (
+        redis_client().xrevrange(stream_key(channel_id), max=cursor, count=1) if cursor != "0" else []
+    )
+    runs = {fields.get(b"run") for _, fields in entries} | {fields.get(b"run") for _, fields in before}
+    lines = [_line(fields) for _, fields in entries if fields.get(b"run") == newest]
+    return lines, _cursor(entries[-1][0]), len(runs) > 1
+
+
+def valid_cursor(cursor: str) -> bool:
+    """Whether ``cursor`` has the form of a stream position (``<ms>-<seq>`` or ``0``)."""
+    head, _, tail = cursor.partition("-")
+    return head.isdigit() and (tail.isdigit() or (not tail and "-" not in cursor))
+
+
+def _line(fields: Any) -> str:
+    return bytes(fields[b"line"]).decode(errors="replace")
+
+
+def _cursor(entry_id: Any) -> str:
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)

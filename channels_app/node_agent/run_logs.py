@@ -23,15 +23,28 @@ def run_log_of(channel: Channel) -> tuple[Path | None, str]:
 
 
 def recent_lines(channel: Channel, count: int) -> list[str]:
-    """The last ``count`` lines of the channel's latest run, redacted, from wherever they are."""
+    """The last ``count`` lines of the channel's latest run, redacted, from wherever they are
+    (the file itself where this host wrote it and nothing was shipped yet)."""
+    return recent_lines_with_cursor(channel, count)[0]
+
+
+def lines_since(channel: Channel, cursor: str, count: int) -> tuple[list[str], str, bool]:
+    """Lines shipped after ``cursor``, redacted; the next cursor; whether a new run began."""
+    _, secret = run_log_of(channel)
+    lines, cursor, new_run = log_shipping.lines_after(channel.pk, cursor, count)
+    return [processes.redact(line, secret) for line in lines], cursor, new_run
+
+
+def recent_lines_with_cursor(channel: Channel, count: int) -> tuple[list[str], str]:
+    """:func:`recent_lines` and the cursor that follows them (``"0"`` when none were shipped)."""
     path, secret = run_log_of(channel)
     try:
-        lines = log_shipping.recent(channel.pk, count)
+        lines, cursor = log_shipping.recent_with_cursor(channel.pk, count)
     except RedisError:
-        lines = []
-    if not lines and path is not None:  # not shipped (yet): this host wrote it
-        return tail_lines(path, count, secret)
-    return [processes.redact(line, secret) for line in lines]
+        lines, cursor = [], "0"
+    if not lines and path is not None:
+        return tail_lines(path, count, secret), cursor
+    return [processes.redact(line, secret) for line in lines], cursor
 
 
 def tail_lines(path: Path, count: int, secret: str = "") -> list[str]:
