@@ -11,6 +11,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from channels_app.errors import InvalidInput
+from channels_app.inventory import services as inventory_services
 from channels_app.models import (
     Channel,
     ChannelRuntime,
@@ -61,11 +62,43 @@ class PresetAdmin(admin.ModelAdmin[Preset]):
     readonly_fields = ["args_effective"]
 
 
+class ChannelAdminForm(forms.ModelForm[Channel]):
+    """Saves through ``channel_save`` once the form is valid: the GPU rule under a lock of the
+    node, and a re-decision at once; a save that lost a race shows as the field's error."""
+
+    class Meta:
+        model = Channel
+        fields = [
+            "name",
+            "node",
+            "gpu_indexes",
+            "approval_policy",
+            "default_model",
+            "default_preset",
+            "labels",
+            "allow_whole_card",
+            "min_booking_minutes",
+            "max_booking_minutes",
+            "max_days_ahead",
+            "weekly_quota_hours",
+        ]
+
+    def _post_clean(self) -> None:
+        super()._post_clean()  # type: ignore[misc]  # builds the instance, runs Channel.clean
+        if self.errors:
+            return
+        try:
+            inventory_services.channel_save(channel=self.instance)
+        except InvalidInput as exc:
+            self.add_error(exc.field if exc.field in self.fields else None, exc.message)
+
+
 @admin.register(Channel)
-class ChannelAdmin(admin.ModelAdmin[Channel]):
+class ChannelAdmin(SavedByServicesAdmin[Channel]):
     list_display = ["name", "node", "gpu_indexes", "approval_policy", "default_model", "default_preset"]
     list_filter = ["approval_policy", "node"]
     search_fields = ["name"]
+    form = ChannelAdminForm
 
 
 class OverrideAdminForm(forms.ModelForm[Override]):

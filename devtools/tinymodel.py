@@ -75,3 +75,9 @@ def write_tiny_llama(path: str | Path, *, seed: int = 0) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return target
+
+
+if __name__ == "__main__":  # python -m devtools.tinymodel PATH [SEED]: write the model there
+    import sys
+
+    print(write_tiny_llama(sys.argv[1], seed=int(sys.argv[2]) if len(sys.argv) > 2 else 0))

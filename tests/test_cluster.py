@@ -1,16 +1,18 @@
 """Several machines for real, on one: two GPU nodes, each in its own network namespace with its
 own address, data directory and model directory, joined to the control host by a bridge.
 
-The node workers run as ``manage.py nodeworker`` inside their namespaces and reach PostgreSQL
-and Redis over the bridge address, never loopback; their inference processes (the real
-llama-server) bind to their node's address and the gateway on the control host reaches them
-across the bridge. Then node B loses its link: it turns not_ready while its process keeps
-running, and comes back by itself when the link returns.
+The control host runs ``manage.py run --no-node`` (portal, API, gateway, scheduler) on the
+bridge address. The node workers run as ``manage.py nodeworker`` inside their namespaces, each
+with a private mount of its own home (model and data directories the control host cannot even
+see), and reach PostgreSQL and Redis over the bridge address, never loopback; their inference
+processes (the real llama-server) bind to their node's address and the gateway on the control
+host reaches them across the bridge. Then the faults: node B loses its link (not_ready while
+its process keeps running, ready again by itself when the link returns), the scheduler is
+killed (nodes stay ready, processes keep serving, it is started again and decides), and Redis
+restarts (the gateway says so meanwhile, then counts and the next switch behave).
 
-No scheduler process runs here: the nodes heartbeat and converge on their own (the test writes
-the targets the scheduler would). Needs root (``ip netns``) and PostgreSQL (a shared database
-is what several machines have); elsewhere it says why and skips. CI runs it in its PostgreSQL
-pass.
+Needs root (``ip netns``, ``unshare``) and PostgreSQL (a shared database is what several
+machines have); elsewhere it says why and skips. CI runs it in its PostgreSQL pass.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -37,8 +40,6 @@ from django.test import Client
 from django.utils import timezone
 
 from channels_app.models import Channel, ChannelRuntime, LLMModel, ModelFile, Node, Preset
-from channels_app.scheduling.services import decide_channels
-from devtools.tinymodel import write_tiny_llama
 from gateway.services import api_key_create
 from tests import factories
 from tests.conftest import free_port
@@ -48,6 +49,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parent.parent
 SUBNET = "10.231.77"
 CONTROL = f"{SUBNET}.1"
+UNSHARE = ["unshare", "--mount", "--propagation", "private"]  # the node's own view of its home
 
 
 def _ip(*args: str) -> None:
@@ -212,21 +214,31 @@ def cluster(settings, tmp_path) -> Iterator[dict[str, Any]]:
         forwarder = Forwarder((CONTROL, pg_port), (db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)))
         forwarder.start()
         stoppers.append(forwarder.stop)
+        redis_argv = started[0].args
         settings.REDIS_URL = f"redis://:{redis_password}@{CONTROL}:{redis_port}/0"
         _wait("Redis on the bridge", lambda: _redis_answers(settings.REDIS_URL), timeout=10)
         user = db["USER"] or "postgres"
         password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
         database_url = f"postgres://{user}{password}@{CONTROL}:{pg_port}/{db['NAME']}"
-        yield {
+        state: dict[str, Any] = {
             "net": net,
             "tmp": tmp_path,
             "redis_url": settings.REDIS_URL,
             "database_url": database_url,
             "started": started,
+            "redis_argv": redis_argv,
             "prefix": settings.SLOTSERVE_REDIS_PREFIX,
             "secret": settings.SECRET_KEY,
         }
+        yield state
     finally:
+        control = locals().get("state", {}).get("control")
+        if control is not None and control.poll() is None:
+            os.killpg(control.pid, signal.SIGINT)
+            try:
+                control.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(control.pid, signal.SIGKILL)
         for runtime in ChannelRuntime.objects.exclude(pid=None):
             if runtime.pid:
                 with contextlib.suppress(ProcessLookupError):
@@ -248,33 +260,85 @@ def _redis_answers(url: str) -> bool:
         return False
 
 
-def _start_node(cluster: dict[str, Any], name: str, host: int, llama_server: str) -> Path:
-    """A GPU node: its namespace, data and model directories, and ``manage.py nodeworker``."""
-    namespace = cluster["net"].add_node(name, host)
-    home: Path = cluster["tmp"] / name
-    (home / "models").mkdir(parents=True)
-    write_tiny_llama(home / "models" / f"tiny-{name}.gguf", seed=host)
-    env = {
+def _environment(cluster: dict[str, Any], home: Path) -> dict[str, str]:
+    """What every SlotServe process of the cluster is given: the shared database, Redis and
+    secret over the bridge, and a home of its own."""
+    return {
         "PATH": os.environ.get("PATH", ""),
         "HOME": str(home),
+        "PYTHONUNBUFFERED": "1",
         "DJANGO_SETTINGS_MODULE": "slotserve_site.settings",
         "DATABASE_URL": cluster["database_url"],
         "SLOTSERVE_REDIS_URL": cluster["redis_url"],
         "SLOTSERVE_REDIS_PREFIX": cluster["prefix"],
         "SLOTSERVE_SECRET_KEY": cluster["secret"],
         "SLOTSERVE_DATA_DIR": str(home / "data"),
+        "SLOTSERVE_TICK_SECONDS": "1",
+        "SLOTSERVE_LOG_LEVEL": "WARNING",
+    }
+
+
+def _start_control(cluster: dict[str, Any]) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """The control host: ``manage.py run --no-node`` on the bridge address (no model folders)."""
+    home: Path = cluster["tmp"] / "control"
+    home.mkdir()
+    port = free_port()
+    log = home / "run.log"
+    control = subprocess.Popen(
+        [sys.executable, "manage.py", "run", "--no-node", "--host", CONTROL, "--port", str(port)],
+        cwd=ROOT,
+        env={**_environment(cluster, home), "SLOTSERVE_GATEWAY_REFRESH_SECONDS": "0.2"},
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    cluster["control"] = control
+    base = f"http://{CONTROL}:{port}"
+
+    seen: list[str] = []
+
+    def healthy() -> bool:
+        assert control.poll() is None, log.read_text()[-3000:]
+        try:
+            answer = httpx.get(f"{base}/health", timeout=1)
+        except httpx.HTTPError as exc:
+            seen.append(repr(exc))
+            return False
+        seen.append(answer.text)
+        return answer.status_code == 200
+
+    try:
+        _wait("the control host to serve", healthy, timeout=60)
+    except AssertionError:
+        raise AssertionError(f"{seen[-1:]}\n{log.read_text()[-3000:]}") from None
+    return control, base, log
+
+
+def _start_node(cluster: dict[str, Any], name: str, host: int, llama_server: str) -> Path:
+    """A GPU node: its namespace, a private mount of its home with its data and model folders,
+    and ``manage.py nodeworker``."""
+    namespace = cluster["net"].add_node(name, host)
+    outside: Path = cluster["tmp"] / name
+    home = outside / "home"  # a mount point; what the node writes there only the node sees
+    home.mkdir(parents=True)
+    env = {
+        **_environment(cluster, home),
         "SLOTSERVE_NODE_NAME": name,
         "SLOTSERVE_PROCESS_HOST": f"{SUBNET}.{host}",
         "SLOTSERVE_FAKE_GPUS": "1x24GiB",
         "SLOTSERVE_MODEL_DIRS": str(home / "models"),
         "SLOTSERVE_LLAMA_SERVER": llama_server,
-        "SLOTSERVE_TICK_SECONDS": "1",
-        "SLOTSERVE_LOG_LEVEL": "WARNING",
     }
-    log = (home / "nodeworker.log").open("wb")
+    python = shlex.quote(sys.executable)
+    script = (
+        'mount -t tmpfs -o size=256m "slotserve-$SLOTSERVE_NODE_NAME" "$HOME" && '
+        f'{python} -m devtools.tinymodel "$HOME/models/tiny-{name}.gguf" {host} >/dev/null && '
+        f'exec {python} manage.py nodeworker --name "$SLOTSERVE_NODE_NAME"'
+    )
+    log = (outside / "nodeworker.log").open("wb")
     cluster["started"].append(
         subprocess.Popen(
-            ["ip", "netns", "exec", namespace, sys.executable, "manage.py", "nodeworker", "--name", name],
+            ["ip", "netns", "exec", namespace, *UNSHARE, "sh", "-c", script],
             cwd=ROOT,
             env=env,
             stdout=log,
@@ -285,10 +349,31 @@ def _start_node(cluster: dict[str, Any], name: str, host: int, llama_server: str
     return home
 
 
+def _part_of(parent: int, flag: str) -> int:
+    """The pid of the process ``parent`` started whose command line has ``flag``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        if int(stat[1]) == parent and flag in cmdline:
+            return int(entry.name)
+    raise AssertionError(f"no process of {parent} runs with {flag}")
+
+
+def _health(runtime: ChannelRuntime) -> int:
+    """The process's own /health, reached across the bridge (no gateway)."""
+    return httpx.get(f"http://{runtime.host}:{runtime.port}/health", timeout=2).status_code
+
+
 def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
-    cluster, settings, llama_server_bin, ana, bo, gateway_url
+    cluster, settings, llama_server_bin, ana, bo
 ):
     settings.SLOTSERVE_TICK_SECONDS = 1
+    control, gateway, control_log = _start_control(cluster)
     home_a = _start_node(cluster, "node-a", 11, llama_server_bin)
     home_b = _start_node(cluster, "node-b", 12, llama_server_bin)
 
@@ -300,14 +385,17 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
     assert set(Node.objects.values_list("name", flat=True)) >= {"node-a", "node-b"}
     file_b = ModelFile.objects.get(node__name="node-b")
     assert file_b.path.startswith(str(home_b)) and file_b.shape is not None  # read on node B
+    assert not Path(file_b.path).exists()  # the control host cannot see node B's files at all
     assert not ModelFile.objects.filter(node__name="node-a", path=file_b.path).exists()
 
-    # Node A serves its default to everyone; node B is booked by ana now.
+    # Node A serves its default to everyone; node B is booked by ana now. The control host's
+    # scheduler decides; each node worker converges.
     model_a = LLMModel.objects.create(
         name="tiny-a", backend="llama.cpp", path=str(home_a / "models" / "tiny-node-a.gguf")
     )
     model_b = LLMModel.objects.create(name="tiny-b", backend="llama.cpp", path=file_b.path)
     preset_a = Preset.objects.create(model=model_a, name="small", args="-c 256 -t 1")
+    preset_a2 = Preset.objects.create(model=model_a, name="smaller", args="-c 128 -t 1")
     preset_b = Preset.objects.create(model=model_b, name="small", args="-c 256 -t 1")
     node_a, node_b = Node.objects.get(name="node-a"), Node.objects.get(name="node-b")
     channel_a = Channel.objects.create(
@@ -322,19 +410,18 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
         end=now + timedelta(hours=1),
         target=preset_b,
     )
-    decide_channels(now=now)
 
-    def ready(channel: Channel) -> Callable[[], bool]:
-        return lambda: ChannelRuntime.objects.filter(channel=channel, phase="ready").exists()
+    def serving(channel: Channel, preset: Preset) -> Callable[[], bool]:
+        return lambda: ChannelRuntime.objects.filter(channel=channel, phase="ready", preset=preset).exists()
 
-    _wait("node A to serve its default", ready(channel_a), timeout=90)
-    _wait("node B to load the booked model", ready(channel_b), timeout=90)
+    _wait("node A to serve its default", serving(channel_a, preset_a), timeout=90)
+    _wait("node B to load the booked model", serving(channel_b, preset_b), timeout=90)
+    runtime_a = ChannelRuntime.objects.get(channel=channel_a)
     runtime_b = ChannelRuntime.objects.get(channel=channel_b)
     assert runtime_b.host == f"{SUBNET}.12"  # bound to node B's own address
     with pytest.raises(httpx.HTTPError):  # not on the control host's loopback
         httpx.get(f"http://127.0.0.1:{runtime_b.port}/health", timeout=1)
 
-    gateway = gateway_url
     _, ana_key = api_key_create(user=ana, name="t")
     _, bo_key = api_key_create(user=bo, name="t")
 
@@ -364,9 +451,26 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
         ),
         timeout=20,
     )
+    portal = Client()
+    portal.force_login(ana)
+    assert "--alias tiny-b" in portal.get(f"/channels/{channel_b.pk}/log").content.decode()
+
+    # The booking dialog's memory hint, for a file only node B has, from the shape node B read.
+    later = timezone.now() + timedelta(hours=3)
+    huge = Preset.objects.create(model=model_b, name="huge context", args="-c 64000000")
+    hints = api.get(
+        "/api/reservations/hints",
+        {
+            "channel": channel_b.pk,
+            "start": later.isoformat(),
+            "end": (later + timedelta(hours=1)).isoformat(),
+            "model": model_b.pk,
+            "preset": huge.pk,
+        },
+    ).data
+    assert "estimated_memory_exceeds_vram" in [w["code"] for w in hints["warnings"]], hints
 
     # "Any channel" places by the files the nodes reported: only node B has tiny-b's file.
-    later = timezone.now() + timedelta(hours=3)
     placed = api.post(
         "/api/reservations/",
         {
@@ -390,8 +494,6 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
     assert time.monotonic() - cut <= 3 * settings.SLOTSERVE_TICK_SECONDS + 3
     os.kill(runtime_b.pid, 0)  # still running
     assert Node.objects.get(name="node-a").is_ready(timezone.now())
-    portal = Client()
-    portal.force_login(ana)
     overview = portal.get("/", {"partial": 1}).content.decode()
     assert overview.count("node not ready") == 1  # node B's card says so; node A's does not
 
@@ -404,3 +506,56 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
     )
     assert ChannelRuntime.objects.get(channel=channel_b).pid == runtime_b.pid
     assert chat(ana_key, "tiny-b").status_code == 200
+
+    # The scheduler is killed: the nodes keep their own heartbeats (ready for more than three
+    # ticks without it), the processes keep serving; `run` starts it again and it decides.
+    os.kill(_part_of(control.pid, "--beat"), signal.SIGKILL)
+    without = time.monotonic() + 4 * settings.SLOTSERVE_TICK_SECONDS
+    while time.monotonic() < without:
+        nodes = Node.objects.filter(name__in=["node-a", "node-b"])
+        assert all(n.is_ready(timezone.now()) for n in nodes), [
+            (n.name, timezone.now() - n.last_heartbeat) for n in nodes if n.last_heartbeat
+        ]
+        time.sleep(0.25)
+    assert chat(ana_key, "tiny-b").status_code == 200 and chat(bo_key, "tiny-a").status_code == 200
+    _wait("the scheduler to be started again", lambda: "scheduler started again" in control_log.read_text())
+    booked_a = factories.reservation(
+        owner=bo,
+        on=channel_a,
+        start=timezone.now() - timedelta(minutes=1),
+        end=timezone.now() + timedelta(hours=1),
+        target=preset_a2,
+    )
+    _wait(
+        "the restarted scheduler to switch node A to bo's booking", serving(channel_a, preset_a2), timeout=60
+    )
+    assert ChannelRuntime.objects.get(channel=channel_b).pid == runtime_b.pid
+
+    # Redis restarts (it keeps nothing): meanwhile the gateway says so and the processes serve
+    # on; afterwards requests are counted from zero and the next switch drains and happens.
+    redis = cluster["started"][0]
+    redis.kill()
+    redis.wait(timeout=10)
+    outage = chat(bo_key, "tiny-a")
+    assert outage.status_code == 503 and "Redis" in outage.json()["error"]["message"]
+    assert outage.headers["retry-after"]
+    assert _health(ChannelRuntime.objects.get(channel=channel_a)) == 200
+    assert _health(runtime_b) == 200
+    cluster["started"][0] = subprocess.Popen(cluster["redis_argv"], stdout=subprocess.DEVNULL)
+    _wait("Redis to be back", lambda: _redis_answers(cluster["redis_url"]), timeout=10)
+    _wait("the gateway to serve again", lambda: chat(bo_key, "tiny-a").status_code == 200, timeout=30)
+    assert chat(ana_key, "tiny-b").status_code == 200
+    from channels_app.inflight import in_flight_counts
+    from channels_app.shared import redis_client
+
+    assert in_flight_counts(redis_client(), [channel_a.pk, channel_b.pk]) == {
+        channel_a.pk: 0,
+        channel_b.pk: 0,
+    }
+    from reservations.services import reservation_end
+
+    reservation_end(reservation=booked_a, by=bo, now=timezone.now())
+    _wait("node A to return to its default after Redis restarted", serving(channel_a, preset_a), timeout=60)
+    assert chat(bo_key, "tiny-a").status_code == 200
+    assert ChannelRuntime.objects.get(channel=channel_b).pid == runtime_b.pid
+    assert runtime_a.pid != ChannelRuntime.objects.get(channel=channel_a).pid  # it did switch

@@ -69,7 +69,7 @@ def test_a_node_worker_beats_and_reconciles_without_the_scheduler(settings, tmp_
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         node.refresh_from_db()
-        if node.last_heartbeat is not None and node.gpus.count() == 2:
+        if node.last_heartbeat is not None and node.gpus.count() == 2 and calls["n"] >= 2:
             break
         time.sleep(0.05)
     stop.set()
@@ -128,3 +128,88 @@ def test_the_admin_form_shares_the_gpu_rule(staff):
     )
     assert answer.status_code == 200 and "belongs to channel first" in answer.content.decode()
     assert not Channel.objects.filter(name="second").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_database_refuses_a_gpu_claimed_twice_even_past_the_checks():
+    """Two admins saving at the same moment both pass the check; the database keeps one GPU
+    to one channel of a node (a claim row per GPU, unique per node), and nothing is half-saved."""
+    from django.db import IntegrityError
+
+    node = factories.node("n1", gpus=2)
+    first = factories.channel("first", on=node, gpu_indexes=[0, 1])
+    assert sorted(first.gpu_claims.values_list("index", flat=True)) == [0, 1]
+    with pytest.raises(IntegrityError):
+        Channel.objects.create(name="second", node=node, gpu_indexes=[1])
+    assert not Channel.objects.filter(name="second").exists()
+    # Giving a GPU up frees it for another channel; another node's GPU 0 is another GPU.
+    first.gpu_indexes = [0]
+    first.save()
+    factories.channel("second", on=node, gpu_indexes=[1])
+    factories.channel("elsewhere", on=factories.node("n2", gpus=1), gpu_indexes=[0])
+    first.delete()
+    factories.channel("third", on=node, gpu_indexes=[0])
+
+
+@pytest.mark.django_db
+def test_a_race_past_the_check_is_a_400_not_a_500(staff, monkeypatch):
+    node = factories.node("n1", gpus=1)
+    factories.channel("first", on=node, gpu_indexes=[0])
+    # The other admin's save lands between this request's check and its write.
+    monkeypatch.setattr("channels_app.inventory.services.channel_gpus_problem", lambda **kw: "")
+    monkeypatch.setattr("channels_app.api.serializers.channel_gpus_problem", lambda **kw: "")
+    api = APIClient()
+    api.force_authenticate(staff)
+    answer = api.post("/api/channels/", {"name": "second", "node": "n1", "gpu_indexes": [0]}, format="json")
+    assert answer.status_code == 400 and "another channel" in answer.data["message"], answer.data
+    assert not Channel.objects.filter(name="second").exists()
+
+
+@pytest.mark.django_db
+def test_editing_a_channels_default_re_decides_it_at_once(staff, monkeypatch):
+    sent: list[int] = []
+    monkeypatch.setattr("channels_app.inventory.services.enqueue_redecide", sent.append)
+    node = factories.node("n1", gpus=1)
+    channel = factories.channel("first", on=node, gpu_indexes=[0])
+    preset = factories.preset(factories.llm("m"))
+    api = APIClient()
+    api.force_authenticate(staff)
+    answer = api.patch(
+        f"/api/channels/{channel.pk}/",
+        {"default_model": preset.model.pk, "default_preset": preset.pk},
+        format="json",
+    )
+    assert answer.status_code == 200, answer.data
+    assert sent == [channel.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_heartbeat_does_not_wait_for_a_stuck_reconcile(settings, monkeypatch):
+    """A reconcile that hangs on Redis (a link just back, a socket timing out) must not make a
+    healthy node look dead: the heartbeat keeps its own time."""
+    settings.SLOTSERVE_FAKE_GPUS = "1x24GiB"
+    node = Node.objects.create(name="stuck")
+    release = threading.Event()
+
+    def stuck(name: str) -> int:
+        release.wait(10)
+        return 0
+
+    monkeypatch.setattr(node_tasks.node_tick, "run", stuck)
+    stop = threading.Event()
+    beating = threading.Thread(target=heartbeat.keep_beating, args=("stuck", stop, 0.1), daemon=True)
+    beating.start()
+    try:
+        time.sleep(0.3)
+        seen = []
+        for _ in range(8):
+            time.sleep(0.15)
+            node.refresh_from_db()
+            assert node.last_heartbeat is not None
+            seen.append(node.last_heartbeat)
+        assert len(set(seen)) >= 4, "the heartbeat stood still while a reconcile was stuck"
+        assert timezone.now() - seen[-1] < timedelta(seconds=0.5)
+    finally:
+        release.set()
+        stop.set()
+        beating.join(timeout=5)

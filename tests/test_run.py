@@ -31,6 +31,27 @@ def processes_of(data_dir: Path) -> list[int]:
     return found
 
 
+def log_text(data_dir: Path) -> str:
+    return (data_dir / "run.log").read_text()
+
+
+def _is_part(pid: int, parent: int, flag: bytes) -> bool:
+    """Whether ``pid`` is a part that ``manage.py run`` (``parent``) started, with ``flag`` in its command."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return int(stat[1]) == parent and flag in cmdline
+
+
+def test_restart_pause_grows_while_a_part_keeps_dying_and_resets_after_a_steady_run():
+    from slotserve_site.management.commands.run import RESTART_PAUSES, STEADY_SECONDS, _restart_pause
+
+    assert [_restart_pause(deaths, ran=0.5) for deaths in range(7)] == [1.0, 2.0, 5.0, 10.0, 30.0, 30.0, 30.0]
+    assert _restart_pause(4, ran=STEADY_SECONDS) == RESTART_PAUSES[0]
+
+
 def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
     import socket
 
@@ -90,6 +111,16 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
         )
         assert any(c.choices and c.choices[0].delta.content for c in chunks)
         assert len(processes_of(tmp_path)) >= 5  # redis, uvicorn, scheduler, node worker, llama-server
+
+        # A part that dies is started again; the model keeps serving meanwhile.
+        scheduler = next(pid for pid in processes_of(tmp_path) if _is_part(pid, run.pid, b"--beat"))
+        os.kill(scheduler, signal.SIGKILL)
+        assert client.models.list().data[0].id == "tiny"
+        while time.monotonic() < deadline and "scheduler started again" not in log_text(tmp_path):
+            time.sleep(0.2)
+        assert "scheduler exited with status -9; starting it again in 1 s" in log_text(tmp_path)
+        assert "scheduler started again" in log_text(tmp_path)
+        assert run.poll() is None
     finally:
         os.killpg(run.pid, signal.SIGINT)
         code = run.wait(timeout=60)

@@ -25,9 +25,9 @@ def build(channels: int) -> None:
     owner = factories.user()
     default = factories.preset(factories.llm(), "d")
     booked = factories.preset(factories.llm(), "b")
-    node = factories.node(gpus=1)
-    for _ in range(channels):
-        channel = factories.channel(on=node, default=default)
+    node = factories.node(gpus=channels)
+    for index in range(channels):
+        channel = factories.channel(on=node, default=default, gpu_indexes=[index])
         for k in range(3):
             start = T0 + (2 * k + 1) * HOUR
             factories.reservation(owner=owner, on=channel, start=start, end=start + HOUR, target=booked)

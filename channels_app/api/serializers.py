@@ -8,6 +8,7 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import serializers
 
+from channels_app.inventory import services as inventory_services
 from channels_app.models import (
     Channel,
     Gpu,
@@ -144,6 +145,14 @@ class ChannelSerializer(serializers.ModelSerializer[Channel]):
                 "valid_until": field.to_representation(target.valid_until) if target.valid_until else None,
             },
         }
+
+    def create(self, validated_data: dict[str, Any]) -> Channel:
+        return inventory_services.channel_save(channel=Channel(**validated_data))
+
+    def update(self, instance: Channel, validated_data: dict[str, Any]) -> Channel:
+        for field, value in validated_data.items():
+            setattr(instance, field, value)
+        return inventory_services.channel_save(channel=instance)
 
     def validate_gpu_indexes(self, value: Any) -> list[int]:
         problem = channel_gpus_problem(node=None, gpu_indexes=value, channel_id=None)

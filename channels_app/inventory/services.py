@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
-from channels_app.errors import InUse
-from channels_app.models import ChannelRuntime, ChannelTarget, LLMModel, Preset
+from channels_app.dispatch import enqueue_redecide
+from channels_app.errors import InUse, InvalidInput
+from channels_app.models import (
+    Channel,
+    ChannelRuntime,
+    ChannelTarget,
+    LLMModel,
+    Node,
+    Preset,
+    channel_gpus_problem,
+)
 from channels_app.vocabulary import SERVING_PHASES, Phase
 
 
@@ -41,3 +50,25 @@ def preset_delete(*, preset: Preset) -> None:
         raise InUse(f"cannot delete preset {preset}: channel {', '.join(using)} runs it or is about to")
     with transaction.atomic():
         preset.delete()
+
+
+def channel_save(*, channel: Channel) -> Channel:
+    """Create or change a channel: its GPUs exist on its node and are no other channel's
+    (checked under a lock of the node, and by the database's ``GpuClaim``), then the channel
+    re-decides at once, as a changed default is a changed target (SPEC §2)."""
+    with transaction.atomic():
+        Node.objects.select_for_update().filter(pk=channel.node_id).first()  # one claim at a time
+        problem = channel_gpus_problem(
+            node=channel.node, gpu_indexes=channel.gpu_indexes, channel_id=channel.pk
+        )
+        if problem:
+            raise InvalidInput("gpu_indexes", problem)
+        try:
+            channel.save()
+        except IntegrityError:
+            raise InvalidInput(
+                "gpu_indexes",
+                "one of these GPUs was just given to another channel of this node; reload and retry",
+            ) from None
+    enqueue_redecide(channel.pk)
+    return channel

@@ -6,6 +6,7 @@ from channels_app.models.inventory import HEARTBEAT_TICKS as HEARTBEAT_TICKS
 from channels_app.models.inventory import ApprovalPolicy as ApprovalPolicy
 from channels_app.models.inventory import Channel as Channel
 from channels_app.models.inventory import Gpu as Gpu
+from channels_app.models.inventory import GpuClaim as GpuClaim
 from channels_app.models.inventory import LLMModel as LLMModel
 from channels_app.models.inventory import ModelFile as ModelFile
 from channels_app.models.inventory import Node as Node

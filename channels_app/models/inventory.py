@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist, ValidationError
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -205,6 +205,18 @@ class Channel(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def save(self, *args: object, **kwargs: object) -> None:
+        """Save with the channel's GPU claims, in one transaction: a GPU another channel of the
+        node holds makes the database refuse the whole save (``IntegrityError``)."""
+        with transaction.atomic():
+            super().save(*args, **kwargs)  # type: ignore[arg-type]
+            held = set(self.gpu_claims.filter(node_id=self.node_id).values_list("index", flat=True))
+            wanted = {i for i in self.gpu_indexes if isinstance(i, int) and not isinstance(i, bool)}
+            self.gpu_claims.exclude(node_id=self.node_id, index__in=wanted).delete()
+            GpuClaim.objects.bulk_create(
+                GpuClaim(channel=self, node_id=self.node_id, index=i) for i in sorted(wanted - held)
+            )
+
     @property
     def default_target(self) -> Target | None:
         if self.default_model_id is None:
@@ -238,6 +250,24 @@ class Channel(models.Model):
         return sum(gpu.memory_bytes for gpu in self.node.gpus.all() if gpu.index in wanted)
 
 
+class GpuClaim(models.Model):
+    """One GPU of a node that a channel holds, kept by ``Channel.save``: the database's own
+    guard that no two channels of a node share a GPU (a JSON list cannot carry a constraint).
+    ``channel_gpus_problem`` says the same earlier, in words."""
+
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="gpu_claims")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
+    index = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="gpu_claim_one_channel_per_gpu")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}:{self.index} → {self.channel_id}"
+
+
 class ModelFile(models.Model):
     """A model file or folder a node worker found in its model folders (SLOTSERVE_MODEL_DIRS)."""
 
@@ -264,8 +294,8 @@ def channel_gpus_problem(*, node: Node | None, gpu_indexes: object, channel_id: 
     """Why ``gpu_indexes`` cannot be a channel of ``node`` ("" when it can).
 
     Two channels sharing a GPU would load two models onto it, and an index the node does not
-    have gives a channel no memory at all. Checked by the services' callers; the database
-    cannot state it over a JSON list (a race of two admins is left to the second save's check).
+    have gives a channel no memory at all. Checked by ``channel_save`` under a lock of the node;
+    the database enforces the sharing part itself (``GpuClaim``).
     """
     if (
         not isinstance(gpu_indexes, list)

@@ -3,13 +3,17 @@
 Migrates, creates an admin account on first start (printing its password
 once), starts an embedded Redis when ``SLOTSERVE_REDIS_URL`` is not set, then
 supervises uvicorn, a Celery worker with the beat scheduler and this
-machine's node worker. ``--demo`` adds a channel on fake GPUs serving a tiny
-model with a real llama-server. Ctrl-C stops everything, inference processes
-included.
+machine's node worker. A part that dies is started again (after a pause that
+grows while it keeps dying); the inference processes are the node worker's
+and keep serving meanwhile. ``--no-node`` runs a control host of a cluster:
+everything but the node worker (the GPU machines run ``manage.py nodeworker``).
+``--demo`` adds a channel on fake GPUs serving a tiny model with a real
+llama-server. Ctrl-C stops everything, inference processes included.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -26,6 +30,8 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 STOP_GRACE_SECONDS = 10
+RESTART_PAUSES = (1.0, 2.0, 5.0, 10.0, 30.0)  # seconds before a dead part is started again
+STEADY_SECONDS = 60.0  # a part that ran this long starts over at the first pause
 
 
 class Command(BaseCommand):
@@ -38,6 +44,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--demo", action="store_true", help="add a demo channel (fake GPU, tiny model, real llama-server)"
         )
+        parser.add_argument(
+            "--no-node",
+            action="store_true",
+            help="a cluster's control host: no node worker here (GPU machines run `manage.py nodeworker`)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         embedded = None
@@ -48,7 +59,10 @@ class Command(BaseCommand):
         call_command("migrate", interactive=False, verbosity=0)
         admin = self._first_admin(options["admin"])
         if options["demo"]:
+            if options["no_node"]:
+                raise CommandError("--demo needs this machine's node worker; leave out --no-node")
             self._demo(admin, options)
+        self._allow_host(options["host"])
         python = sys.executable
         commands = {
             # uvicorn with uvloop and httptools: measured faster than daphne for the
@@ -81,10 +95,16 @@ class Command(BaseCommand):
             ],
             "node": [python, "manage.py", "nodeworker"],
         }
+        if options["no_node"]:
+            del commands["node"]
         children = {name: subprocess.Popen(argv, start_new_session=True) for name, argv in commands.items()}
+        started = dict.fromkeys(commands, time.monotonic())
+        deaths = dict.fromkeys(commands, 0)
+        restart_at: dict[str, float] = {}
         self.stdout.write(
             f"SlotServe is running on http://{options['host']}:{options['port']}/ (Ctrl-C stops it)"
         )
+        self.stdout.flush()
         stopping = False
 
         def stop(signum: int, frame: object) -> None:
@@ -95,25 +115,54 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, stop)
         try:
             while not stopping:
+                now = time.monotonic()
                 for name, child in children.items():
-                    if child.poll() is not None:
-                        raise CommandError(
-                            f"{name} exited with status {child.returncode}; stopping SlotServe"
+                    if name in restart_at:
+                        if now >= restart_at[name]:
+                            del restart_at[name]
+                            children[name] = subprocess.Popen(commands[name], start_new_session=True)
+                            started[name] = now
+                            self.stdout.write(f"{name} started again (pid {children[name].pid})")
+                            self.stdout.flush()
+                    elif child.poll() is not None:
+                        with contextlib.suppress(ProcessLookupError):  # what it left behind
+                            os.killpg(child.pid, signal.SIGKILL)
+                        with_pause = _restart_pause(deaths[name], ran=now - started[name])
+                        deaths[name] = 0 if now - started[name] >= STEADY_SECONDS else deaths[name] + 1
+                        restart_at[name] = now + with_pause
+                        self.stderr.write(
+                            f"{name} exited with status {child.returncode}; starting it again in "
+                            f"{with_pause:.0f} s"
                         )
-                time.sleep(0.5)
+                        self.stderr.flush()
+                time.sleep(0.2)
         finally:
             self._stop_all(children)
-            from channels_app.node_agent.worker import stop_local_processes
+            if not options["no_node"]:
+                from channels_app.node_agent.worker import stop_local_processes
 
-            stopped = stop_local_processes(
-                node_name=settings.SLOTSERVE_NODE_NAME, timeout=settings.SLOTSERVE_STOP_TIMEOUT_SECONDS
-            )
-            if stopped:
-                self.stdout.write(f"Stopped {stopped} inference process(es).")
+                stopped = stop_local_processes(
+                    node_name=settings.SLOTSERVE_NODE_NAME, timeout=settings.SLOTSERVE_STOP_TIMEOUT_SECONDS
+                )
+                if stopped:
+                    self.stdout.write(f"Stopped {stopped} inference process(es).")
             if embedded is not None:
                 embedded.terminate()
                 embedded.wait(timeout=10)
             self.stdout.write("SlotServe stopped.")
+
+    def _allow_host(self, host: str) -> None:
+        """Let the web server answer at the address it listens on (Django checks the Host header)
+        unless SLOTSERVE_ALLOWED_HOSTS says otherwise."""
+        if os.environ.get("SLOTSERVE_ALLOWED_HOSTS") or host in settings.ALLOWED_HOSTS:
+            return
+        if host in {"0.0.0.0", "::", ""}:
+            self.stdout.write(
+                "Listening on every address: set SLOTSERVE_ALLOWED_HOSTS to the names people use "
+                "(e.g. gpu.example.org); until then only localhost answers."
+            )
+            return
+        os.environ["SLOTSERVE_ALLOWED_HOSTS"] = ",".join([*settings.ALLOWED_HOSTS, host])
 
     def _check_redis(self) -> None:
         try:
@@ -223,3 +272,10 @@ class Command(BaseCommand):
             except subprocess.TimeoutExpired:
                 os.killpg(child.pid, signal.SIGKILL)
                 child.wait()
+
+
+def _restart_pause(deaths: int, ran: float) -> float:
+    """How long to wait before starting a part again that died after running ``ran`` seconds."""
+    if ran >= STEADY_SECONDS:
+        return RESTART_PAUSES[0]
+    return RESTART_PAUSES[min(deaths, len(RESTART_PAUSES) - 1)]
