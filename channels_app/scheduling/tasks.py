@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from celery import shared_task
 from django.conf import settings
@@ -14,6 +14,10 @@ from channels_app.models import HEARTBEAT_TICKS, Channel, Node
 from channels_app.scheduling import services
 
 log = logging.getLogger(__name__)
+
+# A boundary closer than this many ticks is decided at its moment (``redecide_at_boundaries``);
+# two, so that a tick that runs late does not let a boundary slip between two windows.
+BOUNDARY_TICKS = 2
 
 
 def fan_out_node_ticks() -> int:
@@ -38,9 +42,24 @@ def scheduler_tick() -> int:
     The tick's other periodic jobs are tasks of their own, each with its beat entry
     (``channels_app.scheduling.beat``): starting-soon reminders, the gateway's usage flush.
     """
-    changed = len(services.decide_channels(now=timezone.now()).changed)
+    now = timezone.now()
+    result = services.decide_channels(now=now)
     fan_out_node_ticks()
-    return changed
+    redecide_at_boundaries(result.valid_until, now=now)
+    return len(result.changed)
+
+
+def redecide_at_boundaries(valid_until: dict[int, datetime | None], *, now: datetime) -> int:
+    """Re-decide each channel whose decision ends before the tick after next at that very
+    moment (a Celery ``eta``): a booking's end, a preload's start, an override's expiry then
+    act on time rather than up to a tick late. Deciding twice is harmless (nothing changes)."""
+    horizon = now + timedelta(seconds=BOUNDARY_TICKS * settings.SLOTSERVE_TICK_SECONDS)
+    due = [
+        (pk, moment) for pk, moment in valid_until.items() if moment is not None and now < moment <= horizon
+    ]
+    for channel_id, moment in due:
+        dispatch.send(dispatch.CHANNEL_REDECIDE, args=(channel_id,), eta=moment)
+    return len(due)
 
 
 @shared_task(name=dispatch.CHANNEL_REDECIDE, ignore_result=True, soft_time_limit=20, time_limit=40)
