@@ -209,9 +209,11 @@ def main() -> None:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
-        if forwarder is not None:
-            forwarder.stop()
-        net.down()
+        try:
+            if forwarder is not None:
+                forwarder.stop()
+        finally:
+            net.down()  # whatever failed before, the bridge and namespaces go
 
 
 def from_runtime_pids_stop() -> None:

@@ -90,6 +90,7 @@ class Forwarder:
         """Close the listener and every forwarded connection, then end the thread."""
         if self.thread.is_alive():
             asyncio.run_coroutine_threadsafe(self._close(), self.loop).result(timeout=10)
+            self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=10)
 
     async def _close(self) -> None:
@@ -98,7 +99,6 @@ class Forwarder:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        self.loop.stop()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -124,7 +124,11 @@ class Forwarder:
             finally:
                 sink.close()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        try:
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        except asyncio.CancelledError:  # the forwarder stops: its connections end with it
+            writer.close()
+            up_writer.close()
 
 
 def redis_executable() -> str:

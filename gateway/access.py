@@ -160,6 +160,13 @@ def route(
     waiting = [r for r in refusals if r.status == 503]
     if waiting:
         return Route(None, min(waiting, key=lambda r: r.retry_after or 0))
+    # Loaded, but where someone else booked it: say where and until when (the soonest free).
+    reserved = [
+        c for c in heading if c.model == model and c.booking is not None and c.booking.user_id != caller_id
+    ]
+    if reserved:
+        soonest = min(reserved, key=lambda c: (c.booking.end if c.booking else now, c.name))
+        return Route(None, admit(caller_id=caller_id, channel=soonest, now=now))
     if refusals and all(r.code == ErrorCode.GPU_RESERVED for r in refusals):
         return Route(None, refusals[0])
     return Route(

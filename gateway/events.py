@@ -17,15 +17,36 @@ class Usage:
     completion: int = 0
 
     def add(self, payload: Any) -> None:
-        usage = payload.get("usage") if isinstance(payload, dict) else None
-        if isinstance(usage, dict):
-            self.prompt = int(usage.get("prompt_tokens") or 0)
-            self.completion = int(usage.get("completion_tokens") or 0)
+        """Read the token counts of an answer or event: OpenAI's ``prompt_tokens`` and
+        ``completion_tokens``, or the Responses and Anthropic APIs' ``input_tokens`` and
+        ``output_tokens`` (also inside their ``response`` or ``message`` object)."""
+        if not isinstance(payload, dict):
+            return
+        usage = payload.get("usage")
+        if not isinstance(usage, dict):
+            inner = payload.get("response") or payload.get("message")
+            usage = inner.get("usage") if isinstance(inner, dict) else None
+        if not isinstance(usage, dict):
+            return
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+        completion = usage.get("completion_tokens", usage.get("output_tokens"))
+        if isinstance(prompt, int):
+            self.prompt = prompt
+        if isinstance(completion, int):
+            self.completion = completion
+
+
+FINISH_MARKS = (b'"finish_reason":"', b'"finish_reason": "')
 
 
 class Events:
     """The server-sent events of a stream, passed on whole: reads ``usage`` on the way, and drops
-    the usage-only event the gateway asked for on the client's behalf."""
+    the usage-only event the gateway asked for on the client's behalf.
+
+    llama-server puts its ``timings`` in the last event; asked for usage, it moves them into the
+    usage-only event. So while the gateway strips that event, it holds the event that finishes
+    a choice until it sees what follows, and moves the timings back into it: the client gets
+    the stream it would have had without the gateway."""
 
     # An event is at most this long; beyond it the bytes are passed on as they are.
     LIMIT = 1024 * 1024
@@ -34,6 +55,7 @@ class Events:
         self.usage = usage
         self.strip_usage = strip_usage
         self.pending = b""
+        self.held: bytes | None = None  # a finishing event, while stripping (see above)
 
     def feed(self, chunk: bytes) -> bytes:
         """The complete events received so far; a part event waits for the rest of it."""
@@ -47,23 +69,77 @@ class Events:
                 return chunk
             self.pending = chunk[cut:]
             chunk = chunk[:cut]
-        if USAGE_MARK in chunk or USAGE_MARK_SPACED in chunk:
-            chunk = _take_usage(chunk, self.usage, self.strip_usage)
+        if self.strip_usage:
+            if self.held is not None or any(mark in chunk for mark in FINISH_MARKS) or _has_usage(chunk):
+                return self._strip(chunk)
+            return chunk
+        if _has_usage(chunk):
+            chunk = _take_usage(chunk, self.usage, strip=False)
         return chunk
 
     def flush(self) -> bytes:
         rest, self.pending = self.pending, b""
+        if self.held is not None:
+            rest, self.held = self.held + b"\n\n" + rest, None
         return rest
+
+    def _strip(self, chunk: bytes) -> bytes:
+        """Event by event: read and drop the usage-only event, holding a finishing event
+        until the next one (to give it the usage event's timings)."""
+        out = []
+        for event in chunk.split(b"\n\n"):
+            if not event:
+                continue
+            payload = _payload(event) if _has_usage(event) else None
+            if isinstance(payload, dict) and "usage" in payload:
+                self.usage.add(payload)
+                if not payload.get("choices"):
+                    timings = payload.get("timings")
+                    if self.held is not None:
+                        out.append(_with_timings(self.held, timings) if timings else self.held)
+                        self.held = None
+                    continue
+            if self.held is not None:
+                out.append(self.held)
+                self.held = None
+            if any(mark in event for mark in FINISH_MARKS):
+                self.held = event
+            else:
+                out.append(event)
+        return b"".join(event + b"\n\n" for event in out)
+
+
+def _has_usage(data: bytes) -> bool:
+    return USAGE_MARK in data or USAGE_MARK_SPACED in data
+
+
+def _payload(event: bytes) -> Any:
+    """The JSON of an event's ``data:`` line (SSE events may start with an ``event:`` line)."""
+    start = event.find(b"data: {")
+    if start < 0:
+        return None
+    try:
+        return json.loads(event[start + 6 :])
+    except ValueError:
+        return None
+
+
+def _with_timings(event: bytes, timings: Any) -> bytes:
+    payload = _payload(event)
+    if not isinstance(payload, dict):
+        return event
+    payload["timings"] = timings
+    start = event.find(b"data: {")
+    return event[:start] + b"data: " + json.dumps(payload, separators=(",", ":")).encode()
 
 
 def _take_usage(chunk: bytes, usage: Usage, strip: bool) -> bytes:
     """Read ``usage`` from the SSE events in ``chunk``; drop the usage-only event if asked."""
     kept = []
     for event in chunk.split(b"\n\n"):
-        if event.startswith(b"data: {") and (USAGE_MARK in event or USAGE_MARK_SPACED in event):
-            try:
-                payload = json.loads(event[6:])
-            except ValueError:
+        if b"data: {" in event and _has_usage(event):
+            payload = _payload(event)
+            if payload is None:
                 kept.append(event)
                 continue
             usage.add(payload)

@@ -1,10 +1,13 @@
 """The OpenAI-compatible gateway: a small ASGI application in front of the channels.
 
-``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/models``,
-and the same under ``/channels/<name>/v1/…``. Requests pass through unchanged
-but for ``model``, mapped to the channel's alias; streams are forwarded chunk
-by chunk as they arrive. Decisions are ``gateway.access``; this module only
-reads, forwards and counts.
+Any ``POST`` under ``/v1/`` (chat, completions, embeddings, the Responses and Anthropic
+Messages APIs, rerank, audio …) or to llama-server's own paths (``/tokenize``, ``/infill`` …)
+whose JSON names a ``model`` is routed by that model; ``GET``/``HEAD /v1/models`` and
+``/v1/models/{id}`` list what the caller may use; under ``/channels/<name>/`` every path and
+method goes to that channel's process. Requests pass through unchanged but for ``model``,
+mapped to the channel's alias; streams are forwarded chunk by chunk as they arrive; errors
+come in the caller's API's own shape (Anthropic's on ``/v1/messages``). Decisions are
+``gateway.access``; this module only reads, forwards and counts.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -27,6 +32,7 @@ from redis.exceptions import RedisError
 from channels_app.vocabulary import ErrorCode, Phase
 from gateway.access import ChannelView, Refusal, admit, models_for, route
 from gateway.body import BodyTooLarge, parse_body
+from gateway.cors import CorsPolicy, is_cors_header
 from gateway.counters import Counters
 from gateway.events import Events, Usage
 from gateway.snapshot import Caller, Snapshot, SnapshotCache
@@ -39,8 +45,31 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-PROXIED = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
+# Paths outside /v1/ that llama-server answers and the gateway routes by ``model``.
+ROOT_PATHS = frozenset(
+    {
+        "/completion",
+        "/completions",
+        "/embedding",
+        "/embeddings",
+        "/infill",
+        "/tokenize",
+        "/detokenize",
+        "/apply-template",
+        "/rerank",
+        "/reranking",
+    }
+)
+# Where the gateway asks for usage in streams (to count tokens) when the caller did not.
+USAGE_OPTION_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/chat/completions", "/completions"}
+)
+# Headers of the upstream's answer the gateway does not pass on: the connection's own, and
+# those the gateway's server sets itself (one ``server``, one ``date``), and CORS (ours).
 HOP_BY_HOP = {
+    b"server",
+    b"date",
+    b"x-accel-buffering",
     b"connection",
     b"keep-alive",
     b"transfer-encoding",
@@ -53,7 +82,30 @@ HOP_BY_HOP = {
 UNAVAILABLE_RETRY_AFTER = 5
 
 
+# Which API's error shape this request gets: "openai", or "anthropic" on /v1/messages.
+_flavour: ContextVar[str] = ContextVar("slotserve_error_flavour", default="openai")
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def is_gateway_path(path: str) -> bool:
+    """Whether the ASGI router sends ``path`` here rather than to Django."""
+    return path.startswith(("/v1/", "/channels/")) or path in ROOT_PATHS
+
+
 def error_body(status: int, code: str, message: str) -> bytes:
+    if _flavour.get() == "anthropic":
+        kind = ANTHROPIC_ERROR_TYPES.get(status, "api_error")
+        return json.dumps(
+            {"type": "error", "error": {"type": kind, "message": message, "code": code}}
+        ).encode()
     kind = "invalid_request_error" if status < 500 else "server_error"
     return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
 
@@ -81,12 +133,20 @@ async def refuse(send: Send, refusal: Refusal) -> None:
 
 
 def authenticate(scope: Scope, snapshot: Snapshot) -> Caller | None:
-    """The caller whose API key is in the ``Authorization: Bearer`` header, if it is usable."""
-    header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-    scheme, _, key = header.decode("latin-1").partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    """The caller whose API key is in ``Authorization: Bearer <key>`` (OpenAI's clients) or in
+    ``x-api-key`` (Anthropic's), if it is usable."""
+    key = ""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, given = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer":
+                key = given.strip()
+                break
+        elif name == b"x-api-key":
+            key = value.decode("latin-1").strip()
+    if not key:
         return None
-    return snapshot.callers.get(hashlib.sha256(key.strip().encode()).hexdigest())
+    return snapshot.callers.get(hashlib.sha256(key.encode()).hexdigest())
 
 
 def split_path(path: str) -> tuple[str | None, str]:
@@ -125,6 +185,7 @@ class Gateway:
         self.counters = Counters(settings.REDIS_URL)
         self.upstreams: dict[str, UpstreamTransport] = {}
         self.max_body = settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES
+        self.cors = CorsPolicy(settings.SLOTSERVE_CORS_ORIGINS)
 
     def upstream_for(self, upstream: str) -> UpstreamTransport:
         """One pool of connections per upstream process."""
@@ -134,6 +195,23 @@ class Gateway:
         return transport
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.cors.enabled:
+            origin = _header(scope, b"origin")
+            if origin:
+                if scope["method"] == "OPTIONS" and _header(scope, b"access-control-request-method"):
+                    # A browser's preflight carries no key: answered before authentication.
+                    headers = self.cors.preflight_headers(
+                        origin, _header(scope, b"access-control-request-headers")
+                    )
+                    await send({"type": "http.response.start", "status": 204, "headers": headers})
+                    await send({"type": "http.response.body", "body": b""})
+                    return
+                if self.cors.allows(origin):
+                    send = _adding_headers(send, self.cors.answer_headers(origin))
+        if scope["method"] == "HEAD":  # what GET would answer, without the body
+            scope = {**scope, "method": "GET"}
+            send = _without_body(send)
+        token = _flavour.set("anthropic" if "/v1/messages" in scope["path"] else "openai")
         answer = Answer(send)
         try:
             await self.handle(scope, receive, answer.send, answer)
@@ -150,6 +228,8 @@ class Gateway:
                     [(b"retry-after", str(UNAVAILABLE_RETRY_AFTER).encode())],
                 )
             return
+        finally:
+            _flavour.reset(token)
         if not answer.counted and answer.status is not None:
             with contextlib.suppress(RedisError):  # a count for /metrics is not worth an error
                 await self.counters.answered(answer.status)
@@ -166,29 +246,55 @@ class Gateway:
                 error_body(
                     401,
                     ErrorCode.INVALID_API_KEY,
-                    "a valid API key is needed: Authorization: Bearer <key> (create one in the portal)",
+                    "a valid API key is needed: Authorization: Bearer <key> or x-api-key: <key> "
+                    "(create one in the portal)",
                 ),
             )
             return
         if path == "/v1/models" and method == "GET":
             await self.models(send, snapshot, caller, pinned)
-        elif path in PROXIED and method == "POST":
-            await self.proxy(receive, send, snapshot, caller, pinned, path, answer)
+        elif path.startswith("/v1/models/") and method == "GET":
+            await self.models(send, snapshot, caller, pinned, only=path[len("/v1/models/") :])
+        elif pinned is not None or (method == "POST" and (path.startswith("/v1/") or path in ROOT_PATHS)):
+            await self.proxy(scope, receive, send, snapshot, caller, pinned, path, answer)
         else:
             await respond(
                 send, 404, error_body(404, ErrorCode.NOT_FOUND, f"no endpoint {method} {scope['path']}")
             )
 
-    async def models(self, send: Send, snapshot: Snapshot, caller: Caller, pinned: str | None) -> None:
+    async def models(
+        self, send: Send, snapshot: Snapshot, caller: Caller, pinned: str | None, only: str | None = None
+    ) -> None:
+        """One entry per model the caller may use now, the channels serving it listed inside."""
         channels = [c for c in snapshot.channels if pinned is None or c.name == pinned]
         switching = await self.counters.switching(c.id for c in channels)
         views = [_with_switching(c, c.id in switching) for c in channels]
         pairs = models_for(caller_id=caller.user_id, channels=views, now=timezone.now())
+        serving: dict[str, list[str]] = {}
+        for model, name in pairs:
+            serving.setdefault(model, []).append(name)
+        since = {c.model: c.since for c in views if c.model is not None}
         data = [
-            {"id": model, "object": "model", "owned_by": "slotserve", "channel": name}
-            for model, name in pairs
+            {
+                "id": model,
+                "object": "model",
+                "created": int(since[model].timestamp()),
+                "owned_by": "slotserve",
+                "channels": names,
+            }
+            for model, names in serving.items()
         ]
-        await respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
+        if only is None:
+            await respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
+            return
+        entry = next((d for d in data if d["id"] == only), None)
+        if entry is None:
+            message = f"model {only!r} is not served to you now" + (
+                f"; served now: {', '.join(serving)}" if serving else ""
+            )
+            await respond(send, 404, error_body(404, ErrorCode.MODEL_NOT_LOADED, message))
+            return
+        await respond(send, 200, json.dumps(entry).encode())
 
     async def read_body(self, receive: Receive) -> bytes | None:
         """The whole body; None when the client left; ``BodyTooLarge`` past the limit."""
@@ -207,6 +313,7 @@ class Gateway:
 
     async def proxy(
         self,
+        scope: Scope,
         receive: Receive,
         send: Send,
         snapshot: Snapshot,
@@ -223,12 +330,17 @@ class Gateway:
             return
         if raw is None:
             return
-        body, problem = parse_body(raw)
-        if body is None:
-            await respond(send, 400, error_body(400, ErrorCode.INVALID_REQUEST, problem))
-            return
+        content_type = _header(scope, b"content-type")
+        body: dict[str, Any] | None = None
+        # Routed by model: a JSON object. Pinned: JSON when it says or looks so, else any bytes.
+        is_json = content_type.startswith(b"application/json") or raw.lstrip().startswith(b"{")
+        if pinned is None or (is_json and raw.strip()):
+            body, problem = parse_body(raw)
+            if body is None:
+                await respond(send, 400, error_body(400, ErrorCode.INVALID_REQUEST, problem))
+                return
         now = timezone.now()
-        model = body.get("model")
+        model = body.get("model") if body is not None else None
         candidates = [c for c in snapshot.channels if c.model == model and c.phase == Phase.READY]
         in_flight = await self.counters.in_flight(c.id for c in candidates) if len(candidates) > 1 else {}
         chosen = route(
@@ -253,8 +365,16 @@ class Gateway:
             )
             return
         usage = Usage()
+        outgoing = Outgoing(
+            method=scope["method"],
+            path=path,
+            query=scope.get("query_string", b""),
+            body=body,
+            raw=raw,
+            content_type=content_type or b"application/json",
+        )
         try:
-            await self.forward(receive, send, channel, path, body, usage)
+            await self.forward(receive, send, channel, outgoing, usage)
         finally:
             answer.counted = True
             try:
@@ -278,31 +398,40 @@ class Gateway:
         receive: Receive,
         send: Send,
         channel: ChannelView,
-        path: str,
-        body: dict[str, Any],
+        outgoing: Outgoing,
         usage: Usage,
     ) -> None:
         assert channel.upstream is not None and channel.model is not None
-        body["model"] = channel.model
-        streaming = body.get("stream") is True
-        strip_usage = False
-        if streaming and path != "/v1/embeddings":
-            options = body.get("stream_options")
-            if not (isinstance(options, dict) and options.get("include_usage")):
-                # Ask for usage to count tokens, and hide the extra chunk from a client that did not.
-                body["stream_options"] = {
-                    **(options if isinstance(options, dict) else {}),
-                    "include_usage": True,
-                }
-                strip_usage = True
+        body = outgoing.body
+        streaming = strip_usage = False
+        if body is not None:
+            if "model" in body or outgoing.path.startswith("/v1/"):
+                body["model"] = channel.model
+            streaming = body.get("stream") is True
+            if streaming and outgoing.path in USAGE_OPTION_PATHS:
+                options = body.get("stream_options")
+                if not (isinstance(options, dict) and options.get("include_usage")):
+                    # Ask for usage to count tokens, and hide the extra chunk from a client that did not.
+                    body["stream_options"] = {
+                        **(options if isinstance(options, dict) else {}),
+                        "include_usage": True,
+                    }
+                    strip_usage = True
+            content = json.dumps(body).encode()
+        else:
+            content = outgoing.raw
         upstream = self.upstream_for(channel.upstream)
         cancel = Cancel()
+        url = upstream.url(outgoing.path)  # parsed once per path; a query is added afresh
         request = httpx.Request(
-            "POST",
-            upstream.url(path),
-            content=json.dumps(body).encode(),
+            outgoing.method,
+            url.copy_with(query=outgoing.query) if outgoing.query else url,
+            content=content,
             # The run's secret: the process answers nobody who does not have it (docs/security.md).
-            headers={"content-type": "application/json", "authorization": f"Bearer {channel.upstream_key}"},
+            headers=[
+                (b"content-type", outgoing.content_type),
+                (b"authorization", f"Bearer {channel.upstream_key}".encode()),
+            ],
             extensions={"slotserve.cancel": cancel},
         )
         # A client that goes away cancels the upstream's work at once, whatever stage it is at.
@@ -339,9 +468,9 @@ class Gateway:
             lowered = name.lower()
             if lowered == b"content-type":
                 event_stream = value.startswith(b"text/event-stream")
-            if lowered not in HOP_BY_HOP:
+            if lowered not in HOP_BY_HOP and not is_cors_header(lowered):
                 headers.append((name, value))
-        if not streaming:
+        if not streaming and not event_stream:
             try:
                 content = await response.aread()
             except httpx.HTTPError as exc:
@@ -384,6 +513,45 @@ class Gateway:
             return
         watcher.cancel()
         await send({"type": "http.response.body", "body": events.flush() if events is not None else b""})
+
+
+@dataclass
+class Outgoing:
+    """What goes to the process: the caller's method, path and query, and the body (the JSON
+    object, to be sent with ``model`` mapped, or the raw bytes when it is not JSON)."""
+
+    method: str
+    path: str
+    query: bytes
+    body: dict[str, Any] | None
+    raw: bytes
+    content_type: bytes
+
+
+def _header(scope: Scope, name: bytes) -> bytes:
+    return next((v for k, v in scope["headers"] if k == name), b"")
+
+
+def _adding_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
+        await send(message)
+
+    return sending
+
+
+def _without_body(send: Send) -> Send:
+    """For HEAD: the answer's status and headers (its length included), no body bytes."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            if message.get("more_body"):
+                return
+            message = {"type": "http.response.body", "body": b""}
+        await send(message)
+
+    return sending
 
 
 def _with_switching(channel: ChannelView, switching: bool) -> ChannelView:

@@ -215,6 +215,8 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         """The URL of ``path`` on this upstream (parsed once)."""
         found = self._urls.get(path)
         if found is None:
+            if len(self._urls) >= 256:  # callers choose paths under /channels/<name>/: keep it bounded
+                self._urls.clear()
             found = self._urls[path] = self._base.join(path)
         return found
 

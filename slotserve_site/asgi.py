@@ -17,16 +17,12 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path  # noqa: E402
 
-from gateway.proxy import Gateway  # noqa: E402
+from gateway.proxy import Gateway, is_gateway_path  # noqa: E402
 from portal.live import OverviewConsumer  # noqa: E402
 
 gateway_app = Gateway()
 
 Scope = MutableMapping[str, Any]
-
-
-def is_gateway_path(path: str) -> bool:
-    return path.startswith("/v1/") or (path.startswith("/channels/") and "/v1/" in path)
 
 
 async def http_router(

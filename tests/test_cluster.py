@@ -36,7 +36,7 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from channels_app.models import Channel, ChannelRuntime, LLMModel, ModelFile, Node, Preset
+from channels_app.models import Channel, ChannelRuntime, ChannelTarget, LLMModel, ModelFile, Node, Preset
 from devtools.cluster import Cluster, Forwarder, namespaces_work, redis_answers, redis_executable
 from gateway.services import api_key_create
 from tests import factories
@@ -120,23 +120,32 @@ def cluster(settings, tmp_path) -> Iterator[dict[str, Any]]:
         }
         yield state
     finally:
-        control = state.get("control")
-        if control is not None and control.poll() is None:
-            os.killpg(control.pid, signal.SIGINT)
-            try:
-                control.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(control.pid, signal.SIGKILL)
-        for runtime in ChannelRuntime.objects.exclude(pid=None):
-            if runtime.pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(runtime.pid, signal.SIGKILL)
-        for process in started:
-            process.kill()
-            process.wait(timeout=10)
-        for stop in stoppers:
-            stop()
-        net.down()
+        try:
+            _stop_everything(state.get("control"), started, stoppers)
+        finally:
+            net.down()  # whatever failed before, the bridge and namespaces go
+
+
+def _stop_everything(
+    control: subprocess.Popen[bytes] | None,
+    started: list[subprocess.Popen[bytes]],
+    stoppers: list[Callable[[], None]],
+) -> None:
+    if control is not None and control.poll() is None:
+        os.killpg(control.pid, signal.SIGINT)
+        try:
+            control.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(control.pid, signal.SIGKILL)
+    for runtime in ChannelRuntime.objects.exclude(pid=None):
+        if runtime.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(runtime.pid, signal.SIGKILL)
+    for process in started:
+        process.kill()
+        process.wait(timeout=10)
+    for stop in stoppers:
+        stop()
 
 
 def _environment(cluster: dict[str, Any], home: Path) -> dict[str, str]:
@@ -332,7 +341,7 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
     )
     portal = Client()
     portal.force_login(ana)
-    assert "--alias tiny-b" in portal.get(f"/channels/{channel_b.pk}/log").content.decode()
+    assert "--alias tiny-b" in portal.get(f"/channel/{channel_b.pk}/log").content.decode()
 
     # The booking dialog's memory hint, for a file only node B has, from the shape node B read.
     later = timezone.now() + timedelta(hours=3)
@@ -409,6 +418,7 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
         "the restarted scheduler to switch node A to bo's booking", serving(channel_a, preset_a2), timeout=60
     )
     assert ChannelRuntime.objects.get(channel=channel_b).pid == runtime_b.pid
+    _wait("the gateway to serve bo's booking", lambda: chat(bo_key, "tiny-a").status_code == 200, timeout=10)
 
     # Redis restarts (it keeps nothing): meanwhile the gateway says so and the processes serve
     # on; afterwards requests are counted from zero and the next switch drains and happens.
@@ -416,7 +426,11 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
     redis.kill()
     redis.wait(timeout=10)
     outage = chat(bo_key, "tiny-a")
-    assert outage.status_code == 503 and "Redis" in outage.json()["error"]["message"]
+    assert outage.status_code == 503 and "Redis" in outage.json()["error"]["message"], (
+        outage.text,
+        list(ChannelRuntime.objects.values_list("channel__name", "phase", "preset__name", "since", "error")),
+        list(ChannelTarget.objects.values_list("channel__name", "preset__name", "reason", "decided_at")),
+    )
     assert outage.headers["retry-after"]
     assert _health(ChannelRuntime.objects.get(channel=channel_a)) == 200
     assert _health(runtime_b) == 200
@@ -435,7 +449,7 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
 
     reservation_end(reservation=booked_a, by=bo, now=timezone.now())
     _wait("node A to return to its default after Redis restarted", serving(channel_a, preset_a), timeout=60)
-    assert chat(bo_key, "tiny-a").status_code == 200
+    _wait("the gateway to see the switch", lambda: chat(bo_key, "tiny-a").status_code == 200, timeout=10)
     assert ChannelRuntime.objects.get(channel=channel_b).pid == runtime_b.pid
     assert runtime_a.pid != ChannelRuntime.objects.get(channel=channel_a).pid  # it did switch
 

@@ -151,3 +151,17 @@ def test_models_lists_what_the_caller_can_use():
     views = [channel("a", booking=BOOKED), channel("b", model="llama"), channel("c", phase="loading")]
     assert models_for(caller_id=ANA, channels=views, now=NOW) == [("llama", "b"), ("qwen", "a")]
     assert models_for(caller_id=BO, channels=views, now=NOW) == [("llama", "b")]
+
+
+def test_a_model_loaded_only_where_someone_else_booked_is_403_naming_the_channel_and_until():
+    """Not '404 not loaded; loaded now: qwen on a' when another channel merely heads for it."""
+    reserved = channel("a", booking=BOOKED)
+    idle = channel("b", phase="stopped", model=None, upstream=None, targets_model="qwen")
+    later = dataclasses.replace(BOOKED, end=NOW + timedelta(hours=3))
+    also = dataclasses.replace(channel("c", booking=later), id=3)
+    chosen = route(
+        caller_id=BO, model="qwen", pinned=None, channels=[also, idle, reserved], in_flight={}, now=NOW
+    )
+    assert chosen.refusal is not None
+    assert (chosen.refusal.status, chosen.refusal.code) == (403, "gpu_reserved")
+    assert chosen.refusal.message == "channel a is reserved by someone else until 2026-12-07T09:00:00Z"

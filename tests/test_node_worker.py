@@ -295,7 +295,7 @@ def test_run_log_through_the_api_and_the_portal(node_env, tiny, ana, staff):
     assert whole.status_code == 200 and b"--alias tiny" in b"".join(whole.streaming_content)  # type: ignore[attr-defined]
     portal = Client()
     portal.force_login(ana)
-    assert "--alias tiny" in portal.get(f"/channels/{channel.pk}/log").content.decode()
+    assert "--alias tiny" in portal.get(f"/channel/{channel.pk}/log").content.decode()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -325,7 +325,7 @@ def test_the_run_log_reaches_hosts_that_do_not_have_the_file(node_env, tiny, ana
     assert any("listening" in line for line in lines)
     portal = Client()
     portal.force_login(ana)
-    assert "--alias tiny" in portal.get(f"/channels/{channel.pk}/log").content.decode()
+    assert "--alias tiny" in portal.get(f"/channel/{channel.pk}/log").content.decode()
     api.force_authenticate(staff)
     whole = b"".join(api.get(f"/api/channels/{channel.pk}/log", {"full": 1}).streaming_content)  # type: ignore[attr-defined]
     assert b"--alias tiny" in whole
@@ -370,5 +370,5 @@ def test_the_run_log_is_followed_live_from_a_cursor(ana):
 
     portal = Client()
     portal.force_login(ana)
-    page = portal.get(f"/channels/{channel.pk}/log").content.decode()
+    page = portal.get(f"/channel/{channel.pk}/log").content.decode()
     assert f'data-cursor="{again["cursor"]}"' in page and "$ llama-server again" in page

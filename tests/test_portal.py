@@ -267,7 +267,7 @@ def test_staff_sets_an_override_from_the_overview(world, staff, django_capture_o
     world["booked"].delete()
     with django_capture_on_commit_callbacks(execute=True):
         answer = client_for(staff).post(
-            f"/channels/{world['channel'].pk}/override",
+            f"/channel/{world['channel'].pk}/override",
             {f"ch{world['channel'].pk}-unload": "on", f"ch{world['channel'].pk}-until": "2026-12-07T07:00"},
         )
     assert answer.status_code == 302

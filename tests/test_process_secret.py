@@ -96,7 +96,7 @@ def test_a_real_llama_server_refuses_callers_without_the_runs_secret(node_env, t
 
     portal = Client()
     portal.force_login(ana)
-    assert secret not in portal.get(f"/channels/{channel.pk}/log").content.decode()
+    assert secret not in portal.get(f"/channel/{channel.pk}/log").content.decode()
 
 
 def test_files_of_a_run_are_private(node_env, tiny):
