@@ -92,6 +92,7 @@ class RedisKey(models.TextChoices):
     GATEWAY_TTFT = "metrics:gateway_ttft", "gateway time-to-first-token histogram, for /metrics"
     GATEWAY_MARKER = "gateway", "a gateway's mark that Redis still has its in-flight entries"
     RECONCILE = "reconcile", "the lock a node worker holds while it reconciles a channel"
+    REQUEST_LOG = "requestlog", "the gateway's request records on their way to the database (a list)"
     RUN_LOG = "runlog", "the last lines of a channel's run log, shipped by its node worker"
 
 

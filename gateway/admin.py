@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from gateway.models import ApiKey
+from gateway.models import ApiKey, RequestLog
 
 
 @admin.register(ApiKey)
@@ -12,4 +12,21 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
     search_fields = ["name", "user__username", "prefix"]
 
     def has_add_permission(self, request: object) -> bool:
+        return False
+
+
+@admin.register(RequestLog)
+class RequestLogAdmin(admin.ModelAdmin[RequestLog]):
+    """The gateway writes the log; here it is read."""
+
+    list_display = ["at", "user", "key", "channel", "model", "path", "status", "ttft_ms", "duration_ms"]
+    list_filter = ["status", "channel", "model"]
+    search_fields = ["user__username", "model", "path"]
+    date_hierarchy = "at"
+    list_select_related = ["user", "key", "channel"]
+
+    def has_add_permission(self, request: object) -> bool:
+        return False
+
+    def has_change_permission(self, request: object, obj: object = None) -> bool:
         return False

@@ -1,15 +1,23 @@
-"""REST views for the caller's own API keys (``/api/keys/``)."""
+"""REST views for the caller's own API keys (``/api/keys/``) and the request log
+(``/api/requests/``: one's own requests; staff see everyone's)."""
 
 from __future__ import annotations
 
+import csv
+from collections.abc import Iterator
 from typing import Any
 
 from django.db.models import QuerySet
+from django.http import StreamingHttpResponse
+from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from gateway.models import ApiKey
+from gateway.filters import RequestLogFilter
+from gateway.models import ApiKey, RequestLog
 from gateway.services import api_key_create, api_key_revoke
 from slotserve_site.api_fields import current_user
 
@@ -46,3 +54,84 @@ class ApiKeyViewSet(
     def perform_destroy(self, instance: ApiKey) -> None:
         # Revoked, not deleted: the record shows when a leaked key stopped working.
         api_key_revoke(api_key=instance)
+
+
+class RequestLogOutput(serializers.ModelSerializer[RequestLog]):
+    user = serializers.CharField(source="user.username")
+    key = serializers.CharField(source="key.name", default=None)
+    channel = serializers.CharField(source="channel.name", default=None)
+
+    class Meta:
+        model = RequestLog
+        fields = [
+            "id",
+            "at",
+            "user",
+            "key",
+            "channel",
+            "reservation",
+            "model",
+            "method",
+            "path",
+            "status",
+            "ttft_ms",
+            "duration_ms",
+            "prompt_tokens",
+            "completion_tokens",
+        ]
+
+
+CSV_FIELDS = RequestLogOutput.Meta.fields
+
+
+class RequestPages(LimitOffsetPagination):
+    """A log grows without end: pages of 100 unless ``?limit=`` says otherwise (at most 1,000)."""
+
+    default_limit = 100
+    max_limit = 1000
+
+
+class RequestLogViewSet(viewsets.ReadOnlyModelViewSet[RequestLog]):
+    """Requests through the gateway, newest first: the caller's own; staff see everyone's and
+    may filter by ``user``. ``/api/requests/csv`` gives the same rows (same filters) as CSV."""
+
+    serializer_class = RequestLogOutput
+    pagination_class = RequestPages
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = RequestLogFilter
+
+    def get_queryset(self) -> QuerySet[RequestLog]:
+        rows = RequestLog.objects.select_related("user", "key", "channel")
+        user = current_user(self.request)
+        return rows if user.is_staff else rows.filter(user=user)
+
+    @action(detail=False, methods=["get"], url_path="csv")
+    def export(self, request: Request) -> StreamingHttpResponse:
+        rows = self.filter_queryset(self.get_queryset())
+
+        def lines() -> Iterator[str]:
+            out = _Line()
+            writer = csv.writer(out)
+            writer.writerow(CSV_FIELDS)
+            yield out.take()
+            for row in rows.iterator(chunk_size=2000):
+                writer.writerow([RequestLogOutput(row).data[f] for f in CSV_FIELDS])
+                yield out.take()
+
+        answer = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")
+        answer["Content-Disposition"] = 'attachment; filename="slotserve-requests.csv"'
+        return answer
+
+
+class _Line:
+    """A file for ``csv.writer`` that hands back what was written since the last call."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def write(self, text: str) -> None:
+        self.parts.append(text)
+
+    def take(self) -> str:
+        text, self.parts = "".join(self.parts), []
+        return text

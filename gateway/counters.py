@@ -101,18 +101,23 @@ return lost and 1 or 0
 )
 
 
-# Count an answer: KEYS status hash, TTFT hash, then the in-flight set and the usage hashes
-# (user, reservation) when ARGV[1] is 1; ARGV status, TTFT bucket, TTFT seconds, prompt and
-# completion tokens ('' where not known), the request id.
+# Count an answer: KEYS status hash, TTFT hash, the request log, then the in-flight set and the
+# usage hashes (user, key, reservation) when ARGV[1] is 1; ARGV status, TTFT bucket, TTFT
+# seconds, prompt and completion tokens ('' where not known), the request id, the request's
+# log record ('' for none) and how many records the log keeps at most while nobody flushes it.
 LEAVE = """
 if ARGV[2] ~= '' then redis.call('HINCRBY', KEYS[1], ARGV[2], 1) end
 if ARGV[3] ~= '' then
   redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
   redis.call('HINCRBYFLOAT', KEYS[2], 'sum', ARGV[4])
 end
+if ARGV[8] ~= '' then
+  redis.call('RPUSH', KEYS[3], ARGV[8])
+  redis.call('LTRIM', KEYS[3], -tonumber(ARGV[9]), -1)
+end
 if ARGV[1] == '1' then
-  redis.call('ZREM', KEYS[3], ARGV[7])
-  for i = 4, #KEYS do
+  redis.call('ZREM', KEYS[4], ARGV[7])
+  for i = 5, #KEYS do
     redis.call('HINCRBY', KEYS[i], 'requests', 1)
     if ARGV[5] ~= '0' then redis.call('HINCRBY', KEYS[i], 'prompt_tokens', ARGV[5]) end
     if ARGV[6] ~= '0' then redis.call('HINCRBY', KEYS[i], 'completion_tokens', ARGV[6]) end
@@ -120,6 +125,9 @@ if ARGV[1] == '1' then
 end
 return 1
 """
+
+# Records the request log holds in Redis at most; past it the oldest go (a flush that stopped).
+REQUEST_LOG_BACKLOG = 200_000
 
 
 class Counters:
@@ -254,8 +262,10 @@ class Counters:
         status: int | None = None,
         ttft_seconds: float | None = None,
         key_id: int | None = None,
+        record: str = "",
     ) -> None:
-        """Count the request out, with its usage and (for /metrics) its answer, in one round trip."""
+        """Count the request out, with its usage, its log record and (for /metrics) its answer,
+        in one round trip."""
         self.live.pop(request_id, None)
         names = [key(USAGE_USER, user_id)]
         if key_id is not None:
@@ -263,11 +273,11 @@ class Counters:
         if reservation_id:
             names.append(key(USAGE_RESERVATION, reservation_id))
         keys = [key(INFLIGHT, channel_id), *names]
-        await self._count(status, ttft_seconds, keys, prompt, completion, request_id)
+        await self._count(status, ttft_seconds, keys, prompt, completion, request_id, record)
 
-    async def answered(self, status: int, ttft_seconds: float | None = None) -> None:
-        """Count an answer by status code, and its time to first token, for /metrics."""
-        await self._count(status, ttft_seconds, [], 0, 0)
+    async def answered(self, status: int, ttft_seconds: float | None = None, record: str = "") -> None:
+        """Count an answer that reached no channel by status code (for /metrics), and log it."""
+        await self._count(status, ttft_seconds, [], 0, 0, record=record)
 
     async def _count(
         self,
@@ -277,10 +287,16 @@ class Counters:
         prompt: int,
         completion: int,
         request_id: str = "",
+        record: str = "",
     ) -> None:
         await self._run(
             LEAVE,
-            [key(RedisKey.GATEWAY_STATUS, "all"), key(RedisKey.GATEWAY_TTFT, "all"), *keys],
+            [
+                key(RedisKey.GATEWAY_STATUS, "all"),
+                key(RedisKey.GATEWAY_TTFT, "all"),
+                key(RedisKey.REQUEST_LOG, "all"),
+                *keys,
+            ],
             [
                 "1" if keys else "0",
                 "" if status is None else str(status),
@@ -289,6 +305,8 @@ class Counters:
                 prompt,
                 completion,
                 request_id,
+                record,
+                REQUEST_LOG_BACKLOG,
             ],
         )
 

@@ -48,3 +48,37 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class RequestLog(models.Model):
+    """One request through the gateway: who, with which key, to which channel and model, how it
+    ended and how long it took. Written in batches from Redis by ``flush_gateway_usage``; kept
+    ``SLOTSERVE_REQUEST_LOG_DAYS`` days."""
+
+    at = models.DateTimeField(help_text="When the request arrived.")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="requests")
+    key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="requests")
+    channel = models.ForeignKey(
+        "channels_app.Channel", null=True, blank=True, on_delete=models.SET_NULL, related_name="requests"
+    )
+    reservation = models.ForeignKey(
+        "reservations.Reservation", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    model = models.CharField(max_length=200, blank=True, help_text="The model the request named.")
+    method = models.CharField(max_length=10, default="POST")
+    path = models.CharField(max_length=300)
+    status = models.PositiveSmallIntegerField()
+    ttft_ms = models.FloatField(null=True, blank=True, help_text="Time to the first byte of the answer.")
+    duration_ms = models.FloatField()
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-at", "-pk"]
+        indexes = [
+            models.Index(fields=["user", "-at"], name="requestlog_user_at"),
+            models.Index(fields=["-at"], name="requestlog_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.method} {self.path} {self.status}"

@@ -163,9 +163,17 @@ class Answer:
     def __init__(self, send: Send) -> None:
         self._send = send
         self.started = time.perf_counter()
+        self.arrived = time.time()
         self.status: int | None = None
         self.first_byte: float | None = None
         self.counted = False
+        # For the request log: who asked, for what, and where it went.
+        self.caller: Caller | None = None
+        self.method = ""
+        self.path = ""
+        self.model = ""
+        self.channel_id: int | None = None
+        self.reservation_id: int | None = None
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -177,6 +185,30 @@ class Answer:
     @property
     def ttft_seconds(self) -> float | None:
         return None if self.first_byte is None else self.first_byte - self.started
+
+    def record(self, usage: Usage | None = None) -> str:
+        """The request's log record (``gateway.requestlog``), or "" for a caller without a key."""
+        if self.caller is None or self.status is None:
+            return ""
+        ttft = self.ttft_seconds
+        return json.dumps(
+            [
+                round(self.arrived, 3),
+                self.caller.user_id,
+                self.caller.key_id,
+                self.channel_id,
+                self.reservation_id,
+                self.model[:200],
+                self.method,
+                self.path[:300],
+                self.status,
+                None if ttft is None else round(ttft * 1000, 2),
+                round((time.perf_counter() - self.started) * 1000, 2),
+                usage.prompt if usage else 0,
+                usage.completion if usage else 0,
+            ],
+            separators=(",", ":"),
+        )
 
 
 class Gateway:
@@ -232,13 +264,14 @@ class Gateway:
             _flavour.reset(token)
         if not answer.counted and answer.status is not None:
             with contextlib.suppress(RedisError):  # a count for /metrics is not worth an error
-                await self.counters.answered(answer.status)
+                await self.counters.answered(answer.status, record=answer.record())
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, answer: Answer) -> None:
         pinned, path = split_path(scope["path"])
         method = scope["method"]
         snapshot = await self.snapshots.get()  # one view of keys and channels for the whole request
         caller = authenticate(scope, snapshot)
+        answer.caller, answer.method, answer.path = caller, method, scope["path"]
         if caller is None:
             await respond(
                 send,
@@ -341,6 +374,7 @@ class Gateway:
                 return
         now = timezone.now()
         model = body.get("model") if body is not None else None
+        answer.model = model or ""
         candidates = [c for c in snapshot.channels if c.model == model and c.phase == Phase.READY]
         in_flight = await self.counters.in_flight(c.id for c in candidates) if len(candidates) > 1 else {}
         chosen = route(
@@ -357,6 +391,8 @@ class Gateway:
             )
             return
         channel = chosen.channel
+        answer.channel_id = channel.id
+        answer.reservation_id = channel.booking.reservation_id if channel.booking else None
         request_id = await self.counters.enter(channel.id)
         if request_id is None:
             refusal = admit(caller_id=caller.user_id, channel=_with_switching(channel, True), now=now)
@@ -388,6 +424,7 @@ class Gateway:
                     completion=usage.completion,
                     status=answer.status,
                     ttft_seconds=answer.ttft_seconds,
+                    record=answer.record(usage),
                 )
             except RedisError:
                 # The answer went out; its in-flight entry expires by itself (gateway.counters).

@@ -6,10 +6,13 @@ from celery import shared_task
 
 from channels_app import dispatch
 from channels_app.shared import redis_client
+from gateway.request_log import flush_request_log
 from gateway.usage import flush_usage
 
 
 @shared_task(name=dispatch.FLUSH_USAGE, ignore_result=True, soft_time_limit=30, time_limit=60)
 def flush_gateway_usage() -> int:
-    """Move the gateway's usage counts into reservations, profiles and API keys."""
-    return flush_usage(redis_client())
+    """Move the gateway's usage counts into reservations, profiles and API keys, and its
+    request records into the request log."""
+    client = redis_client()
+    return flush_usage(client) + flush_request_log(client)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
@@ -280,6 +281,33 @@ def keys(request: HttpRequest) -> HttpResponse:
     add_never_cache_headers(page)
     page["Cache-Control"] = "no-store, no-cache, must-revalidate, private, max-age=0"
     return page
+
+
+@login_required
+def my_requests(request: HttpRequest) -> HttpResponse:
+    """The caller's last requests through the gateway (staff: everyone's, ``?user=`` to pick),
+    with the same filters as ``/api/requests/`` and a CSV download of them."""
+    from gateway.filters import RequestLogFilter
+    from gateway.models import RequestLog
+
+    me = _me(request)
+    rows = RequestLog.objects.select_related("user", "key", "channel")
+    if not me.is_staff:
+        rows = rows.filter(user=me)
+    found = RequestLogFilter(request.GET, queryset=rows)
+    shown = list(found.qs[:200]) if found.is_valid() else []
+    query = request.GET.urlencode()
+    return render(
+        request,
+        "portal/requests.html",
+        {
+            "rows": shown,
+            "errors": found.errors,
+            "query": query,
+            "filters": request.GET,
+            "retention_days": settings.SLOTSERVE_REQUEST_LOG_DAYS,
+        },
+    )
 
 
 @login_required

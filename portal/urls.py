@@ -25,5 +25,6 @@ urlpatterns = [
     path("notifications/", portal_actions.notifications, name="notifications"),
     path("settings/", portal_actions.preferences, name="preferences"),
     path("keys/", portal_actions.keys, name="keys"),
+    path("requests/", portal_actions.my_requests, name="requests"),
     path("keys/<int:pk>/revoke", portal_actions.revoke_key, name="revoke_key"),
 ]

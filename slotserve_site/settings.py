@@ -292,6 +292,8 @@ SLOTSERVE_METRICS_TOKEN = env_str("SLOTSERVE_METRICS_TOKEN", "")
 
 # The gateway.
 SLOTSERVE_GATEWAY_REFRESH_SECONDS = env_float("SLOTSERVE_GATEWAY_REFRESH_SECONDS", 1.0, minimum=0.05)
+# Days the request log keeps its rows.
+SLOTSERVE_REQUEST_LOG_DAYS = env_int("SLOTSERVE_REQUEST_LOG_DAYS", 90, minimum=1)
 # Browser origins that may call the gateway (CORS): comma-separated, "*" for any; none by default.
 SLOTSERVE_CORS_ORIGINS = env_list("SLOTSERVE_CORS_ORIGINS", [])
 SLOTSERVE_GATEWAY_MAX_BODY_BYTES = env_int("SLOTSERVE_GATEWAY_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)

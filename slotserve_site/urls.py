@@ -13,7 +13,7 @@ from channels_app.api.views import (
     PresetViewSet,
 )
 from channels_app.placement.api import PlacementView
-from gateway.api import ApiKeyViewSet
+from gateway.api import ApiKeyViewSet, RequestLogViewSet
 from reservations.api import MeView, NotificationViewSet, ReservationViewSet
 from slotserve_site.metrics import metrics_view
 
@@ -29,6 +29,7 @@ router.register("model-files", ModelFileViewSet, basename="modelfile")
 router.register("reservations", ReservationViewSet, basename="reservation")
 router.register("notifications", NotificationViewSet, basename="notification")
 router.register("keys", ApiKeyViewSet, basename="apikey")
+router.register("requests", RequestLogViewSet, basename="requestlog")
 
 
 def health(request: HttpRequest) -> JsonResponse:

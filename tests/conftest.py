@@ -12,9 +12,12 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 import channels_app.dispatch
+from channels_app.models import ChannelRuntime
+from gateway.services import api_key_create
 from slotserve_site.celery import app as celery_app
 from tests import factories
 
@@ -219,3 +222,45 @@ def standins(tmp_path):
     for child, _ in started:
         child.kill()
         child.wait()
+
+
+def serve(channel, model, port: int | None, phase: str = "ready") -> None:
+    """What a node worker would have stored: the channel runs ``model`` on ``port``."""
+    ChannelRuntime.objects.update_or_create(
+        channel=channel,
+        defaults={
+            "phase": phase,
+            "model": model,
+            "host": "127.0.0.1",
+            "port": port,
+            "since": timezone.now(),
+            "pid": 1 if port else None,
+        },
+    )
+
+
+@pytest.fixture
+def world(standins, ana, bo):
+    """Two channels on one node, each serving a stand-in (qwen on ch-a, llama on ch-b), and a key
+    each for ana and bo: the gateway tests' world (modules may define their own)."""
+    qwen, llama = factories.llm("qwen"), factories.llm("llama")
+    node = factories.node("n1", gpus=2)
+    a = factories.channel("ch-a", on=node, gpu_indexes=[0])
+    b = factories.channel("ch-b", on=node, gpu_indexes=[1])
+    port_a, log_a = standins("qwen", "--standin-chunks", "8")
+    port_b, _log_b = standins("llama", "--standin-chunks", "8")
+    serve(a, qwen, port_a)
+    serve(b, llama, port_b)
+    _, ana_key = api_key_create(user=ana, name="t")
+    _, bo_key = api_key_create(user=bo, name="t")
+    return {
+        "a": a,
+        "b": b,
+        "qwen": qwen,
+        "llama": llama,
+        "ana": ana_key,
+        "bo": bo_key,
+        "log_a": log_a,
+        "ana_user": ana,
+        "bo_user": bo,
+    }

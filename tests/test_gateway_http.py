@@ -17,51 +17,11 @@ from channels_app.models import ChannelRuntime
 from channels_app.node_agent.worker import in_flight
 from channels_app.shared import redis_client
 from gateway.counters import GATE, INFLIGHT, key
-from gateway.services import api_key_create, api_key_revoke
+from gateway.services import api_key_revoke
 from tests import factories
-from tests.conftest import free_port
+from tests.conftest import free_port, serve
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def serve(channel, model, port: int | None, phase: str = "ready") -> None:
-    """What a node worker would have stored: the channel runs ``model`` on ``port``."""
-    ChannelRuntime.objects.update_or_create(
-        channel=channel,
-        defaults={
-            "phase": phase,
-            "model": model,
-            "host": "127.0.0.1",
-            "port": port,
-            "since": timezone.now(),
-            "pid": 1 if port else None,
-        },
-    )
-
-
-@pytest.fixture
-def world(standins, ana, bo):
-    qwen, llama = factories.llm("qwen"), factories.llm("llama")
-    node = factories.node("n1", gpus=2)
-    a = factories.channel("ch-a", on=node, gpu_indexes=[0])
-    b = factories.channel("ch-b", on=node, gpu_indexes=[1])
-    port_a, log_a = standins("qwen", "--standin-chunks", "8")
-    port_b, _log_b = standins("llama", "--standin-chunks", "8")
-    serve(a, qwen, port_a)
-    serve(b, llama, port_b)
-    _, ana_key = api_key_create(user=ana, name="t")
-    _, bo_key = api_key_create(user=bo, name="t")
-    return {
-        "a": a,
-        "b": b,
-        "qwen": qwen,
-        "llama": llama,
-        "ana": ana_key,
-        "bo": bo_key,
-        "log_a": log_a,
-        "ana_user": ana,
-        "bo_user": bo,
-    }
 
 
 def call(url: str, key: str | None, model: str = "qwen", *, path: str = "/v1/chat/completions", **extra):

@@ -1,0 +1,34 @@
+"""Query filters of the request log (django-filter): ``?user=`` (staff; id or username),
+``?channel=`` (id or name), ``?model=``, ``?status=``, ``?since=`` and ``?until=``."""
+
+from __future__ import annotations
+
+import django_filters
+from django.db.models import QuerySet
+
+from gateway.models import RequestLog
+
+
+class RequestLogFilter(django_filters.FilterSet):
+    user = django_filters.CharFilter(method="by_user", help_text="user id or username (staff)")
+    channel = django_filters.CharFilter(method="by_channel", help_text="channel id or name")
+    model = django_filters.CharFilter(field_name="model")
+    status = django_filters.NumberFilter(field_name="status")
+    since = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte")
+    until = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="lt")
+
+    class Meta:
+        model = RequestLog
+        fields = ["user", "channel", "model", "status", "since", "until"]
+
+    def by_user(self, queryset: QuerySet[RequestLog], name: str, value: str) -> QuerySet[RequestLog]:
+        return (
+            queryset.filter(user_id=int(value)) if value.isdigit() else queryset.filter(user__username=value)
+        )
+
+    def by_channel(self, queryset: QuerySet[RequestLog], name: str, value: str) -> QuerySet[RequestLog]:
+        return (
+            queryset.filter(channel_id=int(value))
+            if value.isdigit()
+            else queryset.filter(channel__name=value)
+        )

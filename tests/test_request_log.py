@@ -1,0 +1,133 @@
+"""The request log: one row per request through the gateway, written in batches from Redis,
+seen by its owner (staff: everyone's) in the API, as CSV and in the portal, kept for
+``SLOTSERVE_REQUEST_LOG_DAYS``."""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from channels_app.shared import redis_client
+from gateway.models import RequestLog
+from gateway.request_log import flush_request_log
+from tests.test_gateway_http import book, call
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def api_for(user) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+def test_every_request_is_one_row_written_off_the_hot_path(gateway_url, world, staff):
+    assert call(gateway_url, world["ana"], max_tokens=4).status_code == 200
+    streamed = call(gateway_url, world["ana"], model="llama", stream=True)
+    assert streamed.status_code == 200
+    assert call(gateway_url, world["bo"], model="mistral").status_code == 404
+    assert call(gateway_url, "ss-not-a-key").status_code == 401  # nobody to log it for
+    book(world, "ana")
+    time.sleep(0.15)
+    assert call(gateway_url + "/channels/ch-a", world["bo"]).status_code == 403
+    assert RequestLog.objects.count() == 0  # nothing written while answering
+    assert flush_request_log(redis_client()) == 4
+    assert flush_request_log(redis_client()) == 0  # each record once
+
+    rows = list(RequestLog.objects.order_by("at", "pk"))
+    first, second, missing, refused = rows
+    assert (first.user, first.channel, first.model, first.path, first.status) == (
+        world["ana_user"],
+        world["a"],
+        "qwen",
+        "/v1/chat/completions",
+        200,
+    )
+    assert first.key is not None and first.key.user == world["ana_user"]
+    assert first.prompt_tokens > 0 and first.completion_tokens > 0
+    assert first.ttft_ms is not None and first.duration_ms >= first.ttft_ms > 0
+    assert (second.channel, second.model, second.status) == (world["b"], "llama", 200)
+    assert second.completion_tokens > 0  # counted from the stream's usage
+    assert (missing.user, missing.channel, missing.status, missing.model) == (
+        world["bo_user"],
+        None,
+        404,
+        "mistral",
+    )
+    assert (refused.path, refused.status, refused.channel) == (
+        "/channels/ch-a/v1/chat/completions",
+        403,
+        None,
+    )
+
+
+def test_owners_see_their_rows_staff_see_all_with_filters_and_csv(gateway_url, world, staff):
+    call(gateway_url, world["ana"])
+    call(gateway_url, world["bo"], model="llama")
+    call(gateway_url, world["bo"], model="nothing")
+    flush_request_log(redis_client())
+
+    mine = api_for(world["bo_user"]).get("/api/requests/").data
+    assert mine["count"] == 2 and {r["user"] for r in mine["results"]} == {"bo"}
+    assert api_for(world["bo_user"]).get("/api/requests/", {"user": "ana"}).data["count"] == 0
+    everyone = api_for(staff)
+    assert everyone.get("/api/requests/").data["count"] == 3
+    assert everyone.get("/api/requests/", {"user": "ana"}).data["results"][0]["channel"] == "ch-a"
+    assert everyone.get("/api/requests/", {"status": 404}).data["results"][0]["model"] == "nothing"
+    assert everyone.get("/api/requests/", {"channel": "ch-b"}).data["count"] == 1
+    bad = everyone.get("/api/requests/", {"status": "many"})
+    assert bad.status_code == 400 and "status" in bad.data
+    exported = everyone.get("/api/requests/csv", {"user": "bo"})
+    assert exported.status_code == 200 and exported["content-type"].startswith("text/csv")
+    table = list(csv.DictReader(io.StringIO(b"".join(exported.streaming_content).decode())))
+    assert len(table) == 2 and {row["user"] for row in table} == {"bo"}
+    assert {row["status"] for row in table} == {"200", "404"}
+
+    portal = Client()
+    portal.force_login(world["bo_user"])
+    page = portal.get("/requests/").content.decode()
+    assert "nothing" in page and "qwen" not in page  # bo's own rows only
+
+
+def test_rows_older_than_the_retention_go_at_the_next_flush(settings, ana):
+    settings.SLOTSERVE_REQUEST_LOG_DAYS = 30
+    now = timezone.now()
+    for days in (31, 29):
+        RequestLog.objects.create(
+            at=now - timedelta(days=days), user=ana, path="/v1/chat/completions", status=200, duration_ms=5
+        )
+    flush_request_log(redis_client(), now=now)
+    assert list(RequestLog.objects.values_list("at", flat=True)) == [now - timedelta(days=29)]
+
+
+def test_records_of_deleted_users_and_keys_are_kept_as_far_as_they_exist(gateway_url, world):
+    call(gateway_url, world["bo"], model="llama")
+    call(gateway_url, world["ana"])
+    from gateway.models import ApiKey
+
+    ApiKey.objects.filter(user=world["ana_user"]).delete()
+    world["bo_user"].delete()
+    assert flush_request_log(redis_client()) == 1
+    row = RequestLog.objects.get()
+    assert row.user == world["ana_user"] and row.key is None
+
+
+def test_a_database_that_fails_keeps_the_records_for_the_next_flush(gateway_url, world, monkeypatch):
+    call(gateway_url, world["ana"])
+    from django.db import DatabaseError
+
+    def broken(*args, **kwargs):
+        raise DatabaseError("the database went away")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(RequestLog.objects, "bulk_create", broken)
+        with pytest.raises(DatabaseError):
+            flush_request_log(redis_client())
+    assert flush_request_log(redis_client()) == 1
