@@ -16,8 +16,8 @@ from channels_app.models import Channel, ChannelRuntime, LLMModel, Node, Overrid
 from gateway.services import api_key_create
 from reservations.models import Reservation
 from tests import factories
+from tests.conftest import serve
 from tests.factories import iso
-from tests.test_gateway_http import serve
 
 HUGE = "x" * 200_000
 

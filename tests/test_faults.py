@@ -20,8 +20,7 @@ from channels_app.models import Channel
 from channels_app.node_agent import worker
 from gateway.counters import GATE, key
 from tests import factories
-from tests.conftest import free_port
-from tests.test_gateway_http import serve
+from tests.conftest import free_port, serve
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
