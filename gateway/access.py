@@ -37,6 +37,8 @@ class ChannelView:
     booking: Booking | None = None
     targets_model: str | None = None  # the model the channel is heading for
     upstream_key: str = field(default="", repr=False)  # the run's secret, sent upstream only
+    stop_seconds: float = 0.0  # the stop grace (SIGTERM to SIGKILL) a switch may take
+    retry_at: datetime | None = None  # when a failed channel tries its target again
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,15 @@ class Route:
 
 def _seconds(value: float) -> int:
     return max(1, math.ceil(value))
+
+
+# Retry-After is never shorter than the real wait: estimates err, so a tenth of the load and a
+# second more (a client that retried early would only be refused again).
+MARGIN_SHARE, MARGIN_SECONDS = 0.1, 1.0
+
+
+def _margin(load_estimate: float) -> float:
+    return MARGIN_SHARE * load_estimate + MARGIN_SECONDS
 
 
 def _remaining(total: float, since: datetime, now: datetime) -> float:
@@ -91,22 +102,34 @@ def admit(*, caller_id: int, channel: ChannelView, now: datetime) -> Refusal | N
             503,
             ErrorCode.MODEL_SWITCHING,
             f"channel {channel.name} is switching models",
-            _seconds(drain_left + channel.next_load_seconds),
+            _seconds(
+                drain_left
+                + channel.stop_seconds
+                + channel.next_load_seconds
+                + _margin(channel.next_load_seconds)
+            ),
         )
     if channel.phase == Phase.LOADING:
+        left = max(_remaining(channel.load_seconds, channel.since, now), 0)
         return Refusal(
             503,
             ErrorCode.MODEL_LOADING,
             f"channel {channel.name} is loading {channel.model}",
-            _seconds(_remaining(channel.load_seconds, channel.since, now)),
+            _seconds(left + _margin(channel.load_seconds)),
         )
     if channel.phase != Phase.READY or channel.upstream is None or channel.model is None:
         if channel.targets_model is not None and channel.phase == Phase.FAILED:
             return Refusal(
                 503,
                 ErrorCode.MODEL_LOADING,
-                f"channel {channel.name} failed to load {channel.targets_model} and retries soon",
-                _seconds(channel.next_load_seconds),
+                f"channel {channel.name} failed to load {channel.targets_model} and tries again"
+                + (
+                    f" in {_seconds((channel.retry_at - now).total_seconds())} s"
+                    if channel.retry_at
+                    else " soon"
+                ),
+                _seconds(max((channel.retry_at - now).total_seconds(), 0.0) if channel.retry_at else 0.0)
+                + _seconds(channel.next_load_seconds + _margin(channel.next_load_seconds)),
             )
         return Refusal(404, ErrorCode.MODEL_NOT_LOADED, f"channel {channel.name} runs no model now")
     return None

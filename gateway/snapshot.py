@@ -95,6 +95,8 @@ def _read_snapshot() -> Snapshot:
                 load_seconds=estimates.get((channel.node_id, running), 0.0) if running else 0.0,
                 next_load_seconds=estimates.get((channel.node_id, heading), 0.0) if heading else 0.0,
                 drain_seconds=settings.SLOTSERVE_DRAIN_SECONDS,
+                stop_seconds=settings.SLOTSERVE_STOP_TIMEOUT_SECONDS,
+                retry_at=runtime.retry_at if runtime else None,
                 switching=False,
                 booking=active.get(channel.pk),
                 targets_model=target.model.name if target and target.model else None,

@@ -25,6 +25,7 @@ def channel(name: str = "a", **changes) -> ChannelView:
         next_load_seconds=60,
         drain_seconds=30,
         switching=False,
+        stop_seconds=15,
     )
     return dataclasses.replace(base, **changes)
 
@@ -42,7 +43,7 @@ ACCESS = [
         "active, still loading: the booker",
         channel(booking=BOOKED, phase="loading"),
         ANA,
-        (503, "model_loading", 30),
+        (503, "model_loading", 35),  # 30 s left of a 40 s estimate, + 4 s + 1 s
     ),
     (
         "active, still loading: anyone else",
@@ -62,10 +63,26 @@ ACCESS = [
         BO,
         (403, "gpu_reserved", None),
     ),
-    ("switching (gate closed): the booker", channel(switching=True), ANA, (503, "model_switching", 90)),
-    ("switching (gate closed): anyone else", channel(switching=True), BO, (503, "model_switching", 90)),
-    ("draining for 10 s of 30: anyone", channel(phase="draining"), BO, (503, "model_switching", 80)),
-    ("stopping: anyone", channel(phase="stopping"), BO, (503, "model_switching", 60)),
+    # Retry-After is never shorter than the real wait: the remaining drain, the stop grace (15 s)
+    # and the next load (60 s), with a margin of a tenth of the load and a second.
+    ("switching (gate closed): the booker", channel(switching=True), ANA, (503, "model_switching", 112)),
+    ("switching (gate closed): anyone else", channel(switching=True), BO, (503, "model_switching", 112)),
+    ("draining for 10 s of 30: anyone", channel(phase="draining"), BO, (503, "model_switching", 102)),
+    ("stopping: anyone", channel(phase="stopping"), BO, (503, "model_switching", 82)),
+    (
+        # The seed's answer for a booked model that failed: until the next try, plus its load.
+        "the booked model failed, next try in 5 min: the booker",
+        channel(
+            booking=BOOKED,
+            phase="failed",
+            model=None,
+            upstream=None,
+            targets_model="qwen",
+            retry_at=NOW + timedelta(minutes=5),
+        ),
+        ANA,
+        (503, "model_loading", 300 + 60 + 7),
+    ),
     (
         "nothing runs",
         channel(phase="stopped", model=None, upstream=None),
@@ -144,7 +161,7 @@ def test_a_model_still_loading_answers_503_with_retry_after():
     loading = channel("a", phase="loading", since=NOW - timedelta(seconds=15))
     chosen = route(caller_id=BO, model="qwen", pinned=None, channels=[loading], in_flight={}, now=NOW)
     assert chosen.refusal is not None
-    assert (chosen.refusal.code, chosen.refusal.retry_after) == ("model_loading", 25)
+    assert (chosen.refusal.code, chosen.refusal.retry_after) == ("model_loading", 30)  # 25 + 4 + 1
 
 
 def test_models_lists_what_the_caller_can_use():
