@@ -7,6 +7,7 @@ import csv
 from collections.abc import Iterator
 from typing import Any
 
+from django.conf import settings
 from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
 from django_filters.rest_framework import DjangoFilterBackend
@@ -18,18 +19,29 @@ from rest_framework.response import Response
 
 from gateway.filters import RequestLogFilter
 from gateway.models import ApiKey, RequestLog
-from gateway.services import api_key_create, api_key_revoke
+from gateway.services import api_key_change, api_key_create, api_key_revoke
 from slotserve_site.api_fields import current_user
 
 
 class ApiKeyOutput(serializers.ModelSerializer[ApiKey]):
     class Meta:
         model = ApiKey
-        fields = ["id", "name", "prefix", "created", "last_used", "revoked_at"]
+        fields = ["id", "name", "prefix", "created", "last_used", "revoked_at", "wait_seconds"]
 
 
 class ApiKeyInput(serializers.Serializer[Any]):
     name = serializers.CharField(max_length=100)
+    wait_seconds = serializers.IntegerField(
+        min_value=0,
+        required=False,
+        help_text="seconds the gateway holds this key's requests while their model loads (default 0)",
+    )
+
+    def validate_wait_seconds(self, value: int) -> int:
+        limit = settings.SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS
+        if value > limit:
+            raise serializers.ValidationError(f"at most {limit} seconds (SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS)")
+        return value
 
 
 class ApiKeyViewSet(
@@ -38,7 +50,8 @@ class ApiKeyViewSet(
     mixins.DestroyModelMixin,
     viewsets.GenericViewSet[ApiKey],
 ):
-    """The caller's keys; the key itself appears only in the answer to ``POST``."""
+    """The caller's keys; the key itself appears only in the answer to ``POST``; ``PATCH``
+    renames a key or sets its ``wait_seconds``."""
 
     serializer_class = ApiKeyOutput
 
@@ -48,8 +61,18 @@ class ApiKeyViewSet(
     def create(self, request: Request) -> Response:
         data = ApiKeyInput(data=request.data)
         data.is_valid(raise_exception=True)
-        api_key, key = api_key_create(user=current_user(request), name=data.validated_data["name"])
+        api_key, key = api_key_create(
+            user=current_user(request),
+            name=data.validated_data["name"],
+            wait_seconds=data.validated_data.get("wait_seconds", 0),
+        )
         return Response({**ApiKeyOutput(api_key).data, "key": key}, status=status.HTTP_201_CREATED)
+
+    def partial_update(self, request: Request, pk: str | None = None) -> Response:
+        data = ApiKeyInput(data=request.data, partial=True)
+        data.is_valid(raise_exception=True)
+        api_key = api_key_change(api_key=self.get_object(), **data.validated_data)
+        return Response(ApiKeyOutput(api_key).data)
 
     def perform_destroy(self, instance: ApiKey) -> None:
         # Revoked, not deleted: the record shows when a leaked key stopped working.

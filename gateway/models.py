@@ -36,6 +36,11 @@ class ApiKey(models.Model):
     created = models.DateTimeField(default=timezone.now)
     last_used = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    wait_seconds = models.PositiveIntegerField(
+        default=0,
+        help_text="How long the gateway holds this key's requests while their model loads or the "
+        "channel switches, instead of answering 503 at once (the X-SlotServe-Wait header overrides).",
+    )
 
     objects = ApiKeyQuerySet.as_manager()
 

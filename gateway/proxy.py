@@ -372,34 +372,36 @@ class Gateway:
             if body is None:
                 await respond(send, 400, error_body(400, ErrorCode.INVALID_REQUEST, problem))
                 return
-        now = timezone.now()
+        wait, problem = wait_seconds(scope, caller)
+        if problem:
+            await respond(send, 400, error_body(400, ErrorCode.INVALID_REQUEST, problem))
+            return
         model = body.get("model") if body is not None else None
         answer.model = model or ""
-        candidates = [c for c in snapshot.channels if c.model == model and c.phase == Phase.READY]
-        in_flight = await self.counters.in_flight(c.id for c in candidates) if len(candidates) > 1 else {}
-        chosen = route(
-            caller_id=caller.user_id,
-            model=model,
-            pinned=pinned,
-            channels=snapshot.channels,
-            in_flight=in_flight,
-            now=now,
-        )
-        if chosen.refusal is not None or chosen.channel is None:
-            await refuse(
-                send, chosen.refusal or Refusal(404, ErrorCode.MODEL_NOT_LOADED, "no channel serves this")
-            )
-            return
-        channel = chosen.channel
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        left: asyncio.Future[None] | None = None  # while held: the client hanging up
+        try:
+            while True:
+                channel, request_id, refusal = await self.admission(snapshot, caller, model, pinned)
+                if refusal is None:
+                    break
+                if refusal.status != 503 or refusal.code not in WAITABLE or loop.time() >= deadline:
+                    await refuse(send, refusal)
+                    return
+                # Held, as the caller asked: look again until the model is ready or time is up.
+                if left is None:
+                    left = asyncio.ensure_future(_until_disconnect(receive))
+                done, _ = await asyncio.wait({left}, timeout=min(HOLD_POLL_SECONDS, deadline - loop.time()))
+                if done:
+                    return  # the client left: nothing goes upstream
+                snapshot = await self.snapshots.get()
+        finally:
+            if left is not None:
+                left.cancel()
+        assert channel is not None and request_id is not None
         answer.channel_id = channel.id
         answer.reservation_id = channel.booking.reservation_id if channel.booking else None
-        request_id = await self.counters.enter(channel.id)
-        if request_id is None:
-            refusal = admit(caller_id=caller.user_id, channel=_with_switching(channel, True), now=now)
-            await refuse(
-                send, refusal or Refusal(503, ErrorCode.MODEL_SWITCHING, "the channel is switching", 1)
-            )
-            return
         usage = Usage()
         outgoing = Outgoing(
             method=scope["method"],
@@ -429,6 +431,37 @@ class Gateway:
             except RedisError:
                 # The answer went out; its in-flight entry expires by itself (gateway.counters).
                 log.warning("gateway: could not count request %s out of channel %s", request_id, channel.id)
+
+    async def admission(
+        self, snapshot: Snapshot, caller: Caller, model: str | None, pinned: str | None
+    ) -> tuple[ChannelView | None, str | None, Refusal | None]:
+        """The channel that takes the request, counted in, or why none does now."""
+        now = timezone.now()
+        candidates = [c for c in snapshot.channels if c.model == model and c.phase == Phase.READY]
+        in_flight = await self.counters.in_flight(c.id for c in candidates) if len(candidates) > 1 else {}
+        chosen = route(
+            caller_id=caller.user_id,
+            model=model,
+            pinned=pinned,
+            channels=snapshot.channels,
+            in_flight=in_flight,
+            now=now,
+        )
+        if chosen.refusal is not None or chosen.channel is None:
+            return (
+                None,
+                None,
+                chosen.refusal or Refusal(404, ErrorCode.MODEL_NOT_LOADED, "no channel serves this"),
+            )
+        request_id = await self.counters.enter(chosen.channel.id)
+        if request_id is None:  # the gate closed since the snapshot: the channel is switching
+            refusal = admit(caller_id=caller.user_id, channel=_with_switching(chosen.channel, True), now=now)
+            return (
+                None,
+                None,
+                refusal or Refusal(503, ErrorCode.MODEL_SWITCHING, "the channel is switching", 1),
+            )
+        return chosen.channel, request_id, None
 
     async def forward(
         self,
@@ -563,6 +596,35 @@ class Outgoing:
     body: dict[str, Any] | None
     raw: bytes
     content_type: bytes
+
+
+# Refusals a caller may ask to wait out (X-SlotServe-Wait): the model will be ready.
+WAITABLE = frozenset({ErrorCode.MODEL_LOADING, ErrorCode.MODEL_SWITCHING})
+HOLD_POLL_SECONDS = 0.2
+
+
+def wait_seconds(scope: Scope, caller: Caller) -> tuple[float, str]:
+    """How long to hold this request if its model is not ready: ``X-SlotServe-Wait`` (seconds),
+    else the key's default; at most ``SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS``. And what is wrong
+    with the header, if anything."""
+    given = _header(scope, b"x-slotserve-wait")
+    if not given:
+        return min(caller.wait_seconds, settings.SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS), ""
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        return (
+            0.0,
+            f"X-SlotServe-Wait must be a number of seconds (0 or more), not {given.decode('latin-1')!r}",
+        )
+    return min(seconds, settings.SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS), ""
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _header(scope: Scope, name: bytes) -> bytes:

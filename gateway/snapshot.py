@@ -29,6 +29,7 @@ class Caller:
     user_id: int
     username: str
     key_id: int
+    wait_seconds: int = 0  # the key's default hold (X-SlotServe-Wait overrides it)
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,9 @@ def _read_snapshot() -> Snapshot:
 
     now = timezone.now()
     callers = {
-        hashed: Caller(user_id, username, key_id)
-        for key_id, hashed, user_id, username in ApiKey.objects.usable().values_list(
-            "pk", "hashed", "user_id", "user__username"
+        hashed: Caller(user_id, username, key_id, wait)
+        for key_id, hashed, user_id, username, wait in ApiKey.objects.usable().values_list(
+            "pk", "hashed", "user_id", "user__username", "wait_seconds"
         )
     }
     active = {

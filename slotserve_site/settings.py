@@ -292,6 +292,8 @@ SLOTSERVE_METRICS_TOKEN = env_str("SLOTSERVE_METRICS_TOKEN", "")
 
 # The gateway.
 SLOTSERVE_GATEWAY_REFRESH_SECONDS = env_float("SLOTSERVE_GATEWAY_REFRESH_SECONDS", 1.0, minimum=0.05)
+# The longest a caller may ask the gateway to hold a request (X-SlotServe-Wait, a key's default).
+SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS = env_int("SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS", 600, minimum=0)
 # Days the request log keeps its rows.
 SLOTSERVE_REQUEST_LOG_DAYS = env_int("SLOTSERVE_REQUEST_LOG_DAYS", 90, minimum=1)
 # Browser origins that may call the gateway (CORS): comma-separated, "*" for any; none by default.

@@ -12,6 +12,7 @@ from datetime import timedelta
 import httpx
 import pytest
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from channels_app.models import ChannelRuntime
 from channels_app.node_agent.worker import in_flight
@@ -381,3 +382,86 @@ def test_client_leaving_before_the_first_token_cancels_the_upstream(gateway_url,
             time.sleep(0.02)
         assert log.read_text().count("before the first token") == 1 + streaming
         assert time.monotonic() - started < 3, "cancelled long before the 5 s prefill would end"
+
+
+def _ready_later(channel, model, port: int, after: float) -> threading.Thread:
+    def flip() -> None:
+        time.sleep(after)
+        serve(channel, model, port, phase="ready")
+        from django.db import connection
+
+        connection.close()
+
+    thread = threading.Thread(target=flip, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_caller_may_wait_for_the_model_instead_of_a_503(gateway_url, world):
+    """llama-swap's behaviour, asked for: held until the model is ready, then answered."""
+    port = ChannelRuntime.objects.get(channel=world["a"]).port
+    serve(world["a"], world["qwen"], port, phase="loading")
+    time.sleep(0.15)
+    assert error(call(gateway_url, world["ana"])) == (503, "model_loading")  # the default stays
+    flipping = _ready_later(world["a"], world["qwen"], port, after=0.8)
+    started = time.monotonic()
+    held = httpx.post(
+        f"{gateway_url}/v1/chat/completions",
+        json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"Authorization": f"Bearer {world['ana']}", "X-SlotServe-Wait": "10"},
+        timeout=30,
+    )
+    flipping.join()
+    assert held.status_code == 200, held.text
+    assert 0.7 < time.monotonic() - started < 5
+
+
+def test_a_wait_is_bounded_and_a_key_may_wait_by_default(gateway_url, world, ana):
+    from gateway.models import ApiKey
+
+    port = ChannelRuntime.objects.get(channel=world["a"]).port
+    serve(world["a"], world["qwen"], port, phase="loading")
+    time.sleep(0.15)
+    started = time.monotonic()
+    bounded = httpx.post(
+        f"{gateway_url}/v1/chat/completions",
+        json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"Authorization": f"Bearer {world['ana']}", "X-SlotServe-Wait": "1"},
+        timeout=30,
+    )
+    assert error(bounded) == (503, "model_loading") and int(bounded.headers["Retry-After"]) >= 1
+    assert 0.9 < time.monotonic() - started < 3
+    bad = httpx.post(
+        f"{gateway_url}/v1/chat/completions",
+        json={"model": "qwen"},
+        headers={"Authorization": f"Bearer {world['ana']}", "X-SlotServe-Wait": "soon"},
+    )
+    assert error(bad) == (400, "invalid_request") and "X-SlotServe-Wait" in bad.json()["error"]["message"]
+    # The key's own default, set through the API.
+    client = APIClient()
+    client.force_authenticate(ana)
+    key_id = ApiKey.objects.get(user=ana).pk
+    assert (
+        client.patch(f"/api/keys/{key_id}/", {"wait_seconds": 10}, format="json").data["wait_seconds"] == 10
+    )
+    assert client.patch(f"/api/keys/{key_id}/", {"wait_seconds": 10**6}, format="json").status_code == 400
+    time.sleep(0.15)
+    flipping = _ready_later(world["a"], world["qwen"], port, after=0.5)
+    assert call(gateway_url, world["ana"]).status_code == 200
+    flipping.join()
+
+
+def test_a_held_request_whose_client_leaves_never_reaches_the_process(gateway_url, world):
+    port = ChannelRuntime.objects.get(channel=world["a"]).port
+    serve(world["a"], world["qwen"], port, phase="loading")
+    time.sleep(0.15)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{gateway_url}/v1/chat/completions",
+            json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {world['ana']}", "X-SlotServe-Wait": "30"},
+            timeout=0.5,
+        )
+    serve(world["a"], world["qwen"], port, phase="ready")
+    time.sleep(1.0)  # had the gateway kept holding it, the request would reach the process now
+    assert "POST /v1/chat/completions" not in world["log_a"].read_text()
