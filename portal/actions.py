@@ -273,7 +273,9 @@ def keys(request: HttpRequest) -> HttpResponse:
     new_key = None
     form = ApiKeyForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        _, new_key = api_key_create(user=_me(request), name=form.cleaned_data["name"])
+        _, new_key = api_key_create(
+            user=_me(request), name=form.cleaned_data["name"], wait_seconds=form.cleaned_data["wait_seconds"]
+        )
         form = ApiKeyForm()
     mine = ApiKey.objects.filter(user=_me(request), revoked_at__isnull=True)
     page = render(request, "portal/keys.html", {"form": form, "keys": mine, "new_key": new_key})

@@ -6,6 +6,7 @@ import zoneinfo
 from typing import Any
 
 from django import forms
+from django.conf import settings
 
 from channels_app.models import Channel, LLMModel, Preset
 from channels_app.vocabulary import NotificationEvent
@@ -66,3 +67,17 @@ class PreferencesForm(forms.Form):
 
 class ApiKeyForm(forms.Form):
     name = forms.CharField(max_length=100)
+    wait_seconds = forms.IntegerField(
+        min_value=0,
+        required=False,
+        initial=0,
+        label="Wait for a loading model (s)",
+        help_text="Hold requests up to this long while their model loads, instead of answering 503.",
+    )
+
+    def clean_wait_seconds(self) -> int:
+        value = self.cleaned_data.get("wait_seconds") or 0
+        limit = settings.SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS
+        if value > limit:
+            raise forms.ValidationError(f"At most {limit} seconds.")
+        return int(value)
