@@ -78,6 +78,8 @@ class ErrorCode(models.TextChoices):
     SERVICE_UNAVAILABLE = "service_unavailable"
     UPSTREAM_UNREACHABLE = "upstream_unreachable"
     UPSTREAM_FAILED = "upstream_failed"
+    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"  # too many requests at once or per minute
+    INSUFFICIENT_QUOTA = "insufficient_quota"  # the week's token budget is used up
 
 
 class RedisKey(models.TextChoices):
@@ -93,6 +95,10 @@ class RedisKey(models.TextChoices):
     GATEWAY_MARKER = "gateway", "a gateway's mark that Redis still has its in-flight entries"
     RECONCILE = "reconcile", "the lock a node worker holds while it reconciles a channel"
     REQUEST_LOG = "requestlog", "the gateway's request records on their way to the database (a list)"
+    USER_FLIGHT = "userflight", "a user's requests in flight, for their concurrency limit"
+    KEY_FLIGHT = "keyflight", "an API key's requests in flight, for its concurrency limit"
+    RATE = "rate", "requests started in the current minute, per user or key"
+    WEEK_TOKENS = "weektokens", "a user's tokens this week (Monday 00:00 UTC on), for their budget"
     RUN_LOG = "runlog", "the last lines of a channel's run log, shipped by its node worker"
 
 

@@ -1,13 +1,13 @@
 from django.contrib import admin
 
-from gateway.models import ApiKey, RequestLog
+from gateway.models import ApiKey, RequestLog, SharingLimits
 
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
     """Keys are created by their owners or ``manage.py apikey``; here they can be revoked."""
 
-    list_display = ["name", "user", "prefix", "created", "last_used", "revoked_at"]
+    list_display = ["name", "user", "prefix", "created", "last_used", "revoked_at", "wait_seconds"]
     readonly_fields = ["prefix", "hashed", "created", "last_used"]
     search_fields = ["name", "user__username", "prefix"]
 
@@ -30,3 +30,12 @@ class RequestLogAdmin(admin.ModelAdmin[RequestLog]):
 
     def has_change_permission(self, request: object, obj: object = None) -> bool:
         return False
+
+
+@admin.register(SharingLimits)
+class SharingLimitsAdmin(admin.ModelAdmin[SharingLimits]):
+    """One user's own limits outside their slots; empty fields take the SLOTSERVE_LIMIT_* settings."""
+
+    list_display = ["user", "max_concurrent", "requests_per_minute", "weekly_tokens"]
+    search_fields = ["user__username"]
+    autocomplete_fields = ["user"]

@@ -30,6 +30,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -37,6 +38,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from channels_app.inflight import COUNT, REDIS_NOW
 from channels_app.vocabulary import RedisKey, redis_key
+from gateway.snapshot import Limits
 
 key = redis_key
 
@@ -101,10 +103,12 @@ return lost and 1 or 0
 )
 
 
-# Count an answer: KEYS status hash, TTFT hash, the request log, then the in-flight set and the
-# usage hashes (user, key, reservation) when ARGV[1] is 1; ARGV status, TTFT bucket, TTFT
-# seconds, prompt and completion tokens ('' where not known), the request id, the request's
-# log record ('' for none) and how many records the log keeps at most while nobody flushes it.
+# Count an answer: KEYS status hash, TTFT hash, the request log; when ARGV[1] is 1 also the
+# in-flight set, the user's tokens this week, the user's and the key's in-flight sets, and the
+# usage hashes (user, key, reservation). ARGV status, TTFT bucket, TTFT seconds, prompt and
+# completion tokens ('' where not known), the request id, the request's log record ('' for
+# none), how many records the log keeps at most while nobody flushes it, and how long a week's
+# token count is kept.
 LEAVE = """
 if ARGV[2] ~= '' then redis.call('HINCRBY', KEYS[1], ARGV[2], 1) end
 if ARGV[3] ~= '' then
@@ -117,7 +121,14 @@ if ARGV[8] ~= '' then
 end
 if ARGV[1] == '1' then
   redis.call('ZREM', KEYS[4], ARGV[7])
-  for i = 5, #KEYS do
+  local tokens = tonumber(ARGV[5]) + tonumber(ARGV[6])
+  if tokens > 0 then
+    redis.call('INCRBY', KEYS[5], tokens)
+    redis.call('EXPIRE', KEYS[5], ARGV[10])
+  end
+  redis.call('ZREM', KEYS[6], ARGV[7])
+  redis.call('ZREM', KEYS[7], ARGV[7])
+  for i = 8, #KEYS do
     redis.call('HINCRBY', KEYS[i], 'requests', 1)
     if ARGV[5] ~= '0' then redis.call('HINCRBY', KEYS[i], 'prompt_tokens', ARGV[5]) end
     if ARGV[6] ~= '0' then redis.call('HINCRBY', KEYS[i], 'completion_tokens', ARGV[6]) end
@@ -125,6 +136,68 @@ if ARGV[1] == '1' then
 end
 return 1
 """
+
+# Count a request in within its caller's limits (fair sharing outside slots), or say which
+# limit it meets: KEYS in-flight set, gate, the user's and the key's in-flight sets, the user's
+# and the key's count this minute, the user's tokens this week; ARGV request id, entry lifetime,
+# then the limits (0: none): user concurrent, key concurrent, user per minute, key per minute,
+# user weekly tokens. Answers {1} admitted, {0} gate closed, {-1, seconds} over a limit (the
+# seconds until it lifts; 0 when unknown), with the limit's name.
+ENTER_LIMITED = (
+    REDIS_NOW
+    + """
+if redis.call('EXISTS', KEYS[2]) == 1 then return {0} end
+local function live(set)
+  redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
+  return redis.call('ZCARD', set)
+end
+local budget = tonumber(ARGV[7])
+if budget > 0 and tonumber(redis.call('GET', KEYS[7]) or '0') >= budget then
+  return {-1, 0, 'weekly_tokens'}
+end
+if tonumber(ARGV[3]) > 0 and live(KEYS[3]) >= tonumber(ARGV[3]) then return {-1, 1, 'user_concurrent'} end
+if tonumber(ARGV[4]) > 0 and live(KEYS[4]) >= tonumber(ARGV[4]) then return {-1, 1, 'key_concurrent'} end
+for i = 5, 6 do
+  local limit = tonumber(ARGV[i])
+  if limit > 0 and tonumber(redis.call('GET', KEYS[i]) or '0') >= limit then
+    return {-1, redis.call('TTL', KEYS[i]), i == 5 and 'user_per_minute' or 'key_per_minute'}
+  end
+end
+local until_ = now + tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], until_, ARGV[1])
+redis.call('ZADD', KEYS[3], until_, ARGV[1])
+redis.call('ZADD', KEYS[4], until_, ARGV[1])
+redis.call('EXPIRE', KEYS[3], math.ceil(tonumber(ARGV[2])) + 1)
+redis.call('EXPIRE', KEYS[4], math.ceil(tonumber(ARGV[2])) + 1)
+for i = 5, 6 do
+  if tonumber(ARGV[i]) > 0 and redis.call('INCR', KEYS[i]) == 1 then redis.call('EXPIRE', KEYS[i], 60) end
+end
+return {1}
+"""
+)
+
+# A week's token count outlives its week by a day (budgets read only the current week's).
+WEEK_TOKENS_KEEP_SECONDS = 8 * 24 * 3600
+
+
+class OverLimit(Exception):
+    """A caller's limit refuses the request: which one, and in how many seconds it lifts."""
+
+    def __init__(self, limit: str, retry_after: int) -> None:
+        super().__init__(limit)
+        self.limit = limit
+        self.retry_after = retry_after
+
+
+def week_start(moment: datetime) -> datetime:
+    """Monday 00:00 UTC of ``moment``'s week: when weekly token budgets start again."""
+    day = moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return day - timedelta(days=day.weekday())
+
+
+def week_tokens_key(user_id: int) -> str:
+    return key(RedisKey.WEEK_TOKENS, f"{user_id}-{week_start(datetime.now(UTC)):%Y%m%d}")
+
 
 # Records the request log holds in Redis at most; past it the oldest go (a flush that stopped).
 REQUEST_LOG_BACKLOG = 200_000
@@ -152,8 +225,9 @@ class Counters:
         self._flush_scheduled = False
         self._sending: set[asyncio.Task[None]] = set()
         self._busy = 0  # scripts and batches on their way to Redis
-        # This gateway's requests in flight: request id → channel, refreshed in Redis while live.
-        self.live: dict[str, int] = {}
+        # This gateway's requests in flight: request id → the sets that count it (the channel's,
+        # and the user's and key's where limits apply), refreshed in Redis while live.
+        self.live: dict[str, tuple[str, ...]] = {}
         gateway_id = uuid.uuid4().hex[:8]
         self._ids = (f"{gateway_id}-{n}" for n in itertools.count())
         self._marker = key(RedisKey.GATEWAY_MARKER, gateway_id)
@@ -216,17 +290,48 @@ class Counters:
             else:
                 future.set_result(result)
 
-    async def enter(self, channel_id: int) -> str | None:
-        """Count a request in: its id, or None (not counted) if the channel is switching.
+    async def enter(
+        self, channel_id: int, limits: Limits | None = None, *, user_id: int = 0, key_id: int = 0
+    ) -> str | None:
+        """Count a request in: its id, or None (not counted) if the channel is switching;
+        ``OverLimit`` when the caller's ``limits`` (fair sharing) refuse it.
 
-        The check and the count are one atomic step in Redis, so a node worker
-        that closes the gate and then reads the count sees every request admitted.
+        The checks and the count are one atomic step in Redis, so a node worker
+        that closes the gate and then reads the count sees every request admitted,
+        and two requests racing for a user's last slot cannot both get it.
         """
         request_id = next(self._ids)
-        keys = [key(INFLIGHT, channel_id), key(GATE, channel_id)]
-        if not await self._run(ENTER, keys, [request_id, repr(self.ttl)]):
-            return None
-        self.live[request_id] = channel_id
+        inflight = key(INFLIGHT, channel_id)
+        flights: tuple[str, ...] = ()
+        if limits is None:
+            if not await self._run(ENTER, [inflight, key(GATE, channel_id)], [request_id, repr(self.ttl)]):
+                return None
+        else:
+            flights = (key(RedisKey.USER_FLIGHT, user_id), key(RedisKey.KEY_FLIGHT, key_id))
+            keys = [
+                inflight,
+                key(GATE, channel_id),
+                *flights,
+                key(RedisKey.RATE, f"user-{user_id}"),
+                key(RedisKey.RATE, f"key-{key_id}"),
+                week_tokens_key(user_id),
+            ]
+            args: list[str | int] = [
+                request_id,
+                repr(self.ttl),
+                limits.user_concurrent,
+                limits.key_concurrent,
+                limits.user_per_minute,
+                limits.key_per_minute,
+                limits.user_weekly_tokens,
+            ]
+            answer = await self._run(ENTER_LIMITED, keys, args)
+            if int(answer[0]) == 0:
+                return None
+            if int(answer[0]) < 0:
+                name = answer[2].decode() if isinstance(answer[2], bytes) else str(answer[2])
+                raise OverLimit(name, int(answer[1]))
+        self.live[request_id] = (inflight, *flights)
         self._last_enter = time.monotonic()
         if self._refresher is None or self._refresher.done():
             self._refresher = asyncio.ensure_future(self._keep_counted())
@@ -239,11 +344,11 @@ class Counters:
         """While this gateway has requests in flight, refresh their entries (and re-add lost ones)."""
         while self.live or time.monotonic() - self._last_enter < self.REFRESHER_IDLE_STOP:
             await asyncio.sleep(self.ttl / 3)
-            live = list(self.live.items())
+            live = [(request, counted) for request, sets in list(self.live.items()) for counted in sets]
             if not live:
                 continue
             try:
-                keys = [self._marker, *(key(INFLIGHT, channel) for _, channel in live)]
+                keys = [self._marker, *(counted for _, counted in live)]
                 lost = await self._run(REFRESH, keys, [repr(self.ttl), *(request for request, _ in live)])
                 if lost:
                     log.info("counted %d in-flight requests in Redis again", len(live))
@@ -272,7 +377,13 @@ class Counters:
             names.append(key(RedisKey.USAGE_KEY, key_id))
         if reservation_id:
             names.append(key(USAGE_RESERVATION, reservation_id))
-        keys = [key(INFLIGHT, channel_id), *names]
+        keys = [
+            key(INFLIGHT, channel_id),
+            week_tokens_key(user_id),
+            key(RedisKey.USER_FLIGHT, user_id),
+            key(RedisKey.KEY_FLIGHT, key_id or 0),
+            *names,
+        ]
         await self._count(status, ttft_seconds, keys, prompt, completion, request_id, record)
 
     async def answered(self, status: int, ttft_seconds: float | None = None, record: str = "") -> None:
@@ -307,6 +418,7 @@ class Counters:
                 request_id,
                 record,
                 REQUEST_LOG_BACKLOG,
+                WEEK_TOKENS_KEEP_SECONDS,
             ],
         )
 

@@ -36,6 +36,12 @@ class ApiKey(models.Model):
     created = models.DateTimeField(default=timezone.now)
     last_used = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    max_concurrent = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests this key may have in flight at once (empty: no own limit)."
+    )
+    requests_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests this key may start per minute (empty: no own limit)."
+    )
     wait_seconds = models.PositiveIntegerField(
         default=0,
         help_text="How long the gateway holds this key's requests while their model loads or the "
@@ -87,3 +93,26 @@ class RequestLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.method} {self.path} {self.status}"
+
+
+class SharingLimits(models.Model):
+    """One user's own limits outside their slots, instead of the installation's
+    (``SLOTSERVE_LIMIT_*``). Empty: the setting; 0: no limit."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sharing_limits"
+    )
+    max_concurrent = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests in flight at once."
+    )
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    weekly_tokens = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Prompt and completion tokens per week (Monday 00:00 UTC on)."
+    )
+
+    class Meta:
+        verbose_name = "sharing limits"
+        verbose_name_plural = "sharing limits"
+
+    def __str__(self) -> str:
+        return f"limits of {self.user}"

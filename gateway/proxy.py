@@ -17,10 +17,12 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -33,7 +35,7 @@ from channels_app.vocabulary import ErrorCode, Phase
 from gateway.access import ChannelView, Refusal, admit, models_for, route
 from gateway.body import BodyTooLarge, parse_body
 from gateway.cors import CorsPolicy, is_cors_header
-from gateway.counters import Counters
+from gateway.counters import Counters, OverLimit, week_start
 from gateway.events import Events, Usage
 from gateway.snapshot import Caller, Snapshot, SnapshotCache
 from gateway.upstream import Cancel, UpstreamTransport
@@ -106,8 +108,15 @@ def error_body(status: int, code: str, message: str) -> bytes:
         return json.dumps(
             {"type": "error", "error": {"type": kind, "message": message, "code": code}}
         ).encode()
-    kind = "invalid_request_error" if status < 500 else "server_error"
+    kind = OPENAI_ERROR_TYPES.get(code) or ("invalid_request_error" if status < 500 else "server_error")
     return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
+
+
+# OpenAI's own error types for its 429s.
+OPENAI_ERROR_TYPES: dict[str, str] = {
+    ErrorCode.RATE_LIMIT_EXCEEDED: "requests",
+    ErrorCode.INSUFFICIENT_QUOTA: "insufficient_quota",
+}
 
 
 async def respond(
@@ -453,7 +462,14 @@ class Gateway:
                 None,
                 chosen.refusal or Refusal(404, ErrorCode.MODEL_NOT_LOADED, "no channel serves this"),
             )
-        request_id = await self.counters.enter(chosen.channel.id)
+        channel = chosen.channel
+        booker = channel.booking is not None and channel.booking.user_id == caller.user_id
+        try:  # fair sharing: a booker in their own slot is not limited
+            request_id = await self.counters.enter(
+                channel.id, None if booker else caller.limits, user_id=caller.user_id, key_id=caller.key_id
+            )
+        except OverLimit as over:
+            return None, None, over_limit_refusal(over, caller, now)
         if request_id is None:  # the gate closed since the snapshot: the channel is switching
             refusal = admit(caller_id=caller.user_id, channel=_with_switching(chosen.channel, True), now=now)
             return (
@@ -596,6 +612,41 @@ class Outgoing:
     body: dict[str, Any] | None
     raw: bytes
     content_type: bytes
+
+
+LIMIT_WORDS = {
+    "user_concurrent": "you have {limit} requests in flight already, your limit outside your own slots",
+    "key_concurrent": "this key has {limit} requests in flight already, its limit",
+    "user_per_minute": "you reached your {limit} requests per minute outside your own slots",
+    "key_per_minute": "this key reached its {limit} requests per minute",
+}
+
+
+def over_limit_refusal(over: OverLimit, caller: Caller, now: datetime) -> Refusal:
+    """``429`` in OpenAI's shape, naming the limit and when it lifts."""
+    limits = caller.limits
+    assert limits is not None
+    if over.limit == "weekly_tokens":
+        lifts = week_start(now) + timedelta(days=7)
+        return Refusal(
+            429,
+            ErrorCode.INSUFFICIENT_QUOTA,
+            f"you used your {limits.user_weekly_tokens} tokens of this week outside your own slots; "
+            f"the budget starts again on {lifts:%Y-%m-%d} 00:00 UTC (book a slot to keep going)",
+            max(1, math.ceil((lifts - now).total_seconds())),
+        )
+    limit = {
+        "user_concurrent": limits.user_concurrent,
+        "key_concurrent": limits.key_concurrent,
+        "user_per_minute": limits.user_per_minute,
+        "key_per_minute": limits.key_per_minute,
+    }[over.limit]
+    return Refusal(
+        429,
+        ErrorCode.RATE_LIMIT_EXCEEDED,
+        LIMIT_WORDS[over.limit].format(limit=limit),
+        max(1, over.retry_after),
+    )
 
 
 # Refusals a caller may ask to wait out (X-SlotServe-Wait): the model will be ready.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -25,11 +26,23 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What a caller may use outside their own slot (0: no limit), per user and per key."""
+
+    user_concurrent: int = 0
+    user_per_minute: int = 0
+    user_weekly_tokens: int = 0
+    key_concurrent: int = 0
+    key_per_minute: int = 0
+
+
+@dataclass(frozen=True)
 class Caller:
     user_id: int
     username: str
     key_id: int
     wait_seconds: int = 0  # the key's default hold (X-SlotServe-Wait overrides it)
+    limits: Limits | None = None  # None: nothing to check
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,34 @@ def read_snapshot() -> Snapshot:
         connection.close()
 
 
+def _limits_reader() -> Callable[[int, int | None, int | None], Limits | None]:
+    """The installation's limits with each user's own overrides (``SharingLimits``)."""
+    from gateway.models import SharingLimits
+
+    own = {
+        user_id: (conc, rpm, tokens)
+        for user_id, conc, rpm, tokens in SharingLimits.objects.values_list(
+            "user_id", "max_concurrent", "requests_per_minute", "weekly_tokens"
+        )
+    }
+    defaults = (
+        settings.SLOTSERVE_LIMIT_CONCURRENT_REQUESTS,
+        settings.SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE,
+        settings.SLOTSERVE_LIMIT_WEEKLY_TOKENS,
+    )
+
+    def limits(user_id: int, key_concurrent: int | None, key_per_minute: int | None) -> Limits | None:
+        mine = own.get(user_id, (None, None, None))
+        conc, rpm, tokens = (d if o is None else o for o, d in zip(mine, defaults, strict=True))
+        found = Limits(conc, rpm, tokens, key_concurrent or 0, key_per_minute or 0)
+        return found if found != NO_LIMITS else None
+
+    return limits
+
+
+NO_LIMITS = Limits()
+
+
 def _read_snapshot() -> Snapshot:
     from channels_app.models import Channel
     from channels_app.scheduling import selectors
@@ -58,10 +99,17 @@ def _read_snapshot() -> Snapshot:
     from reservations.models import Reservation
 
     now = timezone.now()
+    _limits = _limits_reader()
     callers = {
-        hashed: Caller(user_id, username, key_id, wait)
-        for key_id, hashed, user_id, username, wait in ApiKey.objects.usable().values_list(
-            "pk", "hashed", "user_id", "user__username", "wait_seconds"
+        hashed: Caller(user_id, username, key_id, wait, _limits(user_id, key_conc, key_rpm))
+        for key_id, hashed, user_id, username, wait, key_conc, key_rpm in ApiKey.objects.usable().values_list(
+            "pk",
+            "hashed",
+            "user_id",
+            "user__username",
+            "wait_seconds",
+            "max_concurrent",
+            "requests_per_minute",
         )
     }
     active = {

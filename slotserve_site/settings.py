@@ -294,6 +294,11 @@ SLOTSERVE_METRICS_TOKEN = env_str("SLOTSERVE_METRICS_TOKEN", "")
 SLOTSERVE_GATEWAY_REFRESH_SECONDS = env_float("SLOTSERVE_GATEWAY_REFRESH_SECONDS", 1.0, minimum=0.05)
 # The longest a caller may ask the gateway to hold a request (X-SlotServe-Wait, a key's default).
 SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS = env_int("SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS", 600, minimum=0)
+# Fair sharing outside slots, per user (0: no limit; per-user overrides in the admin, "Sharing
+# limits"; a booker in their own slot is never limited).
+SLOTSERVE_LIMIT_CONCURRENT_REQUESTS = env_int("SLOTSERVE_LIMIT_CONCURRENT_REQUESTS", 0, minimum=0)
+SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE = env_int("SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE", 0, minimum=0)
+SLOTSERVE_LIMIT_WEEKLY_TOKENS = env_int("SLOTSERVE_LIMIT_WEEKLY_TOKENS", 0, minimum=0)
 # Days the request log keeps its rows.
 SLOTSERVE_REQUEST_LOG_DAYS = env_int("SLOTSERVE_REQUEST_LOG_DAYS", 90, minimum=1)
 # Browser origins that may call the gateway (CORS): comma-separated, "*" for any; none by default.

@@ -465,3 +465,81 @@ def test_a_held_request_whose_client_leaves_never_reaches_the_process(gateway_ur
     serve(world["a"], world["qwen"], port, phase="ready")
     time.sleep(1.0)  # had the gateway kept holding it, the request would reach the process now
     assert "POST /v1/chat/completions" not in world["log_a"].read_text()
+
+
+def _chat_in_thread(url: str, key: str, model: str) -> tuple[threading.Thread, list[httpx.Response]]:
+    answers: list[httpx.Response] = []
+    thread = threading.Thread(target=lambda: answers.append(call(url, key, model=model)), daemon=True)
+    thread.start()
+    return thread, answers
+
+
+def test_fair_sharing_limits_requests_at_once_atomically(gateway_url, world, standins, settings):
+    settings.SLOTSERVE_LIMIT_CONCURRENT_REQUESTS = 1
+    port, _ = standins("slow", "--standin-prefill-ms", "1500")
+    slow = factories.llm("slow")
+    serve(factories.channel("ch-slow", on=factories.node("n2")), slow, port)
+    time.sleep(0.15)
+    first, answers = _chat_in_thread(gateway_url, world["bo"], "slow")
+    time.sleep(0.5)
+    second = call(gateway_url, world["bo"], model="llama")
+    assert error(second) == (429, "rate_limit_exceeded"), second.text
+    assert second.json()["error"]["type"] == "requests" and second.headers["Retry-After"] == "1"
+    assert "1 requests in flight" in second.json()["error"]["message"]
+    assert call(gateway_url, world["ana"], model="llama").status_code == 200  # ana has her own
+    first.join()
+    assert answers[0].status_code == 200
+    assert call(gateway_url, world["bo"], model="llama").status_code == 200  # the slot is free again
+    # Two racing for the last slot: exactly one gets it.
+    racers = [_chat_in_thread(gateway_url, world["bo"], "slow") for _ in range(2)]
+    for thread, _ in racers:
+        thread.join()
+    assert sorted(answers[0].status_code for _, answers in racers) == [200, 429]
+
+
+def test_fair_sharing_per_minute_with_per_user_override_and_the_booker_exempt(gateway_url, world, settings):
+    from gateway.models import SharingLimits
+
+    settings.SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE = 2
+    time.sleep(0.15)
+    assert [call(gateway_url, world["bo"], model="llama").status_code for _ in range(3)] == [200, 200, 429]
+    refused = call(gateway_url, world["bo"], model="llama")
+    assert 1 <= int(refused.headers["Retry-After"]) <= 60
+    SharingLimits.objects.create(user=world["bo_user"], requests_per_minute=0)  # bo: no limit
+    time.sleep(0.15)
+    assert call(gateway_url, world["bo"], model="llama").status_code == 200
+    # ana in her own slot is not limited there; outside it she is.
+    book(world, "ana")
+    time.sleep(0.15)
+    assert [call(gateway_url, world["ana"]).status_code for _ in range(4)] == [200] * 4
+    assert [call(gateway_url + "/channels/ch-b", world["ana"], model="x").status_code for _ in range(3)] == [
+        200,
+        200,
+        429,
+    ]
+
+
+def test_fair_sharing_weekly_token_budget(gateway_url, world, settings):
+    settings.SLOTSERVE_LIMIT_WEEKLY_TOKENS = 20
+    time.sleep(0.15)
+    spent = 0
+    for _ in range(10):
+        answer = call(gateway_url, world["bo"], model="llama")
+        if answer.status_code != 200:
+            break
+        usage = answer.json()["usage"]
+        spent += usage["prompt_tokens"] + usage["completion_tokens"]
+    assert spent >= 20
+    assert error(answer) == (429, "insufficient_quota")
+    assert answer.json()["error"]["type"] == "insufficient_quota" and "tokens of this week" in answer.text
+    assert 0 < int(answer.headers["Retry-After"]) <= 7 * 24 * 3600
+
+
+def test_a_keys_own_limit(gateway_url, world, settings):
+    from gateway.models import ApiKey
+
+    ApiKey.objects.filter(user=world["bo_user"]).update(requests_per_minute=1)
+    time.sleep(0.15)
+    assert call(gateway_url, world["bo"], model="llama").status_code == 200
+    refused = call(gateway_url, world["bo"], model="llama")
+    assert error(refused) == (429, "rate_limit_exceeded") and "this key" in refused.json()["error"]["message"]
