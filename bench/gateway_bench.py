@@ -7,7 +7,8 @@
 A fast upstream (16 SSE chunks per request, back to back or --delay-ms apart;
 in raw asyncio, as a bare ASGI app under uvicorn, or as a FastAPI streaming
 route under uvicorn like vLLM's and SGLang's servers) is called directly and through SlotServe's gateway (a
-separate server process), alternating, by a closed-loop load generator: each
+separate server process) and through a byte relay written with asyncio streams (no HTTP
+parsing: the floor any Python proxy costs), alternating, by a closed-loop load generator: each
 of 1, 16 and 64 concurrent workers keeps its own keep-alive connection and
 sends the next request when the last one ends. Reported per level: time to
 first token (p50, p99), requests per second, the gateway's added latency and
@@ -301,8 +302,11 @@ def main() -> None:
             "slotserve_site.asgi:application",
         ]
     gateway = subprocess.Popen(argv, env=env, cwd=ROOT)
+    relay_port = free_port()
+    relay = subprocess.Popen([sys.executable, __file__, "--relay", str(relay_port), str(upstream_port)])
     servers = {
         "direct": (upstream_port, "/v1/chat/completions", upstream.pid),
+        "relay": (relay_port, "/v1/chat/completions", relay.pid),
         "slotserve": (gateway_port, "/v1/chat/completions", gateway.pid),
     }
     litellm = None
@@ -331,7 +335,8 @@ def main() -> None:
         wait_http(gateway_port, "/v1/models")
         if litellm:
             wait_http(servers["litellm"][0], "/health/liveliness", timeout=180)
-        keys = {"direct": "none", "slotserve": key, "litellm": "sk-bench"}
+        wait_http(relay_port)
+        keys = {"direct": "none", "relay": "none", "slotserve": key, "litellm": "sk-bench"}
         print(
             f"server: {args.server}; upstream: {args.upstream}, chunk delay {args.delay_ms:g} ms; "
             f"{args.seconds:g} s per run"
@@ -353,12 +358,41 @@ def main() -> None:
                     f"{level:>7} {name:>9} {r['p50']:>7.2f}ms {r['p99']:>6.2f}ms {r['rps']:>8.0f} "
                     f"{ratio:>8.0%} {added:>7.2f}ms {r['cpu_ms']:>6.2f}ms"
                 )
+            floor, ours = results["relay"], results["slotserve"]
+            floor_added = max(floor["p50"] - direct["p50"], 1e-3)
+            print(
+                f"{level:>7} {'vs relay':>9}  added TTFT {(ours['p50'] - direct['p50']) / floor_added:.1f}x "
+                f"the relay's, CPU per request {ours['cpu_ms'] / max(floor['cpu_ms'], 1e-3):.1f}x the relay's"
+            )
     finally:
-        for process in (gateway, upstream, litellm):
+        for process in (gateway, upstream, relay, litellm):
             if process is not None:
                 process.send_signal(signal.SIGTERM)
                 process.wait(timeout=10)
         forget_redis_keys(env["SLOTSERVE_REDIS_PREFIX"])
+
+
+async def relay_main(port: int, upstream_port: int) -> None:
+    """The floor: a byte relay in asyncio streams (no HTTP parsing) in front of the upstream,
+    what any Python proxy costs at least."""
+
+    async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        try:
+            while data := await source.read(65536):
+                sink.write(data)
+                await sink.drain()
+        except OSError:
+            pass
+        finally:
+            sink.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream_port)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
 
 
 def forget_redis_keys(prefix: str) -> None:
@@ -372,7 +406,15 @@ def forget_redis_keys(prefix: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--raw-upstream":
+    if len(sys.argv) > 1 and sys.argv[1] == "--relay":
+        try:
+            import uvloop
+
+            uvloop.install()  # as fast a loop as the gateway's
+        except ImportError:
+            pass
+        asyncio.run(relay_main(int(sys.argv[2]), int(sys.argv[3])))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--raw-upstream":
         asyncio.run(upstream_main(int(sys.argv[2]), float(sys.argv[3])))
     elif len(sys.argv) > 1 and sys.argv[1] == "--uvicorn-upstream":
         uvicorn_upstream_main(int(sys.argv[2]), float(sys.argv[3]))

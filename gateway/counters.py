@@ -104,11 +104,11 @@ return lost and 1 or 0
 
 
 # Count an answer: KEYS status hash, TTFT hash, the request log; when ARGV[1] is 1 also the
-# in-flight set, the user's tokens this week, the user's and the key's in-flight sets, and the
-# usage hashes (user, key, reservation). ARGV status, TTFT bucket, TTFT seconds, prompt and
-# completion tokens ('' where not known), the request id, the request's log record ('' for
-# none), how many records the log keeps at most while nobody flushes it, and how long a week's
-# token count is kept.
+# in-flight set, then (when ARGV[11] is 1: the request was within limits) the user's tokens this
+# week and the user's and the key's in-flight sets, then the usage hashes (user, key,
+# reservation). ARGV status, TTFT bucket, TTFT seconds, prompt and completion tokens ('' where
+# not known), the request id, the request's log record ('' for none), how many records the log
+# keeps at most while nobody flushes it, how long a week's token count is kept, and the flag.
 LEAVE = """
 if ARGV[2] ~= '' then redis.call('HINCRBY', KEYS[1], ARGV[2], 1) end
 if ARGV[3] ~= '' then
@@ -121,14 +121,18 @@ if ARGV[8] ~= '' then
 end
 if ARGV[1] == '1' then
   redis.call('ZREM', KEYS[4], ARGV[7])
-  local tokens = tonumber(ARGV[5]) + tonumber(ARGV[6])
-  if tokens > 0 then
-    redis.call('INCRBY', KEYS[5], tokens)
-    redis.call('EXPIRE', KEYS[5], ARGV[10])
+  local first = 5
+  if ARGV[11] == '1' then
+    local tokens = tonumber(ARGV[5]) + tonumber(ARGV[6])
+    if tokens > 0 then
+      redis.call('INCRBY', KEYS[5], tokens)
+      redis.call('EXPIRE', KEYS[5], ARGV[10])
+    end
+    redis.call('ZREM', KEYS[6], ARGV[7])
+    redis.call('ZREM', KEYS[7], ARGV[7])
+    first = 8
   end
-  redis.call('ZREM', KEYS[6], ARGV[7])
-  redis.call('ZREM', KEYS[7], ARGV[7])
-  for i = 8, #KEYS do
+  for i = first, #KEYS do
     redis.call('HINCRBY', KEYS[i], 'requests', 1)
     if ARGV[5] ~= '0' then redis.call('HINCRBY', KEYS[i], 'prompt_tokens', ARGV[5]) end
     if ARGV[6] ~= '0' then redis.call('HINCRBY', KEYS[i], 'completion_tokens', ARGV[6]) end
@@ -195,8 +199,17 @@ def week_start(moment: datetime) -> datetime:
     return day - timedelta(days=day.weekday())
 
 
+_week: list[tuple[float, str]] = [(0.0, "")]  # (until when, the week's label)
+
+
 def week_tokens_key(user_id: int) -> str:
-    return key(RedisKey.WEEK_TOKENS, f"{user_id}-{week_start(datetime.now(UTC)):%Y%m%d}")
+    """``<prefix>:weektokens:<user>-<Monday>``; the week's label is worked out once a minute."""
+    until, label = _week[0]
+    now = time.time()
+    if now >= until:
+        label = f"{week_start(datetime.now(UTC)):%Y%m%d}"
+        _week[0] = (now + 60 - now % 60, label)
+    return key(RedisKey.WEEK_TOKENS, f"{user_id}-{label}")
 
 
 # Records the request log holds in Redis at most; past it the oldest go (a flush that stopped).
@@ -371,20 +384,23 @@ class Counters:
     ) -> None:
         """Count the request out, with its usage, its log record and (for /metrics) its answer,
         in one round trip."""
-        self.live.pop(request_id, None)
+        limited = len(self.live.pop(request_id, ())) > 1  # counted in the user's and key's sets too
         names = [key(USAGE_USER, user_id)]
         if key_id is not None:
             names.append(key(RedisKey.USAGE_KEY, key_id))
         if reservation_id:
             names.append(key(USAGE_RESERVATION, reservation_id))
-        keys = [
-            key(INFLIGHT, channel_id),
-            week_tokens_key(user_id),
-            key(RedisKey.USER_FLIGHT, user_id),
-            key(RedisKey.KEY_FLIGHT, key_id or 0),
-            *names,
-        ]
-        await self._count(status, ttft_seconds, keys, prompt, completion, request_id, record)
+        limits_keys = (
+            [
+                week_tokens_key(user_id),
+                key(RedisKey.USER_FLIGHT, user_id),
+                key(RedisKey.KEY_FLIGHT, key_id or 0),
+            ]
+            if limited
+            else []
+        )
+        keys = [key(INFLIGHT, channel_id), *limits_keys, *names]
+        await self._count(status, ttft_seconds, keys, prompt, completion, request_id, record, limited)
 
     async def answered(self, status: int, ttft_seconds: float | None = None, record: str = "") -> None:
         """Count an answer that reached no channel by status code (for /metrics), and log it."""
@@ -399,6 +415,7 @@ class Counters:
         completion: int,
         request_id: str = "",
         record: str = "",
+        limited: bool = False,
     ) -> None:
         await self._run(
             LEAVE,
@@ -419,6 +436,7 @@ class Counters:
                 record,
                 REQUEST_LOG_BACKLOG,
                 WEEK_TOKENS_KEEP_SECONDS,
+                "1" if limited else "0",
             ],
         )
 

@@ -36,7 +36,7 @@ class Usage:
             self.completion = completion
 
 
-FINISH_MARKS = (b'"finish_reason":"', b'"finish_reason": "')
+FINISH_MARK, FINISH_MARK_SPACED = b'"finish_reason":"', b'"finish_reason": "'
 
 
 class Events:
@@ -70,7 +70,13 @@ class Events:
             self.pending = chunk[cut:]
             chunk = chunk[:cut]
         if self.strip_usage:
-            if self.held is not None or any(mark in chunk for mark in FINISH_MARKS) or _has_usage(chunk):
+            if (
+                self.held is not None
+                or FINISH_MARK in chunk
+                or FINISH_MARK_SPACED in chunk
+                or USAGE_MARK in chunk
+                or USAGE_MARK_SPACED in chunk
+            ):
                 return self._strip(chunk)
             return chunk
         if _has_usage(chunk):
@@ -90,7 +96,7 @@ class Events:
         for event in chunk.split(b"\n\n"):
             if not event:
                 continue
-            payload = _payload(event) if _has_usage(event) else None
+            payload = _payload(event) if USAGE_MARK in event or USAGE_MARK_SPACED in event else None
             if isinstance(payload, dict) and "usage" in payload:
                 self.usage.add(payload)
                 if not payload.get("choices"):
@@ -102,11 +108,11 @@ class Events:
             if self.held is not None:
                 out.append(self.held)
                 self.held = None
-            if any(mark in event for mark in FINISH_MARKS):
+            if FINISH_MARK in event or FINISH_MARK_SPACED in event:
                 self.held = event
             else:
                 out.append(event)
-        return b"".join(event + b"\n\n" for event in out)
+        return b"\n\n".join(out) + b"\n\n" if out else b""
 
 
 def _has_usage(data: bytes) -> bool:
