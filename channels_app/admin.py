@@ -19,6 +19,7 @@ from channels_app.models import (
     Gpu,
     LLMModel,
     LoadRecord,
+    ModelAlias,
     ModelFile,
     Node,
     Override,
@@ -46,13 +47,18 @@ class PresetInline(admin.TabularInline[Preset, LLMModel]):
     extra = 0
 
 
+class ModelAliasInline(admin.TabularInline[ModelAlias, LLMModel]):
+    model = ModelAlias
+    extra = 0
+
+
 @admin.register(LLMModel)
 class LLMModelAdmin(admin.ModelAdmin[LLMModel]):
     list_display = ["name", "backend", "path", "size_bytes"]
     list_filter = ["backend"]
     search_fields = ["name", "path"]
     filter_horizontal = ["nodes"]
-    inlines = [PresetInline]
+    inlines = [PresetInline, ModelAliasInline]
 
 
 @admin.register(Preset)

@@ -316,6 +316,9 @@ class Gateway:
         for model, name in pairs:
             serving.setdefault(model, []).append(name)
         since = {c.model: c.since for c in views if c.model is not None}
+        aliases: dict[str, list[str]] = {}
+        for alias, model in sorted(snapshot.aliases.items()):
+            aliases.setdefault(model, []).append(alias)
         data = [
             {
                 "id": model,
@@ -323,9 +326,12 @@ class Gateway:
                 "created": int(since[model].timestamp()),
                 "owned_by": "slotserve",
                 "channels": names,
+                "aliases": aliases.get(model, []),
             }
             for model, names in serving.items()
         ]
+        if only is not None:
+            only = snapshot.aliases.get(only, only)
         if only is None:
             await respond(send, 200, json.dumps({"object": "list", "data": data}).encode())
             return
@@ -387,6 +393,8 @@ class Gateway:
             return
         model = body.get("model") if body is not None else None
         answer.model = model or ""
+        if model is not None:
+            model = snapshot.aliases.get(model, model)  # an alias is routed as its model
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         left: asyncio.Future[None] | None = None  # while held: the client hanging up

@@ -49,6 +49,7 @@ class Caller:
 class Snapshot:
     callers: dict[str, Caller] = field(default_factory=dict)  # by hashed key
     channels: tuple[ChannelView, ...] = ()
+    aliases: dict[str, str] = field(default_factory=dict)  # alias → the model's name
     taken_at: float = 0.0
 
 
@@ -92,7 +93,7 @@ NO_LIMITS = Limits()
 
 
 def _read_snapshot() -> Snapshot:
-    from channels_app.models import Channel
+    from channels_app.models import Channel, ModelAlias
     from channels_app.scheduling import selectors
     from channels_app.target import Target
     from gateway.models import ApiKey
@@ -152,7 +153,8 @@ def _read_snapshot() -> Snapshot:
                 upstream_key=runtime.api_secret if upstream is not None and runtime else "",
             )
         )
-    return Snapshot(callers=callers, channels=tuple(views), taken_at=time.monotonic())
+    aliases = dict(ModelAlias.objects.values_list("name", "model__name"))
+    return Snapshot(callers=callers, channels=tuple(views), aliases=aliases, taken_at=time.monotonic())
 
 
 class SnapshotCache:

@@ -8,6 +8,7 @@ from rest_framework.routers import DefaultRouter
 from channels_app.api.views import (
     ChannelViewSet,
     LLMModelViewSet,
+    ModelAliasViewSet,
     ModelFileViewSet,
     NodeViewSet,
     PresetViewSet,
@@ -25,6 +26,7 @@ router.register("nodes", NodeViewSet)
 router.register("channels", ChannelViewSet)
 router.register("models", LLMModelViewSet)
 router.register("presets", PresetViewSet)
+router.register("model-aliases", ModelAliasViewSet)
 router.register("model-files", ModelFileViewSet, basename="modelfile")
 router.register("reservations", ReservationViewSet, basename="reservation")
 router.register("notifications", NotificationViewSet, basename="notification")

@@ -543,3 +543,30 @@ def test_a_keys_own_limit(gateway_url, world, settings):
     assert call(gateway_url, world["bo"], model="llama").status_code == 200
     refused = call(gateway_url, world["bo"], model="llama")
     assert error(refused) == (429, "rate_limit_exceeded") and "this key" in refused.json()["error"]["message"]
+
+
+def test_model_aliases_route_as_their_model(gateway_url, world, staff):
+    admin_api = APIClient()
+    admin_api.force_authenticate(staff)
+    made = admin_api.post("/api/model-aliases/", {"name": "gpt-4o-mini", "model": "qwen"}, format="json")
+    assert made.status_code == 201, made.data
+    clash = admin_api.post("/api/model-aliases/", {"name": "llama", "model": "qwen"}, format="json")
+    assert clash.status_code == 400 and "is the name of a model" in clash.data["message"]
+    taken = admin_api.post(
+        "/api/models/", {"name": "gpt-4o-mini", "backend": "llama.cpp", "path": "/m.gguf"}, format="json"
+    )
+    assert taken.status_code == 400 and "is an alias of model qwen" in taken.data["message"]
+    user_api = APIClient()
+    user_api.force_authenticate(world["bo_user"])
+    assert (
+        user_api.post("/api/model-aliases/", {"name": "x", "model": "qwen"}, format="json").status_code == 403
+    )
+    time.sleep(0.15)
+    answer = call(gateway_url, world["bo"], model="gpt-4o-mini")
+    assert answer.status_code == 200 and answer.json()["model"] == "qwen"
+    listed = httpx.get(f"{gateway_url}/v1/models", headers={"Authorization": f"Bearer {world['bo']}"}).json()
+    assert {m["id"]: m["aliases"] for m in listed["data"]} == {"qwen": ["gpt-4o-mini"], "llama": []}
+    one = httpx.get(
+        f"{gateway_url}/v1/models/gpt-4o-mini", headers={"Authorization": f"Bearer {world['bo']}"}
+    )
+    assert one.status_code == 200 and one.json()["id"] == "qwen"

@@ -13,10 +13,12 @@ from channels_app.models import (
     Channel,
     Gpu,
     LLMModel,
+    ModelAlias,
     ModelFile,
     Node,
     Preset,
     channel_gpus_problem,
+    model_name_problem,
     preset_args_error,
 )
 from channels_app.scheduling.decision import Decision, PlanSegment
@@ -223,6 +225,12 @@ class LLMModelSerializer(serializers.ModelSerializer[LLMModel]):
         vram: dict[str, int] = self.context.get("channel_vram", {})
         return {name: model.size_bytes > memory for name, memory in vram.items()}
 
+    def validate_name(self, value: str) -> str:
+        problem = model_name_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
+
     def validate_labels(self, value: Any) -> dict[str, str]:
         return _labels(value)
 
@@ -252,6 +260,21 @@ class ModelFileSerializer(serializers.ModelSerializer[ModelFile]):
 
     def get_registered(self, found: ModelFile) -> bool:
         return found.path in self.context.get("registered_paths", set())
+
+
+class ModelAliasSerializer(serializers.ModelSerializer[ModelAlias]):
+    model = IdOrNameField(queryset=LLMModel.objects.all())
+
+    class Meta:
+        model = ModelAlias
+        fields = ["id", "name", "model"]
+
+    def validate_name(self, value: str) -> str:
+        if LLMModel.objects.filter(name=value).exists():
+            raise serializers.ValidationError(
+                f"{value!r} is the name of a model; an alias needs a name of its own"
+            )
+        return value
 
 
 class PresetSerializer(serializers.ModelSerializer[Preset]):

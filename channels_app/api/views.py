@@ -19,6 +19,7 @@ from channels_app.api.filters import ModelFileFilter, PresetFilter
 from channels_app.api.serializers import (
     ChannelSerializer,
     LLMModelSerializer,
+    ModelAliasSerializer,
     ModelFileSerializer,
     NodeSerializer,
     PresetSerializer,
@@ -26,7 +27,7 @@ from channels_app.api.serializers import (
     plan_json,
 )
 from channels_app.inventory import services as inventory_services
-from channels_app.models import Channel, LLMModel, ModelFile, Node, Override, Preset
+from channels_app.models import Channel, LLMModel, ModelAlias, ModelFile, Node, Override, Preset
 from channels_app.node_agent.log_shipping import valid_cursor
 from channels_app.node_agent.run_logs import lines_since, recent_lines_with_cursor, whole_log
 from channels_app.scheduling import services
@@ -89,6 +90,14 @@ class ModelFileViewSet(viewsets.ReadOnlyModelViewSet[ModelFile]):
         context = dict(super().get_serializer_context())
         context["registered_paths"] = set(LLMModel.objects.values_list("path", flat=True))
         return context
+
+
+class ModelAliasViewSet(viewsets.ModelViewSet[ModelAlias]):
+    """Other names clients may use for models (``gpt-4o-mini`` → a local model); staff write."""
+
+    queryset = ModelAlias.objects.select_related("model")
+    serializer_class = ModelAliasSerializer
+    permission_classes = [IsStaffOrReadOnly]
 
 
 class PresetViewSet(viewsets.ModelViewSet[Preset]):

@@ -93,6 +93,42 @@ class LLMModel(models.Model):
         return self.name
 
 
+class ModelAlias(models.Model):
+    """Another name clients may use for a model (``gpt-4o-mini`` → a local model): the gateway
+    routes a request for the alias as one for the model. No alias is also a model's name."""
+
+    name = models.CharField(max_length=200, unique=True)
+    model = models.ForeignKey(LLMModel, on_delete=models.CASCADE, related_name="aliases")
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name_plural = "model aliases"
+        constraints = [models.CheckConstraint(condition=~Q(name=""), name="model_alias_name_not_empty")]
+
+    def __str__(self) -> str:
+        return f"{self.name} → {self.model}"
+
+    def clean(self) -> None:
+        problem = alias_name_problem(self.name)
+        if problem:
+            raise ValidationError({"name": problem})
+
+
+def alias_name_problem(name: str) -> str:
+    """Why ``name`` cannot be an alias ("" when it can): a model has that name."""
+    if LLMModel.objects.filter(name=name).exists():
+        return f"{name!r} is the name of a model; an alias needs a name of its own"
+    return ""
+
+
+def model_name_problem(name: str) -> str:
+    """Why ``name`` cannot be a model's name ("" when it can): an alias of a model has it."""
+    taken = ModelAlias.objects.filter(name=name).select_related("model").first()
+    if taken is not None:
+        return f"{name!r} is an alias of model {taken.model.name}; remove the alias first"
+    return ""
+
+
 class Preset(models.Model):
     """Extra command-line arguments for a model; model + preset is one target."""
 
