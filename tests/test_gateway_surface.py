@@ -302,3 +302,110 @@ def test_a_page_on_another_origin_streams_from_the_gateway_in_chromium(cors, gat
             browser.close()
     finally:
         server.shutdown()
+
+
+def test_the_async_sdk_streams_twenty_at_once_and_raw_headers_come_once(gateway_url, world):
+    import asyncio
+
+    import openai
+
+    async def run() -> list[str]:
+        client = openai.AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key=world["ana"], max_retries=0)
+
+        async def one(i: int) -> str:
+            stream = await client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": f"count {i}"}],
+                stream=True,
+                max_tokens=4,
+            )
+            return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+        try:
+            return await asyncio.gather(*(one(i) for i in range(20)))
+        finally:
+            await client.close()
+
+    texts = asyncio.run(run())
+    assert len(texts) == 20 and all(isinstance(t, str) for t in texts)
+
+    raw = openai.OpenAI(
+        base_url=f"{gateway_url}/v1", api_key=world["ana"]
+    ).chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    names = [name.lower() for name, _ in raw.headers.multi_items()]
+    assert len(names) == len(set(names)) and raw.parse().choices
+
+
+def test_the_sdk_retries_after_the_retry_after_of_a_drain(gateway_url, world, settings):
+    """A switching channel answers 503 with a Retry-After the SDK honours; the retry lands after
+    the switch. (Drain and stop made short so Retry-After stays under the SDK's 60 s cap.)"""
+    import openai
+
+    from channels_app.shared import redis_client
+    from channels_app.vocabulary import RedisKey, redis_key
+
+    settings.SLOTSERVE_DRAIN_SECONDS = 0.3
+    settings.SLOTSERVE_STOP_TIMEOUT_SECONDS = 0.3
+    gate = redis_key(RedisKey.GATE, world["channel"].pk)
+    redis_client().set(gate, "1")
+    time.sleep(0.15)
+    refused = httpx.post(
+        f"{gateway_url}/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+        headers=bearer(world["ana"]),
+    )
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_switching"
+    retry_after = int(refused.headers["retry-after"])
+    assert 1 <= retry_after <= 3
+    threading.Timer(0.8, lambda: redis_client().delete(gate)).start()
+    started = time.monotonic()
+    client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=world["ana"], max_retries=2)
+    answer = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert answer.choices
+    assert time.monotonic() - started >= retry_after - 0.1  # it waited as told, not 0.03 s
+
+
+def test_embeddings_through_an_embeddings_preset(gateway_url, llama_server_bin, tiny_gguf, ana):
+    port, secret = free_port(), secrets.token_urlsafe(16)
+    child = subprocess.Popen(
+        [
+            *(llama_server_bin, "-m", str(tiny_gguf), "--host", "127.0.0.1", "--port", str(port)),
+            *("--alias", "tiny-embed", "-c", "256", "-t", "1", "--embeddings", "--pooling", "mean"),
+            *("--api-key", secret),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        channel = factories.channel("embed-0")
+        ChannelRuntime.objects.create(
+            channel=channel,
+            phase="ready",
+            model=factories.llm("tiny-embed"),
+            host="127.0.0.1",
+            port=port,
+            since=timezone.now(),
+            pid=1,
+            api_secret=secret,
+        )
+        _, key = api_key_create(user=ana, name="e")
+        time.sleep(0.15)
+        import openai
+
+        client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=key, max_retries=0)
+        vectors = client.embeddings.create(model="tiny-embed", input=["hello", "world"]).data
+        assert len(vectors) == 2 and len(vectors[0].embedding) > 0
+    finally:
+        child.terminate()
+        child.wait()
