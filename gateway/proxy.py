@@ -227,6 +227,8 @@ class Gateway:
         self.upstreams: dict[str, UpstreamTransport] = {}
         self.max_body = settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES
         self.cors = CorsPolicy(settings.SLOTSERVE_CORS_ORIGINS)
+        # What each run's process says of its model (llama-server's meta, n_ctx), asked once.
+        self.meta: dict[tuple[str, str], dict[str, Any]] = {}
 
     def upstream_for(self, upstream: str) -> UpstreamTransport:
         """One pool of connections per upstream process."""
@@ -319,6 +321,12 @@ class Gateway:
         aliases: dict[str, list[str]] = {}
         for alias, model in sorted(snapshot.aliases.items()):
             aliases.setdefault(model, []).append(alias)
+        first = {}
+        for view in views:
+            if view.model in serving and view.model not in first and view.upstream:
+                first[view.model] = view
+        metas = await asyncio.gather(*(self.model_meta(view) for view in first.values()))
+        meta = dict(zip(first, metas, strict=True))
         data = [
             {
                 "id": model,
@@ -327,6 +335,7 @@ class Gateway:
                 "owned_by": "slotserve",
                 "channels": names,
                 "aliases": aliases.get(model, []),
+                **({"meta": meta[model]} if meta.get(model) else {}),
             }
             for model, names in serving.items()
         ]
@@ -343,6 +352,42 @@ class Gateway:
             await respond(send, 404, error_body(404, ErrorCode.MODEL_NOT_LOADED, message))
             return
         await respond(send, 200, json.dumps(entry).encode())
+
+    async def model_meta(self, channel: ChannelView) -> dict[str, Any]:
+        """llama-server's ``meta`` of its model and its context size (``n_ctx``), asked of the
+        process once per run; {} where the backend has none or does not answer within a second."""
+        assert channel.upstream is not None
+        found = self.meta.get((channel.upstream, channel.upstream_key))
+        if found is not None:
+            return found
+        meta: dict[str, Any] = {}
+        upstream = self.upstream_for(channel.upstream)
+        headers = [(b"authorization", f"Bearer {channel.upstream_key}".encode())]
+        try:
+            async with asyncio.timeout(1.0):
+                for path in ("/v1/models", "/props"):
+                    response = await upstream.handle_async_request(
+                        httpx.Request("GET", upstream.url(path), headers=headers)
+                    )
+                    content = await response.aread()
+                    await response.aclose()
+                    if response.status_code != 200:
+                        continue
+                    answer = json.loads(content)
+                    if path == "/v1/models":
+                        entries = answer.get("data") or []
+                        if entries and isinstance(entries[0].get("meta"), dict):
+                            meta.update(entries[0]["meta"])
+                    else:
+                        n_ctx = (answer.get("default_generation_settings") or {}).get("n_ctx")
+                        if isinstance(n_ctx, int):
+                            meta["n_ctx"] = n_ctx
+        except (TimeoutError, httpx.HTTPError, ValueError, AttributeError):
+            return meta  # not kept: asked again next time
+        if len(self.meta) > 1024:
+            self.meta.clear()
+        self.meta[(channel.upstream, channel.upstream_key)] = meta
+        return meta
 
     async def read_body(self, receive: Receive) -> bytes | None:
         """The whole body; None when the client left; ``BodyTooLarge`` past the limit."""

@@ -214,6 +214,7 @@ def test_models_one_entry_each_retrieve_and_head(gateway_url, world):
     assert [m.id for m in listed] == ["tiny"]
     entry = listed[0].model_dump()
     assert entry["owned_by"] == "slotserve" and entry["created"] > 0 and entry["channels"] == ["cpu-0"]
+    assert entry["meta"]["n_ctx"] == 512 and entry["meta"]["n_vocab"] > 0  # llama-server's own
     assert client.models.retrieve("tiny").id == "tiny"
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4o")
