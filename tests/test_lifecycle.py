@@ -182,6 +182,39 @@ CASES = [
         B,
         [Terminate(PID)],
     ),
+    # Reload restarts at once, whatever the phase (seed 000): it clears the back-off of a failure.
+    (
+        "failed with 10 min of back-off left, reload: starts now",
+        state(
+            Phase.FAILED, running=None, failure=Failure(B, 3, T0 + timedelta(minutes=10), "oom"), error="oom"
+        ),
+        dataclasses.replace(WANT_B, reload_generation=1),
+        GONE,
+        T0,
+        Phase.LOADING,
+        B,
+        [Start(B)],
+    ),
+    (
+        "loading, reload: the load stops and starts again",
+        state(Phase.LOADING),
+        dataclasses.replace(WANT_B, reload_generation=1),
+        ALIVE,
+        T0,
+        Phase.STOPPING,
+        B,
+        [LoadFinished(False, "load abandoned: the channel was reloaded"), Terminate(PID)],
+    ),
+    (
+        "draining, reload: stops at once",
+        state(Phase.DRAINING),
+        dataclasses.replace(WANT_A, reload_generation=1),
+        BUSY,
+        T0,
+        Phase.STOPPING,
+        B,
+        [Terminate(PID)],
+    ),
     ("draining, requests in flight: waits", state(Phase.DRAINING), WANT_A, BUSY, T0, Phase.DRAINING, B, []),
     (
         "draining, last request done: SIGTERM",

@@ -285,10 +285,14 @@ def test_override_endpoint(world, staff_api, ana_api, django_capture_on_commit_c
     assert ChannelTarget.objects.get(channel=world["channel"]).reason == "default"
 
 
-def test_reload_endpoint(world, staff_api, ana_api):
+def test_reload_endpoint(world, staff_api, ana_api, node_queue_sends, django_capture_on_commit_callbacks):
     url = f"/api/channels/{world['channel'].pk}/reload"
     assert ana_api.post(url).status_code == 403
-    assert staff_api.post(url).data["reload_generation"] == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        assert staff_api.post(url).data["reload_generation"] == 1
+    # It reaches the node at once, not at its next tick.
+    node = world["channel"].node.name
+    assert ("channels_app.node_agent.tasks.channel_reconcile", (world["channel"].pk,), node) in node_queue_sends
     assert staff_api.post(url).data["reload_generation"] == 2
     # A reload is its own fact: the scheduler's target is not written by a web request.
     from channels_app.models import ReloadRequest

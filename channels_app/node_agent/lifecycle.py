@@ -227,8 +227,17 @@ def _start_if_wanted(state: ProcessState, wanted: Wanted, now: datetime, actions
 
 def step(state: ProcessState, wanted: Wanted, seen: Observed, now: datetime) -> Step:
     """One step of the lifecycle; see the module docstring for the phases."""
-    target, _ = effective_target(state, wanted, now)
     phase = state.phase
+    if wanted.reload_generation != state.reload_generation:
+        # "Reload" restarts at once, whatever the phase: a failure's back-off is forgotten
+        # (an admin who fixed the preset should not wait for it), a load or a drain stops now.
+        if state.failure is not None:
+            state = dataclasses.replace(state, failure=None, error="")
+        if phase == Phase.LOADING:
+            return _stop(state, now, [LoadFinished(False, "load abandoned: the channel was reloaded")])
+        if phase == Phase.DRAINING:
+            return _stop(state, now, [])
+    target, _ = effective_target(state, wanted, now)
 
     if phase in (Phase.STOPPED, Phase.FAILED):
         return _start_if_wanted(state, wanted, now, [])

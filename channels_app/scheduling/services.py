@@ -15,7 +15,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import F
 
-from channels_app import shared
+from channels_app import dispatch, shared
 from channels_app.dispatch import enqueue_redecide
 from channels_app.errors import InvalidInput
 from channels_app.models import Channel, ChannelTarget, LLMModel, Override, Preset, ReloadRequest
@@ -169,4 +169,10 @@ def channel_reload(*, channel: Channel, now: datetime, by: User | None = None) -
             generation=F("generation") + 1, requested_at=now, requested_by=by
         )
         generation = ReloadRequest.objects.values_list("generation", flat=True).get(channel=channel)
+        node_name = channel.node.name
+        # The node acts now, not at its next tick.
+        transaction.on_commit(
+            lambda: dispatch.send_to_node(dispatch.CHANNEL_RECONCILE, (channel.pk,), node_name),
+            robust=True,  # Redis away: the node's own tick picks the reload up
+        )
     return int(generation)
