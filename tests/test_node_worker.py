@@ -152,6 +152,13 @@ def test_out_of_memory_falls_back_to_the_default_and_switches_back(node_env, tin
     # While the booked model waits for its retry, the default serves the booking.
     fallback = converge(channel, until={Phase.READY})
     assert fallback.model_id == tiny["model"].pk and fallback.fallback
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.force_authenticate(ana)
+    shown = api.get(f"/api/channels/{channel.pk}/").data["state"]
+    assert (shown["reason"], shown["fallback"]) == ("fallback_default", True)  # the seed's reason
+    assert shown["target"]["reason"] == "active_reservation"  # what the scheduler wants stays visible
     page_events = set(Notification.objects.filter(user=ana).values_list("event", flat=True))
     assert page_events == {"load_failed", "fallback"}
     assert set(Notification.objects.filter(user=staff).values_list("event", flat=True)) == {
@@ -169,6 +176,7 @@ def test_out_of_memory_falls_back_to_the_default_and_switches_back(node_env, tin
     assert phase_after(channel, retry) == Phase.STOPPING  # nothing in flight: no drain
     back = converge(channel, until={Phase.READY}, now=retry + timedelta(seconds=1))
     assert back.model_id == vllm_model.pk and not back.fallback
+    assert api.get(f"/api/channels/{channel.pk}/").data["state"]["reason"] == "active_reservation"
     assert Notification.objects.filter(user=ana, event="recovered").count() == 1
 
 

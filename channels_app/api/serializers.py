@@ -23,7 +23,7 @@ from channels_app.models import (
 )
 from channels_app.scheduling.decision import Decision, PlanSegment
 from channels_app.target import Target
-from channels_app.vocabulary import Phase
+from channels_app.vocabulary import Phase, Reason
 from slotserve_site.api_fields import IdOrNameField
 
 
@@ -132,7 +132,12 @@ class ChannelSerializer(serializers.ModelSerializer[Channel]):
             "phase": runtime.phase if runtime else Phase.STOPPED,
             "model": runtime.model_id if runtime else None,
             "preset": runtime.preset_id if runtime else None,
-            "reason": target.reason if target else None,
+            # The seed's reason while the default stands in for a booked model that failed.
+            "reason": Reason.FALLBACK_DEFAULT
+            if runtime and runtime.fallback
+            else target.reason
+            if target
+            else None,
             "since": field.to_representation(runtime.since) if runtime else None,
             "error": runtime.error if runtime else "",
             "retry_at": field.to_representation(runtime.retry_at) if runtime and runtime.retry_at else None,
