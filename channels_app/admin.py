@@ -60,12 +60,23 @@ class LLMModelAdmin(admin.ModelAdmin[LLMModel]):
     filter_horizontal = ["nodes"]
     inlines = [PresetInline, ModelAliasInline]
 
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        """After the model and its presets are saved, channels running them look again at once."""
+        super().save_related(request, form, formsets, change)
+        if change:
+            inventory_services.targets_changed(model=form.instance)
+
 
 @admin.register(Preset)
 class PresetAdmin(admin.ModelAdmin[Preset]):
     list_display = ["name", "model", "args"]
     search_fields = ["name", "model__name"]
     readonly_fields = ["args_effective"]
+
+    def save_model(self, request: HttpRequest, obj: Preset, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        if change:
+            inventory_services.targets_changed(preset=obj)
 
 
 class ChannelAdminForm(forms.ModelForm[Channel]):

@@ -380,3 +380,44 @@ def test_the_run_log_is_followed_live_from_a_cursor(ana):
     portal.force_login(ana)
     page = portal.get(f"/channel/{channel.pk}/log").content.decode()
     assert f'data-cursor="{again["cursor"]}"' in page and "$ llama-server again" in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_edited_preset_is_a_new_target_and_reaches_the_node_at_once(
+    node_env, tiny, staff, node_queue_sends, django_capture_on_commit_callbacks
+):
+    """Seed 000: editing a running preset's arguments restarts the process with them (drain,
+    restart), at once, not at the next tick and not never."""
+    from rest_framework.test import APIClient
+
+    channel = factories.channel("cpu-0", default=tiny["small"])
+    decide_channels(now=timezone.now())
+    first = converge(channel, until={Phase.READY})
+    assert phase_after(channel, timezone.now()) == Phase.READY  # steady: nothing to do
+    api = APIClient()
+    api.force_authenticate(staff)
+    with django_capture_on_commit_callbacks(execute=True):
+        edited = api.patch(f"/api/presets/{tiny['small'].pk}/", {"args": "-c 384 -t 1"}, format="json")
+    assert edited.status_code == 200, edited.data
+    assert (
+        "channels_app.node_agent.tasks.channel_reconcile",
+        (channel.pk,),
+        channel.node.name,
+    ) in node_queue_sends
+    assert phase_after(channel, timezone.now()) == Phase.STOPPING  # nothing in flight: no drain
+    again = converge(channel, until={Phase.READY})
+    assert again.pid != first.pid and again.preset_id == tiny["small"].pk
+    command = Path(again.log_path).read_text().splitlines()[0]
+    assert "-c 384" in command and "-c 256" not in command
+    assert phase_after(channel, timezone.now()) == Phase.READY  # and it stays
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_process_from_before_fingerprints_is_not_restarted_by_the_upgrade(node_env, tiny):
+    channel = factories.channel("cpu-0", default=tiny["small"])
+    decide_channels(now=timezone.now())
+    first = converge(channel, until={Phase.READY})
+    ChannelRuntime.objects.filter(pk=first.pk).update(fingerprint="")  # as an older node stored it
+    assert phase_after(channel, timezone.now()) == Phase.READY
+    assert ChannelRuntime.objects.get(pk=first.pk).fingerprint != ""  # adopted, same process
+    assert ChannelRuntime.objects.get(pk=first.pk).pid == first.pid

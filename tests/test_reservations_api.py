@@ -292,7 +292,11 @@ def test_reload_endpoint(world, staff_api, ana_api, node_queue_sends, django_cap
         assert staff_api.post(url).data["reload_generation"] == 1
     # It reaches the node at once, not at its next tick.
     node = world["channel"].node.name
-    assert ("channels_app.node_agent.tasks.channel_reconcile", (world["channel"].pk,), node) in node_queue_sends
+    assert (
+        "channels_app.node_agent.tasks.channel_reconcile",
+        (world["channel"].pk,),
+        node,
+    ) in node_queue_sends
     assert staff_api.post(url).data["reload_generation"] == 2
     # A reload is its own fact: the scheduler's target is not written by a web request.
     from channels_app.models import ReloadRequest

@@ -67,6 +67,9 @@ class LLMModelViewSet(viewsets.ModelViewSet[LLMModel]):
     serializer_class = LLMModelSerializer
     permission_classes = [IsStaffOrReadOnly]
 
+    def perform_update(self, serializer: Any) -> None:
+        inventory_services.targets_changed(model=serializer.save())
+
     def perform_destroy(self, instance: LLMModel) -> None:
         inventory_services.model_delete(model=instance)
 
@@ -105,6 +108,9 @@ class PresetViewSet(viewsets.ModelViewSet[Preset]):
     serializer_class = PresetSerializer
     filterset_class = PresetFilter
     permission_classes = [IsStaffOrReadOnly]
+
+    def perform_update(self, serializer: Any) -> None:
+        inventory_services.targets_changed(preset=serializer.save())
 
     def perform_destroy(self, instance: Preset) -> None:
         inventory_services.preset_delete(preset=instance)

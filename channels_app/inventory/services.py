@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
+from channels_app import dispatch
 from channels_app.dispatch import enqueue_redecide
 from channels_app.errors import InUse, InvalidInput
 from channels_app.models import (
@@ -72,3 +74,22 @@ def channel_save(*, channel: Channel) -> Channel:
             ) from None
     enqueue_redecide(channel.pk)
     return channel
+
+
+def targets_changed(*, model: LLMModel | None = None, preset: Preset | None = None) -> list[int]:
+    """A model or preset was edited: every channel that runs it or is heading for it has its node
+    look again at once (after the commit), as what runs may now be another target (a changed
+    path or arguments: drain, restart; ``channels_app.target``). Returns those channels."""
+    runs = Q(runtime__preset=preset) | Q(target__preset=preset) if preset is not None else Q()
+    if model is not None:
+        runs |= Q(runtime__model=model) | Q(target__model=model)
+    if not runs:
+        return []
+    found = list(Channel.objects.filter(runs).values_list("pk", "node__name").distinct())
+
+    def tell_nodes() -> None:
+        for channel_id, node_name in found:
+            dispatch.send_to_node(dispatch.CHANNEL_RECONCILE, (channel_id,), node_name)
+
+    transaction.on_commit(tell_nodes, robust=True)  # Redis away: the nodes' own ticks see it
+    return [channel_id for channel_id, _ in found]

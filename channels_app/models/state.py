@@ -150,6 +150,9 @@ class ChannelRuntime(models.Model):
     kill_sent = models.BooleanField(default=False)
     failing = models.BooleanField(default=False)
     reload_generation = models.PositiveIntegerField(default=0)
+    # What the running process was started with (backend, path, effective arguments), digested:
+    # a preset or model edited since makes it another target (``channels_app.target``).
+    fingerprint = models.CharField(max_length=40, blank=True)
     # The last failed target and its retries (SPEC §4 "Retries").
     failed_model = models.ForeignKey(
         LLMModel, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -157,6 +160,7 @@ class ChannelRuntime(models.Model):
     failed_preset = models.ForeignKey(
         Preset, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    failed_fingerprint = models.CharField(max_length=40, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     failure_error = models.TextField(blank=True)
     fallback_failed = models.BooleanField(default=False)

@@ -308,7 +308,13 @@ def _stop(state: ProcessState, now: datetime, actions: list[Action]) -> Step:
 def _ready(state: ProcessState, wanted: Wanted, now: datetime) -> Step:
     actions: list[Action] = [LoadFinished(True)]
     failure = state.failure
-    recovered = failure is not None and failure.target == state.running
+    # The booked model serves again, be it at its retry or after its preset was mended.
+    recovered = (
+        failure is not None
+        and state.running is not None
+        and (failure.target.model_id, failure.target.preset_id)
+        == (state.running.model_id, state.running.preset_id)
+    )
     if recovered:
         if wanted.serves_reservation:
             actions.append(

@@ -53,7 +53,7 @@ from channels_app.node_agent.lifecycle import (
     step,
 )
 from channels_app.shared import redis_client
-from channels_app.target import Target
+from channels_app.target import Target, fingerprint_of
 from channels_app.vocabulary import NotificationEvent, Phase, Reason, RedisKey, redis_key
 from reservations.models import Reservation
 from reservations.notifications import notify
@@ -131,20 +131,37 @@ def heartbeat(*, node_name: str, now: datetime) -> Node:
 # --- State <-> row -----------------------------------------------------------------
 
 
-def _target(model_id: int | None, preset_id: int | None) -> Target | None:
-    return None if model_id is None else Target(model_id, preset_id)
+def _target(model_id: int | None, preset_id: int | None, fingerprint: str = "") -> Target | None:
+    return None if model_id is None else Target(model_id, preset_id, fingerprint)
+
+
+def with_fingerprint(target: Target | None) -> Target | None:
+    """The target with the digest of how it would be started now (its model's backend and path,
+    its preset's effective arguments): an edited preset gives another digest."""
+    if target is None:
+        return None
+    found = LLMModel.objects.filter(pk=target.model_id).values_list("backend", "path").first()
+    if found is None:
+        return target
+    backend, path = found
+    args: list[str] = []
+    if target.preset_id is not None:
+        preset = Preset.objects.filter(pk=target.preset_id).first()
+        if preset is not None:
+            args = list(preset.args_effective)
+    return dataclasses.replace(target, fingerprint=fingerprint_of(backend=backend, path=path, args=args))
 
 
 def state_of(runtime: ChannelRuntime) -> ProcessState:
     failure = None
-    failed = _target(runtime.failed_model_id, runtime.failed_preset_id)
+    failed = _target(runtime.failed_model_id, runtime.failed_preset_id, runtime.failed_fingerprint)
     if failed is not None and runtime.retry_at is not None:
         failure = Failure(
             failed, runtime.attempts, runtime.retry_at, runtime.failure_error, runtime.fallback_failed
         )
     return ProcessState(
         phase=Phase(runtime.phase),
-        running=_target(runtime.model_id, runtime.preset_id),
+        running=_target(runtime.model_id, runtime.preset_id, runtime.fingerprint),
         since=runtime.since,
         pid=runtime.pid,
         stop_sent_at=runtime.stop_sent_at,
@@ -162,6 +179,7 @@ def store(runtime: ChannelRuntime, state: ProcessState) -> None:
     runtime.phase = state.phase.value
     runtime.model_id = running.model_id if running else None
     runtime.preset_id = running.preset_id if running else None
+    runtime.fingerprint = running.fingerprint if running else ""
     if state.since is not None:
         runtime.since = state.since
     runtime.pid = state.pid
@@ -173,6 +191,7 @@ def store(runtime: ChannelRuntime, state: ProcessState) -> None:
     runtime.reload_generation = state.reload_generation
     runtime.failed_model_id = failure.target.model_id if failure else None
     runtime.failed_preset_id = failure.target.preset_id if failure else None
+    runtime.failed_fingerprint = failure.target.fingerprint if failure else ""
     runtime.attempts = failure.attempts if failure else 0
     runtime.retry_at = failure.retry_at if failure else None
     runtime.failure_error = failure.error if failure else ""
@@ -184,7 +203,7 @@ def store(runtime: ChannelRuntime, state: ProcessState) -> None:
 
 def wanted_of(channel: Channel, target_row: ChannelTarget | None, reload_generation: int = 0) -> Wanted:
     common: dict[str, Any] = {
-        "default": channel.default_target,
+        "default": with_fingerprint(channel.default_target),
         "reload_generation": reload_generation,
         "drain_seconds": settings.SLOTSERVE_DRAIN_SECONDS,
         "stop_timeout_seconds": settings.SLOTSERVE_STOP_TIMEOUT_SECONDS,
@@ -193,7 +212,7 @@ def wanted_of(channel: Channel, target_row: ChannelTarget | None, reload_generat
     if target_row is None:
         return Wanted(target=None, **common)
     return Wanted(
-        target=_target(target_row.model_id, target_row.preset_id),
+        target=with_fingerprint(_target(target_row.model_id, target_row.preset_id)),
         serves_reservation=target_row.reason in SERVES_RESERVATION and target_row.reservation_id is not None,
         **common,
     )
@@ -356,6 +375,7 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
     before = state_of(runtime)
     generation = ReloadRequest.objects.filter(channel=channel).values_list("generation", flat=True).first()
     wanted = wanted_of(channel, target_row, generation or 0)
+    before = _adopt_unknown_fingerprints(before, wanted)
     publish_gate(channel.pk, before, wanted, now)
     result = step(before, wanted, observe(runtime, channel, now), now)
     if result.state.phase != before.phase:
@@ -367,6 +387,30 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
         after = dataclasses.replace(after, pid=runtime.pid)  # known once the process runs
     store(runtime, after)
     return after
+
+
+def _adopt_unknown_fingerprints(state: ProcessState, wanted: Wanted) -> ProcessState:
+    """A process started before runs carried a fingerprint is taken to be what it was asked
+    to be (not restarted because of an upgrade)."""
+    known = [t for t in (wanted.target, wanted.default) if t is not None]
+
+    def adopt(target: Target | None) -> Target | None:
+        if target is None or target.fingerprint:
+            return target
+        same = next(
+            (t for t in known if (t.model_id, t.preset_id) == (target.model_id, target.preset_id)), None
+        )
+        return same or target
+
+    running = adopt(state.running)
+    failure = state.failure
+    if failure is not None:
+        adopted = adopt(failure.target)
+        if adopted is not None and adopted != failure.target:
+            failure = dataclasses.replace(failure, target=adopted)
+    if running == state.running and failure is state.failure:
+        return state
+    return dataclasses.replace(state, running=running, failure=failure)
 
 
 def stop_local_processes(*, node_name: str, timeout: float) -> int:
