@@ -110,7 +110,7 @@ class Forwarder:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
+        except (OSError, asyncio.CancelledError):  # no way on, or the forwarder stops
             writer.close()
             return
 

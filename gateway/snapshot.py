@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.utils import timezone
 
 from channels_app.node_agent.processes import url_host
@@ -157,6 +158,10 @@ def _read_snapshot() -> Snapshot:
     return Snapshot(callers=callers, channels=tuple(views), aliases=aliases, taken_at=time.monotonic())
 
 
+# How long a request waits for a fresh snapshot before it is told the database is away.
+SNAPSHOT_TIMEOUT_SECONDS = 5.0
+
+
 class SnapshotCache:
     """The current snapshot, kept fresh by a background task while requests come in.
 
@@ -190,7 +195,16 @@ class SnapshotCache:
             if time.monotonic() - self.current.taken_at >= self.max_age * 0.75:
                 from asgiref.sync import sync_to_async
 
-                self.current = await sync_to_async(read_snapshot, thread_sensitive=False)()
+                try:
+                    self.current = await asyncio.wait_for(
+                        sync_to_async(read_snapshot, thread_sensitive=False)(), SNAPSHOT_TIMEOUT_SECONDS
+                    )
+                except TimeoutError:
+                    # Requests wait on this read: a database that does not answer gets them a
+                    # 503 naming it, not a hang (the read's thread gives up by itself later).
+                    raise DatabaseError(
+                        f"the database did not answer within {SNAPSHOT_TIMEOUT_SECONDS:g} s"
+                    ) from None
 
     async def _keep_fresh(self) -> None:
         while time.monotonic() - self.last_used < self.IDLE_STOP:

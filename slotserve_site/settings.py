@@ -153,6 +153,18 @@ if _database_url:
         DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
     except ValueError as exc:
         raise SettingError(f"DATABASE_URL is not a database URL: {exc}") from None
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # A database behind a network that goes silent must not hang a node worker or the
+        # gateway's snapshot for minutes: give up connecting after 5 s, and notice a dead
+        # connection within about 25 s (TCP keepalives). The URL's own options win.
+        DATABASES["default"]["OPTIONS"] = {
+            "connect_timeout": 5,
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
+            **DATABASES["default"].get("OPTIONS", {}),
+        }
 else:
     DATABASES = {
         "default": {

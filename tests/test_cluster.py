@@ -394,6 +394,14 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
     )
     assert ChannelRuntime.objects.get(channel=channel_b).pid == runtime_b.pid
     assert chat(ana_key, "tiny-b").status_code == 200
+    # Connections opened or written to while the link was down catch up only at TCP's next
+    # retransmission (seconds apart): let node B's heartbeat settle before the next check.
+    restored = timezone.now()
+    _wait(
+        "node B's heartbeat to settle after the link returned",
+        lambda: Node.objects.get(name="node-b").last_heartbeat > restored + timedelta(seconds=5),
+        timeout=20,
+    )
 
     # The scheduler is killed: the nodes keep their own heartbeats (ready for more than three
     # ticks without it), the processes keep serving; `run` starts it again and it decides.

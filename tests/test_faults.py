@@ -19,6 +19,7 @@ from django.utils import timezone
 from channels_app.models import Channel
 from channels_app.node_agent import worker
 from gateway.counters import GATE, key
+from gateway.services import api_key_create
 from tests import factories
 from tests.conftest import free_port, serve
 
@@ -237,3 +238,48 @@ def test_a_worker_killed_holding_the_lock_frees_the_channel_within_two_ticks(set
     )
     assert time.monotonic() - killed <= 2 * settings.SLOTSERVE_TICK_SECONDS
     assert Channel.objects.get(pk=channel.pk).runtime.phase == "stopped"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_that_hangs_gets_a_503_naming_it_not_a_hung_gateway(gateway_url, monkeypatch, ana):
+    """A read of the snapshot that never returns (a database behind a silent network) must not
+    hold every request: after SNAPSHOT_TIMEOUT_SECONDS the caller hears why."""
+    import threading as threads
+
+    import gateway.snapshot as snapshot
+
+    release = threads.Event()
+    monkeypatch.setattr(snapshot, "SNAPSHOT_TIMEOUT_SECONDS", 0.5)
+    monkeypatch.setattr(snapshot, "read_snapshot", lambda: release.wait(10))
+    _, key = api_key_create(user=ana, name="t")
+    started = time.monotonic()
+    try:
+        answer = httpx.post(
+            f"{gateway_url}/v1/chat/completions",
+            json={"model": "x", "messages": []},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=10,
+        )
+    finally:
+        release.set()
+    assert time.monotonic() - started < 3
+    assert answer.status_code == 503 and "database" in answer.json()["error"]["message"]
+    assert answer.headers["retry-after"]
+
+
+def test_postgresql_connections_give_up_instead_of_hanging(monkeypatch):
+    """connect_timeout and TCP keepalives on every PostgreSQL connection (the URL's own win)."""
+    import importlib
+
+    import slotserve_site.settings as site_settings
+
+    try:
+        with monkeypatch.context() as patched:
+            patched.setenv("DATABASE_URL", "postgres://u@db.example:5432/slotserve?connect_timeout=9")
+            options = importlib.reload(site_settings).DATABASES["default"]["OPTIONS"]
+            patched.setenv("DATABASE_URL", "postgres://u@db.example:5432/slotserve")
+            plain = importlib.reload(site_settings).DATABASES["default"]["OPTIONS"]
+    finally:
+        importlib.reload(site_settings)  # as the environment has it again
+    assert str(options["connect_timeout"]) == "9" and options["keepalives"] == 1
+    assert plain["connect_timeout"] == 5 and plain["keepalives_idle"] == 10

@@ -462,3 +462,20 @@ def test_follow_up_delay(phase, age, delay):
     from channels_app.node_agent.tasks import follow_up_delay
 
     assert follow_up_delay(phase, age) == (pytest.approx(delay) if delay is not None else None)
+
+
+@pytest.mark.parametrize(
+    ("backend", "advice", "not_advice"),
+    [
+        ("llama.cpp", ["-ngl", "-c"], ["--gpu-memory-utilization"]),
+        ("vllm", ["--gpu-memory-utilization", "--max-model-len", "--tensor-parallel-size"], ["-ngl"]),
+        ("sglang", ["--mem-fraction-static", "--context-length", "--tp-size"], ["-ngl"]),
+    ],
+)
+def test_out_of_memory_advice_speaks_each_backends_options(backend, advice, not_advice):
+    text = explain_failure(
+        exit_code=1, log_tail="torch.OutOfMemoryError: CUDA out of memory.", backend=backend
+    )
+    assert "ran out of memory" in text
+    assert all(option in text for option in advice), text
+    assert not any(option in text.split() for option in not_advice), text

@@ -75,6 +75,7 @@ class Observed:
     in_flight: int = 0
     gpu_freed: bool = True
     log_tail: str = ""
+    backend: str = ""  # of the model the process runs: its out-of-memory advice names its options
 
 
 # --- Actions the worker performs -------------------------------------------
@@ -141,13 +142,25 @@ OOM_PATTERNS = re.compile(
 LAUNCH_FAILED = "could not start"
 
 
-def explain_failure(*, exit_code: int | None, log_tail: str, timed_out_after: float | None = None) -> str:
+# What to change after running out of GPU memory, in each backend's own options.
+OOM_ADVICE = {
+    "llama.cpp": "Lower -ngl (fewer layers on the GPU) or -c (a shorter context) in the preset, or book "
+    "a channel with more GPU memory.",
+    "vllm": "Lower --gpu-memory-utilization (the share of GPU memory vLLM takes) or --max-model-len "
+    "(a shorter context) in the preset, or spread the model over more GPUs with "
+    "--tensor-parallel-size on a channel that has them.",
+    "sglang": "Lower --mem-fraction-static (the share of GPU memory SGLang keeps) or --context-length in "
+    "the preset, or spread the model over more GPUs with --tp-size on a channel that has them.",
+}
+
+
+def explain_failure(
+    *, exit_code: int | None, log_tail: str, timed_out_after: float | None = None, backend: str = ""
+) -> str:
     """A failed run's reason in plain words, from its exit and its own output."""
     if OOM_PATTERNS.search(log_tail):
-        return (
-            "The GPU ran out of memory while loading the model. Lower -ngl (fewer layers on the GPU) "
-            "or -c (a shorter context) in the preset, or book a channel with more GPU memory."
-        )
+        advice = OOM_ADVICE.get(backend, OOM_ADVICE["llama.cpp"])
+        return f"The GPU ran out of memory while loading the model. {advice}"
     if timed_out_after is not None:
         return f"The model was not ready within {timed_out_after:g} s (SLOTSERVE_LOAD_TIMEOUT_SECONDS)."
     last = [line for line in log_tail.strip().splitlines() if line.strip()][-3:]
@@ -245,7 +258,7 @@ def step(state: ProcessState, wanted: Wanted, seen: Observed, now: datetime) -> 
     assert state.since is not None
     if phase == Phase.LOADING:
         if not seen.alive:
-            error = explain_failure(exit_code=seen.exit_code, log_tail=seen.log_tail)
+            error = explain_failure(exit_code=seen.exit_code, log_tail=seen.log_tail, backend=seen.backend)
             return _fail(state, wanted, now, error, alive=False)
         if target != state.running:
             # Nothing is served yet, so nothing to drain: stop the load at once.
@@ -254,14 +267,17 @@ def step(state: ProcessState, wanted: Wanted, seen: Observed, now: datetime) -> 
             return _ready(state, wanted, now)
         if now - state.since >= timedelta(seconds=wanted.load_timeout_seconds):
             error = explain_failure(
-                exit_code=None, log_tail=seen.log_tail, timed_out_after=wanted.load_timeout_seconds
+                exit_code=None,
+                log_tail=seen.log_tail,
+                timed_out_after=wanted.load_timeout_seconds,
+                backend=seen.backend,
             )
             return _fail(state, wanted, now, error, alive=True)
         return Step(state)
 
     if phase == Phase.READY:
         if not seen.alive:
-            error = explain_failure(exit_code=seen.exit_code, log_tail=seen.log_tail)
+            error = explain_failure(exit_code=seen.exit_code, log_tail=seen.log_tail, backend=seen.backend)
             return _fail(state, wanted, now, error, alive=False)
         if wanted.reload_generation != state.reload_generation:
             return _stop(state, now, [])  # an explicit reload restarts at once, without draining

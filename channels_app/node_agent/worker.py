@@ -255,8 +255,17 @@ def observe(runtime: ChannelRuntime, channel: Channel, now: datetime) -> Observe
         if runtime.log_path and (not alive or phase == Phase.LOADING)
         else ""
     )
+    backend = ""
+    if tail and runtime.model_id is not None:
+        backend = LLMModel.objects.filter(pk=runtime.model_id).values_list("backend", flat=True).first() or ""
     return Observed(
-        alive=alive, exit_code=exit_code, healthy=healthy, in_flight=count, gpu_freed=freed, log_tail=tail
+        alive=alive,
+        exit_code=exit_code,
+        healthy=healthy,
+        in_flight=count,
+        gpu_freed=freed,
+        log_tail=tail,
+        backend=backend,
     )
 
 
