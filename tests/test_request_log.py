@@ -22,6 +22,16 @@ from tests.test_gateway_http import book, call
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def wait_for_records(count: int) -> None:
+    """The gateway pushes a request's record right after the answer went out: wait for them."""
+    from channels_app.vocabulary import RedisKey, redis_key
+
+    deadline = time.monotonic() + 5
+    while redis_client().llen(redis_key(RedisKey.REQUEST_LOG, "all")) < count:
+        assert time.monotonic() < deadline, "the gateway did not push its records"
+        time.sleep(0.02)
+
+
 def api_for(user) -> APIClient:
     client = APIClient()
     client.force_authenticate(user)
@@ -37,6 +47,7 @@ def test_every_request_is_one_row_written_off_the_hot_path(gateway_url, world, s
     book(world, "ana")
     time.sleep(0.15)
     assert call(gateway_url + "/channels/ch-a", world["bo"]).status_code == 403
+    wait_for_records(4)
     assert RequestLog.objects.count() == 0  # nothing written while answering
     assert flush_request_log(redis_client()) == 4
     assert flush_request_log(redis_client()) == 0  # each record once
@@ -72,6 +83,7 @@ def test_owners_see_their_rows_staff_see_all_with_filters_and_csv(gateway_url, w
     call(gateway_url, world["ana"])
     call(gateway_url, world["bo"], model="llama")
     call(gateway_url, world["bo"], model="nothing")
+    wait_for_records(3)
     flush_request_log(redis_client())
 
     mine = api_for(world["bo_user"]).get("/api/requests/").data
@@ -110,6 +122,7 @@ def test_rows_older_than_the_retention_go_at_the_next_flush(settings, ana):
 def test_records_of_deleted_users_and_keys_are_kept_as_far_as_they_exist(gateway_url, world):
     call(gateway_url, world["bo"], model="llama")
     call(gateway_url, world["ana"])
+    wait_for_records(2)
     from gateway.models import ApiKey
 
     ApiKey.objects.filter(user=world["ana_user"]).delete()
@@ -121,6 +134,7 @@ def test_records_of_deleted_users_and_keys_are_kept_as_far_as_they_exist(gateway
 
 def test_a_database_that_fails_keeps_the_records_for_the_next_flush(gateway_url, world, monkeypatch):
     call(gateway_url, world["ana"])
+    wait_for_records(1)
     from django.db import DatabaseError
 
     def broken(*args, **kwargs):
