@@ -18,7 +18,7 @@ from django.views.decorators.http import require_POST
 
 from channels_app.models import Channel, LLMModel, ModelFile, Node, Preset
 from channels_app.scheduling import selectors
-from channels_app.scheduling.selectors import model_load_estimates
+from channels_app.scheduling.selectors import preset_load_estimates
 from channels_app.scheduling.services import plan_for
 from channels_app.target import Target
 from channels_app.vocabulary import Phase, Reason
@@ -253,15 +253,28 @@ def run_log(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 def models_page(request: HttpRequest) -> HttpResponse:
     channels = list(Channel.objects.select_related("node").prefetch_related("node__gpus"))
-    estimates = model_load_estimates()
+    by_target = preset_load_estimates()
+    node_names = dict(Node.objects.values_list("pk", "name"))
+
+    def loads(model_id: int, preset_id: int) -> str:
+        """The scheduler's estimate of this preset on each node, e.g. "here 500 s, there 65 s"."""
+        found = sorted(
+            (node_names.get(n, "?"), s)
+            for (m, p, n), s in by_target.items()
+            if (m, p) == (model_id, preset_id)
+        )
+        return ", ".join(f"{name} {round(seconds)} s" for name, seconds in found)
+
     rows = []
     for model in LLMModel.objects.prefetch_related("presets", "nodes"):
+        worst = max((s for (m, _, _), s in by_target.items() if m == model.pk), default=0.0)
         rows.append(
             {
                 "model": model,
-                "estimate": round(estimates.get(model.pk, 0)),
+                "estimate": round(worst),
                 "presets": [
-                    (p, " ".join(p.args_effective), memory_estimate(model, p)) for p in model.presets.all()
+                    (p, " ".join(p.args_effective), memory_estimate(model, p), loads(model.pk, p.pk))
+                    for p in model.presets.all()
                 ],
                 "exceeds": [c.name for c in channels if model.size_bytes > c.vram_bytes()],
                 "present_on": [n.name for n in model.nodes.all()],

@@ -205,6 +205,7 @@ class LLMModelSerializer(serializers.ModelSerializer[LLMModel]):
     size_bytes = serializers.IntegerField(required=False, min_value=0)
     nodes = IdOrNameField(queryset=Node.objects.all(), many=True, required=False)
     estimated_load_seconds = serializers.SerializerMethodField()
+    load_estimates = serializers.SerializerMethodField()
     exceeds_vram = serializers.SerializerMethodField()
 
     class Meta:
@@ -218,12 +219,26 @@ class LLMModelSerializer(serializers.ModelSerializer[LLMModel]):
             "nodes",
             "labels",
             "estimated_load_seconds",
+            "load_estimates",
             "exceeds_vram",
         ]
 
     def get_estimated_load_seconds(self, model: LLMModel) -> float:
+        """The slowest of the estimates below: what to expect at worst."""
         estimates: dict[int, float] = self.context.get("load_estimates", {})
         return round(estimates.get(model.pk, 0.0), 1)
+
+    def get_load_estimates(self, model: LLMModel) -> list[dict[str, Any]]:
+        """The estimate the scheduler uses, per preset (``null``: none) and node (SPEC §3)."""
+        estimates: dict[tuple[int, int | None, int], float] = self.context.get("preset_load_estimates", {})
+        names: dict[int, str] = self.context.get("node_names", {})
+        return [
+            {"preset": preset_id, "node": names.get(node_id), "seconds": round(seconds, 1)}
+            for (model_id, preset_id, node_id), seconds in sorted(
+                estimates.items(), key=lambda item: (item[0][1] or 0, names.get(item[0][2], ""))
+            )
+            if model_id == model.pk
+        ]
 
     def get_exceeds_vram(self, model: LLMModel) -> dict[str, bool]:
         """Per channel: is the model's file larger than the channel's GPU memory (SPEC §4)?"""

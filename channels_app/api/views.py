@@ -31,7 +31,7 @@ from channels_app.models import Channel, LLMModel, ModelAlias, ModelFile, Node, 
 from channels_app.node_agent.log_shipping import valid_cursor
 from channels_app.node_agent.run_logs import lines_since, recent_lines_with_cursor, whole_log
 from channels_app.scheduling import services
-from channels_app.scheduling.selectors import model_load_estimates
+from channels_app.scheduling.selectors import preset_load_estimates
 from slotserve_site.api_fields import (
     IdOrNameField,
     IsStaffOrReadOnly,
@@ -77,7 +77,12 @@ class LLMModelViewSet(viewsets.ModelViewSet[LLMModel]):
         context = dict(super().get_serializer_context())
         channels = Channel.objects.select_related("node").prefetch_related("node__gpus")
         context["channel_vram"] = {c.name: c.vram_bytes() for c in channels}
-        context["load_estimates"] = model_load_estimates()
+        by_target = preset_load_estimates()
+        context["load_estimates"] = {}
+        for (model_id, _, _), seconds in by_target.items():
+            context["load_estimates"][model_id] = max(seconds, context["load_estimates"].get(model_id, 0.0))
+        context["preset_load_estimates"] = by_target
+        context["node_names"] = dict(Node.objects.values_list("pk", "name"))
         return context
 
 

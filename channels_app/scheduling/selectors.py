@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db.models import F, OuterRef, Q, QuerySet, Subquery, Window
 from django.db.models.functions import RowNumber
 
-from channels_app.models import Channel, LLMModel, LoadRecord, Node, Override
+from channels_app.models import Channel, LLMModel, LoadRecord, Node, Override, Preset
 from channels_app.scheduling.decision import DecisionInput, OverrideFacts, SchedulingSettings, Slot
 from channels_app.scheduling.load_estimates import RECENT_LOADS, estimate_load_seconds
 from channels_app.target import Target
@@ -62,13 +62,19 @@ def load_estimates(wanted: Iterable[tuple[int, Target]]) -> dict[tuple[int, Targ
         .values_list("node_id", "model_id", "preset_id", "started", "finished")
     )
     durations: dict[tuple[int, Target], list[float]] = defaultdict(list)
+    # The model's loads on the node with any preset, newest first: what a preset that has not
+    # loaded there yet is estimated by (seed 000: "the model's recent loads").
+    of_model: dict[tuple[int, int], list[tuple[datetime, float]]] = defaultdict(list)
     for node_id, model_id, preset_id, started, finished in recent:
         if finished is None:  # excluded by the query; keeps the types honest
             continue
-        durations[(node_id, Target(model_id, preset_id))].append((finished - started).total_seconds())
+        seconds = (finished - started).total_seconds()
+        durations[(node_id, Target(model_id, preset_id))].append(seconds)
+        of_model[(node_id, model_id)].append((finished, seconds))
     return {
         (node_id, target): estimate_load_seconds(
-            recent_load_seconds=durations.get((node_id, target), []),
+            recent_load_seconds=durations.get((node_id, Target(target.model_id, target.preset_id)))
+            or [seconds for _, seconds in sorted(of_model.get((node_id, target.model_id), []), reverse=True)],
             size_bytes=sizes.get(target.model_id, 0),
             disk_read_mbps=settings.SLOTSERVE_DISK_READ_MBPS,
         )
@@ -176,15 +182,22 @@ def channel_window_inputs(*, channel: Channel, start: datetime, end: datetime) -
     return _build_inputs([fresh], slots)[fresh.pk].decision_input
 
 
+def preset_load_estimates() -> dict[tuple[int, int | None, int], float]:
+    """The estimate the scheduler uses for every model, each of its presets (and none), on every
+    node: ``(model id, preset id, node id) → seconds``."""
+    nodes = list(Node.objects.values_list("pk", flat=True)) or [0]
+    targets = [Target(m) for m in LLMModel.objects.values_list("pk", flat=True)]
+    targets += [Target(m, p) for p, m in Preset.objects.values_list("pk", "model_id")]
+    estimates = load_estimates((n, t) for n in nodes for t in targets)
+    return {(t.model_id, t.preset_id, n): seconds for (n, t), seconds in estimates.items()}
+
+
 def model_load_estimates() -> dict[int, float]:
-    """Each model's load estimate without a preset, on the node it loads slowest on.
+    """Each model's slowest estimate over its presets and the nodes: what to expect at worst.
 
     A model not yet loaded anywhere gets the size-based first estimate.
     """
-    nodes = list(Node.objects.values_list("pk", flat=True)) or [0]
-    model_ids = list(LLMModel.objects.values_list("pk", flat=True))
-    estimates = load_estimates((n, Target(m)) for n in nodes for m in model_ids)
     result: dict[int, float] = {}
-    for (_, target), seconds in estimates.items():
-        result[target.model_id] = max(seconds, result.get(target.model_id, 0.0))
+    for (model_id, _, _), seconds in preset_load_estimates().items():
+        result[model_id] = max(seconds, result.get(model_id, 0.0))
     return result
