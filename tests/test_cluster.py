@@ -399,7 +399,9 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
     restored = timezone.now()
     _wait(
         "node B's heartbeat to settle after the link returned",
-        lambda: Node.objects.get(name="node-b").last_heartbeat > restored + timedelta(seconds=5),
+        lambda: (
+            (Node.objects.get(name="node-b").last_heartbeat or restored) > restored + timedelta(seconds=5)
+        ),
         timeout=20,
     )
 
