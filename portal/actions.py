@@ -24,7 +24,7 @@ from django.views.decorators.http import require_POST
 from icalendar import Calendar, Event
 
 from channels_app.errors import InvalidInput
-from channels_app.models import Channel, Preset
+from channels_app.models import Channel, LLMModel, Preset
 from channels_app.scheduling.services import channel_reload, override_clear, override_set
 from channels_app.vocabulary import NotificationEvent
 from gateway.models import ApiKey
@@ -85,7 +85,13 @@ def book(request: HttpRequest) -> HttpResponse:
         initial.update(start=start.replace(minute=0), end=start.replace(minute=0) + timedelta(hours=1))
         form = BookingForm(initial=initial)
     presets = [{"id": p.pk, "model": p.model_id, "name": p.name} for p in Preset.objects.all()]
-    return render(request, "portal/book.html", {"form": form, "presets": presets})
+    # For the model list's own "exceeds the GPU memory" marks (per chosen channel).
+    channels = Channel.objects.select_related("node").prefetch_related("node__gpus")
+    fit = {
+        "vram": {str(c.pk): c.vram_bytes() for c in channels},
+        "sizes": {str(pk): size for pk, size in LLMModel.objects.values_list("pk", "size_bytes")},
+    }
+    return render(request, "portal/book.html", {"form": form, "presets": presets, "fit": fit})
 
 
 @login_required

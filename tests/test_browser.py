@@ -125,3 +125,25 @@ def test_book_approve_watch_cancel_and_read(browser, live_server, settings):
     page.wait_for_url(f"{live_server.url}/notifications/")
     assert page.query_selector("#unread-count") is None
     assert staff.is_staff
+
+
+def test_the_booking_dialogs_model_list_says_which_models_exceed_the_channels_memory(browser, live_server):
+    """Seed 000: 'exceeds VRAM' in the model list itself, for the channel chosen, not only as a
+    hint after choosing."""
+    factories.user("ana")
+    small = factories.channel("small-0", on=factories.node("n-small", memory=8 * factories.GiB))
+    large = factories.channel("large-0", on=factories.node("n-large", memory=80 * factories.GiB))
+    big = factories.llm("big-70b", size=40 * factories.GiB)
+    tiny = factories.llm("tiny-1b", size=1 * factories.GiB)
+    page = sign_in(browser, live_server, "ana")
+    page.goto(f"{live_server.url}/book/")
+
+    def label(model) -> str:
+        return page.eval_on_selector(f'#id_model option[value="{model.pk}"]', "o => o.textContent")
+
+    page.select_option("#id_channel", str(small.pk))
+    assert "exceeds" in label(big) and "8.0 GiB" in label(big)
+    assert "exceeds" not in label(tiny)
+    page.select_option("#id_channel", str(large.pk))
+    assert "exceeds" not in label(big)
+    shot(page, "booking-dialog-model-fit")
