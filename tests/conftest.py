@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -264,3 +266,28 @@ def world(standins, ana, bo):
         "ana_user": ana,
         "bo_user": bo,
     }
+
+
+@contextlib.contextmanager
+def running_llama_server(binary: str, model: Path, *args: str, secret: str = "") -> Iterator[int]:
+    """A real llama-server on a free port, healthy before the block runs (behind ``secret`` when
+    given, as a node starts it); stopped after. Yields the port."""
+    port = free_port()
+    extra = ["--api-key", secret] if secret else []
+    child = subprocess.Popen(
+        [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), *args, *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        yield port
+    finally:
+        child.terminate()
+        child.wait()

@@ -139,7 +139,7 @@ def test_the_booking_dialogs_model_list_says_which_models_exceed_the_channels_me
     page.goto(f"{live_server.url}/book/")
 
     def label(model) -> str:
-        return page.eval_on_selector(f'#id_model option[value="{model.pk}"]', "o => o.textContent")
+        return str(page.eval_on_selector(f'#id_model option[value="{model.pk}"]', "o => o.textContent"))
 
     page.select_option("#id_channel", str(small.pk))
     assert "exceeds" in label(big) and "8.0 GiB" in label(big)

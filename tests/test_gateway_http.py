@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 from datetime import timedelta
@@ -20,7 +19,7 @@ from channels_app.shared import redis_client
 from gateway.counters import GATE, INFLIGHT, key
 from gateway.services import api_key_revoke
 from tests import factories
-from tests.conftest import free_port, serve
+from tests.conftest import free_port, running_llama_server, serve
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -279,34 +278,7 @@ def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, w
 def test_openai_client_streams_from_a_real_llama_server(gateway_url, world, llama_server_bin, tiny_gguf):
     import openai
 
-    port = free_port()
-    child = subprocess.Popen(
-        [
-            llama_server_bin,
-            "-m",
-            str(tiny_gguf),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--alias",
-            "tiny",
-            "-c",
-            "256",
-            "-t",
-            "1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.05)
+    with running_llama_server(llama_server_bin, tiny_gguf, "--alias", "tiny", "-c", "256", "-t", "1") as port:
         tiny = factories.llm("tiny")
         serve(world["b"], tiny, port)
         time.sleep(0.1)
@@ -318,9 +290,6 @@ def test_openai_client_streams_from_a_real_llama_server(gateway_url, world, llam
         assert len(chunks) >= 2
         assert any(c.choices and c.choices[0].delta.content for c in chunks)
         assert all(c.model for c in chunks)
-    finally:
-        child.terminate()
-        child.wait()
 
 
 def test_metrics_count_answers_phases_loads_and_reservations(gateway_url, world, settings):

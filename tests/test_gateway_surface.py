@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from django.utils import timezone
 from channels_app.models import ChannelRuntime
 from gateway.services import api_key_create
 from tests import factories
-from tests.conftest import free_port
+from tests.conftest import free_port, running_llama_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,28 +33,11 @@ PAGE_ORIGIN_PORT = free_port()
 @pytest.fixture
 def tiny_server(llama_server_bin, tiny_gguf) -> Iterator[dict[str, Any]]:
     """The real llama-server with the tiny model, behind its run's secret, as a node starts it."""
-    port, secret = free_port(), secrets.token_urlsafe(16)
-    child = subprocess.Popen(
-        [
-            *(llama_server_bin, "-m", str(tiny_gguf), "--host", "127.0.0.1", "--port", str(port)),
-            *("--alias", "tiny", "-c", "512", "-t", "1", "--api-key", secret),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
+    secret = secrets.token_urlsafe(16)
+    with running_llama_server(
+        llama_server_bin, tiny_gguf, "--alias", "tiny", "-c", "512", "-t", "1", secret=secret
+    ) as port:
         yield {"port": port, "secret": secret, "direct": f"http://127.0.0.1:{port}"}
-    finally:
-        child.terminate()
-        child.wait()
 
 
 @pytest.fixture
@@ -371,24 +353,9 @@ def test_the_sdk_retries_after_the_retry_after_of_a_drain(gateway_url, world, se
 
 
 def test_embeddings_through_an_embeddings_preset(gateway_url, llama_server_bin, tiny_gguf, ana):
-    port, secret = free_port(), secrets.token_urlsafe(16)
-    child = subprocess.Popen(
-        [
-            *(llama_server_bin, "-m", str(tiny_gguf), "--host", "127.0.0.1", "--port", str(port)),
-            *("--alias", "tiny-embed", "-c", "256", "-t", "1", "--embeddings", "--pooling", "mean"),
-            *("--api-key", secret),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.05)
+    secret = secrets.token_urlsafe(16)
+    embedding = ("--alias", "tiny-embed", "-c", "256", "-t", "1", "--embeddings", "--pooling", "mean")
+    with running_llama_server(llama_server_bin, tiny_gguf, *embedding, secret=secret) as port:
         channel = factories.channel("embed-0")
         ChannelRuntime.objects.create(
             channel=channel,
@@ -407,6 +374,3 @@ def test_embeddings_through_an_embeddings_preset(gateway_url, llama_server_bin, 
         client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=key, max_retries=0)
         vectors = client.embeddings.create(model="tiny-embed", input=["hello", "world"]).data
         assert len(vectors) == 2 and len(vectors[0].embedding) > 0
-    finally:
-        child.terminate()
-        child.wait()
