@@ -50,13 +50,26 @@ def test_each_filter(changes, wanted, filter_name, why):
         assert result.ranked == [] and result.removed == {filter_name: [("a", why)]}
 
 
+def test_filters_run_in_the_seeds_order_labels_first_and_free_at_that_time_last():
+    """Seed 001 (GPUStack's chain): labels, then worker status, backend, local path, resource
+    fit; SlotServe's "free at that time" comes last. A channel failing several is counted under
+    the first."""
+    from channels_app.placement.chains import FILTERS
+
+    assert [name for name, _ in FILTERS] == ["labels", "node_ready", "backend", "file", "memory", "free"]
+    everything_wrong = cand("a", node_ready=False, labels={}, free_at_time=False)
+    result = place([everything_wrong], dataclasses.replace(WANT, labels={"gpu": "a100"}))
+    assert list(result.removed) == ["labels"]
+    assert result.message == "0/1 channels: 1 lacks the model's labels"
+
+
 def test_nothing_fits_counts_every_reason():
     result = place(
         [cand("a", vram_bytes=16 * GiB), cand("b", vram_bytes=16 * GiB), cand("c", node_ready=False)],
         dataclasses.replace(WANT, need_bytes=int(23.1 * GiB)),
     )
     assert result.message == (
-        "0 of 3 channels: 1 node not ready, 2 have too little GPU memory (needs 23.1 GiB, have 16.0 GiB)"
+        "0/3 channels: 1 node not ready, 2 have too little GPU memory (needs 23.1 GiB, have 16.0 GiB)"
     )
 
 
@@ -147,7 +160,7 @@ def test_placement_api_ranks_and_explains(ana_api):
     model.save()
     none = ana_api.get("/api/placement", query).data
     assert none["message"] == (
-        "0 of 4 channels: 4 have too little GPU memory (needs 100.0 GiB, have 24.0 GiB, 80.0 GiB)"
+        "0/4 channels: 4 have too little GPU memory (needs 100.0 GiB, have 24.0 GiB, 80.0 GiB)"
     )
     bad = ana_api.get("/api/placement", {**query, "policy": "pack"})
     assert bad.status_code == 400 and "policy" in bad.data

@@ -96,10 +96,13 @@ def _free(c: Candidate, w: Need) -> str | None:
     return None if c.free_at_time else "booked at that time"
 
 
-# The chain, in order; the first filter that removes a channel gives its reason.
+# The chain, in the seed's order (GPUStack's: labels, worker status, backend, local path, resource
+# fit), SlotServe's "free at that time" last; the first filter that removes a channel gives its
+# reason. (GPUStack's cluster and GPU-matching filters have no counterpart: a channel is one
+# node's GPUs already.)
 FILTERS: list[tuple[str, Filter]] = [
-    ("node_ready", _node_ready),
     ("labels", _labels),
+    ("node_ready", _node_ready),
     ("backend", _backend),
     ("file", _file),
     ("memory", _memory),
@@ -171,7 +174,8 @@ def place(
 
 
 def nothing_fits(total: int, removed: Mapping[str, list[tuple[str, str]]]) -> str:
-    """'0 of 3 channels: 2 have too little GPU memory (needs 23.1 GiB, has 16.0 GiB), 1 node not ready'."""
+    """The seed's diagnostic form: '0/3 channels: 1 node not ready, 2 have too little GPU memory
+    (needs 23.1 GiB, have 16.0 GiB)'."""
     parts = []
     for name, _ in FILTERS:
         entries = removed.get(name, [])
@@ -189,4 +193,4 @@ def nothing_fits(total: int, removed: Mapping[str, list[tuple[str, str]]]) -> st
         if count == 1 and name != "node_ready":
             words = words.replace("have ", "has ").replace("lack ", "lacks ").replace("are ", "is ")
         parts.append(f"{count} {words}{detail}")
-    return f"0 of {total} channels: " + ", ".join(parts) if parts else f"0 of {total} channels"
+    return f"0/{total} channels: " + ", ".join(parts) if parts else f"0/{total} channels"
