@@ -91,21 +91,40 @@ def test_spread_prefers_the_least_booked_channel_and_node():
 
 
 def test_locality_and_sums():
+    """Each scorer up to its own maximum; the total is their sum scaled to 100 (the seed's
+    scale_factor = total_max / sum_max)."""
     loaded = cand("b-loaded", runs_target=True)
     plain = cand("a-plain")
-    result = place([plain, loaded], WANT, maximums=ScoreMaximums(placement=10, locality=40))
+    result = place([plain, loaded], WANT, maximums=ScoreMaximums(placement=10, locality=40, warm=50))
     assert [(s.candidate.name, s.scores, s.total) for s in result.ranked] == [
         (
             "b-loaded",
-            {"placement": pytest.approx(8.33, abs=0.01), "locality": 40.0},
-            pytest.approx(48.33, abs=0.01),
+            {"placement": pytest.approx(8.33, abs=0.01), "locality": 40.0, "warm": 50.0},
+            pytest.approx(98.33, abs=0.01),  # (8.33 + 40 + 50) * 100 / 100
         ),
         (
             "a-plain",
-            {"placement": pytest.approx(8.33, abs=0.01), "locality": 20.0},
-            pytest.approx(28.33, abs=0.01),
+            {"placement": pytest.approx(8.33, abs=0.01), "locality": 40.0, "warm": 0.0},
+            pytest.approx(48.33, abs=0.01),
         ),
     ]
+
+
+def test_scorer_maxima_as_the_seed_gives_them():
+    """Seed 001: placement up to 100, model-file locality a light preference up to 5 (the file on
+    the channel's node or not: the share of the candidate's workers that have it), 0 turns it
+    off; the sum is scaled to 100."""
+    defaults = ScoreMaximums()
+    assert (defaults.placement, defaults.locality) == (100.0, 5.0)
+    small, large = cand("small", vram_bytes=24 * GiB), cand("large", vram_bytes=80 * GiB)
+    ranked = place([large, small], WANT).ranked
+    assert [s.candidate.name for s in ranked] == ["small", "large"]  # locality cannot outweigh binpack
+    assert ranked[0].scores["locality"] == 5.0
+    scale = 100 / (defaults.placement + defaults.locality + defaults.warm)
+    assert ranked[0].total == pytest.approx(sum(ranked[0].scores.values()) * scale)
+    assert ranked[0].total <= 100
+    off = place([large, small], WANT, maximums=ScoreMaximums(locality=0)).ranked
+    assert all(s.scores["locality"] == 0.0 for s in off)
 
 
 def test_ties_break_by_name():

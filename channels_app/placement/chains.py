@@ -45,18 +45,33 @@ class Need:
 
 @dataclass(frozen=True)
 class ScoreMaximums:
+    """Each scorer's maximum, as the seed gives them: placement 100, model-file locality a light
+    preference of 5 (0 turns a scorer off). ``warm`` is SlotServe's own: no load lost (the channel
+    runs the target already, or it is booked right beside), as light as locality."""
+
     placement: float = 100.0
-    locality: float = 100.0
+    locality: float = 5.0
+    warm: float = 5.0
+
+    @property
+    def scale(self) -> float:
+        """The seed's ``scale_factor = total_max / sum_max``: totals out of 100."""
+        total = sum(m for m in (self.placement, self.locality, self.warm) if m > 0)
+        return TOTAL_MAX / total if total > 0 else 1.0
+
+
+TOTAL_MAX = 100.0
 
 
 @dataclass(frozen=True)
 class Scored:
     candidate: Candidate
     scores: dict[str, float]
+    scale: float = 1.0  # ScoreMaximums.scale
 
     @property
     def total(self) -> float:
-        return sum(self.scores.values())
+        return sum(self.scores.values()) * self.scale
 
 
 @dataclass(frozen=True)
@@ -131,13 +146,15 @@ def placement_score(c: Candidate, w: Need, policy: str, maximum: float) -> float
 
 
 def locality_score(c: Candidate, maximum: float) -> float:
-    """The file already on the node; no load lost (same target loaded or booked adjacently)."""
-    score = 0.0
-    if c.file_present:
-        score += maximum / 2
-    if c.runs_target or c.adjacent_target:
-        score += maximum / 2
-    return score
+    """The seed's model-file locality: the share of the candidate's workers that have the file,
+    times the maximum. A channel is one node's GPUs, so the share is 1 or 0."""
+    return maximum if maximum > 0 and c.file_present else 0.0
+
+
+def warm_score(c: Candidate, maximum: float) -> float:
+    """SlotServe's own: no load lost, the channel runs the target already or it is booked right
+    beside the slot."""
+    return maximum if maximum > 0 and (c.runs_target or c.adjacent_target) else 0.0
 
 
 def place(
@@ -165,7 +182,9 @@ def place(
             {
                 "placement": round(placement_score(c, wanted, policy, maximums.placement), 2),
                 "locality": round(locality_score(c, maximums.locality), 2),
+                "warm": round(warm_score(c, maximums.warm), 2),
             },
+            maximums.scale,
         )
         for c in kept
     ]

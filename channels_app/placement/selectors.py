@@ -19,7 +19,9 @@ from channels_app.target import validate_target
 
 def maximums() -> ScoreMaximums:
     return ScoreMaximums(
-        placement=settings.SLOTSERVE_SCORE_PLACEMENT_MAX, locality=settings.SLOTSERVE_SCORE_LOCALITY_MAX
+        placement=settings.SLOTSERVE_SCORE_PLACEMENT_MAX,
+        locality=settings.SLOTSERVE_SCORE_LOCALITY_MAX,
+        warm=settings.SLOTSERVE_SCORE_WARM_MAX,
     )
 
 
