@@ -279,3 +279,33 @@ def test_hint_when_the_gpus_report_too_little_free_memory(tiny_gguf, ana_api):
     )
     codes = [w["code"] for w in answer.data["warnings"]]
     assert codes == ["estimated_memory_exceeds_free"]
+
+
+@pytest.mark.django_db
+def test_a_models_own_placement_strategy_drives_any_channel_and_the_suggestions(ana_api, staff_api, ana, bo):
+    """Seed 001: the strategy is the model's (GPUStack's placement_strategy); the API's ?policy=
+    still overrides it for one question."""
+    channels, model = _inventory()
+    start = timezone.now().replace(microsecond=0) + timedelta(hours=3)
+    # small-0 is busy around the slot: its node n1 is partly booked, n2 not at all.
+    factories.reservation(
+        owner=bo, on=channels[0], start=start - timedelta(hours=4), end=start + timedelta(hours=6)
+    )
+    query = {"model": "qwen", "start": iso(start), "end": iso(start + timedelta(hours=1))}
+    assert ana_api.get("/api/placement", query).data["channels"][0]["name"] == "small-1"  # binpack
+    assert (
+        staff_api.patch(f"/api/models/{model.pk}/", {"placement_strategy": "pack"}, format="json").status_code
+        == 400
+    )
+    changed = staff_api.patch(f"/api/models/{model.pk}/", {"placement_strategy": "spread"}, format="json")
+    assert changed.status_code == 200 and changed.data["placement_strategy"] == "spread"
+    assert ana_api.get("/api/placement", query).data["channels"][0]["name"] == "large"
+    assert (
+        ana_api.get("/api/placement", {**query, "policy": "binpack"}).data["channels"][0]["name"] == "small-1"
+    )
+    booked = ana_api.post(
+        "/api/reservations/",
+        {"channel": "auto", "model": "qwen", "start": iso(start), "end": iso(start + timedelta(hours=1))},
+        format="json",
+    )
+    assert booked.status_code == 201 and booked.data["channel_name"] == "large", booked.data

@@ -218,6 +218,7 @@ class LLMModelSerializer(serializers.ModelSerializer[LLMModel]):
             "size_bytes",
             "nodes",
             "labels",
+            "placement_strategy",
             "estimated_load_seconds",
             "load_estimates",
             "exceeds_vram",

@@ -80,6 +80,15 @@ class LLMModel(models.Model):
     labels = models.JSONField(
         default=dict, blank=True, help_text="Labels a channel must carry to run this model."
     )
+    placement_strategy = models.CharField(
+        max_length=10,
+        choices=[
+            ("binpack", "binpack: the smallest channel that fits"),
+            ("spread", "spread: the least busy"),
+        ],
+        default="binpack",
+        help_text="How 'any channel' bookings and the dialog's suggestions choose a channel (seed 001).",
+    )
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:

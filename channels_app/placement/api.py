@@ -22,7 +22,9 @@ class PlacementInput(serializers.Serializer[Any]):
     )
     start = MomentField()
     end = MomentField()
-    policy = serializers.ChoiceField(choices=["binpack", "spread"], default="binpack")
+    policy = serializers.ChoiceField(
+        choices=["binpack", "spread"], required=False, help_text="default: the model's placement_strategy"
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if attrs["end"] <= attrs["start"]:

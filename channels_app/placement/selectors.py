@@ -26,10 +26,16 @@ def maximums() -> ScoreMaximums:
 
 
 def placement_for(
-    *, model: LLMModel, start: datetime, end: datetime, preset: Preset | None = None, policy: str = "binpack"
+    *,
+    model: LLMModel,
+    start: datetime,
+    end: datetime,
+    preset: Preset | None = None,
+    policy: str | None = None,
 ) -> Placement:
+    """``policy`` None: the model's own ``placement_strategy``."""
     validate_target(model=model, preset=preset)
     candidates, wanted = placement_inputs(
         model=model, preset=preset, start=start, end=end, now=timezone.now()
     )
-    return place(candidates, wanted, policy=policy, maximums=maximums())
+    return place(candidates, wanted, policy=policy or model.placement_strategy, maximums=maximums())
