@@ -49,8 +49,17 @@ def test_each_service_gets_the_settings_it_needs_and_only_real_ones(name):
     assert unknown == set(), f"{name} sets variables SlotServe does not read: {unknown}"
     needed = {"DATABASE_URL", "SLOTSERVE_REDIS_URL", "SLOTSERVE_SECRET_KEY"}
     needed |= {
-        "web": {"SLOTSERVE_ALLOWED_HOSTS", "SLOTSERVE_CSRF_TRUSTED_ORIGINS"},
-        "scheduler": set(),
+        # The gateway's own settings reach it: browsers' origins, fair sharing, how long to hold.
+        "web": {
+            "SLOTSERVE_ALLOWED_HOSTS",
+            "SLOTSERVE_CSRF_TRUSTED_ORIGINS",
+            "SLOTSERVE_CORS_ORIGINS",
+            "SLOTSERVE_LIMIT_CONCURRENT_REQUESTS",
+            "SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE",
+            "SLOTSERVE_LIMIT_WEEKLY_TOKENS",
+            "SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS",
+        },
+        "scheduler": {"SLOTSERVE_REQUEST_LOG_DAYS"},  # its usage flush prunes the request log
         "node-worker": {"SLOTSERVE_NODE_NAME", "SLOTSERVE_PROCESS_HOST", "SLOTSERVE_MODEL_DIRS"},
     }[name]
     assert needed <= set(environment), needed - set(environment)
