@@ -443,17 +443,32 @@ class Gateway:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         left: asyncio.Future[None] | None = None  # while held: the client hanging up
+        # A held stream gets SSE comments every HOLD_COMMENT_SECONDS, so that nothing between
+        # the client and the gateway closes a quiet connection; its answer has begun then.
+        held_stream = body is not None and body.get("stream") is True
+        comment_at = loop.time() + HOLD_COMMENT_SECONDS
+        begun = False
         try:
             while True:
                 channel, request_id, refusal = await self.admission(snapshot, caller, model, pinned)
                 if refusal is None:
                     break
                 if refusal.status != 503 or refusal.code not in WAITABLE or loop.time() >= deadline:
-                    await refuse(send, refusal)
+                    if begun:  # the stream has begun: the refusal is its last event
+                        await send_event_error(send, refusal)
+                    else:
+                        await refuse(send, refusal)
                     return
                 # Held, as the caller asked: look again until the model is ready or time is up.
                 if left is None:
                     left = asyncio.ensure_future(_until_disconnect(receive))
+                if held_stream and loop.time() >= comment_at:
+                    if not begun:
+                        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+                        begun = True
+                    note = f": waiting for {model}: {refusal.message}\n\n".encode(errors="replace")
+                    await send({"type": "http.response.body", "body": note, "more_body": True})
+                    comment_at = loop.time() + HOLD_COMMENT_SECONDS
                 done, _ = await asyncio.wait({left}, timeout=min(HOLD_POLL_SECONDS, deadline - loop.time()))
                 if done:
                     return  # the client left: nothing goes upstream
@@ -461,6 +476,8 @@ class Gateway:
         finally:
             if left is not None:
                 left.cancel()
+        if begun:
+            send = _continuing_stream(send)
         assert channel is not None and request_id is not None
         answer.channel_id = channel.id
         answer.reservation_id = channel.booking.reservation_id if channel.booking else None
@@ -705,6 +722,40 @@ def over_limit_refusal(over: OverLimit, caller: Caller, now: datetime) -> Refusa
 # Refusals a caller may ask to wait out (X-SlotServe-Wait): the model will be ready.
 WAITABLE = frozenset({ErrorCode.MODEL_LOADING, ErrorCode.MODEL_SWITCHING})
 HOLD_POLL_SECONDS = 0.2
+HOLD_COMMENT_SECONDS = 5.0
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+async def send_event_error(send: Send, refusal: Refusal) -> None:
+    """A refusal as the last event of a stream that has begun (its status was 200 already)."""
+    event = json.loads(error_body(refusal.status, refusal.code, refusal.message))
+    await send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n"})
+
+
+def _continuing_stream(send: Send) -> Send:
+    """After a held stream's comments: the process's answer goes on in the same stream. Its own
+    start is dropped; an answer that is not a 200 stream becomes one error event."""
+    failed: list[bytes] | None = None
+
+    async def sending(message: Message) -> None:
+        nonlocal failed
+        if message["type"] == "http.response.start":
+            if message["status"] != 200:
+                failed = []
+            return
+        if failed is None:
+            await send(message)
+            return
+        failed.append(message.get("body", b""))
+        if not message.get("more_body"):
+            body = b"".join(failed).strip() or b'{"error": {"message": "the process failed"}}'
+            await send({"type": "http.response.body", "body": b"data: " + body + b"\n\n"})
+
+    return sending
 
 
 def wait_seconds(scope: Scope, caller: Caller) -> tuple[float, str]:

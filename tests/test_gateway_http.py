@@ -539,3 +539,55 @@ def test_model_aliases_route_as_their_model(gateway_url, world, staff):
         f"{gateway_url}/v1/models/gpt-4o-mini", headers={"Authorization": f"Bearer {world['bo']}"}
     )
     assert one.status_code == 200 and one.json()["id"] == "qwen"
+
+
+def test_a_held_stream_gets_sse_comments_then_the_answer(gateway_url, world, monkeypatch):
+    """llama-swap's behaviour for streams: while held, comments keep the connection busy (SSE
+    clients skip them); then the answer's events follow in the same stream."""
+    import openai
+
+    monkeypatch.setattr("gateway.proxy.HOLD_COMMENT_SECONDS", 0.2)
+    port = ChannelRuntime.objects.get(channel=world["a"]).port
+    serve(world["a"], world["qwen"], port, phase="loading")
+    time.sleep(0.15)
+    flipping = _ready_later(world["a"], world["qwen"], port, after=1.0)
+    raw = httpx.post(
+        f"{gateway_url}/v1/chat/completions",
+        json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        headers={"Authorization": f"Bearer {world['ana']}", "X-SlotServe-Wait": "10"},
+        timeout=30,
+    )
+    flipping.join()
+    assert raw.status_code == 200 and raw.headers["content-type"].startswith("text/event-stream")
+    assert raw.text.startswith(": waiting for qwen: channel ch-a is loading qwen")
+    assert raw.text.count(": waiting") >= 2 and raw.text.rstrip().endswith("data: [DONE]")
+    # The SDK reads it as any stream.
+    serve(world["a"], world["qwen"], port, phase="loading")
+    time.sleep(0.15)
+    flipping = _ready_later(world["a"], world["qwen"], port, after=0.6)
+    client = openai.OpenAI(
+        base_url=f"{gateway_url}/v1", api_key=world["ana"], default_headers={"X-SlotServe-Wait": "10"}
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model="qwen", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+    )
+    flipping.join()
+    assert any(c.choices and c.choices[0].delta.content for c in chunks)
+
+
+def test_a_held_stream_that_times_out_ends_with_an_error_event(gateway_url, world, monkeypatch):
+    monkeypatch.setattr("gateway.proxy.HOLD_COMMENT_SECONDS", 0.2)
+    port = ChannelRuntime.objects.get(channel=world["a"]).port
+    serve(world["a"], world["qwen"], port, phase="loading")
+    time.sleep(0.15)
+    raw = httpx.post(
+        f"{gateway_url}/v1/chat/completions",
+        json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        headers={"Authorization": f"Bearer {world['ana']}", "X-SlotServe-Wait": "1"},
+        timeout=30,
+    )
+    assert raw.status_code == 200 and raw.text.startswith(": waiting")
+    last = [line for line in raw.text.splitlines() if line.startswith("data: ")][-1]
+    assert json.loads(last[6:])["error"]["code"] == "model_loading"
