@@ -375,16 +375,7 @@ def main() -> None:
 async def relay_main(port: int, upstream_port: int) -> None:
     """The floor: a byte relay in asyncio streams (no HTTP parsing) in front of the upstream,
     what any Python proxy costs at least."""
-
-    async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-        try:
-            while data := await source.read(65536):
-                sink.write(data)
-                await sink.drain()
-        except OSError:
-            pass
-        finally:
-            sink.close()
+    from devtools.cluster import pipe
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream_port)

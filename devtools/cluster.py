@@ -114,21 +114,23 @@ class Forwarder:
             writer.close()
             return
 
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-            try:
-                while data := await source.read(65536):
-                    sink.write(data)
-                    await sink.drain()
-            except OSError:
-                pass
-            finally:
-                sink.close()
-
         try:
             await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         except asyncio.CancelledError:  # the forwarder stops: its connections end with it
             writer.close()
             up_writer.close()
+
+
+async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    """Copy bytes from ``source`` to ``sink`` until it ends, then close ``sink``."""
+    try:
+        while data := await source.read(65536):
+            sink.write(data)
+            await sink.drain()
+    except OSError:
+        pass
+    finally:
+        sink.close()
 
 
 def redis_executable() -> str:

@@ -60,6 +60,19 @@ def world(tiny_server, ana, bo) -> dict[str, Any]:
     return {"channel": channel, "model": model, "ana": ana_key, "bo": bo_key, **tiny_server}
 
 
+def book_now(user, world: dict[str, Any]) -> None:
+    """``user`` books the channel for the next hour, with a model (not the whole card)."""
+    now = timezone.now()
+    factories.reservation(
+        owner=user,
+        on=world["channel"],
+        start=now - timedelta(minutes=1),
+        end=now + timedelta(hours=1),
+        target=factories.preset(world["model"], f"p{user.pk}"),
+    )
+    time.sleep(0.15)  # the gateway's snapshot
+
+
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
@@ -139,15 +152,7 @@ def test_a_pinned_channel_passes_every_path_through_after_the_access_check(gatew
     )
     assert back.status_code == 200 and "hi" in back.json()["content"]
     assert httpx.get(f"{gateway_url}/channels/cpu-0/props").status_code == 401
-    now = timezone.now()
-    factories.reservation(
-        owner=ana,
-        on=world["channel"],
-        start=now - timedelta(minutes=1),
-        end=now + timedelta(hours=1),
-        target=factories.preset(world["model"], "p"),
-    )
-    time.sleep(0.15)
+    book_now(ana, world)
     refused = httpx.get(f"{gateway_url}/channels/cpu-0/props", headers=bearer(world["bo"]))
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "gpu_reserved"
     assert httpx.get(f"{gateway_url}/channels/cpu-0/props", headers=bearer(world["ana"])).status_code == 200
@@ -186,15 +191,7 @@ def test_anthropic_clients_use_v1_messages_and_get_anthropic_errors(gateway_url,
     assert [event.type for event in events] == direct_types
     assert events[-1].type == "message_stop"
     assert next(e for e in events if e.type == "message_delta").usage.output_tokens > 0
-    now = timezone.now()
-    factories.reservation(
-        owner=ana,
-        on=world["channel"],
-        start=now - timedelta(minutes=1),
-        end=now + timedelta(hours=1),
-        target=factories.preset(world["model"], "p"),
-    )
-    time.sleep(0.15)
+    book_now(ana, world)
     other = anthropic.Anthropic(base_url=gateway_url, api_key=world["bo"], max_retries=0)
     with pytest.raises(anthropic.PermissionDeniedError) as refused:
         other.messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
