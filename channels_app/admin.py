@@ -39,6 +39,7 @@ class GpuInline(admin.TabularInline[Gpu, Node]):
 class NodeAdmin(admin.ModelAdmin[Node]):
     list_display = ["name", "address", "last_heartbeat"]
     search_fields = ["name", "address"]
+    readonly_fields = ["backends", "ram_bytes", "last_heartbeat"]
     inlines = [GpuInline]
 
 

@@ -81,13 +81,47 @@ def test_binpack_prefers_the_smallest_channel_that_fits():
     assert result.ranked[0].scores["placement"] == pytest.approx(100 * 20 / 24, abs=0.01)
 
 
-def test_spread_prefers_the_least_booked_channel_and_node():
-    busy = cand("busy", booked_fraction=0.5, node_booked_fraction=0.5)
-    idle = cand("idle", booked_fraction=0.0, node_booked_fraction=0.5)
-    result = place([busy, idle], WANT, policy="spread")
-    assert [s.candidate.name for s in result.ranked] == ["idle", "busy"]
-    assert result.ranked[0].scores["placement"] == pytest.approx(100 * (2 * 1 + 0.5) / 3, abs=0.01)
-    assert result.ranked[1].scores["placement"] == pytest.approx(100 * (2 * 0.5 + 0.5) / 3, abs=0.01)
+def test_binpack_weighs_gpu_memory_2_and_ram_1_where_ram_applies():
+    """Seed 001 (GPUStack's ResourceWeight): binpack scores the share each resource would be used,
+    GPU memory weighing 2 and the machine's RAM 1; RAM applies where the model leaves weights in
+    RAM (llama.cpp's layers beyond -ngl) and the node reports its RAM."""
+    partly_offloaded = dataclasses.replace(WANT, ram_bytes=8 * GiB)
+    roomy = cand("roomy", ram_bytes=64 * GiB)
+    tight = cand("tight", ram_bytes=16 * GiB)
+    ranked = place([roomy, tight], partly_offloaded, policy="binpack").ranked
+    assert [s.candidate.name for s in ranked] == ["tight", "roomy"]
+    assert ranked[0].scores["placement"] == pytest.approx(100 * (2 * 20 / 24 + 1 * 8 / 16) / 3, abs=0.01)
+    assert ranked[1].scores["placement"] == pytest.approx(100 * (2 * 20 / 24 + 1 * 8 / 64) / 3, abs=0.01)
+    # All on the GPU, or a node that does not report its RAM: GPU memory alone.
+    assert place([tight], WANT).ranked[0].scores["placement"] == pytest.approx(100 * 20 / 24, abs=0.01)
+    unknown = cand("unknown", ram_bytes=None)
+    assert place([unknown], partly_offloaded).ranked[0].scores["placement"] == pytest.approx(
+        100 * 20 / 24, abs=0.01
+    )
+
+
+def test_spread_counts_what_runs_and_is_booked_as_the_seed_weighs_it():
+    """Seed 001: spread counts the instances of the current model and of the others (GPUStack's
+    ModelWeight: others weigh 0.2) on the worker (weight 0.85) and on the GPUs (0.15), and
+    prefers the fewest of the current model. For SlotServe a worker is the channel's node and
+    its GPUs are the channel; an instance is a process running there or a booking around the
+    slot."""
+    empty = cand("empty", node="n3")
+    others = cand("others", node="n2", node_others=2, channel_others=1)
+    same = cand("same", node="n1", node_current=1)
+    ranked = place([same, others, empty], WANT, policy="spread").ranked
+    assert [s.candidate.name for s in ranked] == ["empty", "others", "same"]
+    scores = [s.scores["placement"] for s in ranked]
+    assert scores[0] == 100.0
+    assert scores[1] == pytest.approx(100 * (0.85 / (1 + 0.2 * 2) + 0.15 / (1 + 0.2 * 1)), abs=0.01)
+    assert scores[2] == pytest.approx(100 * (0.85 / (1 + 1) + 0.15 / 1), abs=0.01)
+    # On one node, the channel that already has the model around the slot comes second.
+    beside = cand("a-beside", node_current=1, channel_current=1)
+    apart = cand("b-apart", node_current=1)
+    assert [s.candidate.name for s in place([beside, apart], WANT, policy="spread").ranked] == [
+        "b-apart",
+        "a-beside",
+    ]
 
 
 def test_locality_and_sums():
@@ -309,3 +343,67 @@ def test_a_models_own_placement_strategy_drives_any_channel_and_the_suggestions(
         format="json",
     )
     assert booked.status_code == 201 and booked.data["channel_name"] == "large", booked.data
+
+
+@pytest.mark.django_db
+def test_spread_counts_the_processes_and_bookings_of_each_channel_and_node(ana_api, bo):
+    """What spread counts, from the database: a process running the model now and the bookings
+    within 12 hours of the slot, the model's own apart from the others'."""
+    from channels_app.models import ChannelRuntime
+    from channels_app.placement.inputs import placement_inputs
+
+    channels, model = _inventory()
+    other = factories.llm("other", size=GiB)
+    now = timezone.now()
+    start = now.replace(microsecond=0) + timedelta(hours=2)
+    ChannelRuntime.objects.create(channel=channels[0], phase="ready", model=model, port=1, pid=1)
+    factories.reservation(
+        owner=bo,
+        on=channels[1],
+        start=start - timedelta(hours=3),
+        end=start - timedelta(hours=1),
+        target=factories.preset(other),
+    )
+    factories.reservation(  # a day later: outside the window
+        owner=bo,
+        on=channels[3],
+        start=start + timedelta(days=1),
+        end=start + timedelta(days=1, hours=1),
+        target=factories.preset(model),
+    )
+    candidates, _ = placement_inputs(
+        model=model, preset=None, start=start, end=start + timedelta(hours=1), now=now
+    )
+    counts = {
+        c.name: (c.channel_current, c.channel_others, c.node_current, c.node_others) for c in candidates
+    }
+    assert counts == {
+        "small-0": (1, 0, 1, 1),
+        "small-1": (0, 1, 1, 1),
+        "small-2": (0, 0, 1, 1),
+        "large": (0, 0, 0, 0),
+    }
+    query = {"model": "qwen", "start": iso(start), "end": iso(start + timedelta(hours=1)), "policy": "spread"}
+    ranked = ana_api.get("/api/placement", query).data["channels"]
+    # (small-0 runs the model already: the warm scorer adds to its total, not to its placement.)
+    by_placement = sorted(ranked, key=lambda c: -c["scores"]["placement"])
+    assert [c["name"] for c in by_placement] == ["large", "small-2", "small-1", "small-0"]
+
+
+@pytest.mark.django_db
+def test_the_node_reports_its_ram_and_the_estimate_what_stays_in_it(tiny_gguf, settings):
+    """The RAM term's two sides: a node worker's heartbeat records the machine's memory, and a
+    preset offloading fewer layers than the model has leaves the rest in RAM."""
+    import os
+
+    from channels_app.node_agent import worker
+    from channels_app.placement.memory import estimate_for
+
+    settings.SLOTSERVE_MODEL_DIRS = []
+    node = worker.heartbeat(node_name="ram-node", now=timezone.now())
+    node.refresh_from_db()
+    assert node.ram_bytes == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    whole = estimate_for(backend="llama.cpp", path=str(tiny_gguf), args=[])
+    assert whole.ram == 0
+    half = estimate_for(backend="llama.cpp", path=str(tiny_gguf), args=["-ngl", "1"])
+    assert half.ram > 0 and half.ram + half.weights == whole.weights

@@ -47,8 +47,18 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
 
     class Meta:
         model = Node
-        fields = ["id", "name", "address", "labels", "status", "last_heartbeat", "backends", "gpus"]
-        read_only_fields = ["last_heartbeat", "backends"]
+        fields = [
+            "id",
+            "name",
+            "address",
+            "labels",
+            "status",
+            "last_heartbeat",
+            "backends",
+            "ram_bytes",
+            "gpus",
+        ]
+        read_only_fields = ["last_heartbeat", "backends", "ram_bytes"]
 
     def get_status(self, node: Node) -> str:
         return "ready" if node.is_ready(timezone.now()) else "not_ready"

@@ -33,6 +33,9 @@ class Node(models.Model):
     backends = models.JSONField(
         default=list, blank=True, help_text="Backends the node worker found installed."
     )
+    ram_bytes = models.BigIntegerField(
+        null=True, blank=True, help_text="The machine's memory (RAM), as its node worker reports it."
+    )
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(default=timezone.now)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass
 
@@ -33,6 +34,14 @@ class GpuInfo:
     name: str
     memory_bytes: int
     free_bytes: int
+
+
+def host_ram_bytes() -> int | None:
+    """The machine's physical memory (placement's RAM term), or None where the system won't say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def parse_fake_gpus(spec: str) -> list[GpuInfo]:

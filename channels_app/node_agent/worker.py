@@ -109,13 +109,14 @@ def backends_available() -> list[str]:
 
 
 def heartbeat(*, node_name: str, now: datetime) -> Node:
-    """Register the node and its GPUs (index, name, total and free memory)."""
+    """Register the node, its RAM and its GPUs (index, name, total and free memory)."""
     found = gpus.discover(settings.SLOTSERVE_FAKE_GPUS)
     with transaction.atomic():
         node, _ = Node.objects.get_or_create(name=node_name)
         node.last_heartbeat = now
         node.backends = backends_available()
-        node.save(update_fields=["last_heartbeat", "backends"])
+        node.ram_bytes = gpus.host_ram_bytes()
+        node.save(update_fields=["last_heartbeat", "backends", "ram_bytes"])
         for gpu in found:
             Gpu.objects.update_or_create(
                 node=node,

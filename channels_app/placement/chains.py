@@ -28,8 +28,13 @@ class Candidate:
     file_present: bool  # the model's file is on the node's disk
     vram_bytes: int
     free_at_time: bool  # no pending or approved reservation overlaps the slot
-    booked_fraction: float = 0.0  # of the channel, in a window around the slot
-    node_booked_fraction: float = 0.0  # of all the node's channels, in the same window
+    ram_bytes: int | None = None  # the node's memory, as its worker reports it
+    # What spread counts: processes running now and bookings around the slot, of the wanted
+    # model ("current") and of other models ("others"), on this channel and on its whole node.
+    channel_current: int = 0
+    channel_others: int = 0
+    node_current: int = 0
+    node_others: int = 0
     runs_target: bool = False  # the same model + preset is loaded now
     adjacent_target: bool = False  # a reservation right before or after uses the same target
 
@@ -41,6 +46,7 @@ class Need:
     target: Target
     labels: Mapping[str, str]  # the model's selector
     need_bytes: int  # estimated GPU memory (or the file's size when no estimate can be made)
+    ram_bytes: int = 0  # estimated weights left in the machine's memory (llama.cpp's -ngl)
 
 
 @dataclass(frozen=True)
@@ -135,14 +141,35 @@ _REASON_WORDS = {
 }
 
 
+# The seed's weights (GPUStack's placement scorer): binpack's resources, GPU memory against RAM;
+# spread's dimensions, the worker (a channel's node) against its GPUs (the channel), and the
+# instances of other models against the wanted model's own.
+VRAM_WEIGHT, RAM_WEIGHT = 2.0, 1.0
+NODE_WEIGHT, CHANNEL_WEIGHT = 0.85, 0.15
+OTHERS_WEIGHT = 0.2
+
+
 def placement_score(c: Candidate, w: Need, policy: str, maximum: float) -> float:
-    """binpack: the smallest channel that fits scores highest; spread: the least booked
-    channel and node around the slot (the channel's GPU weighs 2, the node's RAM 1)."""
+    """binpack: the fullest fit scores highest (the share of the channel's GPU memory the model
+    would use, weighing 2, and of the node's RAM, weighing 1 where the model leaves weights in
+    RAM and the node reports it); spread: the fewest instances of the model, then of others, on
+    the node (0.85) and on the channel (0.15)."""
     if policy == "binpack":
-        return maximum * (w.need_bytes / c.vram_bytes) if c.vram_bytes else 0.0
-    free_channel = 1 - min(max(c.booked_fraction, 0.0), 1.0)
-    free_node = 1 - min(max(c.node_booked_fraction, 0.0), 1.0)
-    return maximum * (2 * free_channel + free_node) / 3
+        if not c.vram_bytes:
+            return 0.0
+        vram_share = w.need_bytes / c.vram_bytes
+        if w.ram_bytes > 0 and c.ram_bytes:
+            ram_share = min(w.ram_bytes / c.ram_bytes, 1.0)
+            return maximum * (VRAM_WEIGHT * vram_share + RAM_WEIGHT * ram_share) / (VRAM_WEIGHT + RAM_WEIGHT)
+        return maximum * vram_share
+
+    def crowding(current: int, others: int) -> float:
+        return 1 / (1 + current + OTHERS_WEIGHT * others)
+
+    return maximum * (
+        NODE_WEIGHT * crowding(c.node_current, c.node_others)
+        + CHANNEL_WEIGHT * crowding(c.channel_current, c.channel_others)
+    )
 
 
 def locality_score(c: Candidate, maximum: float) -> float:

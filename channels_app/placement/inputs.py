@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter
 from datetime import datetime, timedelta
 
 from django.db.models import Q
@@ -15,16 +15,23 @@ from channels_app.target import Target
 from channels_app.vocabulary import Phase
 from reservations.models import Reservation
 
-# Booked time is measured this far around the requested slot, for the spread policy.
+# Spread counts the bookings this far around the requested slot.
 AROUND = timedelta(hours=12)
+
+
+def memory_need(model: LLMModel, preset: Preset | None) -> tuple[int, int]:
+    """The estimated GPU memory and RAM needs; the file's size (all on the GPU) when the file
+    cannot be read here."""
+    try:
+        estimate = model_memory_estimate(model, preset.args_effective if preset else [])
+    except ShapeUnreadable:
+        return model.size_bytes, 0
+    return estimate.total, estimate.ram
 
 
 def need_bytes(model: LLMModel, preset: Preset | None) -> int:
     """The estimated GPU memory need; the file's size when the file cannot be read here."""
-    try:
-        return model_memory_estimate(model, preset.args_effective if preset else []).total
-    except ShapeUnreadable:
-        return model.size_bytes
+    return memory_need(model, preset)[0]
 
 
 def placement_inputs(
@@ -38,27 +45,34 @@ def placement_inputs(
         Q(start__lt=window_to, end__gt=window_from), channel__in=[c.pk for c in channels]
     )
     busy: set[int] = set()
-    booked: dict[int, float] = defaultdict(float)
-    node_booked: dict[int, float] = defaultdict(float)
     adjacent: set[int] = set()
+    # (channel or node, current model?) → instances: bookings around the slot, processes now.
+    on_channel: Counter[tuple[int, bool]] = Counter()
+    on_node: Counter[tuple[int, bool]] = Counter()
     node_of = {c.pk: c.node_id for c in channels}
+
+    def count(channel_id: int, model_id: int | None) -> None:
+        current = model_id == model.pk
+        on_channel[channel_id, current] += 1
+        on_node[node_of[channel_id], current] += 1
+
     for r in nearby.values("channel_id", "start", "end", "model_id", "preset_id", "exclusive"):
         channel_id = r["channel_id"]
         if r["start"] < end and r["end"] > start:
             busy.add(channel_id)
-        overlap = (min(r["end"], window_to) - max(r["start"], window_from)).total_seconds()
-        booked[channel_id] += overlap
-        node_booked[node_of[channel_id]] += overlap
+        count(channel_id, r["model_id"])
         same = not r["exclusive"] and Target(r["model_id"], r["preset_id"]) == target
         if same and (r["end"] == start or r["start"] == end):
             adjacent.add(channel_id)
-    window = (window_to - window_from).total_seconds()
-    channels_per_node: dict[int, int] = defaultdict(int)
-    for c in channels:
-        channels_per_node[c.node_id] += 1
+    runtimes = {c.pk: c.runtime_or_none() for c in channels}
+    if window_from <= now < window_to:
+        for channel_id, runtime in runtimes.items():
+            running = runtime.running if runtime is not None else None
+            if running is not None:
+                count(channel_id, running.model_id)
     candidates = []
     for c in channels:
-        runtime = c.runtime_or_none()
+        runtime = runtimes[c.pk]
         candidates.append(
             Candidate(
                 id=c.pk,
@@ -71,19 +85,24 @@ def placement_inputs(
                 file_present=not file_nodes or c.node_id in file_nodes,
                 vram_bytes=c.vram_bytes(),
                 free_at_time=c.pk not in busy,
-                booked_fraction=booked[c.pk] / window,
-                node_booked_fraction=node_booked[c.node_id] / (window * channels_per_node[c.node_id]),
+                ram_bytes=c.node.ram_bytes,
+                channel_current=on_channel[c.pk, True],
+                channel_others=on_channel[c.pk, False],
+                node_current=on_node[c.node_id, True],
+                node_others=on_node[c.node_id, False],
                 runs_target=runtime is not None
                 and runtime.phase == Phase.READY
                 and runtime.running == target,
                 adjacent_target=c.pk in adjacent,
             )
         )
+    gpu_need, ram_need = memory_need(model, preset)
     wanted = Need(
         model=model.name,
         backend=model.backend,
         target=target,
         labels=dict(model.labels),
-        need_bytes=need_bytes(model, preset),
+        need_bytes=gpu_need,
+        ram_bytes=ram_need,
     )
     return candidates, wanted

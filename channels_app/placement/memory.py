@@ -65,6 +65,7 @@ class MemoryEstimate:
     total: int
     context: int
     gpu_layers: int
+    ram: int = 0  # the weights left in the machine's memory (llama.cpp's layers beyond -ngl)
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -74,6 +75,7 @@ class MemoryEstimate:
             "total": self.total,
             "context": self.context,
             "gpu_layers": self.gpu_layers,
+            "ram": self.ram,
         }
 
 
@@ -127,7 +129,8 @@ def preset_memory_args(args: Sequence[str]) -> PresetMemoryArgs:
 def estimate_gguf(
     shape: ModelShape, args: PresetMemoryArgs, *, overhead: int = DEFAULT_OVERHEAD_BYTES
 ) -> MemoryEstimate:
-    """llama.cpp: the offloaded layers' weights + the KV cache of those layers + overhead.
+    """llama.cpp: the offloaded layers' weights + the KV cache of those layers + overhead; the
+    layers not offloaded stay in the machine's memory (``ram``).
 
     ``-ngl`` missing means every layer on the GPU; ``-c`` missing or 0 means the
     model's trained context. The output layer goes with ``-ngl`` > layers.
@@ -144,7 +147,8 @@ def estimate_gguf(
     v_bytes = CACHE_TYPE_BYTES.get(args.cache_type_v, 2.0)
     per_token_layer = shape.n_head_kv * (shape.head_dim_k * k_bytes + shape.head_dim_v * v_bytes)
     kv_cache = int(layers * context * per_token_layer)
-    return MemoryEstimate(weights, kv_cache, overhead, weights + kv_cache + overhead, context, layers)
+    ram = shape.layer_bytes + shape.other_bytes - weights
+    return MemoryEstimate(weights, kv_cache, overhead, weights + kv_cache + overhead, context, layers, ram)
 
 
 def estimate_hf(
