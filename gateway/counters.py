@@ -33,11 +33,11 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
 from channels_app.inflight import COUNT, REDIS_NOW
 from channels_app.vocabulary import RedisKey, redis_key
+from gateway.resp import RespPipe
 from gateway.snapshot import Limits
 
 key = redis_key
@@ -212,6 +212,9 @@ def week_tokens_key(user_id: int) -> str:
     return key(RedisKey.WEEK_TOKENS, f"{user_id}-{label}")
 
 
+# A count out may wait this long for the next request's count in, to reach Redis in one write.
+LEAVE_DEFER_SECONDS = 0.002
+
 # Records the request log holds in Redis at most; past it the oldest go (a flush that stopped).
 REQUEST_LOG_BACKLOG = 200_000
 
@@ -219,25 +222,14 @@ REQUEST_LOG_BACKLOG = 200_000
 class Counters:
     """The gateway's side: each request runs two scripts, one in (``enter``), one out (``leave``).
 
-    A script goes to Redis at once when nothing else is on its way; otherwise
-    the scripts of requests that the same turn of the event loop handles go
-    together, in one pipeline. Each request still waits for its own
-    script's answer, so a count is in Redis before the request goes on; the
-    batch runs in a task of its own, so a request that is cancelled meanwhile
-    does not cut off the scripts of the others.
+    The scripts go through one pipelined connection (``gateway.resp``): those of every request
+    that the same turn of the event loop handles leave together, in one write. Each request
+    still waits for its own script's answer, so a count is in Redis before the request goes on.
     """
 
     def __init__(self, url: str, ttl_seconds: float | None = None) -> None:
-        # Past 64 commands at once a caller waits for a connection (up to 5 s), not fails.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=64, timeout=5, socket_timeout=5, socket_connect_timeout=2
-        )
-        self.redis = aioredis.Redis(connection_pool=pool)
+        self.pipe = RespPipe(url, timeout=5, connect_timeout=2)
         self.ttl = INFLIGHT_TTL_SECONDS if ttl_seconds is None else ttl_seconds
-        self._pending: list[tuple[str, list[str], list[str | int], asyncio.Future[Any]]] = []
-        self._flush_scheduled = False
-        self._sending: set[asyncio.Task[None]] = set()
-        self._busy = 0  # scripts and batches on their way to Redis
         # This gateway's requests in flight: request id → the sets that count it (the channel's,
         # and the user's and key's where limits apply), refreshed in Redis while live.
         self.live: dict[str, tuple[str, ...]] = {}
@@ -247,61 +239,11 @@ class Counters:
         self._refresher: asyncio.Task[None] | None = None
         self._last_enter = 0.0
 
-    async def _run(self, script: str, keys: list[str], args: list[str | int]) -> Any:
-        if self._busy == 0:
-            # Nothing else on its way to Redis: this one goes at once, on its own.
-            self._busy += 1
-            try:
-                return await self._evalsha(script, keys, args)
-            finally:
-                self._busy -= 1
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending.append((script, keys, args, future))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-        return await future
+    async def _run(self, script: str, keys: list[str], args: list[str | int], defer: float = 0.0) -> Any:
+        return await self.pipe.evalsha(script, script_sha(script), keys, args, defer=defer)
 
-    async def _evalsha(self, script: str, keys: list[str], args: list[str | int]) -> Any:
-        """Run a script by its SHA (Redis keeps it once loaded); load it again after a Redis restart."""
-        sha = script_sha(script)
-        try:
-            return await self.redis.evalsha(sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await self.redis.script_load(script)
-            return await self.redis.evalsha(sha, len(keys), *keys, *args)
-
-    def _flush(self) -> None:
-        """Send what this turn of the event loop gathered, without waiting for earlier batches."""
-        self._flush_scheduled = False
-        batch, self._pending = self._pending, []
-        task = asyncio.ensure_future(self._send(batch))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-
-    async def _send(self, batch: list[tuple[str, list[str], list[str | int], asyncio.Future[Any]]]) -> None:
-        self._busy += 1
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for script, keys, args, _ in batch:
-                    pipe.evalsha(script_sha(script), len(keys), *keys, *args)
-                results = await pipe.execute(raise_on_error=False)
-            # A Redis that restarted has forgotten the scripts: load each, run those again.
-            for i, result in enumerate(results):
-                if isinstance(result, NoScriptError):
-                    script, keys, args, _ = batch[i]
-                    results[i] = await self._evalsha(script, keys, args)
-        except (RedisError, OSError) as exc:  # Redis is unreachable: every caller hears why
-            results = [exc] * len(batch)
-        finally:
-            self._busy -= 1
-        for (*_, future), result in zip(batch, results, strict=True):
-            if future.done():
-                continue
-            if isinstance(result, Exception):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
+    def close(self) -> None:
+        self.pipe.close()
 
     async def enter(
         self, channel_id: int, limits: Limits | None = None, *, user_id: int = 0, key_id: int = 0
@@ -438,6 +380,7 @@ class Counters:
                 WEEK_TOKENS_KEEP_SECONDS,
                 "1" if limited else "0",
             ],
+            defer=LEAVE_DEFER_SECONDS,
         )
 
     async def in_flight(self, channel_ids: Iterable[int]) -> dict[int, int]:
@@ -451,5 +394,5 @@ class Counters:
         ids = list(channel_ids)
         if not ids:
             return set()
-        values = await self.redis.mget([key(GATE, i) for i in ids])
+        values = await self.pipe.call("MGET", *(key(GATE, i) for i in ids))
         return {i for i, v in zip(ids, values, strict=True) if v}

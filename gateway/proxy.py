@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -37,7 +38,7 @@ from gateway.body import BodyTooLarge, parse_body
 from gateway.cors import CorsPolicy, is_cors_header
 from gateway.counters import Counters, OverLimit, week_start
 from gateway.events import Events, Usage
-from gateway.snapshot import Caller, Snapshot, SnapshotCache
+from gateway.snapshot import Caller, Limits, Snapshot, SnapshotCache
 from gateway.upstream import Cancel, UpstreamTransport
 
 log = logging.getLogger(__name__)
@@ -450,9 +451,21 @@ class Gateway:
         begun = False
         try:
             while True:
-                channel, request_id, refusal = await self.admission(snapshot, caller, model, pinned)
-                if refusal is None:
-                    break
+                now = timezone.now()
+                channel, refusal = await self.choose(snapshot, caller, model, pinned, now)
+                if channel is not None:
+                    limits = None if _is_booker(channel, caller) else caller.limits
+                    if limits is None and loop.time() >= deadline:
+                        # Nothing to wait for and no limit to check: the request goes upstream
+                        # while Redis counts it in; nothing comes back before it is counted.
+                        entering = self.count_in(channel, caller, limits, now)
+                        entry = Entry(pending=asyncio.ensure_future(entering))
+                        break
+                    request_id, refusal = await self.count_in(channel, caller, limits, now)
+                    if refusal is None:
+                        entry = Entry(request_id)
+                        break
+                assert refusal is not None
                 if refusal.status != 503 or refusal.code not in WAITABLE or loop.time() >= deadline:
                     if begun:  # the stream has begun: the refusal is its last event
                         await send_event_error(send, refusal)
@@ -478,7 +491,7 @@ class Gateway:
                 left.cancel()
         if begun:
             send = _continuing_stream(send)
-        assert channel is not None and request_id is not None
+        assert channel is not None
         answer.channel_id = channel.id
         answer.reservation_id = channel.booking.reservation_id if channel.booking else None
         usage = Usage()
@@ -491,31 +504,36 @@ class Gateway:
             content_type=content_type or b"application/json",
         )
         try:
-            await self.forward(receive, send, channel, outgoing, usage)
+            await self.forward(receive, send, channel, outgoing, usage, entry)
         finally:
-            answer.counted = True
-            try:
-                await self.counters.leave(
-                    channel.id,
-                    request_id,
-                    user_id=caller.user_id,
-                    key_id=caller.key_id,
-                    reservation_id=channel.booking.reservation_id if channel.booking else None,
-                    prompt=usage.prompt,
-                    completion=usage.completion,
-                    status=answer.status,
-                    ttft_seconds=answer.ttft_seconds,
-                    record=answer.record(usage),
-                )
-            except RedisError:
-                # The answer went out; its in-flight entry expires by itself (gateway.counters).
-                log.warning("gateway: could not count request %s out of channel %s", request_id, channel.id)
+            if entry.pending is not None:  # the client left before the count in was known
+                with contextlib.suppress(RedisError):
+                    await entry.settled()
+            if entry.request_id is not None:
+                answer.counted = True
+                try:
+                    await self.counters.leave(
+                        channel.id,
+                        entry.request_id,
+                        user_id=caller.user_id,
+                        key_id=caller.key_id,
+                        reservation_id=channel.booking.reservation_id if channel.booking else None,
+                        prompt=usage.prompt,
+                        completion=usage.completion,
+                        status=answer.status,
+                        ttft_seconds=answer.ttft_seconds,
+                        record=answer.record(usage),
+                    )
+                except RedisError:
+                    # The answer went out; its in-flight entry expires by itself (gateway.counters).
+                    log.warning(
+                        "gateway: could not count request %s out of channel %s", entry.request_id, channel.id
+                    )
 
-    async def admission(
-        self, snapshot: Snapshot, caller: Caller, model: str | None, pinned: str | None
-    ) -> tuple[ChannelView | None, str | None, Refusal | None]:
-        """The channel that takes the request, counted in, or why none does now."""
-        now = timezone.now()
+    async def choose(
+        self, snapshot: Snapshot, caller: Caller, model: str | None, pinned: str | None, now: datetime
+    ) -> tuple[ChannelView | None, Refusal | None]:
+        """The channel that may take the request, or why none does now."""
         candidates = [c for c in snapshot.channels if c.model == model and c.phase == Phase.READY]
         in_flight = await self.counters.in_flight(c.id for c in candidates) if len(candidates) > 1 else {}
         chosen = route(
@@ -527,27 +545,24 @@ class Gateway:
             now=now,
         )
         if chosen.refusal is not None or chosen.channel is None:
-            return (
-                None,
-                None,
-                chosen.refusal or Refusal(404, ErrorCode.MODEL_NOT_LOADED, "no channel serves this"),
-            )
-        channel = chosen.channel
-        booker = channel.booking is not None and channel.booking.user_id == caller.user_id
-        try:  # fair sharing: a booker in their own slot is not limited
+            return None, chosen.refusal or Refusal(404, ErrorCode.MODEL_NOT_LOADED, "no channel serves this")
+        return chosen.channel, None
+
+    async def count_in(
+        self, channel: ChannelView, caller: Caller, limits: Limits | None, now: datetime
+    ) -> tuple[str | None, Refusal | None]:
+        """Count the request in on ``channel`` (fair sharing's ``limits`` checked in the same
+        step): its id, or why it may not go there now."""
+        try:
             request_id = await self.counters.enter(
-                channel.id, None if booker else caller.limits, user_id=caller.user_id, key_id=caller.key_id
+                channel.id, limits, user_id=caller.user_id, key_id=caller.key_id
             )
         except OverLimit as over:
-            return None, None, over_limit_refusal(over, caller, now)
+            return None, over_limit_refusal(over, caller, now)
         if request_id is None:  # the gate closed since the snapshot: the channel is switching
-            refusal = admit(caller_id=caller.user_id, channel=_with_switching(chosen.channel, True), now=now)
-            return (
-                None,
-                None,
-                refusal or Refusal(503, ErrorCode.MODEL_SWITCHING, "the channel is switching", 1),
-            )
-        return chosen.channel, request_id, None
+            refusal = admit(caller_id=caller.user_id, channel=_with_switching(channel, True), now=now)
+            return None, refusal or Refusal(503, ErrorCode.MODEL_SWITCHING, "the channel is switching", 1)
+        return request_id, None
 
     async def forward(
         self,
@@ -556,6 +571,7 @@ class Gateway:
         channel: ChannelView,
         outgoing: Outgoing,
         usage: Usage,
+        entry: Entry,
     ) -> None:
         assert channel.upstream is not None and channel.model is not None
         body = outgoing.body
@@ -590,15 +606,24 @@ class Gateway:
             ],
             extensions={"slotserve.cancel": cancel},
         )
-        # A client that goes away cancels the upstream's work at once, whatever stage it is at.
+        # A client that goes away cancels the upstream's work at once, whatever stage it is at;
+        # so does a count in that refuses the request while it is on its way.
         watcher = asyncio.ensure_future(_watch_disconnect(receive, cancel))
+        if entry.pending is not None:
+            entry.pending.add_done_callback(functools.partial(_cancel_unless_counted, cancel))
         try:
             try:
                 response = await upstream.handle_async_request(request)
             except httpx.HTTPError as exc:
-                if not cancel.fired:
+                if not await _settled(entry, cancel):
+                    await refuse(send, entry.refused())
+                elif not cancel.fired:
                     message = f"channel {channel.name}'s process did not answer: {exc!r}"
                     await respond(send, 502, error_body(502, ErrorCode.UPSTREAM_UNREACHABLE, message))
+                return
+            if not await _settled(entry, cancel):  # refused after all: the process's answer is dropped
+                await response.aclose()
+                await refuse(send, entry.refused())
                 return
             try:
                 await self.relay(send, response, streaming, strip_usage, usage, channel, cancel, watcher)
@@ -669,6 +694,55 @@ class Gateway:
             return
         watcher.cancel()
         await send({"type": "http.response.body", "body": events.flush() if events is not None else b""})
+
+
+class Entry:
+    """A request's count in (``Counters.enter``): known before the request goes upstream, or
+    ``pending`` while it goes up alongside it."""
+
+    def __init__(
+        self,
+        request_id: str | None = None,
+        pending: Entering | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.refusal: Refusal | None = None
+        self.pending = pending
+
+    async def settled(self) -> bool:
+        """Whether the request is counted in (waiting for Redis' answer if it is on its way)."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self.request_id, self.refusal = await pending
+        return self.request_id is not None
+
+    def refused(self) -> Refusal:
+        return self.refusal or Refusal(503, ErrorCode.MODEL_SWITCHING, "the channel is switching", 1)
+
+
+async def _settled(entry: Entry, cancel: Cancel) -> bool:
+    """``entry.settled()``; the upstream's work is cancelled unless the request is counted in."""
+    try:
+        counted = await entry.settled()
+    except BaseException:
+        cancel.fire()
+        raise
+    if not counted:
+        cancel.fire()
+    return counted
+
+
+Entering = asyncio.Future[tuple[str | None, Refusal | None]]
+
+
+def _cancel_unless_counted(cancel: Cancel, entering: Entering) -> None:
+    if entering.cancelled() or entering.exception() is not None or entering.result()[0] is None:
+        cancel.fire()
+
+
+def _is_booker(channel: ChannelView, caller: Caller) -> bool:
+    """Fair sharing's exemption: a booker in their own slot is not limited."""
+    return channel.booking is not None and channel.booking.user_id == caller.user_id
 
 
 @dataclass

@@ -98,6 +98,39 @@ def test_switching_channel_answers_503_for_everyone(gateway_url, world):
     assert in_flight(world["a"].pk) == 0
 
 
+def test_a_request_refused_at_the_gate_gets_nothing_of_the_process_and_its_work_is_cancelled(
+    gateway_url, world, standins
+):
+    """The count in runs alongside the request's trip upstream (it costs no wait): when it says
+    the gate closed, the client gets 503 at once, none of the process's answer, and the process's
+    work on it is cancelled. With a limit to check, nothing goes upstream before the count."""
+    port, log = standins("slow", "--standin-prefill-ms", "3000")
+    slow = factories.llm("slow")
+    channel = factories.channel("ch-slow", on=factories.node("n2"))
+    serve(channel, slow, port)
+    time.sleep(0.15)
+    redis_client().set(key(GATE, channel.pk), "1")
+    started = time.monotonic()
+    refused = call(gateway_url, world["bo"], model="slow")
+    assert error(refused) == (503, "model_switching") and time.monotonic() - started < 1.5
+    assert in_flight(channel.pk) == 0
+    deadline = time.monotonic() + 5
+    while "POST /v1/chat/completions" in log.read_text() and "generation cancelled" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    # Over a limit: refused before anything reaches the process.
+    redis_client().delete(key(GATE, channel.pk))
+    from gateway.models import ApiKey
+
+    ApiKey.objects.filter(user=world["bo_user"]).update(requests_per_minute=1)
+    time.sleep(0.15)
+    assert call(gateway_url, world["bo"], model="llama").status_code == 200
+    posts = log.read_text().count("POST /v1/chat/completions")
+    assert error(call(gateway_url, world["bo"], model="slow")) == (429, "rate_limit_exceeded")
+    time.sleep(0.3)
+    assert log.read_text().count("POST /v1/chat/completions") == posts
+
+
 def test_routing_by_model_prefers_the_channel_with_fewer_requests(gateway_url, world, standins):
     port, log_b = standins("qwen")
     serve(world["b"], world["qwen"], port)

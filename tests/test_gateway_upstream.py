@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import uuid
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -357,7 +359,7 @@ def test_requests_arriving_together_are_counted_in_one_batch_each_with_its_own_a
             )
         )
         after = await counters.in_flight([1, 2])
-        await counters.redis.aclose()
+        counters.close()
         return admitted, in_flight, after
 
     admitted, in_flight, after = asyncio.run(main())
@@ -422,3 +424,58 @@ def test_the_snapshot_is_kept_fresh_in_the_background_and_requests_do_not_wait(m
     assert max(ages) < 0.2, "and none saw a snapshot past its age limit"
     assert busy >= 5, "the snapshot was read again and again while requests came"
     assert total - busy <= 2 and keeper.done(), "an idle gateway stops reading"
+
+
+# --- The hot path's Redis connection ---------------------------------------------------------------
+
+
+def test_the_pipe_selects_its_database_reloads_forgotten_scripts_and_fails_waiters_clearly():
+    """``gateway.resp``: the URL's database is selected before any command; a script Redis
+    forgot (a restart) is loaded again; a Redis that stops answering fails every waiting command
+    with redis-py's TimeoutError, and the next command connects afresh."""
+    import socket as sockets
+    import threading
+
+    import redis
+
+    from gateway.resp import RespPipe
+
+    base = settings.REDIS_URL.rsplit("/", 1)[0]
+    other_db = redis.Redis.from_url(f"{base}/3")
+    name = f"resp-test-{uuid.uuid4().hex}"
+    script = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
+    sha = hashlib.sha1(script.encode()).hexdigest()
+
+    async def main():
+        pipe = RespPipe(f"{base}/3")
+        together = await asyncio.gather(*(pipe.evalsha(script, sha, [name], [2]) for _ in range(5)))
+        await pipe.call("SCRIPT", "FLUSH")
+        after_flush = await pipe.evalsha(script, sha, [name], [10])
+        mget = await pipe.call("MGET", name, "missing")
+        pipe.close()
+        return together, after_flush, mget
+
+    try:
+        together, after_flush, mget = asyncio.run(main())
+        assert sorted(together) == [2, 4, 6, 8, 10]
+        assert after_flush == 20 and mget == [b"20", None]
+        assert int(other_db.get(name)) == 20
+    finally:
+        other_db.delete(name)
+
+    # A server that accepts and never answers.
+    silent = sockets.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    accepted: list[sockets.socket] = []
+    threading.Thread(target=lambda: accepted.append(silent.accept()[0]), daemon=True).start()
+
+    async def stuck():
+        pipe = RespPipe(f"redis://127.0.0.1:{silent.getsockname()[1]}/0", timeout=0.3)
+        results = await asyncio.gather(pipe.call("GET", "a"), pipe.call("GET", "b"), return_exceptions=True)
+        return results, pipe._protocol
+
+    results, protocol = asyncio.run(stuck())
+    silent.close()
+    assert all(isinstance(r, redis.TimeoutError) for r in results), results
+    assert protocol is None, "a connection that timed out is not used again"
