@@ -27,6 +27,7 @@ from channels_app.models import (
     ReloadRequest,
 )
 from channels_app.scheduling import services
+from slotserve_site.admin_fields import GpuIndexesField, LabelsField
 from slotserve_site.admin_services import SavedByServicesAdmin
 
 
@@ -35,8 +36,25 @@ class GpuInline(admin.TabularInline[Gpu, Node]):
     extra = 0
 
 
+class NodeAdminForm(forms.ModelForm[Node]):
+    labels = LabelsField()
+
+    class Meta:
+        model = Node
+        fields = ["name", "address", "labels"]
+
+
+class LLMModelAdminForm(forms.ModelForm[LLMModel]):
+    labels = LabelsField(help_text="Placement's selector: channels must carry these, one key=value per line.")
+
+    class Meta:
+        model = LLMModel
+        fields = ["name", "backend", "path", "size_bytes", "nodes", "labels", "placement_strategy"]
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin[Node]):
+    form = NodeAdminForm
     list_display = ["name", "address", "last_heartbeat"]
     search_fields = ["name", "address"]
     readonly_fields = ["backends", "ram_bytes", "last_heartbeat"]
@@ -55,6 +73,7 @@ class ModelAliasInline(admin.TabularInline[ModelAlias, LLMModel]):
 
 @admin.register(LLMModel)
 class LLMModelAdmin(admin.ModelAdmin[LLMModel]):
+    form = LLMModelAdminForm
     list_display = ["name", "backend", "path", "size_bytes"]
     list_filter = ["backend"]
     search_fields = ["name", "path"]
@@ -83,6 +102,9 @@ class PresetAdmin(admin.ModelAdmin[Preset]):
 class ChannelAdminForm(forms.ModelForm[Channel]):
     """Saves through ``channel_save`` once the form is valid: the GPU rule under a lock of the
     node, and a re-decision at once; a save that lost a race shows as the field's error."""
+
+    gpu_indexes = GpuIndexesField()
+    labels = LabelsField()
 
     class Meta:
         model = Channel

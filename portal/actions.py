@@ -15,8 +15,8 @@ from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.db.models import QuerySet
-from django.http import Http404, HttpRequest, HttpResponse
+from django.db.models import Q, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
@@ -32,7 +32,7 @@ from gateway.services import api_key_create, api_key_revoke
 from portal.forms import ApiKeyForm, BookingForm, ExtendForm, OverrideForm, PreferencesForm, RejectForm
 from reservations import services
 from reservations.models import Notification, Profile, Reservation, ReservationStatus
-from reservations.profiles import profile_for
+from reservations.profiles import profile_for, profile_set_time_zone
 from reservations.services import InvalidTransition, ReservationConflict
 
 
@@ -98,11 +98,16 @@ def book(request: HttpRequest) -> HttpResponse:
 def my_reservations(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     mine = Reservation.objects.filter(user=_me(request)).select_related("channel", "model", "preset")
-    blocking = [ReservationStatus.PENDING, ReservationStatus.APPROVED]
+    withdrawn = [ReservationStatus.CANCELLED, ReservationStatus.REJECTED]
     context = {
         "active": mine.filter(status=ReservationStatus.APPROVED, start__lte=now, end__gt=now),
-        "upcoming": mine.filter(status__in=blocking, start__gt=now),
-        "past": mine.exclude(status__in=blocking, end__gt=now).order_by("-start")[:50],
+        # A pending booking whose start has passed still waits for a decision until its end.
+        "upcoming": mine.filter(
+            Q(status=ReservationStatus.APPROVED, start__gt=now)
+            | Q(status=ReservationStatus.PENDING, end__gt=now)
+        ).order_by("start"),
+        "withdrawn": mine.filter(status__in=withdrawn, end__gt=now).order_by("start"),
+        "past": mine.filter(end__lte=now).order_by("-start")[:50],
         "extend_form": ExtendForm(),
         "now": now,
     }
@@ -261,9 +266,10 @@ def preferences(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         form = PreferencesForm(request.POST)
         if form.is_valid():
-            profile.time_zone = form.cleaned_data["time_zone"]
+            profile_set_time_zone(_me(request), form.cleaned_data["time_zone"])
+            profile.refresh_from_db()
             profile.email_events = {e.value: form.cleaned_data[f"email_{e.value}"] for e in NotificationEvent}
-            profile.save(update_fields=["time_zone", "email_events"])
+            profile.save(update_fields=["email_events"])
             messages.success(request, "Settings saved.")
             return redirect("portal:preferences")
     else:
@@ -272,6 +278,20 @@ def preferences(request: HttpRequest) -> HttpResponse:
         form = PreferencesForm(initial=initial)
     feed = request.build_absolute_uri(f"/calendar/{profile.calendar_token}.ics")
     return render(request, "portal/preferences.html", {"form": form, "feed": feed})
+
+
+@login_required
+@require_POST
+def set_time_zone(request: HttpRequest) -> HttpResponse:
+    """The page's script sends the browser's zone: taken at first sign-in (``detected=1``), or
+    when the user accepts the offer to switch. JSON: the zone now, and whether it changed."""
+    try:
+        changed = profile_set_time_zone(
+            _me(request), request.POST.get("time_zone", ""), detected=request.POST.get("detected") == "1"
+        )
+    except InvalidInput as problem:
+        return JsonResponse({"message": problem.message, "field": problem.field}, status=400)
+    return JsonResponse({"time_zone": profile_for(_me(request)).time_zone, "changed": changed})
 
 
 @login_required

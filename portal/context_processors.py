@@ -1,4 +1,4 @@
-"""Counts in the navigation: unread notifications, and approvals waiting for staff."""
+"""What every page shows: unread notifications, approvals waiting for staff, the viewer's time zone."""
 
 from __future__ import annotations
 
@@ -11,9 +11,13 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
     if not request.user.is_authenticated:
         return {}
     from reservations.models import Notification, Reservation, ReservationStatus
+    from reservations.profiles import profile_for
 
+    profile = profile_for(request.user)
     counts: dict[str, Any] = {
-        "unread_count": Notification.objects.filter(user_id=request.user.pk, read=False).count()
+        "unread_count": Notification.objects.filter(user_id=request.user.pk, read=False).count(),
+        "profile_zone": profile.time_zone,
+        "zone_chosen": profile.time_zone_chosen,
     }
     if request.user.is_staff:
         counts["approvals_count"] = Reservation.objects.filter(status=ReservationStatus.PENDING).count()

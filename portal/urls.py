@@ -24,6 +24,7 @@ urlpatterns = [
     path("channel/<int:pk>/reload", portal_actions.channel_reload_view, name="reload"),
     path("notifications/", portal_actions.notifications, name="notifications"),
     path("settings/", portal_actions.preferences, name="preferences"),
+    path("settings/time-zone", portal_actions.set_time_zone, name="set_time_zone"),
     path("keys/", portal_actions.keys, name="keys"),
     path("requests/", portal_actions.my_requests, name="requests"),
     path("keys/<int:pk>/revoke", portal_actions.revoke_key, name="revoke_key"),

@@ -26,6 +26,7 @@ from portal.forms import OverrideForm
 from reservations.explain import BookingFacts, why
 from reservations.hints import adjacent_switch_minutes, memory_estimate
 from reservations.models import Reservation, ReservationStatus
+from reservations.wording import slot_words
 
 PRELOADING = {Reason.PRELOAD_NEXT, Reason.SKIP_DEFAULT_SHORT_GAP, Reason.STOP_FOR_EXCLUSIVE}
 MANUAL = {Reason.MANUAL_OVERRIDE, Reason.MANUAL_UNLOAD}
@@ -159,9 +160,11 @@ def calendar_rows(*, origin: datetime, span: timedelta, now: datetime, viewer: U
             what = "whole card" if r.exclusive else _label(r.model, r.preset)
             mine = r.user_id == viewer.pk
             css = f"res {r.status}" + (" mine" if mine else "") + (" exclusive" if r.exclusive else "")
-            local = f"{r.start.astimezone(tz):%a %H:%M}–{r.end.astimezone(tz):%H:%M}"
-            pending = " (pending approval)" if r.status == ReservationStatus.PENDING else ""
-            row.blocks.append(Block(*place, css, f"{r.user.username}: {what}", f"{local} {what}{pending}"))
+            local = slot_words(r.start, r.end, tz)
+            waiting = r.status == ReservationStatus.PENDING
+            label = ("pending: " if waiting else "") + f"{r.user.username}: {what}"
+            title = f"{r.user.username}, {local} {what}" + (" (pending approval)" if waiting else "")
+            row.blocks.append(Block(*place, css, label, title))
             if previous is not None and previous.target != r.target and r.target is not None:
                 lost = _switch_minutes(channel, r, previous)
                 lost_place = (

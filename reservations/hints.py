@@ -18,6 +18,8 @@ from reservations.models import Reservation
 from reservations.rules import quota_left, week_of
 from reservations.selectors import held_slots
 from reservations.services import needs_approval
+from reservations.services.common import limit_problems, slot_problems
+from reservations.wording import slot_words
 
 
 def adjacent_switch_minutes(*, load_seconds: float, gap_seconds: float) -> int:
@@ -77,13 +79,33 @@ def booking_hints(
     note: str = "",
 ) -> list[dict[str, Any]]:
     warnings: list[dict[str, Any]] = []
+    # Every rule the submit enforces, checked the same way: a hint never says "fine" about a
+    # booking the submit would refuse. ``blocking``: the submit will refuse it.
+    problems = slot_problems(channel=channel, start=start, end=end, now=now, exclusive=exclusive)
+    if end > start:
+        problems += limit_problems(user=user, channel=channel, start=start, end=end, now=now)
+    for problem in problems:
+        warnings.append(
+            {"code": "rule", "field": problem.field, "message": problem.message, "blocking": True}
+        )
     target = None if exclusive or model is None else Target(model.pk, preset.pk if preset else None)
-    conflict = Reservation.objects.blocking().filter(channel=channel).overlapping(start, end).first()
+    conflict = (
+        Reservation.objects.blocking()
+        .filter(channel=channel)
+        .overlapping(start, end)
+        .select_related("user")
+        .order_by("start")
+        .first()
+    )
     if conflict is not None:
         warnings.append(
             {
                 "code": "conflict",
-                "message": f"the slot overlaps reservation {conflict.pk} ({conflict.status})",
+                "field": "start",
+                "message": f"the slot overlaps {conflict.user}'s booking, "
+                f"{slot_words(conflict.start, conflict.end)} ({conflict.status})",
+                "blocking": True,
+                "reservation": conflict.pk,
             }
         )
     previous = Reservation.objects.blocking().filter(channel=channel, end__lte=start).order_by("-end").first()

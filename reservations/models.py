@@ -202,6 +202,9 @@ class Profile(models.Model):
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="profile")
     time_zone = models.CharField(max_length=64, default="UTC")
+    # Whether the zone was chosen (by the user, or detected from their browser at first sign-in);
+    # until then pages show UTC and the browser's zone is taken at the next page.
+    time_zone_chosen = models.BooleanField(default=False)
     # Event kind → whether to email it; kinds not listed are emailed.
     email_events = models.JSONField(default=dict, blank=True)
     calendar_token = models.CharField(max_length=64, unique=True, default=_calendar_token)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from datetime import tzinfo
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
@@ -10,18 +12,26 @@ from django.db import IntegrityError, transaction
 from channels_app import dispatch
 from reservations.models import Notification
 from reservations.profiles import profile_for
+from reservations.wording import zone_of
 
 log = logging.getLogger(__name__)
 
 
+# A notification's words: fixed, or written for the recipient's time zone.
+Text = str | Callable[[tzinfo], str]
+
+
 def notify(
-    *, user: User, event: str, text: str, link: str = "", key: str | None = None
+    *, user: User, event: str, text: Text, link: str = "", key: str | None = None
 ) -> Notification | None:
-    """Store a notification for ``user`` and email it after commit, if they want it.
+    """Store a notification for ``user`` and email it after commit, if they want it. A ``text``
+    that is a function gets the recipient's time zone (``reservations.wording``).
 
     With a ``key`` the event is sent at most once per user: a second call with
     the same key (a re-run tick, a retried task) returns None and sends nothing.
     """
+    if callable(text):
+        text = text(zone_of(user))
     try:
         with transaction.atomic():
             notification = Notification.objects.create(user=user, event=event, text=text, link=link, key=key)

@@ -1,12 +1,35 @@
-"""Each user's profile, made on first use."""
+"""Each user's profile, made on first use, and the writes to it."""
 
 from __future__ import annotations
 
+import zoneinfo
+
 from django.contrib.auth.models import User
 
+from channels_app.errors import InvalidInput
 from reservations.models import Profile
 
 
 def profile_for(user: User) -> Profile:
     profile, _ = Profile.objects.get_or_create(user=user)
     return profile
+
+
+def valid_zone(name: str) -> str:
+    """The IANA zone ``name``; ``InvalidInput`` (a 400) naming it when there is no such zone."""
+    if name not in zoneinfo.available_timezones():
+        raise InvalidInput("time_zone", f"{name!r} is not a time zone (use a name like Europe/Berlin)")
+    return name
+
+
+def profile_set_time_zone(user: User, name: str, *, detected: bool = False) -> bool:
+    """Set the user's time zone; whether it changed. A zone ``detected`` from the browser is
+    taken only while the user has not chosen one: it never overrides a choice."""
+    zone = valid_zone(name)
+    profile = profile_for(user)
+    if detected and profile.time_zone_chosen:
+        return False
+    changed = profile.time_zone != zone
+    profile.time_zone, profile.time_zone_chosen = zone, True
+    profile.save(update_fields=["time_zone", "time_zone_chosen"])
+    return changed

@@ -14,7 +14,7 @@ import shlex
 import shutil
 import signal
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Any, assert_never
 
@@ -57,6 +57,7 @@ from channels_app.target import Target, fingerprint_of
 from channels_app.vocabulary import NotificationEvent, Phase, Reason, RedisKey, redis_key
 from reservations.models import Reservation
 from reservations.notifications import notify
+from reservations.wording import slot_words
 
 log = logging.getLogger(__name__)
 
@@ -325,7 +326,10 @@ def _tell(channel: Channel, target_row: ChannelTarget | None, action: Tell) -> N
     reservation = target_row.reservation if target_row is not None else None
     if reservation is None:
         return
-    text = f"{channel.name}: {action.text}. {reservation_summary(reservation)}"
+
+    def text(zone: tzinfo) -> str:
+        return f"{channel.name}: {action.text}. {reservation_summary(reservation, zone)}"
+
     key = f"{action.event}:{reservation.pk}"
     notify(user=reservation.user, event=action.event, text=text, link="/", key=key)
     if action.event in {NotificationEvent.LOAD_FAILED, NotificationEvent.FALLBACK}:
@@ -335,8 +339,9 @@ def _tell(channel: Channel, target_row: ChannelTarget | None, action: Tell) -> N
             notify(user=admin, event=action.event, text=text, link="/", key=key)
 
 
-def reservation_summary(reservation: Reservation) -> str:
-    return f"(reservation {reservation.pk} of {reservation.user}, {reservation.start:%Y-%m-%d %H:%M} UTC)"
+def reservation_summary(reservation: Reservation, zone: tzinfo | None = None) -> str:
+    slot = slot_words(reservation.start, reservation.end, zone)
+    return f"(reservation {reservation.pk} of {reservation.user}, {slot})"
 
 
 def act(

@@ -26,6 +26,7 @@ from reservations.services.common import (
     _whole_booking,
     needs_approval,
 )
+from reservations.wording import slot_words
 
 
 def reservation_extend(*, reservation: Reservation, by: User, end: datetime, now: datetime) -> Reservation:
@@ -161,8 +162,10 @@ def reservation_reschedule(
                 notify(
                     user=reservation.user,
                     event=NotificationEvent.CHANGED,
-                    text=f"Your reservation of {reservation.channel} was moved by {by} to "
-                    f"{_iso(start)} – {_iso(end)}.",
+                    text=lambda zone: (
+                        f"Your reservation of {reservation.channel} was moved by {by} to "
+                        f"{slot_words(start, end, zone)}."
+                    ),
                     key=f"changed:{reservation.pk}:{_iso(start)}:{_iso(end)}",
                 )
             if reservation.status == ReservationStatus.APPROVED:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Collection
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import TypeVar
 
 from django.conf import settings
@@ -19,8 +19,9 @@ from channels_app.target import validate_target
 from channels_app.vocabulary import NotificationEvent
 from reservations.models import BLOCKING_STATUSES, Reservation
 from reservations.notifications import notify
-from reservations.rules import BookingLimits, check_length_and_horizon, check_quota
+from reservations.rules import BookingLimits, LimitBroken, check_length_and_horizon, check_quota
 from reservations.selectors import held_slots
+from reservations.wording import moment_words, slot_words
 
 # A booking may start this little in the past: a form sent "now" arrives late.
 START_GRACE = timedelta(minutes=1)
@@ -84,9 +85,10 @@ class ReservationConflict(Exception):
         if conflicting is None:
             message = "the slot overlaps another reservation of this channel"
         else:
+            slot = slot_words(conflicting.start, conflicting.end)
             message = (
                 f"the slot overlaps reservation {conflicting.pk} of this channel "
-                f"({_iso(conflicting.start)} to {_iso(conflicting.end)}, {conflicting.status})"
+                f"({conflicting.user}'s, {slot}, {conflicting.status})"
             )
         super().__init__(message)
         self.message = message
@@ -136,6 +138,29 @@ def _whole_booking(reservation: Reservation) -> list[Reservation]:
     return chain
 
 
+def limit_problems(
+    *,
+    user: User,
+    channel: Channel,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    exclude: int | Collection[int] | None = None,
+) -> list[LimitBroken]:
+    """The channel's limits the slot breaks: length, horizon, and (not for staff) the weekly quota."""
+    limits = limits_of(channel)
+    problems = []
+    broken = check_length_and_horizon(start=start, end=end, now=now, limits=limits)
+    if broken is not None:
+        problems.append(broken)
+    if not user.is_staff:
+        held = held_slots(user=user, channel=channel, start=start, end=end, exclude=exclude)
+        broken = check_quota(start=start, end=end, held=held, quota_hours=limits.weekly_quota_hours)
+        if broken is not None:
+            problems.append(broken)
+    return problems
+
+
 def _check_limits(
     *,
     user: User,
@@ -145,13 +170,26 @@ def _check_limits(
     now: datetime,
     exclude: int | Collection[int] | None = None,
 ) -> None:
-    limits = limits_of(channel)
-    refusal = check_length_and_horizon(start=start, end=end, now=now, limits=limits)
-    if refusal is None and not user.is_staff:
-        held = held_slots(user=user, channel=channel, start=start, end=end, exclude=exclude)
-        refusal = check_quota(start=start, end=end, held=held, quota_hours=limits.weekly_quota_hours)
-    if refusal is not None:
-        raise InvalidInput(refusal.field, refusal.message)
+    problems = limit_problems(user=user, channel=channel, start=start, end=end, now=now, exclude=exclude)
+    if problems:
+        raise InvalidInput(problems[0].field, problems[0].message)
+
+
+def slot_problems(
+    *, channel: Channel, start: datetime, end: datetime, now: datetime, exclusive: bool
+) -> list[LimitBroken]:
+    """What is wrong with the slot itself: its order, a start in the past, a whole card where the
+    channel allows none."""
+    problems = []
+    if end <= start:
+        problems.append(LimitBroken("end", "end must be after start"))
+    if start < now - START_GRACE:
+        problems.append(LimitBroken("start", "start is in the past; reservations are for the future"))
+    if exclusive and not channel.allow_whole_card:
+        problems.append(
+            LimitBroken("exclusive", f"channel {channel.name} does not allow whole-card bookings")
+        )
+    return problems
 
 
 def validate_slot(
@@ -164,37 +202,36 @@ def validate_slot(
     preset: Preset | None,
     exclusive: bool,
 ) -> None:
-    if end <= start:
-        raise InvalidInput("end", "end must be after start")
-    if start < now - START_GRACE:
-        raise InvalidInput("start", "start is in the past; reservations are for the future")
+    problems = slot_problems(channel=channel, start=start, end=end, now=now, exclusive=exclusive)
+    if problems:
+        raise InvalidInput(problems[0].field, problems[0].message)
     if exclusive and (model is not None or preset is not None):
         raise InvalidInput("exclusive", "a whole-card reservation names no model or preset")
     if not exclusive and model is None:
         raise InvalidInput("model", "name a model (and preset), or book the whole card with exclusive: true")
-    if exclusive and not channel.allow_whole_card:
-        raise InvalidInput("exclusive", f"channel {channel.name} does not allow whole-card bookings")
     validate_target(model=model, preset=preset)
 
 
 def _tell_approvers(reservation: Reservation) -> None:
     staff = get_user_model().objects.filter(is_staff=True, is_active=True)
-    if reservation.extends_id is not None:
-        text = (
-            f"{reservation.user} asks to extend reservation {reservation.extends_id} of "
-            f"{reservation.channel} until {_iso(reservation.end)} (the added time: "
-            f"{_iso(reservation.start)} to {_iso(reservation.end)})."
+
+    def text(zone: tzinfo) -> str:
+        if reservation.extends_id is not None:
+            return (
+                f"{reservation.user} asks to extend reservation {reservation.extends_id} of "
+                f"{reservation.channel} until {moment_words(reservation.end, zone)} (the added time: "
+                f"{slot_words(reservation.start, reservation.end, zone)})."
+            )
+        return (
+            f"{reservation.user} asks for {reservation.channel}, "
+            f"{slot_words(reservation.start, reservation.end, zone)}."
         )
-    else:
-        text = (
-            f"{reservation.user} asks for {reservation.channel} "
-            f"from {_iso(reservation.start)} to {_iso(reservation.end)}."
-        )
+
     for approver in staff:
         notify(
             user=approver,
             event=NotificationEvent.SUBMITTED,
             text=text,
-            link="/approvals/",
+            link=f"/approvals/#reservation-{reservation.pk}",
             key=f"submitted:{reservation.pk}",
         )

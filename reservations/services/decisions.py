@@ -13,7 +13,8 @@ from channels_app.errors import InvalidInput
 from channels_app.vocabulary import NotificationEvent
 from reservations.models import Reservation, ReservationStatus
 from reservations.notifications import notify
-from reservations.services.common import InvalidTransition, _iso
+from reservations.services.common import InvalidTransition
+from reservations.wording import slot_words
 
 
 def _transition(
@@ -41,7 +42,10 @@ def reservation_approve(*, reservation: Reservation, by: User, now: datetime) ->
         notify(
             user=reservation.user,
             event=NotificationEvent.APPROVED,
-            text=f"Your reservation of {reservation.channel} from {_iso(reservation.start)} is approved.",
+            text=lambda zone: (
+                f"Your reservation of {reservation.channel}, "
+                f"{slot_words(reservation.start, reservation.end, zone)}, is approved."
+            ),
             key=f"approved:{reservation.pk}",
         )
         enqueue_redecide(reservation.channel_id)
@@ -64,8 +68,11 @@ def reservation_reject(*, reservation: Reservation, by: User, reason: str, now: 
         notify(
             user=reservation.user,
             event=NotificationEvent.REJECTED,
-            text=f"Your reservation of {reservation.channel} from {_iso(reservation.start)} "
-            f"was rejected: {reservation.reject_reason}",
+            text=lambda zone: (
+                f"Your reservation of {reservation.channel}, "
+                f"{slot_words(reservation.start, reservation.end, zone)}, was rejected: "
+                f"{reservation.reject_reason}"
+            ),
             key=f"rejected:{reservation.pk}",
         )
     return reservation
@@ -91,8 +98,10 @@ def reservation_cancel(*, reservation: Reservation, by: User, now: datetime) -> 
             notify(
                 user=reservation.user,
                 event=NotificationEvent.CANCELLED,
-                text=f"Your reservation of {reservation.channel} from {_iso(reservation.start)} "
-                f"was cancelled by {by}.",
+                text=lambda zone: (
+                    f"Your reservation of {reservation.channel}, "
+                    f"{slot_words(reservation.start, reservation.end, zone)}, was cancelled by {by}."
+                ),
                 key=f"cancelled:{reservation.pk}",
             )
         if was == ReservationStatus.APPROVED:
@@ -105,7 +114,7 @@ def reservation_end(*, reservation: Reservation, by: User, now: datetime) -> Res
     if not reservation.is_active(now):
         raise InvalidTransition(
             f"cannot end a reservation that is not active (it is {reservation.status}, "
-            f"from {_iso(reservation.start)} to {_iso(reservation.end)})"
+            f"{slot_words(reservation.start, reservation.end)})"
         )
     with transaction.atomic():
         # ``end`` must stay after ``start``: ending in the very first instant is a cancel.

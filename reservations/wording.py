@@ -1,0 +1,43 @@
+"""Times in words people read: in the reader's own zone, with the zone named.
+
+Every message SlotServe writes for a person (notifications, emails, error messages, hints)
+says "Tue 8 Dec 10:00–12:00 CET", never ``2026-12-08T09:00:00Z``; the API's fields stay ISO 8601.
+"""
+
+from __future__ import annotations
+
+import zoneinfo
+from datetime import datetime, tzinfo
+
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+
+def zone_of(user: User) -> tzinfo:
+    """The user's time zone (their profile's; UTC when it is unknown)."""
+    from reservations.profiles import profile_for
+
+    try:
+        return zoneinfo.ZoneInfo(profile_for(user).time_zone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return zoneinfo.ZoneInfo("UTC")
+
+
+def _zone_name(local: datetime) -> str:
+    return local.tzname() or "UTC"
+
+
+def moment_words(moment: datetime, zone: tzinfo | None = None) -> str:
+    """``Tue 8 Dec 2026 10:00 CET`` (the year only when it is not this year's)."""
+    local = moment.astimezone(zone or timezone.get_current_timezone())
+    year = f" {local.year}" if local.year != timezone.now().astimezone(local.tzinfo).year else ""
+    return f"{local:%a} {local.day} {local:%b}{year} {local:%H:%M} {_zone_name(local)}"
+
+
+def slot_words(start: datetime, end: datetime, zone: tzinfo | None = None) -> str:
+    """``Tue 8 Dec 10:00–12:00 CET``, or ``Tue 8 Dec 22:00 – Wed 9 Dec 02:00 CET`` across midnight."""
+    zone = zone or timezone.get_current_timezone()
+    first, last = start.astimezone(zone), end.astimezone(zone)
+    if first.date() == last.date() and _zone_name(first) == _zone_name(last):
+        return f"{moment_words(start, zone).rsplit(' ', 1)[0]}–{last:%H:%M} {_zone_name(last)}"
+    return f"{moment_words(start, zone)} – {moment_words(end, zone)}"

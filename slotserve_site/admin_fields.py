@@ -1,0 +1,87 @@
+"""Admin form fields for the JSON columns staff edit by hand: GPU indexes and labels.
+
+A raw JSON box invites ``[0,1`` and ``{"gpu": a100}``; these read ``0, 1`` and one
+``key=value`` per line, and say what is wrong in the same words.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$")
+
+
+class GpuIndexesField(forms.CharField):
+    """A channel's GPUs as ``0, 1``: NVML indexes on its node, separated by commas or spaces."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("help_text", "The node's GPU indexes this channel uses, e.g. 0 or 0, 1.")
+        super().__init__(**kwargs)
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, str) and value.startswith("["):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                return value
+        if isinstance(value, list):
+            return ", ".join(str(v) for v in value)
+        return value
+
+    def to_python(self, value: Any) -> list[int]:
+        text = str(value or "").strip().strip("[]")
+        indexes = []
+        for part in re.split(r"[,\s]+", text):
+            if not part:
+                continue
+            if not part.isdigit():
+                raise ValidationError(f"{part!r} is not a GPU index: write numbers like 0, 1")
+            indexes.append(int(part))
+        if not indexes and self.required:
+            raise ValidationError("name at least one GPU index, e.g. 0")
+        if len(set(indexes)) != len(indexes):
+            raise ValidationError("each GPU index once")
+        return indexes
+
+
+class LabelsField(forms.CharField):
+    """Labels as one ``key=value`` per line (placement's selectors match them)."""
+
+    widget = forms.Textarea(attrs={"rows": 3, "cols": 40, "placeholder": "gpu=a100\nzone=lab-1"})
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("help_text", "One key=value per line, e.g. gpu=a100.")
+        super().__init__(**kwargs)
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, str) and value.startswith("{"):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                return value
+        if isinstance(value, dict):
+            return "\n".join(f"{k}={v}" for k, v in value.items())
+        return value
+
+    def to_python(self, value: Any) -> dict[str, str]:
+        labels: dict[str, str] = {}
+        for number, line in enumerate(str(value or "").splitlines(), 1):
+            line = line.strip()
+            if not line:
+                continue
+            key, sep, val = line.partition("=")
+            key, val = key.strip(), val.strip()
+            if not sep or not key:
+                raise ValidationError(f"line {number}: write key=value, not {line!r}")
+            if not LABEL_KEY.match(key):
+                raise ValidationError(f"line {number}: {key!r} is not a label key (letters, digits, _ . - /)")
+            if key in labels:
+                raise ValidationError(f"line {number}: {key} is given twice")
+            labels[key] = val
+        return labels
