@@ -16,8 +16,10 @@ from django.core.exceptions import ValidationError
 LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$")
 
 
-class GpuIndexesField(forms.CharField):
+class GpuIndexesField(forms.Field):
     """A channel's GPUs as ``0, 1``: NVML indexes on its node, separated by commas or spaces."""
+
+    widget = forms.TextInput(attrs={"placeholder": "0, 1"})
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("help_text", "The node's GPU indexes this channel uses, e.g. 0 or 0, 1.")
@@ -49,7 +51,7 @@ class GpuIndexesField(forms.CharField):
         return indexes
 
 
-class LabelsField(forms.CharField):
+class LabelsField(forms.Field):
     """Labels as one ``key=value`` per line (placement's selectors match them)."""
 
     widget = forms.Textarea(attrs={"rows": 3, "cols": 40, "placeholder": "gpu=a100\nzone=lab-1"})
