@@ -7,7 +7,7 @@ into a message on the form, so a refused request keeps what the user typed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -20,6 +20,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 from icalendar import Calendar, Event
 
@@ -34,6 +35,7 @@ from reservations import services
 from reservations.models import Notification, Profile, Reservation, ReservationStatus
 from reservations.profiles import profile_for, profile_set_time_zone
 from reservations.services import InvalidTransition, ReservationConflict
+from slotserve_site.api_fields import in_range
 
 
 def _visible(request: HttpRequest) -> QuerySet[Reservation]:
@@ -78,12 +80,7 @@ def book(request: HttpRequest) -> HttpResponse:
                 messages.success(request, f"Your reservation of {reservation.channel} {state}.")
                 return redirect("portal:my_reservations")
     else:
-        initial: dict[str, Any] = {}
-        if request.GET.get("channel", "").isdigit():
-            initial["channel"] = request.GET["channel"]
-        start = timezone.localtime().replace(second=0, microsecond=0) + timedelta(hours=1)
-        initial.update(start=start.replace(minute=0), end=start.replace(minute=0) + timedelta(hours=1))
-        form = BookingForm(initial=initial)
+        form = BookingForm(initial=_prefilled(request))
     presets = [{"id": p.pk, "model": p.model_id, "name": p.name} for p in Preset.objects.all()]
     # For the model list's own "exceeds the GPU memory" marks (per chosen channel).
     channels = Channel.objects.select_related("node").prefetch_related("node__gpus")
@@ -92,6 +89,35 @@ def book(request: HttpRequest) -> HttpResponse:
         "sizes": {str(pk): size for pk, size in LLMModel.objects.values_list("pk", "size_bytes")},
     }
     return render(request, "portal/book.html", {"form": form, "presets": presets, "fit": fit})
+
+
+def _prefilled(request: HttpRequest) -> dict[str, Any]:
+    """The dialog's first values: from the calendar (a channel, and the free time clicked or
+    dragged over, as ISO times) or the free-slot finder; else the next full hour."""
+    initial: dict[str, Any] = {}
+    for name in ("channel", "model", "preset"):
+        if request.GET.get(name, "").isdigit():
+            initial[name] = request.GET[name]
+    start, end = _moment(request.GET.get("start")), _moment(request.GET.get("end"))
+    if start is None:
+        start = (timezone.localtime() + timedelta(hours=1)).replace(minute=0, second=0, microsecond=0)
+    if end is None or end <= start:
+        end = start + timedelta(hours=1)
+    initial.update(start=timezone.localtime(start), end=timezone.localtime(end))
+    return initial
+
+
+def _moment(raw: str | None) -> datetime | None:
+    """An ISO time with an offset from a link; None when there is none or it is not one."""
+    if not raw or len(raw) > 40:
+        return None
+    try:
+        value = parse_datetime(raw.replace(" ", "+"))
+    except ValueError:
+        return None
+    if value is None or timezone.is_naive(value) or not in_range(value):
+        return None
+    return value
 
 
 @login_required

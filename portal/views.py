@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from pathlib import Path
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
@@ -121,6 +122,7 @@ class Block:
     css: str
     label: str
     title: str
+    details: dict[str, Any] | None = None  # a booking's, shown when it is clicked
 
 
 @dataclass
@@ -137,10 +139,28 @@ def _place(start: datetime, end: datetime, origin: datetime, span: timedelta) ->
     return (lo - origin) / span * 100, (hi - lo) / span * 100
 
 
-def calendar_rows(*, origin: datetime, span: timedelta, now: datetime, viewer: User) -> list[CalendarRow]:
+def calendar_rows(
+    *,
+    origin: datetime,
+    span: timedelta,
+    now: datetime,
+    viewer: User,
+    channel_id: int | None = None,
+    node_id: int | None = None,
+    model_id: int | None = None,
+) -> list[CalendarRow]:
+    """The timeline's rows; with filters, only the channel, the node's channels, or the blocks of
+    one model (and the channels that have them or default to it)."""
     tz = timezone.get_current_timezone()
     shown = Reservation.objects.exclude(status__in=[ReservationStatus.REJECTED, ReservationStatus.CANCELLED])
-    channels = Channel.objects.select_related("node").prefetch_related(
+    if model_id is not None:
+        shown = shown.filter(model_id=model_id)
+    listed = Channel.objects.all()
+    if channel_id is not None:
+        listed = listed.filter(pk=channel_id)
+    if node_id is not None:
+        listed = listed.filter(node_id=node_id)
+    channels = listed.select_related("node").prefetch_related(
         Prefetch(
             "reservations",
             queryset=shown.overlapping(origin, origin + span).select_related("user", "model", "preset"),
@@ -151,6 +171,8 @@ def calendar_rows(*, origin: datetime, span: timedelta, now: datetime, viewer: U
     names = dict(LLMModel.objects.values_list("pk", "name"))
     rows = []
     for channel in channels:
+        if model_id is not None and not channel.shown and channel.default_model_id != model_id:
+            continue
         row = CalendarRow(channel)
         previous: Reservation | None = None
         for r in channel.shown:
@@ -164,7 +186,15 @@ def calendar_rows(*, origin: datetime, span: timedelta, now: datetime, viewer: U
             waiting = r.status == ReservationStatus.PENDING
             label = ("pending: " if waiting else "") + f"{r.user.username}: {what}"
             title = f"{r.user.username}, {local} {what}" + (" (pending approval)" if waiting else "")
-            row.blocks.append(Block(*place, css, label, title))
+            details = {
+                "who": r.user.username,
+                "what": what,
+                "when": local,
+                "status": "pending approval" if waiting else r.status,
+                "mine": mine,
+                "channel": channel.name,
+            }
+            row.blocks.append(Block(*place, css, label, title, details))
             if previous is not None and previous.target != r.target and r.target is not None:
                 lost = _switch_minutes(channel, r, previous)
                 lost_place = (
@@ -191,6 +221,10 @@ def _switch_minutes(channel: Channel, later: Reservation, earlier: Reservation) 
     assert later.target is not None
     load = selectors.load_estimates([(channel.node_id, later.target)])[(channel.node_id, later.target)]
     return adjacent_switch_minutes(load_seconds=load, gap_seconds=(later.start - earlier.end).total_seconds())
+
+
+def _number(raw: str | None) -> int | None:
+    return int(raw) if raw and raw.isdigit() and len(raw) < 12 else None
 
 
 # The calendar shows days of years that a booking can be in (slotserve_site.api_fields).
@@ -229,8 +263,26 @@ def calendar(request: HttpRequest) -> HttpResponse:
             {"left": (moment - origin) / span * 100, "label": f"{moment:%a %d}" if week else f"{i:02d}"}
         )
     now_left = (now - origin) / span * 100 if origin <= now < origin + span else None
+    filters = {name: _number(request.GET.get(name)) for name in ("channel", "node", "model")}
     context = {
-        "rows": calendar_rows(origin=origin, span=span, now=now, viewer=_viewer(request)),
+        "rows": calendar_rows(
+            origin=origin,
+            span=span,
+            now=now,
+            viewer=_viewer(request),
+            channel_id=filters["channel"],
+            node_id=filters["node"],
+            model_id=filters["model"],
+        ),
+        "filters": filters,
+        "filter_query": "".join(f"&{k}={v}" for k, v in filters.items() if v is not None),
+        "choices": {
+            "channel": Channel.objects.values_list("pk", "name"),
+            "node": Node.objects.values_list("pk", "name"),
+            "model": LLMModel.objects.values_list("pk", "name"),
+        },
+        "origin": origin,
+        "span_seconds": span.total_seconds(),
         "day": day,
         "week": week,
         "ticks": ticks,

@@ -13,7 +13,7 @@ from channels_app.api.views import (
     NodeViewSet,
     PresetViewSet,
 )
-from channels_app.placement.api import PlacementView
+from channels_app.placement.api import FreeSlotsView, PlacementView
 from gateway.api import ApiKeyViewSet, RequestLogViewSet
 from reservations.api import MeView, NotificationViewSet, ReservationViewSet
 from slotserve_site.metrics import metrics_view
@@ -57,6 +57,7 @@ urlpatterns = [
     ),
     path("api/me/", MeView.as_view(), name="me"),
     path("api/placement", PlacementView.as_view(), name="placement"),
+    path("api/placement/free-slots", FreeSlotsView.as_view(), name="free_slots"),
     path("api/", include(router.urls)),
     path("api-auth/", include("rest_framework.urls")),
     path("health", health),

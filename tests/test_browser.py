@@ -337,3 +337,77 @@ def test_every_page_fits_a_phone_and_the_admin_and_api_docs_load_cleanly(browser
     local = [url for url in failed if url.startswith(live_server.url) and "/ws/" not in url]
     errors = [e for e in errors if "/ws/overview" not in e]
     assert local == [] and errors == [], (local, errors)
+
+
+def test_book_from_the_calendar_find_free_slots_and_finish_by_keyboard(browser, live_server):
+    """The calendar: a booking's details on click, filters by node, and a drag over free time
+    opens the dialog with the channel and the time filled in; the free-slot finder fills them
+    from placement; the dialog is completed with the keyboard alone."""
+    from datetime import datetime, time
+
+    ana, bo = factories.user("ana"), factories.user("bo")
+    qwen = factories.llm("qwen")
+    chat = factories.preset(qwen, "chat")
+    nodes = [factories.node(name, backends=["llama.cpp"]) for name in ("gpu-a", "gpu-b")]
+    first = factories.channel("a100-0", on=nodes[0])
+    second = factories.channel("a100-1", on=nodes[1])
+    day = (timezone.now() + timedelta(days=1)).date()
+    tz = timezone.get_default_timezone()  # both users are in UTC
+    held = datetime.combine(day, time(10), tzinfo=tz)
+    factories.reservation(owner=bo, on=first, start=held, end=held + timedelta(hours=2), target=chat)
+    page = sign_in(browser, live_server, "ana")
+
+    page.goto(f"{live_server.url}/calendar/?day={day:%Y-%m-%d}")
+    page.click('.row[data-channel="a100-0"] button.res')
+    assert page.inner_text("#details-title") == "bo: qwen / chat"
+    assert "10:00–12:00 UTC" in page.inner_text("#details-body") and "approved" in page.inner_text(
+        "#details-body"
+    )
+    shot(page, "calendar-details")
+    page.select_option('select[name="node"]', str(second.node_id))
+    page.wait_for_url("**node=*")
+    assert page.query_selector('.row[data-channel="a100-0"]') is None
+    assert page.query_selector('.row[data-channel="a100-1"]') is not None
+
+    # Drag over 14:00–16:00 on a100-1.
+    line = page.locator('.row[data-channel="a100-1"] .timeline')
+    box = line.bounding_box()
+    assert box is not None
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 14 / 24, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 15 / 24, y, steps=4)
+    page.mouse.move(box["x"] + box["width"] * 16 / 24, y, steps=4)
+    page.mouse.up()
+    page.wait_for_url("**/book/?*")
+    assert page.input_value("#id_channel") == str(second.pk)
+    assert page.input_value("#id_start") == f"{day:%Y-%m-%d}T14:00"
+    assert page.input_value("#id_end") == f"{day:%Y-%m-%d}T16:00"
+
+    # The finder: the first free two hours that fit qwen, from now on.
+    page.select_option("#id_model", str(qwen.pk))
+    page.fill("#finder-hours", "2")
+    page.click("#finder")
+    offer = page.wait_for_selector("#finder-results button")
+    offer.click()
+    picked = page.input_value("#id_start")
+    assert picked and page.input_value("#id_channel") in {str(first.pk), str(second.pk)}
+    shot(page, "booking-free-slots")
+
+    # By keyboard alone: a fresh dialog from the calendar link, model and preset by arrow keys,
+    # then Enter on the Book button.
+    page.goto(
+        f"{live_server.url}/book/?channel={second.pk}&start={day:%Y-%m-%d}T18:00:00Z&end={day:%Y-%m-%d}T19:00:00Z"
+    )
+    page.focus("#id_model")
+    page.keyboard.press("ArrowDown")
+    assert page.input_value("#id_model") == str(qwen.pk)
+    page.keyboard.press("Tab")
+    page.keyboard.press("ArrowDown")
+    assert page.input_value("#id_preset") == str(chat.pk)
+    page.wait_for_selector("#hints li.ok")
+    page.focus("#booking button[type=submit]")
+    page.keyboard.press("Enter")
+    page.wait_for_url(f"{live_server.url}/reservations/")
+    booked = Reservation.objects.get(user=ana)
+    assert (booked.channel_id, booked.start.hour, booked.preset_id) == (second.pk, 18, chat.pk)

@@ -407,3 +407,53 @@ def test_the_node_reports_its_ram_and_the_estimate_what_stays_in_it(tiny_gguf, s
     assert whole.ram == 0
     half = estimate_for(backend="llama.cpp", path=str(tiny_gguf), args=["-ngl", "1"])
     assert half.ram > 0 and half.ram + half.weights == whole.weights
+
+
+def test_the_first_free_times_skip_booked_ones_and_do_not_overlap():
+    """The free-slot finder's search, pure: from each start in turn, the first time some channel
+    that fits is free for the whole length; the next offer starts after the last one ends."""
+    from datetime import UTC, datetime
+
+    from channels_app.placement.chains import first_free
+
+    t0 = datetime(2026, 12, 7, 9, tzinfo=UTC)
+    hour = timedelta(hours=1)
+    a, b = cand("a", id=1), cand("b", id=2, vram_bytes=80 * GiB)
+    busy = {1: [(t0, t0 + 3 * hour)], 2: [(t0 - hour, t0 + 2 * hour)]}
+    starts = [t0 + i * hour / 2 for i in range(20)]
+    found = first_free([a, b], WANT, busy=busy, starts=starts, length=2 * hour, count=2)
+    assert [(f.start, [s.candidate.name for s in f.ranked]) for f in found] == [
+        (t0 + 2 * hour, ["b"]),  # a is booked until 12:00
+        (t0 + 4 * hour, ["a", "b"]),  # after the first offer; binpack ranks the smaller first
+    ]
+    assert first_free([a], WANT, busy={1: [(t0, t0 + 48 * hour)]}, starts=starts, length=hour, count=1) == []
+
+
+@pytest.mark.django_db
+def test_the_free_slot_finder_through_the_api(ana_api, bo):
+    channels, model = _inventory()
+    for node in {c.node for c in channels}:
+        node.last_heartbeat = timezone.now()
+        node.save()
+    after = timezone.now().replace(microsecond=0) + timedelta(days=1)
+    # Every channel is booked for the first three hours after ``after``.
+    for channel in channels:
+        factories.reservation(
+            owner=bo, on=channel, start=after - timedelta(hours=1), end=after + timedelta(hours=3)
+        )
+    answer = ana_api.get(
+        "/api/placement/free-slots", {"model": "qwen", "hours": 2, "after": iso(after), "count": 2}
+    )
+    assert answer.status_code == 200, answer.data
+    slots = answer.data["slots"]
+    assert len(slots) == 2 and slots[0]["start"] >= after + timedelta(hours=3)
+    assert slots[0]["start"] < after + timedelta(hours=3, minutes=30)  # the first half hour once free
+    assert slots[1]["start"] >= slots[0]["end"]
+    assert slots[0]["channels"][0]["name"].startswith("small-")
+    for bad, field in (({"hours": 0}, "hours"), ({"hours": "x"}, "hours"), ({"model": "nope"}, "model")):
+        refused = ana_api.get("/api/placement/free-slots", {"model": "qwen", "hours": 2, **bad})
+        assert refused.status_code == 400 and field in str(refused.data), refused.data
+    model.size_bytes = 200 * GiB
+    model.save()
+    none = ana_api.get("/api/placement/free-slots", {"model": "qwen", "hours": 2}).data
+    assert none["slots"] == [] and "have too little GPU memory" in none["message"]

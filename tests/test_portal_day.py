@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 import time_machine
@@ -37,7 +38,7 @@ def in_zone(user, zone: str) -> None:
     profile.save()
 
 
-def hints(client: Client, channel, start: str, end: str, **extra) -> list[dict]:
+def hints(client: Client, channel, start: str, end: str, **extra) -> Any:
     answer = client.get(
         "/api/reservations/hints", {"channel": channel.pk, "start": start, "end": end, **extra}
     )

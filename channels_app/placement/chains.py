@@ -7,8 +7,9 @@ ties break by name. When nothing is left the answer counts every reason.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 
 from channels_app.target import Target
 
@@ -240,3 +241,46 @@ def nothing_fits(total: int, removed: Mapping[str, list[tuple[str, str]]]) -> st
             words = words.replace("have ", "has ").replace("lack ", "lacks ").replace("are ", "is ")
         parts.append(f"{count} {words}{detail}")
     return f"0/{total} channels: " + ", ".join(parts) if parts else f"0/{total} channels"
+
+
+@dataclass(frozen=True)
+class FreeSlot:
+    """A time at which channels that fit the model are all free, best first."""
+
+    start: datetime
+    end: datetime
+    ranked: list[Scored]
+
+
+def first_free(
+    candidates: Sequence[Candidate],
+    wanted: Need,
+    *,
+    busy: Mapping[int, Sequence[tuple[datetime, datetime]]],
+    starts: Iterable[datetime],
+    length: timedelta,
+    count: int,
+    policy: str = "binpack",
+    maximums: ScoreMaximums = ScoreMaximums(),
+) -> list[FreeSlot]:
+    """The first ``count`` times (from ``starts``) at which some channel that fits is free for
+    ``length``, each with the channels ranked as placement ranks them; after a find, the search
+    goes on from its end, so the times offered do not overlap. ``busy``: each channel's booked
+    slots."""
+    found: list[FreeSlot] = []
+    not_before: datetime | None = None
+    for start in starts:
+        if not_before is not None and start < not_before:
+            continue
+        end = start + length
+        at_time = [
+            replace(c, free_at_time=not any(s < end and e > start for s, e in busy.get(c.id, ())))
+            for c in candidates
+        ]
+        ranked = place(at_time, wanted, policy=policy, maximums=maximums).ranked
+        if ranked:
+            found.append(FreeSlot(start, end, ranked))
+            not_before = end
+            if len(found) >= count:
+                break
+    return found

@@ -1,0 +1,23 @@
+"""Two small filters the portal's templates need."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def get_item(mapping: Mapping[str, Any], key: str) -> Any:
+    """``filters|get_item:name``: a mapping's value by a key held in a variable."""
+    return mapping.get(key)
+
+
+@register.filter
+def as_json(value: Any) -> str:
+    """A value as JSON for a ``data-`` attribute (the template's escaping keeps it intact)."""
+    return json.dumps(value, separators=(",", ":"))
