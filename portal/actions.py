@@ -30,7 +30,15 @@ from channels_app.scheduling.services import channel_reload, override_clear, ove
 from channels_app.vocabulary import NotificationEvent
 from gateway.models import ApiKey
 from gateway.services import api_key_create, api_key_revoke
-from portal.forms import ApiKeyForm, BookingForm, ExtendForm, OverrideForm, PreferencesForm, RejectForm
+from portal.forms import (
+    ApiKeyForm,
+    BookingForm,
+    ChangeForm,
+    ExtendForm,
+    OverrideForm,
+    PreferencesForm,
+    RejectForm,
+)
 from reservations import services
 from reservations.models import Notification, Profile, Reservation, ReservationStatus
 from reservations.profiles import profile_for, profile_set_time_zone
@@ -179,6 +187,57 @@ def end(request: HttpRequest, pk: int) -> HttpResponse:
         return services.reservation_end(reservation=r, by=_me(request), now=timezone.now())
 
     return _reservation_action(request, pk, act, "Reservation ended; the channel is free again.")
+
+
+def _same_minute(shown: datetime, stored: datetime) -> bool:
+    return shown == stored.replace(second=0, microsecond=0)
+
+
+@login_required
+def change(request: HttpRequest, pk: int) -> HttpResponse:
+    """Move, shorten or retarget a booking: the same checks as booking it (and a new approval
+    where the channel's policy asks for one)."""
+    reservation = get_object_or_404(_visible(request), pk=pk)
+    if request.method == "POST":
+        form = ChangeForm(request.POST)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                changed = services.reservation_change(
+                    reservation=reservation,
+                    by=_me(request),
+                    now=timezone.now(),
+                    # The form shows minutes: a time it shows unchanged is the time as it was.
+                    start=None if _same_minute(data["start"], reservation.start) else data["start"],
+                    end=None if _same_minute(data["end"], reservation.end) else data["end"],
+                    model=None if reservation.exclusive else data["model"],
+                    preset=None if reservation.exclusive else data["preset"],
+                    note=data["note"],
+                )
+            except (InvalidInput, InvalidTransition, ReservationConflict) as exc:
+                _refusal_to_form(form, exc)
+            else:
+                state = " It awaits approval again." if changed.status == ReservationStatus.PENDING else ""
+                messages.success(request, f"Reservation changed.{state}")
+                return redirect("portal:my_reservations")
+    else:
+        form = ChangeForm(
+            initial={
+                "start": timezone.localtime(reservation.start),
+                "end": timezone.localtime(reservation.end),
+                "model": reservation.model_id,
+                "preset": reservation.preset_id,
+                "note": reservation.note,
+            }
+        )
+    presets = [{"id": p.pk, "model": p.model_id, "name": p.name} for p in Preset.objects.all()]
+    context = {
+        "form": form,
+        "reservation": reservation,
+        "presets": presets,
+        "started": reservation.start <= timezone.now(),
+    }
+    return render(request, "portal/change.html", context)
 
 
 @login_required

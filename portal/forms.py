@@ -35,6 +35,14 @@ class BookingForm(forms.Form):
     note = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}), max_length=2000)
 
 
+class ChangeForm(forms.Form):
+    start = LocalDateTimeField()
+    end = LocalDateTimeField()
+    model = forms.ModelChoiceField(queryset=LLMModel.objects.all(), required=False)
+    preset = forms.ModelChoiceField(queryset=Preset.objects.select_related("model"), required=False)
+    note = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}), max_length=2000)
+
+
 class ExtendForm(forms.Form):
     end = LocalDateTimeField(label="New end")
 

@@ -72,6 +72,25 @@ class ExtendInput(serializers.Serializer[Any]):
     end = MomentField()
 
 
+class ChangeInput(serializers.Serializer[Any]):
+    """What to change; what is left out stays. ``preset: null`` drops the preset."""
+
+    start = MomentField(required=False)
+    end = MomentField(required=False)
+    model = IdOrNameField(queryset=LLMModel.objects.all(), required=False)
+    preset = serializers.PrimaryKeyRelatedField(
+        queryset=Preset.objects.all(), required=False, allow_null=True
+    )
+    note = serializers.CharField(required=False, allow_blank=True, max_length=2000)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not attrs:
+            raise serializers.ValidationError(
+                {"start": "name what to change: start, end, model, preset or note"}
+            )
+        return attrs
+
+
 class RejectInput(serializers.Serializer[Any]):
     reason = serializers.CharField(allow_blank=False, max_length=2000)
 
@@ -155,6 +174,16 @@ class ReservationViewSet(
         # 202: the added time is a pending extension (its own reservation) that waits for approval.
         status = 202 if holder.pk != extended.pk else 200
         return Response(ReservationOutput(holder).data, status=status)
+
+    @action(detail=True, methods=["post"])
+    def change(self, request: Request, pk: str | None = None) -> Response:
+        """Move, shorten or retarget a booking (the owner; staff for anyone)."""
+        data = ChangeInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        reservation = services.reservation_change(
+            reservation=self.get_object(), by=current_user(request), now=timezone.now(), **data.validated_data
+        )
+        return Response(ReservationOutput(reservation).data)
 
     @action(detail=False, methods=["get"])
     def hints(self, request: Request) -> Response:

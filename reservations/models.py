@@ -163,6 +163,13 @@ class Reservation(models.Model):
     def is_active(self, now: datetime) -> bool:
         return self.status == ReservationStatus.APPROVED and self.start <= now < self.end
 
+    @property
+    def what(self) -> str:
+        """``qwen / chat``, ``qwen``, or ``the whole card``."""
+        if self.exclusive or self.model is None:
+            return "the whole card"
+        return f"{self.model.name} / {self.preset.name}" if self.preset else self.model.name
+
 
 class Notification(models.Model):
     """An in-app notification; ``key`` makes an event be sent once per user."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from reservations.services.booking import NoChannelFits as NoChannelFits
 from reservations.services.booking import reservation_create as reservation_create
 from reservations.services.booking import reservation_create_anywhere as reservation_create_anywhere
+from reservations.services.changes import reservation_change as reservation_change
 from reservations.services.changes import reservation_extend as reservation_extend
 from reservations.services.changes import reservation_reschedule as reservation_reschedule
 from reservations.services.common import START_GRACE as START_GRACE

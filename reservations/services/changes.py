@@ -1,20 +1,22 @@
-"""Changing a booking's times: the owner extends it, staff move it (SPEC §5)."""
+"""Changing a booking: the owner extends, moves, shortens or retargets it; staff may for anyone (SPEC §5)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
 from channels_app.dispatch import enqueue_redecide
 from channels_app.errors import InvalidInput
+from channels_app.models import LLMModel, Preset
+from channels_app.target import validate_target
 from channels_app.vocabulary import NotificationEvent
 from reservations.models import BLOCKING_STATUSES, Reservation, ReservationStatus
 from reservations.notifications import notify
 from reservations.selectors import first_conflict
 from reservations.services.common import (
-    START_GRACE,
     InvalidTransition,
     ReservationConflict,
     _check_limits,
@@ -25,6 +27,7 @@ from reservations.services.common import (
     _tell_approvers,
     _whole_booking,
     needs_approval,
+    slot_problems,
 )
 from reservations.wording import slot_words
 
@@ -112,22 +115,84 @@ def reservation_extend(*, reservation: Reservation, by: User, end: datetime, now
 def reservation_reschedule(
     *, reservation: Reservation, by: User, start: datetime, end: datetime, note: str, now: datetime
 ) -> Reservation:
-    """Staff move a pending or approved reservation to ``[start, end)`` (the Django admin).
+    """Staff move a pending or approved reservation to ``[start, end)`` (the Django admin)."""
+    return reservation_change(reservation=reservation, by=by, start=start, end=end, note=note, now=now)
 
-    Checked like a booking of the new slot (limits, overlap, the database's rule
-    behind); the owner is told, and the channel re-decides.
+
+_UNCHANGED: Any = object()
+
+
+def reservation_change(
+    *,
+    reservation: Reservation,
+    by: User,
+    now: datetime,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    model: LLMModel | None = _UNCHANGED,
+    preset: Preset | None = _UNCHANGED,
+    note: str | None = None,
+) -> Reservation:
+    """Move, shorten or lengthen a pending or approved reservation, or change its model or preset
+    (the owner, or staff for anyone).
+
+    Checked like a booking of the new slot and target (limits and quota without the reservation
+    itself, overlap, the database's rule behind). A started reservation keeps its start; its end
+    may move, not into the past. Where the channel's policy makes a booking like it wait for
+    approval, an approved reservation that now asks for time or a target it was not approved for
+    is pending again and the approvers are told; shortening never asks. The owner is told when
+    staff changed it; the channel re-decides.
     """
     if reservation.status not in BLOCKING_STATUSES:
         raise InvalidTransition(f"cannot change a reservation that is {reservation.status}")
-    start, end = start.astimezone(UTC), end.astimezone(UTC)
+    if reservation.end <= now:
+        raise InvalidTransition("cannot change a reservation that is over")
+    if reservation.extensions.filter(status__in=BLOCKING_STATUSES).exists():
+        raise InvalidTransition("this reservation has an extension; cancel the extension first")
+    start = reservation.start if start is None else start.astimezone(UTC)
+    end = reservation.end if end is None else end.astimezone(UTC)
+    model = reservation.model if model is _UNCHANGED else model
+    preset = reservation.preset if preset is _UNCHANGED else preset
+    if reservation.exclusive:
+        model, preset = None, None
+    elif preset is not None and model is None:
+        model = preset.model
+    started = reservation.start <= now
+    if started and start != reservation.start:
+        raise InvalidInput("start", "the reservation has started: its start cannot move")
+    if started and end <= now:
+        raise InvalidInput("end", "the new end is in the past; end the reservation now instead")
     moved = (start, end) != (reservation.start, reservation.end)
+    retargeted = (model, preset) != (reservation.model, reservation.preset)
+    if not moved and not retargeted and note is None:
+        return reservation
+    if not reservation.exclusive:
+        validate_target(model=model, preset=preset)
+        if model is None:
+            raise InvalidInput("model", "name a model (and preset)")
     if moved:
-        if end <= start:
-            raise InvalidInput("end", "end must be after start")
-        if reservation.end <= now:
-            raise InvalidTransition("cannot move a reservation that is over")
-        if start != reservation.start and start < now - START_GRACE:
-            raise InvalidInput("start", "start is in the past; reservations are for the future")
+        problems = slot_problems(
+            channel=reservation.channel,
+            start=start,
+            end=end,
+            now=now if not started else start,
+            exclusive=False,
+        )
+        if problems:
+            raise InvalidInput(problems[0].field, problems[0].message)
+    within = reservation.start <= start and end <= reservation.end
+    asks_again = (
+        reservation.status == ReservationStatus.APPROVED
+        and ((moved and not within) or retargeted)
+        and needs_approval(
+            channel=reservation.channel, exclusive=reservation.exclusive, user=reservation.user, by=by
+        )
+    )
+    changes: dict[str, Any] = {"start": start, "end": end, "model": model, "preset": preset}
+    if note is not None:
+        changes["note"] = note
+    if asks_again:
+        changes.update(status=ReservationStatus.PENDING, decided_at=None, decided_by=None)
 
     def change() -> Reservation:
         _hold_channel(reservation.channel_id)
@@ -147,7 +212,10 @@ def reservation_reschedule(
             with transaction.atomic():
                 updated = Reservation.objects.filter(
                     pk=reservation.pk, status=reservation.status, start=reservation.start, end=reservation.end
-                ).update(start=start, end=end, note=note)
+                ).update(**changes)
+                if updated and asks_again:
+                    reservation.refresh_from_db()
+                    _tell_approvers(reservation)
         except IntegrityError as exc:
             if not _is_overlap(exc):
                 raise
@@ -156,20 +224,20 @@ def reservation_reschedule(
             ) from None
         if not updated:
             raise InvalidTransition("the reservation changed meanwhile; reload it and try again")
+        was_approved = reservation.status == ReservationStatus.APPROVED
         reservation.refresh_from_db()
-        if moved:
-            if by != reservation.user:
-                notify(
-                    user=reservation.user,
-                    event=NotificationEvent.CHANGED,
-                    text=lambda zone: (
-                        f"Your reservation of {reservation.channel} was moved by {by} to "
-                        f"{slot_words(start, end, zone)}."
-                    ),
-                    key=f"changed:{reservation.pk}:{_iso(start)}:{_iso(end)}",
-                )
-            if reservation.status == ReservationStatus.APPROVED:
-                enqueue_redecide(reservation.channel_id)
+        if (moved or retargeted) and by != reservation.user:
+            notify(
+                user=reservation.user,
+                event=NotificationEvent.CHANGED,
+                text=lambda zone: (
+                    f"Your reservation of {reservation.channel} was changed by {by}: now "
+                    f"{slot_words(start, end, zone)}, {reservation.what}."
+                ),
+                key=f"changed:{reservation.pk}:{_iso(start)}:{_iso(end)}:{reservation.target}",
+            )
+        if was_approved or asks_again:
+            enqueue_redecide(reservation.channel_id)
         return reservation
 
     return _retrying_deadlocks(change)
