@@ -42,7 +42,7 @@ from portal.forms import (
 from reservations import services
 from reservations.models import Notification, Profile, Reservation, ReservationStatus
 from reservations.profiles import profile_for, profile_set_time_zone
-from reservations.services import InvalidTransition, ReservationConflict
+from reservations.services import InvalidTransition, ReservationConflict, SeriesConflict
 from slotserve_site.api_fields import in_range
 
 
@@ -64,9 +64,37 @@ def _refusal_to_form(form: Any, exc: Exception) -> None:
 
 @login_required
 def book(request: HttpRequest) -> HttpResponse:
+    conflicts: list[Any] = []
     if request.method == "POST":
         form = BookingForm(request.POST)
-        if form.is_valid():
+        if form.is_valid() and form.cleaned_data["repeat"]:
+            data = form.cleaned_data
+            try:
+                _, made = services.reservation_series_create(
+                    user=_me(request),
+                    now=timezone.now(),
+                    channel=data["channel"],
+                    start=data["start"],
+                    end=data["end"],
+                    model=None if data["exclusive"] else data["model"],
+                    preset=None if data["exclusive"] else data["preset"],
+                    exclusive=data["exclusive"],
+                    note=data["note"],
+                    repeat=data["repeat"],
+                    until=data["until"],
+                    count=data["count"],
+                    time_zone=timezone.get_current_timezone_name(),
+                )
+            except SeriesConflict as exc:
+                form.add_error(None, exc.message)
+                conflicts = exc.problems
+            except (InvalidInput, ReservationConflict) as exc:
+                _refusal_to_form(form, exc)
+            else:
+                state = " They await approval." if made[0].status == ReservationStatus.PENDING else ""
+                messages.success(request, f"{len(made)} reservations of {made[0].channel} booked.{state}")
+                return redirect("portal:my_reservations")
+        elif form.is_valid():
             data = form.cleaned_data
             create = services.reservation_create if data["channel"] else services.reservation_create_anywhere
             try:
@@ -96,7 +124,9 @@ def book(request: HttpRequest) -> HttpResponse:
         "vram": {str(c.pk): c.vram_bytes() for c in channels},
         "sizes": {str(pk): size for pk, size in LLMModel.objects.values_list("pk", "size_bytes")},
     }
-    return render(request, "portal/book.html", {"form": form, "presets": presets, "fit": fit})
+    return render(
+        request, "portal/book.html", {"form": form, "presets": presets, "fit": fit, "conflicts": conflicts}
+    )
 
 
 def _prefilled(request: HttpRequest) -> dict[str, Any]:
@@ -191,6 +221,23 @@ def end(request: HttpRequest, pk: int) -> HttpResponse:
 
 def _same_minute(shown: datetime, stored: datetime) -> bool:
     return shown == stored.replace(second=0, microsecond=0)
+
+
+@login_required
+@require_POST
+def cancel_series(request: HttpRequest, pk: int) -> HttpResponse:
+    """Cancel every occurrence of one of your series that has not started."""
+    from reservations.models import ReservationSeries
+
+    found = (
+        ReservationSeries.objects.all()
+        if request.user.is_staff
+        else ReservationSeries.objects.filter(user=_me(request))
+    )
+    series = get_object_or_404(found, pk=pk)
+    cancelled = services.reservation_series_cancel(series=series, by=_me(request), now=timezone.now())
+    messages.success(request, f"{len(cancelled)} reservations of the series cancelled.")
+    return redirect("portal:my_reservations")
 
 
 @login_required

@@ -33,6 +33,27 @@ class BookingForm(forms.Form):
     model = forms.ModelChoiceField(queryset=LLMModel.objects.all(), required=False)
     preset = forms.ModelChoiceField(queryset=Preset.objects.select_related("model"), required=False)
     note = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}), max_length=2000)
+    repeat = forms.ChoiceField(
+        choices=[
+            ("", "Does not repeat"),
+            ("daily", "Daily"),
+            ("weekdays", "Every weekday"),
+            ("weekly", "Weekly"),
+        ],
+        required=False,
+    )
+    until = forms.DateField(
+        required=False, widget=forms.DateInput(attrs={"type": "date"}), label="Until (the last day)"
+    )
+    count = forms.IntegerField(required=False, min_value=1, max_value=60, label="or this many times")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("repeat") and not data.get("until") and not data.get("count"):
+            self.add_error("until", "Say until when it repeats, or how many times.")
+        if data.get("repeat") and not data.get("channel"):
+            self.add_error("channel", "A repeating booking is on one channel: choose it.")
+        return data
 
 
 class ChangeForm(forms.Form):

@@ -18,6 +18,7 @@ urlpatterns = [
     path("reservations/<int:pk>/end", portal_actions.end, name="end"),
     path("reservations/<int:pk>/extend", portal_actions.extend, name="extend"),
     path("reservations/<int:pk>/change", portal_actions.change, name="change"),
+    path("reservations/series/<int:pk>/cancel", portal_actions.cancel_series, name="cancel_series"),
     path("approvals/", portal_actions.approvals, name="approvals"),
     path("approvals/<int:pk>/approve", portal_actions.approve, name="approve"),
     path("approvals/<int:pk>/reject", portal_actions.reject, name="reject"),

@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 from rest_framework import generics, mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -59,6 +60,7 @@ class ReservationOutput(serializers.ModelSerializer[Reservation]):
             "exclusive",
             "status",
             "extends",
+            "series",
             "reject_reason",
             "note",
             "created",
@@ -70,6 +72,17 @@ class ReservationOutput(serializers.ModelSerializer[Reservation]):
 
 class ExtendInput(serializers.Serializer[Any]):
     end = MomentField()
+
+
+class SeriesInput(ReservationInput):
+    repeat = serializers.ChoiceField(choices=["daily", "weekdays", "weekly"])
+    until = serializers.DateField(
+        required=False, allow_null=True, help_text="the last day (local), inclusive"
+    )
+    count = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=60)
+    time_zone = serializers.CharField(
+        required=False, max_length=64, help_text="whose wall-clock times the series keeps; default: yours"
+    )
 
 
 class ChangeInput(serializers.Serializer[Any]):
@@ -174,6 +187,38 @@ class ReservationViewSet(
         # 202: the added time is a pending extension (its own reservation) that waits for approval.
         status = 202 if holder.pk != extended.pk else 200
         return Response(ReservationOutput(holder).data, status=status)
+
+    @action(detail=False, methods=["post"])
+    def series(self, request: Request) -> Response:
+        """Book a recurring slot: every occurrence or none (409 lists each that cannot be)."""
+        data = SeriesInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = dict(data.validated_data)
+        if fields["channel"] is None:
+            raise serializers.ValidationError({"channel": "a series is booked on one channel; name it"})
+        user = current_user(request)
+        fields["time_zone"] = fields.get("time_zone") or profile_for(user).time_zone
+        series, made = services.reservation_series_create(user=user, now=timezone.now(), **fields)
+        return Response(
+            {"series": series.pk, "reservations": ReservationOutput(made, many=True).data},
+            status=status.HTTP_201_CREATED,
+        )
+
+    @action(detail=False, methods=["post"], url_path=r"series/(?P<series_id>\d+)/cancel")
+    def cancel_series(self, request: Request, series_id: str) -> Response:
+        """Cancel every occurrence of a series that has not started."""
+        from reservations.models import ReservationSeries
+
+        found = ReservationSeries.objects.filter(pk=int(series_id))
+        if not request.user.is_staff:
+            found = found.filter(user=current_user(request))
+        series = found.first()
+        if series is None:
+            raise NotFound("no such series of yours")
+        cancelled = services.reservation_series_cancel(
+            series=series, by=current_user(request), now=timezone.now()
+        )
+        return Response({"cancelled": [r.pk for r in cancelled]})
 
     @action(detail=True, methods=["post"])
     def change(self, request: Request, pk: str | None = None) -> Response:

@@ -116,6 +116,9 @@ class Reservation(models.Model):
     extends = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.CASCADE, related_name="extensions"
     )
+    series = models.ForeignKey(
+        "ReservationSeries", null=True, blank=True, on_delete=models.SET_NULL, related_name="reservations"
+    )
     # Gateway usage during the reservation, copied from Redis by the tick.
     requests = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)
@@ -169,6 +172,25 @@ class Reservation(models.Model):
         if self.exclusive or self.model is None:
             return "the whole card"
         return f"{self.model.name} / {self.preset.name}" if self.preset else self.model.name
+
+
+class ReservationSeries(models.Model):
+    """Recurring bookings made together (``reservations.recurrence``): each occurrence is a
+    reservation of its own, cancelled one by one or all at once."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="series")
+    channel = models.ForeignKey("channels_app.Channel", on_delete=models.CASCADE, related_name="series")
+    repeat = models.CharField(max_length=10, choices=[(r, r) for r in ("daily", "weekdays", "weekly")])
+    until = models.DateField(null=True, blank=True)
+    count = models.PositiveSmallIntegerField(null=True, blank=True)
+    time_zone = models.CharField(max_length=64, help_text="The zone whose wall-clock times the series keeps.")
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name_plural = "reservation series"
+
+    def __str__(self) -> str:
+        return f"{self.repeat} on {self.channel} for {self.user}"
 
 
 class Notification(models.Model):

@@ -37,7 +37,7 @@ def _first_message(detail: Any, path: str = "") -> str:
 def _service_error(exc: Exception) -> Response | None:
     """Errors raised by the services, answered with the rule that refused."""
     from channels_app.errors import InUse, InvalidInput
-    from reservations.services import InvalidTransition, ReservationConflict
+    from reservations.services import InvalidTransition, ReservationConflict, SeriesConflict
 
     if isinstance(exc, InvalidInput):
         return Response({"message": f"{exc.field}: {exc.message}", exc.field: [exc.message]}, status=400)
@@ -51,6 +51,11 @@ def _service_error(exc: Exception) -> Response | None:
                 "status": exc.conflicting.status,
             }
         return Response(body, status=409)
+    if isinstance(exc, SeriesConflict):
+        conflicts = [{"start": _iso(s), "end": _iso(e), "reason": why} for s, e, why in exc.problems]
+        return Response(
+            {"message": exc.message, "code": "series_conflict", "conflicts": conflicts}, status=409
+        )
     if isinstance(exc, InUse):
         return Response({"message": exc.message, "code": "in_use"}, status=409)
     if isinstance(exc, InvalidTransition):

@@ -411,3 +411,39 @@ def test_book_from_the_calendar_find_free_slots_and_finish_by_keyboard(browser, 
     page.wait_for_url(f"{live_server.url}/reservations/")
     booked = Reservation.objects.get(user=ana)
     assert (booked.channel_id, booked.start.hour, booked.preset_id) == (second.pk, 18, chat.pk)
+
+
+def test_a_weekly_series_from_the_dialog_lists_its_conflict_then_books_whole(browser, live_server):
+    from datetime import datetime, time
+
+    ana, bo = factories.user("ana"), factories.user("bo")
+    qwen = factories.llm("qwen")
+    chat = factories.preset(qwen, "chat")
+    channel = factories.channel("a100-0")
+    day = (timezone.now() + timedelta(days=2)).date()
+    tz = timezone.get_default_timezone()
+    second = datetime.combine(day + timedelta(days=7), time(10), tzinfo=tz)
+    factories.reservation(owner=bo, on=channel, start=second, end=second + timedelta(hours=1), target=chat)
+    page = sign_in(browser, live_server, "ana")
+
+    def book_series(hour: int) -> None:
+        page.goto(f"{live_server.url}/book/")
+        page.select_option("#id_channel", str(channel.pk))
+        page.fill("#id_start", f"{day:%Y-%m-%d}T{hour:02d}:00")
+        page.fill("#id_end", f"{day:%Y-%m-%d}T{hour + 1:02d}:00")
+        page.select_option("#id_model", str(qwen.pk))
+        page.select_option("#id_preset", str(chat.pk))
+        page.select_option("#id_repeat", "weekly")
+        page.fill("#id_count", "3")
+        page.click("#booking button[type=submit]")
+
+    book_series(10)
+    listed = page.inner_text("#series-conflicts")
+    assert "overlaps bo's booking" in listed and f"{second:%-d %b}" in listed, listed
+    assert "1 of 3 occurrences cannot be booked" in page.content()
+    assert not Reservation.objects.filter(user=ana).exists()
+    shot(page, "booking-series-conflict")
+    book_series(12)
+    page.wait_for_url(f"{live_server.url}/reservations/")
+    assert Reservation.objects.filter(user=ana, series__isnull=False).count() == 3
+    assert "3 reservations of a100-0 booked." in page.content()

@@ -24,3 +24,6 @@ from reservations.services.decisions import reservation_approve as reservation_a
 from reservations.services.decisions import reservation_cancel as reservation_cancel
 from reservations.services.decisions import reservation_end as reservation_end
 from reservations.services.decisions import reservation_reject as reservation_reject
+from reservations.services.series import SeriesConflict as SeriesConflict
+from reservations.services.series import reservation_series_cancel as reservation_series_cancel
+from reservations.services.series import reservation_series_create as reservation_series_create

@@ -212,7 +212,9 @@ def validate_slot(
     validate_target(model=model, preset=preset)
 
 
-def _tell_approvers(reservation: Reservation) -> None:
+def _tell_approvers(reservation: Reservation, also: int = 0) -> None:
+    """Staff hear of a booking (or extension) that waits for them; ``also``: how many more
+    occurrences of the same series wait with it."""
     staff = get_user_model().objects.filter(is_staff=True, is_active=True)
 
     def text(zone: tzinfo) -> str:
@@ -222,9 +224,10 @@ def _tell_approvers(reservation: Reservation) -> None:
                 f"{reservation.channel} until {moment_words(reservation.end, zone)} (the added time: "
                 f"{slot_words(reservation.start, reservation.end, zone)})."
             )
+        more = f" and {also} more occurrences of the series" if also else ""
         return (
             f"{reservation.user} asks for {reservation.channel}, "
-            f"{slot_words(reservation.start, reservation.end, zone)}."
+            f"{slot_words(reservation.start, reservation.end, zone)}{more}."
         )
 
     for approver in staff:

@@ -1,0 +1,176 @@
+"""Recurring bookings: every occurrence checked, all of them booked or none (SPEC §5)."""
+
+from __future__ import annotations
+
+import zoneinfo
+from datetime import UTC, date, datetime
+
+from django.contrib.auth.models import User
+from django.db import IntegrityError, transaction
+
+from channels_app.dispatch import enqueue_redecide
+from channels_app.errors import InvalidInput
+from channels_app.models import Channel, LLMModel, Preset
+from reservations.models import Reservation, ReservationSeries, ReservationStatus
+from reservations.recurrence import RecurrenceError, occurrences
+from reservations.rules import check_length_and_horizon, check_quota
+from reservations.selectors import first_conflict, held_slots
+from reservations.services.common import (
+    InvalidTransition,
+    _hold_channel,
+    _is_overlap,
+    _retrying_deadlocks,
+    _tell_approvers,
+    limits_of,
+    needs_approval,
+    slot_problems,
+    validate_slot,
+)
+from reservations.services.decisions import reservation_cancel
+from reservations.wording import slot_words
+
+
+class SeriesConflict(Exception):
+    """Some occurrences cannot be booked; nothing was. ``problems``: (start, end, why) each."""
+
+    def __init__(self, problems: list[tuple[datetime, datetime, str]], total: int) -> None:
+        self.problems = problems
+        listed = "; ".join(f"{slot_words(s, e)}: {why}" for s, e, why in problems[:10])
+        more = f"; and {len(problems) - 10} more" if len(problems) > 10 else ""
+        self.message = f"{len(problems)} of {total} occurrences cannot be booked, so none was: {listed}{more}"
+        super().__init__(self.message)
+
+
+def series_problems(
+    *, user: User, channel: Channel, slots: list[tuple[datetime, datetime]], now: datetime, exclusive: bool
+) -> list[tuple[datetime, datetime, str]]:
+    """Why each occurrence that cannot be booked cannot: the slot's own rules, the channel's limits
+    (the weekly quota counting the series' earlier occurrences), and overlaps."""
+    limits = limits_of(channel)
+    problems: list[tuple[datetime, datetime, str]] = []
+    accepted: list[tuple[datetime, datetime]] = []
+    for start, end in slots:
+        why = [
+            p.message
+            for p in slot_problems(channel=channel, start=start, end=end, now=now, exclusive=exclusive)
+        ]
+        broken = check_length_and_horizon(start=start, end=end, now=now, limits=limits)
+        if broken is not None:
+            why.append(broken.message)
+        if not user.is_staff:
+            held = held_slots(user=user, channel=channel, start=start, end=end) + accepted
+            broken = check_quota(start=start, end=end, held=held, quota_hours=limits.weekly_quota_hours)
+            if broken is not None:
+                why.append(broken.message)
+        conflict = first_conflict(channel, start, end)
+        if conflict is not None:
+            why.append(f"overlaps {conflict.user}'s booking, {slot_words(conflict.start, conflict.end)}")
+        if why:
+            problems.append((start, end, "; ".join(why)))
+        else:
+            accepted.append((start, end))
+    return problems
+
+
+def reservation_series_create(
+    *,
+    user: User,
+    channel: Channel,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    repeat: str,
+    time_zone: str,
+    until: date | None = None,
+    count: int | None = None,
+    model: LLMModel | None = None,
+    preset: Preset | None = None,
+    exclusive: bool = False,
+    note: str = "",
+) -> tuple[ReservationSeries, list[Reservation]]:
+    """Book ``[start, end)`` and its repetitions, keeping the local times of ``time_zone``.
+
+    Every occurrence is checked first; if any cannot be booked, ``SeriesConflict`` lists each
+    and nothing is saved. Then all are inserted in one transaction, one booking of the channel at
+    a time (as ``reservation_create``), with the database's rule behind.
+    """
+    try:
+        zone = zoneinfo.ZoneInfo(time_zone)
+        slots = occurrences(start=start, end=end, zone=zone, repeat=repeat, until=until, count=count)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+        if isinstance(exc, RecurrenceError):
+            raise InvalidInput(exc.field, exc.message) from None
+        raise InvalidInput("time_zone", f"{time_zone!r} is not a time zone") from None
+    slots = [(s.astimezone(UTC), e.astimezone(UTC)) for s, e in slots]
+    validate_slot(
+        channel=channel,
+        start=slots[0][0],
+        end=slots[0][1],
+        now=now,
+        model=model,
+        preset=preset,
+        exclusive=exclusive,
+    )
+    pending = needs_approval(channel=channel, exclusive=exclusive, user=user)
+    status = ReservationStatus.PENDING if pending else ReservationStatus.APPROVED
+
+    def book() -> tuple[ReservationSeries, list[Reservation]]:
+        _hold_channel(channel.pk)
+        problems = series_problems(user=user, channel=channel, slots=slots, now=now, exclusive=exclusive)
+        if problems:
+            raise SeriesConflict(problems, len(slots))
+        try:
+            with transaction.atomic():
+                series = ReservationSeries.objects.create(
+                    user=user,
+                    channel=channel,
+                    repeat=repeat,
+                    until=until,
+                    count=count,
+                    time_zone=time_zone,
+                    created=now,
+                )
+                made = [
+                    Reservation.objects.create(
+                        user=user,
+                        channel=channel,
+                        start=s,
+                        end=e,
+                        model=None if exclusive else model,
+                        preset=None if exclusive else preset,
+                        exclusive=exclusive,
+                        status=status,
+                        note=note,
+                        created=now,
+                        decided_at=None if pending else now,
+                        series=series,
+                    )
+                    for s, e in slots
+                ]
+        except IntegrityError as exc:
+            if not _is_overlap(exc):
+                raise
+            raise SeriesConflict(
+                series_problems(user=user, channel=channel, slots=slots, now=now, exclusive=exclusive),
+                len(slots),
+            ) from None
+        if pending:
+            _tell_approvers(made[0], also=len(made) - 1)
+        else:
+            enqueue_redecide(channel.pk)
+        return series, made
+
+    return _retrying_deadlocks(book)
+
+
+def reservation_series_cancel(*, series: ReservationSeries, by: User, now: datetime) -> list[Reservation]:
+    """Cancel every occurrence that has not started; those running or over stay as they are."""
+    cancelled = []
+    for reservation in series.reservations.filter(
+        start__gt=now, status__in=[ReservationStatus.PENDING, ReservationStatus.APPROVED]
+    ):
+        try:
+            cancelled.append(reservation_cancel(reservation=reservation, by=by, now=now))
+        except InvalidTransition:
+            continue  # changed meanwhile (cancelled, approved and started): left as it is
+    return cancelled
