@@ -60,7 +60,8 @@ class NotificationEvent(models.TextChoices):
     RECOVERED = "recovered", "Your booking's model recovered"
     ENDED_EARLY = "ended_early", "Your booking was ended early"
     CANCELLED = "cancelled", "Your booking was cancelled"
-    CHANGED = "changed", "Your booking was moved by staff"
+    CHANGED = "changed", "Your booking was changed by staff"
+    SLOT_FREED = "slot_freed", "A slot you wait for is free"
 
 
 class ErrorCode(models.TextChoices):

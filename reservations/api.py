@@ -18,8 +18,9 @@ from channels_app.models import Channel, LLMModel, Preset
 from channels_app.vocabulary import NotificationEvent
 from reservations import hints, services
 from reservations.filters import NotificationFilter, ReservationFilter
-from reservations.models import Notification, Profile, Reservation
+from reservations.models import Notification, Profile, Reservation, WaitlistEntry
 from reservations.profiles import profile_for
+from reservations.waitlist import waitlist_join
 from slotserve_site.api_fields import IdOrNameField, MomentField, current_user, moment_param
 
 
@@ -322,3 +323,40 @@ class NotificationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet[Notific
             notification.read = True
             notification.save(update_fields=["read"])
         return Response(NotificationOutput(notification).data)
+
+
+class WaitlistEntryOutput(serializers.ModelSerializer[WaitlistEntry]):
+    channel_name = serializers.CharField(source="channel.name", read_only=True)
+
+    class Meta:
+        model = WaitlistEntry
+        fields = ["id", "channel", "channel_name", "start", "end", "created", "notified_at"]
+
+
+class WaitlistInput(serializers.Serializer[Any]):
+    channel = IdOrNameField(queryset=Channel.objects.all())
+    start = MomentField()
+    end = MomentField()
+
+
+class WaitlistViewSet(
+    mixins.ListModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet[WaitlistEntry],
+):
+    """Your waitlist: slots you asked to be told about when they free. Staff see everyone's."""
+
+    serializer_class = WaitlistEntryOutput
+
+    def get_queryset(self) -> QuerySet[WaitlistEntry]:
+        queryset = WaitlistEntry.objects.select_related("channel")
+        if not self.request.user.is_staff:
+            queryset = queryset.filter(user=current_user(self.request))
+        return queryset
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        data = WaitlistInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        entry = waitlist_join(user=current_user(request), now=timezone.now(), **data.validated_data)
+        return Response(WaitlistEntryOutput(entry).data, status=status.HTTP_201_CREATED)

@@ -193,6 +193,33 @@ class ReservationSeries(models.Model):
         return f"{self.repeat} on {self.channel} for {self.user}"
 
 
+class WaitlistEntry(models.Model):
+    """ "Tell me when this slot frees": the user is notified once, when a cancellation, an early
+    end, a rejection or a change leaves all of ``[start, end)`` free (``reservations.waitlist``)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="waitlist")
+    channel = models.ForeignKey("channels_app.Channel", on_delete=models.CASCADE, related_name="waitlist")
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    created = models.DateTimeField(default=timezone.now)
+    notified_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created"]
+        verbose_name_plural = "waitlist entries"
+        constraints = [
+            models.CheckConstraint(condition=Q(end__gt=models.F("start")), name="waitlist_end_after_start"),
+            models.UniqueConstraint(
+                fields=["user", "channel", "start", "end"],
+                condition=Q(notified_at__isnull=True),
+                name="waitlist_once_per_slot",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} waits for {self.channel} {self.start:%Y-%m-%d %H:%M}"
+
+
 class Notification(models.Model):
     """An in-app notification; ``key`` makes an event be sent once per user."""
 

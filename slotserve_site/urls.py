@@ -15,7 +15,7 @@ from channels_app.api.views import (
 )
 from channels_app.placement.api import FreeSlotsView, PlacementView
 from gateway.api import ApiKeyViewSet, RequestLogViewSet
-from reservations.api import MeView, NotificationViewSet, ReservationViewSet
+from reservations.api import MeView, NotificationViewSet, ReservationViewSet, WaitlistViewSet
 from slotserve_site.metrics import metrics_view
 
 router = DefaultRouter()
@@ -30,6 +30,7 @@ router.register("model-aliases", ModelAliasViewSet)
 router.register("model-files", ModelFileViewSet, basename="modelfile")
 router.register("reservations", ReservationViewSet, basename="reservation")
 router.register("notifications", NotificationViewSet, basename="notification")
+router.register("waitlist", WaitlistViewSet, basename="waitlist")
 router.register("keys", ApiKeyViewSet, basename="apikey")
 router.register("requests", RequestLogViewSet, basename="requestlog")
 

@@ -447,3 +447,34 @@ def test_a_weekly_series_from_the_dialog_lists_its_conflict_then_books_whole(bro
     page.wait_for_url(f"{live_server.url}/reservations/")
     assert Reservation.objects.filter(user=ana, series__isnull=False).count() == 3
     assert "3 reservations of a100-0 booked." in page.content()
+
+
+def test_the_waitlist_from_a_conflict_and_the_notification_after_a_cancellation(browser, live_server):
+    from datetime import datetime, time
+
+    from reservations import services
+
+    ana, bo = factories.user("ana"), factories.user("bo")
+    qwen = factories.llm("qwen")
+    chat = factories.preset(qwen, "chat")
+    channel = factories.channel("a100-0")
+    day = (timezone.now() + timedelta(days=1)).date()
+    held_from = datetime.combine(day, time(10), tzinfo=timezone.get_default_timezone())
+    held = factories.reservation(
+        owner=bo, on=channel, start=held_from, end=held_from + timedelta(hours=2), target=chat
+    )
+    page = sign_in(browser, live_server, "ana")
+    page.goto(f"{live_server.url}/book/")
+    page.select_option("#id_channel", str(channel.pk))
+    page.select_option("#id_model", str(qwen.pk))
+    page.fill("#id_start", f"{day:%Y-%m-%d}T10:30")
+    page.fill("#id_end", f"{day:%Y-%m-%d}T11:30")
+    page.click("#wait-for-slot")
+    page.wait_for_selector("text=you will be told when this time frees")
+    services.reservation_cancel(reservation=held, by=bo, now=timezone.now())
+    page.goto(f"{live_server.url}/notifications/")
+    assert "a100-0 is free" in page.content() and "10:30–11:30 UTC" in page.content()
+    page.click("text=open")
+    page.wait_for_url("**/book/?*")
+    assert page.input_value("#id_start") == f"{day:%Y-%m-%d}T10:30"
+    assert Notification.objects.filter(user=ana, event="slot_freed").count() == 1

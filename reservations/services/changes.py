@@ -29,6 +29,7 @@ from reservations.services.common import (
     needs_approval,
     slot_problems,
 )
+from reservations.waitlist import tell_waiting
 from reservations.wording import slot_words
 
 
@@ -238,6 +239,8 @@ def reservation_change(
             )
         if was_approved or asks_again:
             enqueue_redecide(reservation.channel_id)
+        if moved:
+            tell_waiting(channel_id=reservation.channel_id, now=now)
         return reservation
 
     return _retrying_deadlocks(change)

@@ -14,6 +14,7 @@ from channels_app.vocabulary import NotificationEvent
 from reservations.models import Reservation, ReservationStatus
 from reservations.notifications import notify
 from reservations.services.common import InvalidTransition
+from reservations.waitlist import tell_waiting
 from reservations.wording import slot_words
 
 
@@ -75,6 +76,7 @@ def reservation_reject(*, reservation: Reservation, by: User, reason: str, now: 
             ),
             key=f"rejected:{reservation.pk}",
         )
+        tell_waiting(channel_id=reservation.channel_id, now=now)
     return reservation
 
 
@@ -106,6 +108,7 @@ def reservation_cancel(*, reservation: Reservation, by: User, now: datetime) -> 
             )
         if was == ReservationStatus.APPROVED:
             enqueue_redecide(reservation.channel_id)
+        tell_waiting(channel_id=reservation.channel_id, now=now)
     return reservation
 
 
@@ -131,4 +134,5 @@ def reservation_end(*, reservation: Reservation, by: User, now: datetime) -> Res
                 key=f"ended:{reservation.pk}",
             )
         enqueue_redecide(reservation.channel_id)
+        tell_waiting(channel_id=reservation.channel_id, now=now)
     return reservation
