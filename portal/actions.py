@@ -43,6 +43,7 @@ from reservations import services
 from reservations.models import Notification, Profile, Reservation, ReservationStatus
 from reservations.profiles import profile_for, profile_set_time_zone
 from reservations.services import InvalidTransition, ReservationConflict, SeriesConflict
+from reservations.wording import zone_of
 from slotserve_site.api_fields import in_range
 
 
@@ -86,7 +87,12 @@ def book(request: HttpRequest) -> HttpResponse:
                     time_zone=timezone.get_current_timezone_name(),
                 )
             except SeriesConflict as exc:
-                form.add_error(None, exc.message)
+                total = len(exc.problems) + exc.booked
+                form.add_error(
+                    None,
+                    f"{len(exc.problems)} of {total} occurrences cannot be booked, "
+                    "so none was (listed below).",
+                )
                 conflicts = exc.problems
             except (InvalidInput, ReservationConflict) as exc:
                 _refusal_to_form(form, exc)
@@ -493,16 +499,20 @@ def calendar_feed(request: HttpRequest, token: str) -> HttpResponse:
         user=profile.user,
         status__in=[ReservationStatus.PENDING, ReservationStatus.APPROVED, ReservationStatus.ENDED],
     ).select_related("channel", "model", "preset")
+    zone = zone_of(profile.user)
+    calendar.add("x-wr-timezone", str(zone))
     host = request.get_host()
     for r in reservations:
         event = Event()
         what = "whole card" if r.exclusive else (r.model.name if r.model else "")
         event.add("uid", f"reservation-{r.pk}@{host}")
         event.add("summary", f"{r.channel.name}: {what}" + (" (pending)" if r.status == "pending" else ""))
-        event.add("dtstart", r.start)
-        event.add("dtend", r.end)
+        # In the user's zone (with its VTIMEZONE), as the portal shows them.
+        event.add("dtstart", r.start.astimezone(zone))
+        event.add("dtend", r.end.astimezone(zone))
         event.add("dtstamp", r.created)
         if r.note:
             event.add("description", r.note)
         calendar.add_component(event)
+    calendar.add_missing_timezones()
     return HttpResponse(calendar.to_ical(), content_type="text/calendar; charset=utf-8")

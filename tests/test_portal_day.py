@@ -292,3 +292,16 @@ def test_gpu_indexes_and_labels_are_plain_fields_in_the_admin(db):
     assert channel.gpu_indexes == [0, 1] and channel.labels == {"gpu": "a100", "zone": "lab-1"}
     shown = client.get(f"/admin/channels_app/channel/{channel.pk}/change/").content.decode()
     assert 'value="0, 1"' in shown and "gpu=a100\nzone=lab-1" in shown
+
+
+@pytest.mark.django_db
+def test_the_calendar_feed_speaks_in_the_users_zone(frozen, ana):
+    in_zone(ana, "Europe/Berlin")
+    chat = factories.preset(factories.llm("qwen"), "chat")
+    factories.reservation(
+        owner=ana, on=factories.channel("a100-0"), start=T0 + HOUR, end=T0 + 2 * HOUR, target=chat
+    )
+    body = Client().get(f"/calendar/{profile_for(ana).calendar_token}.ics").content.decode()
+    assert "DTSTART;TZID=Europe/Berlin:20261207T100000" in body
+    assert "BEGIN:VTIMEZONE" in body and "TZID:Europe/Berlin" in body
+    assert "X-WR-TIMEZONE:Europe/Berlin" in body

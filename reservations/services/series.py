@@ -35,6 +35,7 @@ class SeriesConflict(Exception):
 
     def __init__(self, problems: list[tuple[datetime, datetime, str]], total: int) -> None:
         self.problems = problems
+        self.booked = total - len(problems)  # the occurrences that could have been
         listed = "; ".join(f"{slot_words(s, e)}: {why}" for s, e, why in problems[:10])
         more = f"; and {len(problems) - 10} more" if len(problems) > 10 else ""
         self.message = f"{len(problems)} of {total} occurrences cannot be booked, so none was: {listed}{more}"
