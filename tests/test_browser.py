@@ -478,3 +478,35 @@ def test_the_waitlist_from_a_conflict_and_the_notification_after_a_cancellation(
     page.wait_for_url("**/book/?*")
     assert page.input_value("#id_start") == f"{day:%Y-%m-%d}T10:30"
     assert Notification.objects.filter(user=ana, event="slot_freed").count() == 1
+
+
+def test_moving_and_shortening_a_booking_in_the_portal(browser, live_server):
+    from datetime import datetime, time
+
+    ana = factories.user("ana")
+    qwen = factories.llm("qwen")
+    chat, long = factories.preset(qwen, "chat"), factories.preset(qwen, "long")
+    channel = factories.channel("a100-0")
+    day = (timezone.now() + timedelta(days=1)).date()
+    start = datetime.combine(day, time(9), tzinfo=timezone.get_default_timezone())
+    booking = factories.reservation(
+        owner=ana, on=channel, start=start, end=start + timedelta(hours=3), target=chat
+    )
+    page = sign_in(browser, live_server, "ana")
+    page.goto(f"{live_server.url}/reservations/")
+    page.click(f'tr[data-reservation="{booking.pk}"] a:has-text("Change")')
+    page.wait_for_url(f"**/reservations/{booking.pk}/change")
+    page.fill("#id_start", f"{day:%Y-%m-%d}T13:00")
+    page.fill("#id_end", f"{day:%Y-%m-%d}T14:30")  # moved, and shorter
+    page.select_option("#id_preset", str(long.pk))
+    page.click("#change button[type=submit]")
+    page.wait_for_selector("text=Reservation changed.")
+    booking.refresh_from_db()
+    assert (booking.start.hour, booking.end.hour, booking.end.minute, booking.preset_id) == (
+        13,
+        14,
+        30,
+        long.pk,
+    )
+    assert booking.status == "approved"
+    shot(page, "reservation-changed")
