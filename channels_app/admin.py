@@ -121,6 +121,8 @@ class ChannelAdminForm(forms.ModelForm[Channel]):
             "max_booking_minutes",
             "max_days_ahead",
             "weekly_quota_hours",
+            "idle_warn_minutes",
+            "idle_release_minutes",
         ]
 
     def _post_clean(self) -> None:

@@ -28,6 +28,7 @@ CHANNEL_RECONCILE = "channels_app.node_agent.tasks.channel_reconcile"
 NOTIFICATION_EMAIL = "reservations.tasks.send_notification_email"
 STARTING_SOON = "reservations.tasks.send_starting_soon_reminders"
 FLUSH_USAGE = "gateway.tasks.flush_gateway_usage"
+IDLE_RULE = "reservations.tasks.release_idle_bookings"
 
 
 def send(task_name: str, **options: Any) -> None:

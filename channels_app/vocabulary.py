@@ -62,6 +62,8 @@ class NotificationEvent(models.TextChoices):
     CANCELLED = "cancelled", "Your booking was cancelled"
     CHANGED = "changed", "Your booking was changed by staff"
     SLOT_FREED = "slot_freed", "A slot you wait for is free"
+    IDLE_WARNING = "idle_warning", "No request has reached your booking"
+    IDLE_RELEASED = "idle_released", "Your unused booking was released"
 
 
 class ErrorCode(models.TextChoices):

@@ -62,6 +62,8 @@ class ReservationOutput(serializers.ModelSerializer[Reservation]):
             "status",
             "extends",
             "series",
+            "idle_warned_at",
+            "released_idle_at",
             "reject_reason",
             "note",
             "created",

@@ -154,6 +154,14 @@ def booking_hints(
                     "memory": estimate.as_dict(),
                 }
             )
+    if not exclusive and channel.idle_warn_minutes is not None:
+        rule = (
+            f"on this channel a booking that no request reaches within {channel.idle_warn_minutes} "
+            "minutes of its start gets a warning"
+        )
+        if channel.idle_release_minutes is not None:
+            rule += f", and {channel.idle_release_minutes} minutes later the rest of it is released to others"
+        warnings.append({"code": "idle_rule", "message": rule})
     if needs_approval(channel=channel, exclusive=exclusive, user=user):
         warnings.append({"code": "approval_required", "message": "staff must approve this booking"})
     return warnings

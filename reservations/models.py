@@ -119,6 +119,10 @@ class Reservation(models.Model):
     series = models.ForeignKey(
         "ReservationSeries", null=True, blank=True, on_delete=models.SET_NULL, related_name="reservations"
     )
+    # The channel's idle rule at work (reservations.idle): when the booker was warned that no
+    # request had reached the booking, and when the rest of it was released unused.
+    idle_warned_at = models.DateTimeField(null=True, blank=True)
+    released_idle_at = models.DateTimeField(null=True, blank=True)
     # Gateway usage during the reservation, copied from Redis by the tick.
     requests = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)

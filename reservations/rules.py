@@ -53,6 +53,38 @@ def check_length_and_horizon(
     return None
 
 
+@dataclass(frozen=True)
+class IdleFacts:
+    """A running model booking as the idle rule sees it."""
+
+    start: datetime
+    end: datetime
+    exclusive: bool
+    used: bool  # a request reached it
+    warn_minutes: int | None  # the channel's rule; None: off
+    release_minutes: int | None  # None: warn only
+    warned_at: datetime | None
+
+
+def idle_step(facts: IdleFacts, now: datetime) -> str | None:
+    """What the idle rule does now: ``"warn"`` the booker, ``"release"`` the rest of the slot,
+    or nothing. The booker always has the full ``release_minutes`` after the warning, even when
+    the warning went out late."""
+    if facts.exclusive or facts.used or facts.warn_minutes is None:
+        return None
+    if not facts.start <= now < facts.end:
+        return None
+    warn_at = facts.start + timedelta(minutes=facts.warn_minutes)
+    if now < warn_at:
+        return None
+    if facts.warned_at is None:
+        return "warn"
+    if facts.release_minutes is None:
+        return None
+    release_at = max(warn_at, facts.warned_at) + timedelta(minutes=facts.release_minutes)
+    return "release" if now >= release_at else None
+
+
 def week_of(moment: datetime) -> datetime:
     """The start of the quota week holding ``moment``: Monday 00:00 UTC."""
     day = moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)

@@ -10,6 +10,7 @@ from django.core.mail import send_mail
 from django.utils import timezone
 
 from channels_app import dispatch
+from reservations.idle import apply_idle_rule
 from reservations.reminders import send_starting_soon
 
 
@@ -17,6 +18,13 @@ from reservations.reminders import send_starting_soon
 def send_starting_soon_reminders() -> int:
     """Tell bookers whose reservation starts within 15 minutes (once each)."""
     return send_starting_soon(now=timezone.now())
+
+
+@shared_task(name=dispatch.IDLE_RULE, ignore_result=True, soft_time_limit=30, time_limit=60)
+def release_idle_bookings() -> dict[str, int]:
+    """Warn bookers whose booking no request reached, and release those still unused (the
+    channel's idle rule)."""
+    return apply_idle_rule(now=timezone.now())
 
 
 @shared_task(

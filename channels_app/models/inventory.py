@@ -234,6 +234,21 @@ class Channel(models.Model):
         blank=True,
         help_text="Hours one user may hold on this channel per week (Monday to Monday, UTC).",
     )
+    # Slots that are not wasted (reservations.idle): a model booking no request reached within
+    # idle_warn_minutes of its start is warned; idle_release_minutes later still unused, the rest
+    # of it is released to others. Whole-card bookings are exempt (their use is invisible here).
+    idle_warn_minutes = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Tell the booker when no request reached their model booking this many minutes "
+        "after its start. Empty: off.",
+    )
+    idle_release_minutes = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="After that warning, release the rest of the booking when still unused this many "
+        "minutes later. Empty: never release.",
+    )
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:

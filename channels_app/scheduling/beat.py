@@ -6,7 +6,7 @@ from typing import Any
 
 from django.conf import settings
 
-from channels_app.dispatch import FLUSH_USAGE, STARTING_SOON
+from channels_app.dispatch import FLUSH_USAGE, IDLE_RULE, STARTING_SOON
 from channels_app.dispatch import SCHEDULER_TICK as TICK_TASK
 
 TICK_TASK_NAME = "SlotServe scheduler tick"
@@ -14,6 +14,7 @@ TICK_TASK_NAME = "SlotServe scheduler tick"
 PERIODIC_JOBS = (
     ("SlotServe starting-soon reminders", STARTING_SOON),
     ("SlotServe gateway usage flush", FLUSH_USAGE),
+    ("SlotServe unused bookings", IDLE_RULE),
 )
 
 
