@@ -121,6 +121,8 @@ class ChannelAdminForm(forms.ModelForm[Channel]):
             "max_booking_minutes",
             "max_days_ahead",
             "weekly_quota_hours",
+            "allowed_groups",
+            "group_weekly_quota_hours",
             "idle_warn_minutes",
             "idle_release_minutes",
         ]
@@ -140,6 +142,7 @@ class ChannelAdmin(SavedByServicesAdmin[Channel]):
     list_display = ["name", "node", "gpu_indexes", "approval_policy", "default_model", "default_preset"]
     list_filter = ["approval_policy", "node"]
     search_fields = ["name"]
+    filter_horizontal = ["allowed_groups"]
     form = ChannelAdminForm
 
 

@@ -15,6 +15,7 @@ from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -42,6 +43,7 @@ from portal.forms import (
 from reservations import services
 from reservations.models import Notification, Profile, Reservation, ReservationStatus
 from reservations.profiles import profile_for, profile_set_time_zone
+from reservations.selectors import decidable_by
 from reservations.services import InvalidTransition, ReservationConflict, SeriesConflict
 from reservations.wording import zone_of
 from slotserve_site.api_fields import in_range
@@ -196,8 +198,10 @@ def _reservation_action(
     act: Callable[[Reservation], Reservation],
     done: str,
     back: str = "portal:my_reservations",
+    among: QuerySet[Reservation] | None = None,
 ) -> HttpResponse:
-    reservation = get_object_or_404(_visible(request), pk=pk)
+    """``act`` on one of the reservations ``among`` (default: those the user may act on)."""
+    reservation = get_object_or_404(_visible(request) if among is None else among, pk=pk)
     try:
         act(reservation)
     except (InvalidInput, InvalidTransition, ReservationConflict) as exc:
@@ -313,10 +317,24 @@ def extend(request: HttpRequest, pk: int) -> HttpResponse:
     return _reservation_action(request, pk, act, "Reservation extended.")
 
 
-@staff_member_required
+def _approver_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Staff, or a group's approver; others answer 403."""
+
+    @login_required
+    def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not (request.user.is_staff or _me(request).approves_for.exists()):
+            raise PermissionDenied("only staff and group approvers decide bookings")
+        return view(request, *args, **kwargs)
+
+    return checked
+
+
+@_approver_required
 def approvals(request: HttpRequest) -> HttpResponse:
-    pending = Reservation.objects.filter(status=ReservationStatus.PENDING).select_related(
-        "user", "channel", "model", "preset"
+    pending = (
+        decidable_by(_me(request))
+        .filter(status=ReservationStatus.PENDING)
+        .select_related("user", "channel", "model", "preset")
     )
     return render(
         request,
@@ -325,16 +343,18 @@ def approvals(request: HttpRequest) -> HttpResponse:
     )
 
 
-@staff_member_required
+@_approver_required
 @require_POST
 def approve(request: HttpRequest, pk: int) -> HttpResponse:
     def act(r: Reservation) -> Reservation:
         return services.reservation_approve(reservation=r, by=_me(request), now=timezone.now())
 
-    return _reservation_action(request, pk, act, "Approved.", back="portal:approvals")
+    return _reservation_action(
+        request, pk, act, "Approved.", back="portal:approvals", among=decidable_by(_me(request))
+    )
 
 
-@staff_member_required
+@_approver_required
 @require_POST
 def reject(request: HttpRequest, pk: int) -> HttpResponse:
     form = RejectForm(request.POST)
@@ -347,7 +367,9 @@ def reject(request: HttpRequest, pk: int) -> HttpResponse:
             reservation=r, by=_me(request), reason=form.cleaned_data["reason"], now=timezone.now()
         )
 
-    return _reservation_action(request, pk, act, "Rejected.", back="portal:approvals")
+    return _reservation_action(
+        request, pk, act, "Rejected.", back="portal:approvals", among=decidable_by(_me(request))
+    )
 
 
 @staff_member_required

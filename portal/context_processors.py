@@ -10,7 +10,7 @@ from django.http import HttpRequest
 def navigation(request: HttpRequest) -> dict[str, Any]:
     if not request.user.is_authenticated:
         return {}
-    from reservations.models import Notification, Reservation, ReservationStatus
+    from reservations.models import Notification, ReservationStatus
     from reservations.profiles import profile_for
 
     profile = profile_for(request.user)
@@ -19,6 +19,11 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
         "profile_zone": profile.time_zone,
         "zone_chosen": profile.time_zone_chosen,
     }
-    if request.user.is_staff:
-        counts["approvals_count"] = Reservation.objects.filter(status=ReservationStatus.PENDING).count()
+    from reservations.selectors import decidable_by
+
+    if request.user.is_staff or request.user.approves_for.exists():
+        counts["approver"] = True
+        counts["approvals_count"] = (
+            decidable_by(request.user).filter(status=ReservationStatus.PENDING).count()
+        )
     return counts

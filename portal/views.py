@@ -10,7 +10,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, User
 from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -148,6 +148,7 @@ def calendar_rows(
     channel_id: int | None = None,
     node_id: int | None = None,
     model_id: int | None = None,
+    group_id: int | None = None,
 ) -> list[CalendarRow]:
     """The timeline's rows; with filters, only the channel, the node's channels, or the blocks of
     one model (and the channels that have them or default to it)."""
@@ -155,6 +156,8 @@ def calendar_rows(
     shown = Reservation.objects.exclude(status__in=[ReservationStatus.REJECTED, ReservationStatus.CANCELLED])
     if model_id is not None:
         shown = shown.filter(model_id=model_id)
+    if group_id is not None:
+        shown = shown.filter(user__groups__id=group_id)
     listed = Channel.objects.all()
     if channel_id is not None:
         listed = listed.filter(pk=channel_id)
@@ -172,6 +175,8 @@ def calendar_rows(
     rows = []
     for channel in channels:
         if model_id is not None and not channel.shown and channel.default_model_id != model_id:
+            continue
+        if group_id is not None and not channel.shown:
             continue
         row = CalendarRow(channel)
         previous: Reservation | None = None
@@ -263,7 +268,7 @@ def calendar(request: HttpRequest) -> HttpResponse:
             {"left": (moment - origin) / span * 100, "label": f"{moment:%a %d}" if week else f"{i:02d}"}
         )
     now_left = (now - origin) / span * 100 if origin <= now < origin + span else None
-    filters = {name: _number(request.GET.get(name)) for name in ("channel", "node", "model")}
+    filters = {name: _number(request.GET.get(name)) for name in ("channel", "node", "model", "group")}
     context = {
         "rows": calendar_rows(
             origin=origin,
@@ -273,6 +278,7 @@ def calendar(request: HttpRequest) -> HttpResponse:
             channel_id=filters["channel"],
             node_id=filters["node"],
             model_id=filters["model"],
+            group_id=filters["group"],
         ),
         "filters": filters,
         "filter_query": "".join(f"&{k}={v}" for k, v in filters.items() if v is not None),
@@ -280,6 +286,7 @@ def calendar(request: HttpRequest) -> HttpResponse:
             "channel": Channel.objects.values_list("pk", "name"),
             "node": Node.objects.values_list("pk", "name"),
             "model": LLMModel.objects.values_list("pk", "name"),
+            "group": Group.objects.values_list("pk", "name"),
         },
         "origin": origin,
         "span_seconds": span.total_seconds(),

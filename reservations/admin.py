@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from channels_app.errors import InvalidInput
 from reservations import services
-from reservations.models import Notification, Reservation
+from reservations.models import GroupPolicy, Notification, Reservation
 from slotserve_site.admin_services import SavedByServicesAdmin
 
 LOCKED_FIELDS = ["status", "reject_reason", "decided_by", "decided_at", "extends", "created"]
@@ -180,6 +180,12 @@ class ReservationAdmin(SavedByServicesAdmin[Reservation]):
             "Cancelled",
             lambda r: services.reservation_cancel(reservation=r, by=_staff(request), now=now),
         )
+
+
+@admin.register(GroupPolicy)
+class GroupPolicyAdmin(admin.ModelAdmin[GroupPolicy]):
+    list_display = ["group"]
+    filter_horizontal = ["approvers"]
 
 
 @admin.register(Notification)

@@ -9,8 +9,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 from rest_framework import generics, mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound
-from rest_framework.permissions import IsAdminUser
+from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -20,6 +19,7 @@ from reservations import hints, services
 from reservations.filters import NotificationFilter, ReservationFilter
 from reservations.models import Notification, Profile, Reservation, WaitlistEntry
 from reservations.profiles import profile_for
+from reservations.selectors import decidable_by
 from reservations.waitlist import waitlist_join
 from slotserve_site.api_fields import IdOrNameField, MomentField, current_user, moment_param
 
@@ -146,19 +146,31 @@ class ReservationViewSet(
             )
         return Response(ReservationOutput(reservation).data, status=status.HTTP_201_CREATED)
 
-    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    def _to_decide(self, request: Request, pk: str | None) -> Reservation:
+        """A reservation the caller may approve or reject (staff, or an approver of the booker's
+        group); their own answers 403, anyone else's 404."""
+        user = current_user(request)
+        found = decidable_by(user).filter(pk=pk).first() if pk and str(pk).isdigit() else None
+        if found is None:
+            if self.get_queryset().filter(pk=pk).exists() if pk and str(pk).isdigit() else False:
+                raise PermissionDenied("only staff or an approver of the booker's group may decide this")
+            raise NotFound("no such reservation")
+        return found
+
+    @action(detail=True, methods=["post"])
     def approve(self, request: Request, pk: str | None = None) -> Response:
         reservation = services.reservation_approve(
-            reservation=self.get_object(), by=current_user(request), now=timezone.now()
+            reservation=self._to_decide(request, pk), by=current_user(request), now=timezone.now()
         )
         return Response(ReservationOutput(reservation).data)
 
-    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    @action(detail=True, methods=["post"])
     def reject(self, request: Request, pk: str | None = None) -> Response:
+        reservation_to_decide = self._to_decide(request, pk)
         data = RejectInput(data=request.data)
         data.is_valid(raise_exception=True)
         reservation = services.reservation_reject(
-            reservation=self.get_object(),
+            reservation=reservation_to_decide,
             by=current_user(request),
             reason=data.validated_data["reason"],
             now=timezone.now(),

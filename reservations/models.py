@@ -178,6 +178,24 @@ class Reservation(models.Model):
         return f"{self.model.name} / {self.preset.name}" if self.preset else self.model.name
 
 
+class GroupPolicy(models.Model):
+    """What SlotServe adds to a Django group: who approves its members' bookings."""
+
+    group = models.OneToOneField("auth.Group", on_delete=models.CASCADE, related_name="policy")
+    approvers = models.ManyToManyField(
+        settings.AUTH_USER_MODEL,
+        blank=True,
+        related_name="approves_for",
+        help_text="They receive and decide the group's booking requests (staff always may).",
+    )
+
+    class Meta:
+        verbose_name_plural = "group policies"
+
+    def __str__(self) -> str:
+        return f"policy of {self.group}"
+
+
 class ReservationSeries(models.Model):
     """Recurring bookings made together (``reservations.recurrence``): each occurrence is a
     reservation of its own, cancelled one by one or all at once."""

@@ -111,8 +111,9 @@ def check_quota(
     end: datetime,
     held: Iterable[tuple[datetime, datetime]],
     quota_hours: Decimal | None,
+    whose: str = "your",
 ) -> LimitBroken | None:
-    """``held`` are the user's other pending or approved slots on the channel."""
+    """``held`` are the user's (or the group's) other pending or approved slots on the channel."""
     if quota_hours is None:
         return None
     used = hours_by_week(held)
@@ -121,7 +122,7 @@ def check_quota(
         if wanted > left:
             return LimitBroken(
                 "end",
-                f"over your weekly quota on this channel: {quota_hours.normalize():f} hours a week, "
+                f"over {whose} weekly quota on this channel: {quota_hours.normalize():f} hours a week, "
                 f"{max(left, Decimal(0)):.2f} left in the week of {week:%Y-%m-%d}",
             )
     return None

@@ -6,6 +6,7 @@ from collections.abc import Collection
 from datetime import datetime, timedelta
 
 from django.contrib.auth.models import User
+from django.db.models import QuerySet
 
 from channels_app.models import Channel
 from reservations.models import Reservation
@@ -19,6 +20,37 @@ def first_conflict(
     if exclude is not None:
         found = found.exclude(pk=exclude)
     return found.order_by("start").first()
+
+
+def group_held_slots(
+    *,
+    group_id: int,
+    channel: Channel,
+    start: datetime,
+    end: datetime,
+    exclude: int | Collection[int] | None = None,
+) -> list[tuple[datetime, datetime]]:
+    """The pending and approved slots of all the group's members on ``channel`` in the quota
+    weeks of ``[start, end)``."""
+    weeks_from, weeks_to = week_of(start), week_of(end) + timedelta(days=7)
+    found = (
+        Reservation.objects.blocking()
+        .filter(user__groups__id=group_id, channel=channel)
+        .overlapping(weeks_from, weeks_to)
+        .distinct()
+    )
+    if exclude is not None:
+        found = found.exclude(pk__in=[exclude] if isinstance(exclude, int) else exclude)
+    return list(found.values_list("start", "end"))
+
+
+def decidable_by(user: User) -> QuerySet[Reservation]:
+    """Reservations ``user`` may approve or reject: all for staff; a group approver's, those of
+    the group's members."""
+    if user.is_staff:
+        return Reservation.objects.all()
+    # Never one's own: an approver who is a member asks like everyone else.
+    return Reservation.objects.filter(user__groups__policy__approvers=user).exclude(user=user).distinct()
 
 
 def held_slots(

@@ -128,6 +128,8 @@ class ChannelSerializer(serializers.ModelSerializer[Channel]):
             "max_booking_minutes",
             "max_days_ahead",
             "weekly_quota_hours",
+            "allowed_groups",
+            "group_weekly_quota_hours",
             "idle_warn_minutes",
             "idle_release_minutes",
             "vram_bytes",

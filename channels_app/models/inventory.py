@@ -237,6 +237,21 @@ class Channel(models.Model):
     # Slots that are not wasted (reservations.idle): a model booking no request reached within
     # idle_warn_minutes of its start is warned; idle_release_minutes later still unused, the rest
     # of it is released to others. Whole-card bookings are exempt (their use is invisible here).
+    # Groups (Django's auth groups: a lab, a project): a channel limited to some is booked by
+    # their members (and staff) only; each group may hold this many hours a week on it.
+    allowed_groups = models.ManyToManyField(
+        "auth.Group",
+        blank=True,
+        related_name="channels",
+        help_text="Only members of these groups (and staff) may book this channel. None: everyone.",
+    )
+    group_weekly_quota_hours = models.DecimalField(
+        max_digits=7,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        help_text="Hours the members of one group may hold together on this channel per week.",
+    )
     idle_warn_minutes = models.PositiveIntegerField(
         null=True,
         blank=True,

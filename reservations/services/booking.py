@@ -115,6 +115,7 @@ def reservation_create_anywhere(
             "channel", '"auto" needs a model to place; name a channel for a whole-card booking'
         )
     ranked = placement_for(model=model, preset=preset, start=start, end=end)
+    closed: list[str] = []  # channels that fit but are for groups the user is not in
     for scored in ranked.ranked:
         chosen = Channel.objects.get(pk=scored.candidate.id)
         try:
@@ -130,6 +131,12 @@ def reservation_create_anywhere(
             )
         except ReservationConflict:
             continue  # taken meanwhile: the next best
+        except InvalidInput as refused:
+            if refused.field != "channel":
+                raise
+            closed.append(chosen.name)  # limited to other groups: the next best
+    if closed and len(closed) == len(ranked.ranked):
+        raise NoChannelFits(f"the channels that fit ({', '.join(closed)}) are for groups you are not in")
     raise NoChannelFits(ranked.message or "every channel that fits was booked meanwhile")
 
 

@@ -20,7 +20,7 @@ from channels_app.vocabulary import NotificationEvent
 from reservations.models import BLOCKING_STATUSES, Reservation
 from reservations.notifications import notify
 from reservations.rules import BookingLimits, LimitBroken, check_length_and_horizon, check_quota
-from reservations.selectors import held_slots
+from reservations.selectors import decidable_by, group_held_slots, held_slots
 from reservations.wording import moment_words, slot_words
 
 # A booking may start this little in the past: a form sent "now" arrives late.
@@ -158,7 +158,48 @@ def limit_problems(
         broken = check_quota(start=start, end=end, held=held, quota_hours=limits.weekly_quota_hours)
         if broken is not None:
             problems.append(broken)
+        problems += group_problems(user=user, channel=channel, start=start, end=end, exclude=exclude)
     return problems
+
+
+def group_problems(
+    *,
+    user: User,
+    channel: Channel,
+    start: datetime,
+    end: datetime,
+    exclude: int | Collection[int] | None = None,
+    also_held: Collection[tuple[datetime, datetime]] = (),
+) -> list[LimitBroken]:
+    """A channel limited to groups the user is not in; a group's weekly quota on the channel
+    (its members' hours together, ``also_held`` added: a series' own earlier occurrences)."""
+    if user.is_staff:
+        return []
+    allowed = {g.pk: g.name for g in channel.allowed_groups.all()}
+    mine = {g.pk: g.name for g in user.groups.all()}
+    if allowed and not set(allowed) & set(mine):
+        names = ", ".join(sorted(allowed.values()))
+        return [
+            LimitBroken(
+                "channel", f"channel {channel.name} is for the groups {names}; you are in none of them"
+            )
+        ]
+    quota = channel.group_weekly_quota_hours
+    if quota is None:
+        return []
+    for group_id, name in sorted(mine.items(), key=lambda item: item[1]):
+        held = group_held_slots(group_id=group_id, channel=channel, start=start, end=end, exclude=exclude)
+        broken = check_quota(
+            start=start, end=end, held=[*held, *also_held], quota_hours=quota, whose=f"group {name}'s"
+        )
+        if broken is not None:
+            return [broken]
+    return []
+
+
+def may_decide(user: User, reservation: Reservation) -> bool:
+    """Staff, or an approver of a group the booker is in."""
+    return decidable_by(user).filter(pk=reservation.pk).exists()
 
 
 def _check_limits(
@@ -213,8 +254,9 @@ def validate_slot(
 
 
 def _tell_approvers(reservation: Reservation, also: int = 0) -> None:
-    """Staff hear of a booking (or extension) that waits for them; ``also``: how many more
-    occurrences of the same series wait with it."""
+    """The approvers hear of a booking (or extension) that waits for them: the booker's groups'
+    approvers, or staff where the groups name none. ``also``: how many more occurrences of the
+    same series wait with it."""
     staff = get_user_model().objects.filter(is_staff=True, is_active=True)
 
     def text(zone: tzinfo) -> str:
@@ -230,7 +272,15 @@ def _tell_approvers(reservation: Reservation, also: int = 0) -> None:
             f"{slot_words(reservation.start, reservation.end, zone)}{more}."
         )
 
-    for approver in staff:
+    # The booker's groups' approvers get the request; staff when the groups name none.
+    approvers = set(
+        get_user_model()
+        .objects.filter(approves_for__group__user=reservation.user, is_active=True)
+        .exclude(pk=reservation.user_id)
+    )
+    if not approvers:
+        approvers = set(staff)
+    for approver in sorted(approvers, key=lambda u: u.pk):
         notify(
             user=approver,
             event=NotificationEvent.SUBMITTED,

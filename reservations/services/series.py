@@ -21,6 +21,7 @@ from reservations.services.common import (
     _is_overlap,
     _retrying_deadlocks,
     _tell_approvers,
+    group_problems,
     limits_of,
     needs_approval,
     slot_problems,
@@ -63,6 +64,10 @@ def series_problems(
             broken = check_quota(start=start, end=end, held=held, quota_hours=limits.weekly_quota_hours)
             if broken is not None:
                 why.append(broken.message)
+            why += [
+                p.message
+                for p in group_problems(user=user, channel=channel, start=start, end=end, also_held=accepted)
+            ]
         conflict = first_conflict(channel, start, end)
         if conflict is not None:
             why.append(f"overlaps {conflict.user}'s booking, {slot_words(conflict.start, conflict.end)}")
