@@ -1,5 +1,6 @@
 from django.urls import path
 
+from gateway import usage_views
 from portal import actions as portal_actions
 from portal import views as portal
 
@@ -29,5 +30,7 @@ urlpatterns = [
     path("settings/time-zone", portal_actions.set_time_zone, name="set_time_zone"),
     path("keys/", portal_actions.keys, name="keys"),
     path("requests/", portal_actions.my_requests, name="requests"),
+    path("usage/", usage_views.usage_page, name="usage"),
+    path("usage/csv", usage_views.usage_csv, name="usage_csv"),
     path("keys/<int:pk>/revoke", portal_actions.revoke_key, name="revoke_key"),
 ]

@@ -15,6 +15,7 @@ from channels_app.api.views import (
 )
 from channels_app.placement.api import FreeSlotsView, PlacementView
 from gateway.api import ApiKeyViewSet, RequestLogViewSet
+from gateway.usage_views import UsageView
 from reservations.api import MeView, NotificationViewSet, ReservationViewSet, WaitlistViewSet
 from slotserve_site.metrics import metrics_view
 
@@ -59,6 +60,7 @@ urlpatterns = [
     path("api/me/", MeView.as_view(), name="me"),
     path("api/placement", PlacementView.as_view(), name="placement"),
     path("api/placement/free-slots", FreeSlotsView.as_view(), name="free_slots"),
+    path("api/usage/", UsageView.as_view(), name="usage"),
     path("api/", include(router.urls)),
     path("api-auth/", include("rest_framework.urls")),
     path("health", health),

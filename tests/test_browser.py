@@ -290,6 +290,7 @@ def test_every_page_fits_a_phone_and_the_admin_and_api_docs_load_cleanly(browser
         "/reservations/",
         "/models/",
         "/approvals/",
+        "/usage/",
         "/notifications/",
         "/settings/",
         "/keys/",
@@ -329,6 +330,9 @@ def test_every_page_fits_a_phone_and_the_admin_and_api_docs_load_cleanly(browser
     desk.goto(f"{live_server.url}/admin/channels_app/channel/{channel.pk}/change/")
     assert desk.input_value("#id_gpu_indexes") == "0"  # a field for indexes, not a JSON box
     shot(desk, "admin-channel")
+    desk.goto(f"{live_server.url}/usage/?by=channel")
+    assert desk.is_visible("figure.chart svg")  # the channels' shares, drawn here
+    shot(desk, "usage")
     desk.goto(f"{live_server.url}/api/docs/")
     desk.wait_for_selector(".swagger-ui .info", timeout=15000)
     shot(desk, "api-docs")

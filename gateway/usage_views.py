@@ -1,0 +1,174 @@
+"""The usage page, its CSV and ``GET /api/usage/``: one set of numbers (``gateway.reports``).
+
+Charts are SVG drawn here by pygal: nothing loads from elsewhere, nothing runs in the browser.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from datetime import date, datetime
+from typing import Any
+
+import pygal
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+from pygal.style import Style
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from gateway.reports import BY, PERIODS, NotYours, period_bounds, share_rows, usage_rows
+from gateway.utilisation import SHARES
+
+COLUMNS = [
+    "name",
+    "booked_hours",
+    "used_hours",
+    "idle_booked_hours",
+    "requests",
+    "prompt_tokens",
+    "completion_tokens",
+    "ttft_ms",
+]
+SHARE_LABELS = {
+    "switching": "switching (loading)",
+    "served_booker": "serving the booker",
+    "booked_idle": "booked, unused",
+    "served_default": "serving everyone (default)",
+    "idle": "idle",
+}
+
+
+def _style(*colors: str) -> Style:
+    return Style(
+        background="transparent",
+        plot_background="transparent",
+        font_family="system-ui, sans-serif",
+        colors=colors,
+    )
+
+
+HOURS_STYLE = _style("#2457c5", "#1e7b45")
+# switching, serving the booker, booked unused, serving everyone, idle
+SHARES_STYLE = _style("#f0a33a", "#1e7b45", "#b3261e", "#2457c5", "#c9ced6")
+
+
+def _question(params: Any, viewer: User) -> dict[str, Any]:
+    """``by``, ``period`` and ``day`` from a query; a ValueError names what is wrong."""
+    by = params.get("by") or "user"
+    period = params.get("period") or "week"
+    if by not in BY:
+        raise ValueError(f"by: use one of {', '.join(BY)}")
+    if period not in PERIODS:
+        raise ValueError(f"period: use one of {', '.join(PERIODS)}")
+    raw = params.get("day")
+    try:
+        day = date.fromisoformat(raw) if raw else timezone.localdate()
+    except ValueError:
+        raise ValueError(f"day: {raw!r} is not a date (YYYY-MM-DD)") from None
+    if not date(1971, 1, 1) <= day <= date(8999, 1, 1):
+        raise ValueError("day: out of range")
+    lo, hi = period_bounds(day, period, timezone.get_current_timezone())
+    return {"by": by, "period": period, "day": day, "lo": lo, "hi": hi}
+
+
+def report(params: Any, viewer: User) -> dict[str, Any]:
+    asked = _question(params, viewer)
+    rows = usage_rows(by=asked["by"], lo=asked["lo"], hi=asked["hi"], viewer=viewer)
+    shares = share_rows(lo=asked["lo"], hi=asked["hi"], viewer=viewer) if viewer.is_staff else []
+    return {**asked, "rows": rows, "shares": shares}
+
+
+def _svg(chart: Any) -> str:
+    """The chart's SVG, without pygal's inline configuration script: the page runs no chart code."""
+    svg = str(chart.render(is_unicode=True, disable_xml_declaration=True))
+    return re.sub(r"<script\b.*?</script>", "", svg, flags=re.S)
+
+
+def hours_chart(rows: list[dict[str, Any]], by: str) -> str:
+    chart = pygal.Bar(
+        js=[], style=HOURS_STYLE, explicit_size=False, height=320, x_label_rotation=20, legend_at_bottom=True
+    )
+    chart.title = f"Booked and used hours, by {by}"
+    chart.x_labels = [r["name"] for r in rows]
+    chart.add("booked", [r["booked_hours"] for r in rows])
+    chart.add("used by the booker's requests", [r["used_hours"] for r in rows])
+    return _svg(chart)
+
+
+def shares_chart(rows: list[dict[str, Any]]) -> str:
+    chart = pygal.StackedBar(
+        js=[], style=SHARES_STYLE, explicit_size=False, height=320, x_label_rotation=20, legend_at_bottom=True
+    )
+    chart.title = "How each channel's time went (hours)"
+    chart.x_labels = [r["name"] for r in rows]
+    for share in SHARES:
+        chart.add(SHARE_LABELS[share], [r[share] for r in rows])
+    return _svg(chart)
+
+
+@login_required
+def usage_page(request: HttpRequest) -> HttpResponse:
+    assert isinstance(request.user, User)
+    try:
+        found = report(request.GET, request.user)
+    except (ValueError, NotYours) as problem:
+        return render(request, "portal/usage.html", {"problem": str(problem), "by_choices": BY}, status=400)
+    context = {
+        **found,
+        "hours_svg": hours_chart(found["rows"], found["by"]) if found["rows"] else "",
+        "shares_svg": shares_chart(found["shares"]) if found["shares"] else "",
+        "by_choices": BY if request.user.is_staff else ("user", "group"),
+        "share_labels": SHARE_LABELS,
+        "shares_order": SHARES,
+    }
+    return render(request, "portal/usage.html", context)
+
+
+@login_required
+def usage_csv(request: HttpRequest) -> HttpResponse:
+    assert isinstance(request.user, User)
+    try:
+        found = report(request.GET, request.user)
+    except (ValueError, NotYours) as problem:
+        return HttpResponse(str(problem), status=400, content_type="text/plain")
+    answer = HttpResponse(content_type="text/csv; charset=utf-8")
+    answer["Content-Disposition"] = f'attachment; filename="slotserve-usage-{found["by"]}-{found["day"]}.csv"'
+    writer = csv.writer(answer)
+    writer.writerow([found["by"], *COLUMNS[1:]])
+    for row in found["rows"]:
+        writer.writerow([row[c] if row[c] is not None else "" for c in COLUMNS])
+    return answer
+
+
+class UsageView(APIView):
+    """``GET /api/usage/?by=user|group|channel|node&period=day|week&day=YYYY-MM-DD``."""
+
+    def get(self, request: Request) -> Response:
+        assert isinstance(request.user, User)
+        try:
+            found = report(request.query_params, request.user)
+        except ValueError as problem:
+            field, _, words = str(problem).partition(": ")
+            raise ValidationError({field: words}) from None
+        except NotYours as problem:
+            raise PermissionDenied(str(problem)) from None
+        return Response(
+            {
+                "by": found["by"],
+                "period": found["period"],
+                "from": _iso(found["lo"]),
+                "to": _iso(found["hi"]),
+                "rows": found["rows"],
+                "shares": found["shares"],
+            }
+        )
+
+
+def _iso(moment: datetime) -> str:
+    return moment.isoformat()

@@ -1,0 +1,116 @@
+"""Usage and utilisation: the counting (pure), and the page, CSV and API against the request log
+after real traffic through the gateway."""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from channels_app.shared import redis_client
+from gateway.models import RequestLog
+from gateway.request_log import flush_request_log
+from gateway.utilisation import Span, channel_shares, totals
+from tests.test_gateway_http import book, call
+from tests.test_request_log import wait_for_records
+
+T0 = datetime(2026, 12, 7, 10, 0, tzinfo=UTC)
+MIN = timedelta(minutes=1)
+
+
+def test_a_channels_hours_are_shared_out_and_add_up():
+    lo, hi = T0, T0 + 240 * MIN
+    bookings = [Span(T0 + 60 * MIN, T0 + 120 * MIN, 1, reservation_id=7)]
+    requests = [
+        Span(T0 + 70 * MIN, T0 + 80 * MIN, 1, reservation_id=7),  # the booker, 10 min
+        Span(T0 + 150 * MIN, T0 + 165 * MIN, 1),  # everyone on the default, 15 min
+        Span(T0 + 90 * MIN, T0 + 95 * MIN, 1),  # not the booker's, inside the booking: still unused by it
+    ]
+    loads = [Span(T0 + 55 * MIN, T0 + 62 * MIN, 1)]  # loading into the booking
+    shares = channel_shares(bookings=bookings, requests=requests, loads=loads, lo=lo, hi=hi)
+    assert shares == {
+        "switching": round(7 / 60, 2),
+        "served_booker": round(10 / 60, 2),
+        "booked_idle": round(48 / 60, 2),  # 60 booked − 2 loading − 10 served
+        "served_default": 0.25,
+        "idle": round((240 - 7 - 10 - 48 - 15) / 60, 2),
+    }
+    assert abs(sum(shares.values()) - 4) < 0.03
+
+
+def test_totals_count_used_minutes_per_booking_and_the_requests():
+    bookings = [Span(T0, T0 + 60 * MIN, 1, user_id=1, reservation_id=7)]
+    requests = [
+        Span(T0 + 5 * MIN, T0 + 7 * MIN, 1, 1, 7, prompt=10, completion=20, ttft_ms=100),
+        Span(T0 + 6 * MIN, T0 + 9 * MIN, 1, 1, 7, prompt=5, completion=5, ttft_ms=300),
+        Span(T0 + 90 * MIN, T0 + 91 * MIN, 1, 1, None, prompt=1, completion=1),
+    ]
+    found = totals(bookings=bookings, requests=requests, lo=T0, hi=T0 + 120 * MIN)
+    assert found.as_dict() == {
+        "booked_hours": 1.0,
+        "used_hours": round(4 / 60, 2),  # minutes 5–8 touched
+        "idle_booked_hours": round(56 / 60, 2),
+        "requests": 3,
+        "prompt_tokens": 16,
+        "completion_tokens": 26,
+        "ttft_ms": 200.0,
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_usage_numbers_match_the_request_log_after_real_traffic(gateway_url, world, staff):
+    booking = book(world, "ana")
+    time.sleep(0.15)
+    for _ in range(3):
+        assert call(gateway_url, world["ana"], max_tokens=4).status_code == 200  # in her booking
+    assert call(gateway_url, world["bo"], model="llama").status_code == 200  # on ch-b's default
+    wait_for_records(4)
+    flush_request_log(redis_client())
+    logged = RequestLog.objects.filter(user=world["ana_user"])
+    today = timezone.localdate()
+    ana = APIClient()
+    ana.force_authenticate(world["ana_user"])
+    answer = ana.get("/api/usage/", {"by": "user", "period": "day", "day": today.isoformat()})
+    assert answer.status_code == 200, answer.data
+    (mine,) = answer.data["rows"]  # she sees herself only
+    assert mine["name"] == "ana" and mine["requests"] == logged.count() == 3
+    assert mine["prompt_tokens"] == sum(r.prompt_tokens for r in logged)
+    assert mine["completion_tokens"] == sum(r.completion_tokens for r in logged)
+    assert mine["used_hours"] > 0 and mine["booked_hours"] >= mine["used_hours"]
+    held = (
+        min(booking.end, timezone.now().replace(hour=23, minute=59)) - booking.start
+    ).total_seconds() / 3600
+    assert mine["booked_hours"] <= round(held, 2) + 0.02
+    assert ana.get("/api/usage/", {"by": "channel"}).status_code == 403
+    bad = ana.get("/api/usage/", {"by": "planet"})
+    assert bad.status_code == 400 and "by" in bad.data
+    assert ana.get("/api/usage/", {"day": "yesterday"}).status_code == 400
+
+    boss = APIClient()
+    boss.force_authenticate(staff)
+    channels = boss.get("/api/usage/", {"by": "channel", "period": "day", "day": today.isoformat()}).data
+    by_name = {r["name"]: r for r in channels["rows"]}
+    assert by_name["ch-a"]["requests"] == 3 and by_name["ch-b"]["requests"] == 1
+    shares = {r["name"]: r for r in channels["shares"]}
+    assert shares["ch-a"]["served_booker"] > 0 and shares["ch-b"]["served_default"] > 0
+    assert abs(sum(v for k, v in shares["ch-a"].items() if k not in ("id", "name")) - 24) < 0.1
+    page = Client()
+    page.force_login(world["ana_user"])
+    html = page.get("/usage/", {"period": "day", "day": today.isoformat()}).content.decode()
+    figure = html.split('<figure class="chart">')[1].split("</figure>")[0]
+    assert (
+        figure.startswith("<svg") and "<script" not in figure and "ana" in figure
+    )  # drawn here, runs nothing
+    assert 'data-row="ana"' in html
+    table = list(
+        csv.reader(
+            io.StringIO(page.get("/usage/csv", {"period": "day", "day": today.isoformat()}).content.decode())
+        )
+    )
+    assert table[0][0] == "user" and table[1][0] == "ana" and int(table[1][4]) == 3
