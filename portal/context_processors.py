@@ -9,7 +9,13 @@ from django.http import HttpRequest
 
 def navigation(request: HttpRequest) -> dict[str, Any]:
     if not request.user.is_authenticated:
-        return {}
+        from django.conf import settings
+
+        # The sign-in page shows the methods that are set up.
+        return {
+            "oidc_name": settings.SLOTSERVE_OIDC_NAME if settings.SLOTSERVE_OIDC_CLIENT_ID else "",
+            "ldap_name": settings.SLOTSERVE_LDAP_NAME if settings.SLOTSERVE_LDAP_URL else "",
+        }
     from reservations.models import Notification, ReservationStatus
     from reservations.profiles import profile_for
 

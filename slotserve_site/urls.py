@@ -17,6 +17,7 @@ from channels_app.placement.api import FreeSlotsView, PlacementView
 from gateway.api import ApiKeyViewSet, RequestLogViewSet
 from gateway.usage_views import UsageView
 from reservations.api import MeView, NotificationViewSet, ReservationViewSet, WaitlistViewSet
+from slotserve_site import sign_in
 from slotserve_site.metrics import metrics_view
 
 router = DefaultRouter()
@@ -50,6 +51,8 @@ def health(request: HttpRequest) -> JsonResponse:
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
+    path("oidc/authenticate/", sign_in.oidc_start, name="oidc_authentication_init"),
+    path("oidc/callback/", sign_in.oidc_callback, name="oidc_authentication_callback"),
     # The API's description is no secret: readable before signing in, like the sign-in page.
     path("api/schema/", SpectacularAPIView.as_view(permission_classes=[AllowAny]), name="schema"),
     path(

@@ -1,0 +1,58 @@
+"""django-auth-ldap's settings from SlotServe's (``SLOTSERVE_LDAP_*``), made only when LDAP is on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def ldap_settings(
+    *,
+    url: str,
+    bind_dn: str,
+    bind_password: str,
+    start_tls: bool,
+    user_base: str,
+    user_filter: str,
+    group_base: str,
+    group_type: str,
+    staff_group: str,
+) -> dict[str, Any]:
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        import ldap
+        from django_auth_ldap.config import GroupOfNamesType, LDAPSearch, PosixGroupType
+    except ImportError:
+        raise ImproperlyConfigured(
+            "SLOTSERVE_LDAP_URL is set but django-auth-ldap is not installed: pip install 'slotserve[ldap]' "
+            "(Debian needs libldap2-dev and libsasl2-dev to build python-ldap)"
+        ) from None
+    if not user_base:
+        raise ImproperlyConfigured("SLOTSERVE_LDAP_URL is set: say where users are, SLOTSERVE_LDAP_USER_BASE")
+    found: dict[str, Any] = {
+        "AUTH_LDAP_SERVER_URI": url,
+        "AUTH_LDAP_BIND_DN": bind_dn,
+        "AUTH_LDAP_BIND_PASSWORD": bind_password,
+        "AUTH_LDAP_START_TLS": start_tls,
+        "AUTH_LDAP_USER_SEARCH": LDAPSearch(user_base, ldap.SCOPE_SUBTREE, user_filter),
+        "AUTH_LDAP_USER_ATTR_MAP": {"first_name": "givenName", "last_name": "sn", "email": "mail"},
+        "AUTH_LDAP_ALWAYS_UPDATE_USER": True,
+        "AUTH_LDAP_CONNECTION_OPTIONS": {ldap.OPT_NETWORK_TIMEOUT: 5, ldap.OPT_TIMEOUT: 10},
+    }
+    if group_base:
+        posix = group_type.lower() == "posixgroup"
+        found.update(
+            AUTH_LDAP_GROUP_SEARCH=LDAPSearch(
+                group_base,
+                ldap.SCOPE_SUBTREE,
+                "(objectClass=posixGroup)" if posix else "(objectClass=groupOfNames)",
+            ),
+            AUTH_LDAP_GROUP_TYPE=PosixGroupType(name_attr="cn")
+            if posix
+            else GroupOfNamesType(name_attr="cn"),
+            # The directory's groups are the user's SlotServe groups, as of each sign-in.
+            AUTH_LDAP_MIRROR_GROUPS=True,
+        )
+        if staff_group:
+            found["AUTH_LDAP_USER_FLAGS_BY_GROUP"] = {"is_staff": staff_group}
+    return found
