@@ -254,7 +254,7 @@ def test_approvals_page_is_for_staff(world, ana, bo, staff):
         target=world["chat"],
         status="pending",
     )
-    assert client_for(ana).get("/approvals/").status_code == 302  # to the admin sign-in
+    assert client_for(ana).get("/approvals/").status_code == 403  # staff and group approvers only
     page = client_for(staff).get("/approvals/").content.decode()
     assert f'data-reservation="{pending.pk}"' in page
     assert 'id="approvals-count">1<' in page
