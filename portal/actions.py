@@ -70,19 +70,23 @@ def book(request: HttpRequest) -> HttpResponse:
     conflicts: list[Any] = []
     if request.method == "POST":
         form = BookingForm(request.POST)
-        if form.is_valid() and form.cleaned_data["repeat"]:
+        if form.is_valid():
             data = form.cleaned_data
+            booking: dict[str, Any] = {
+                "user": _me(request),
+                "now": timezone.now(),
+                "channel": data["channel"],
+                "start": data["start"],
+                "end": data["end"],
+                "model": None if data["exclusive"] else data["model"],
+                "preset": None if data["exclusive"] else data["preset"],
+                "exclusive": data["exclusive"],
+                "note": data["note"],
+            }
+        if form.is_valid() and data["repeat"]:
             try:
                 _, made = services.reservation_series_create(
-                    user=_me(request),
-                    now=timezone.now(),
-                    channel=data["channel"],
-                    start=data["start"],
-                    end=data["end"],
-                    model=None if data["exclusive"] else data["model"],
-                    preset=None if data["exclusive"] else data["preset"],
-                    exclusive=data["exclusive"],
-                    note=data["note"],
+                    **booking,
                     repeat=data["repeat"],
                     until=data["until"],
                     count=data["count"],
@@ -103,20 +107,9 @@ def book(request: HttpRequest) -> HttpResponse:
                 messages.success(request, f"{len(made)} reservations of {made[0].channel} booked.{state}")
                 return redirect("portal:my_reservations")
         elif form.is_valid():
-            data = form.cleaned_data
             create = services.reservation_create if data["channel"] else services.reservation_create_anywhere
             try:
-                reservation = create(
-                    user=_me(request),
-                    now=timezone.now(),
-                    channel=data["channel"],
-                    start=data["start"],
-                    end=data["end"],
-                    model=None if data["exclusive"] else data["model"],
-                    preset=None if data["exclusive"] else data["preset"],
-                    exclusive=data["exclusive"],
-                    note=data["note"],
-                )
+                reservation = create(**booking)
             except (InvalidInput, ReservationConflict) as exc:
                 _refusal_to_form(form, exc)
             else:

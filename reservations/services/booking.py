@@ -10,13 +10,14 @@ from django.db import IntegrityError, transaction
 from channels_app.dispatch import enqueue_redecide
 from channels_app.errors import InvalidInput
 from channels_app.models import Channel, LLMModel, Preset
-from reservations.models import Reservation, ReservationStatus
+from reservations.models import Reservation
 from reservations.selectors import first_conflict
 from reservations.services.common import (
     ReservationConflict,
     _check_limits,
     _hold_channel,
     _is_overlap,
+    _new_reservation,
     _retrying_deadlocks,
     _tell_approvers,
     needs_approval,
@@ -53,7 +54,6 @@ def reservation_create(
         channel=channel, start=start, end=end, now=now, model=model, preset=preset, exclusive=exclusive
     )
     pending = needs_approval(channel=channel, exclusive=exclusive, user=user, by=by)
-    status = ReservationStatus.PENDING if pending else ReservationStatus.APPROVED
 
     def book() -> Reservation:
         # Inside the transaction: on SQLite it holds the write lock, so two
@@ -65,19 +65,18 @@ def reservation_create(
             raise ReservationConflict(conflict)
         try:
             with transaction.atomic():
-                reservation = Reservation.objects.create(
+                reservation = _new_reservation(
                     user=user,
                     channel=channel,
                     start=start,
                     end=end,
-                    model=None if exclusive else model,
-                    preset=None if exclusive else preset,
+                    model=model,
+                    preset=preset,
                     exclusive=exclusive,
-                    status=status,
                     note=note,
-                    created=now,
-                    decided_at=None if pending else now,
-                    decided_by=None if pending or by is None else by,
+                    pending=pending,
+                    now=now,
+                    by=by,
                 )
         except IntegrityError as exc:
             if not _is_overlap(exc):

@@ -17,7 +17,7 @@ from channels_app.errors import InvalidInput
 from channels_app.models import ApprovalPolicy, Channel, LLMModel, Preset
 from channels_app.target import validate_target
 from channels_app.vocabulary import NotificationEvent
-from reservations.models import BLOCKING_STATUSES, Reservation
+from reservations.models import BLOCKING_STATUSES, Reservation, ReservationSeries, ReservationStatus
 from reservations.notifications import notify
 from reservations.rules import BookingLimits, LimitBroken, check_length_and_horizon, check_quota
 from reservations.selectors import decidable_by, group_held_slots, held_slots
@@ -251,6 +251,39 @@ def validate_slot(
     if not exclusive and model is None:
         raise InvalidInput("model", "name a model (and preset), or book the whole card with exclusive: true")
     validate_target(model=model, preset=preset)
+
+
+def _new_reservation(
+    *,
+    user: User,
+    channel: Channel,
+    start: datetime,
+    end: datetime,
+    model: LLMModel | None,
+    preset: Preset | None,
+    exclusive: bool,
+    note: str,
+    pending: bool,
+    now: datetime,
+    by: User | None = None,
+    series: ReservationSeries | None = None,
+) -> Reservation:
+    """The insert every booking ends in (inside the caller's checks and transaction)."""
+    return Reservation.objects.create(
+        user=user,
+        channel=channel,
+        start=start,
+        end=end,
+        model=None if exclusive else model,
+        preset=None if exclusive else preset,
+        exclusive=exclusive,
+        status=ReservationStatus.PENDING if pending else ReservationStatus.APPROVED,
+        note=note,
+        created=now,
+        decided_at=None if pending else now,
+        decided_by=None if pending or by is None else by,
+        series=series,
+    )
 
 
 def _tell_approvers(reservation: Reservation, also: int = 0) -> None:

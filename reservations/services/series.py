@@ -19,6 +19,7 @@ from reservations.services.common import (
     InvalidTransition,
     _hold_channel,
     _is_overlap,
+    _new_reservation,
     _retrying_deadlocks,
     _tell_approvers,
     group_problems,
@@ -118,7 +119,6 @@ def reservation_series_create(
         exclusive=exclusive,
     )
     pending = needs_approval(channel=channel, exclusive=exclusive, user=user)
-    status = ReservationStatus.PENDING if pending else ReservationStatus.APPROVED
 
     def book() -> tuple[ReservationSeries, list[Reservation]]:
         _hold_channel(channel.pk)
@@ -137,18 +137,17 @@ def reservation_series_create(
                     created=now,
                 )
                 made = [
-                    Reservation.objects.create(
+                    _new_reservation(
                         user=user,
                         channel=channel,
                         start=s,
                         end=e,
-                        model=None if exclusive else model,
-                        preset=None if exclusive else preset,
+                        model=model,
+                        preset=preset,
                         exclusive=exclusive,
-                        status=status,
                         note=note,
-                        created=now,
-                        decided_at=None if pending else now,
+                        pending=pending,
+                        now=now,
                         series=series,
                     )
                     for s, e in slots
