@@ -487,8 +487,22 @@ class Gateway:
                     return  # the client left: nothing goes upstream
                 snapshot = await self.snapshots.get()
         finally:
+            # The client may have left while the gateway looked again (outside the wait).
+            gone = left is not None and left.done() and not left.cancelled()
             if left is not None:
                 left.cancel()
+        if gone:
+            if channel is not None and await entry.settled():  # counted in: count it out, unsent
+                assert entry.request_id is not None
+                await self.counters.leave(
+                    channel.id,
+                    entry.request_id,
+                    user_id=caller.user_id,
+                    reservation_id=None,
+                    prompt=0,
+                    completion=0,
+                )
+            return  # nothing goes upstream
         if begun:
             send = _continuing_stream(send)
         assert channel is not None
