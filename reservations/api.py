@@ -20,7 +20,6 @@ from reservations.filters import NotificationFilter, ReservationFilter
 from reservations.models import Notification, Profile, Reservation, WaitlistEntry
 from reservations.profiles import profile_for
 from reservations.selectors import decidable_by
-from reservations.waitlist import waitlist_join
 from slotserve_site.api_fields import IdOrNameField, MomentField, current_user, moment_param
 
 
@@ -372,5 +371,5 @@ class WaitlistViewSet(
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = WaitlistInput(data=request.data)
         data.is_valid(raise_exception=True)
-        entry = waitlist_join(user=current_user(request), now=timezone.now(), **data.validated_data)
+        entry = services.waitlist_join(user=current_user(request), now=timezone.now(), **data.validated_data)
         return Response(WaitlistEntryOutput(entry).data, status=status.HTTP_201_CREATED)

@@ -1,8 +1,8 @@
 """The waitlist: "tell me when this slot frees" (SPEC §5, the portal's booking dialog).
 
-``waitlist_join`` records a wish for a slot that is taken now; ``tell_waiting`` runs wherever
-time on a channel is freed (a cancellation, an early end, a rejection, a change) and notifies
-each user whose whole wished-for slot is now free, once.
+``reservations.services.waitlist_join`` records a wish for a slot that is taken now;
+``tell_waiting`` runs wherever time on a channel is freed (a cancellation, an early end, a
+rejection, a change) and notifies each user whose whole wished-for slot is now free, once.
 """
 
 from __future__ import annotations
@@ -10,35 +10,10 @@ from __future__ import annotations
 import functools
 from datetime import UTC, datetime, tzinfo
 
-from django.contrib.auth.models import User
-from django.db import IntegrityError, transaction
-
-from channels_app.errors import InvalidInput
-from channels_app.models import Channel
 from channels_app.vocabulary import NotificationEvent
 from reservations.models import Reservation, WaitlistEntry
 from reservations.notifications import notify
 from reservations.wording import slot_words
-
-
-def waitlist_join(
-    *, user: User, channel: Channel, start: datetime, end: datetime, now: datetime
-) -> WaitlistEntry:
-    """Wait for ``[start, end)`` on ``channel``; a slot that is free now is to be booked instead."""
-    start, end = start.astimezone(UTC), end.astimezone(UTC)
-    if end <= start:
-        raise InvalidInput("end", "end must be after start")
-    if end <= now:
-        raise InvalidInput("end", "the slot is over")
-    if not Reservation.objects.blocking().filter(channel=channel).overlapping(max(start, now), end).exists():
-        raise InvalidInput("start", "this slot is free now: book it instead of waiting for it")
-    try:
-        with transaction.atomic():
-            return WaitlistEntry.objects.create(user=user, channel=channel, start=start, end=end, created=now)
-    except IntegrityError:
-        return WaitlistEntry.objects.get(
-            user=user, channel=channel, start=start, end=end, notified_at__isnull=True
-        )
 
 
 def tell_waiting(*, channel_id: int, now: datetime) -> int:

@@ -183,6 +183,18 @@ def test_a_groups_approver_receives_and_decides_its_requests(lab, staff):
     assert outsider.get("/approvals/").status_code == 403
 
 
+def test_nobody_waits_for_a_channel_of_other_groups(lab):
+    channel = factories.channel("vision-0")
+    channel.allowed_groups.add(lab["vision"])
+    factories.reservation(
+        owner=lab["ana"], on=channel, start=lab["start"], end=lab["start"] + HOUR, target=lab["chat"]
+    )
+    wish = {"channel": channel.pk, "start": iso(lab["start"]), "end": iso(lab["start"] + HOUR)}
+    refused = api(lab["carl"]).post("/api/waitlist/", wish, format="json")
+    assert refused.status_code == 400 and "is for the groups vision-lab" in refused.data["message"]
+    assert api(lab["bo"]).post("/api/waitlist/", wish, format="json").status_code == 201
+
+
 def test_the_calendar_filters_by_group(lab):
     channel = factories.channel("shared-0")
     factories.reservation(

@@ -27,3 +27,4 @@ from reservations.services.decisions import reservation_reject as reservation_re
 from reservations.services.series import SeriesConflict as SeriesConflict
 from reservations.services.series import reservation_series_cancel as reservation_series_cancel
 from reservations.services.series import reservation_series_create as reservation_series_create
+from reservations.services.waitlist import waitlist_join as waitlist_join
