@@ -261,3 +261,18 @@ def test_without_settings_neither_method_is_offered(client, db):
     page = client.get("/accounts/login/").content.decode()
     assert "sign-in-oidc" not in page and "sign-in-ldap" not in page
     assert client.get("/oidc/authenticate/").status_code == 404
+
+
+def test_oidc_settings_are_read_from_the_providers_discovery_document(oidc_provider):
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    out = StringIO()
+    call_command("oidc_settings", oidc_provider, stdout=out)
+    lines = dict(line.split("=", 1) for line in out.getvalue().splitlines())
+    assert lines["SLOTSERVE_OIDC_CLIENT_ID"] == "slotserve"
+    assert lines["SLOTSERVE_OIDC_JWKS_ENDPOINT"] == f"{oidc_provider}/jwks"
+    assert lines["SLOTSERVE_OIDC_AUTHORIZATION_ENDPOINT"].startswith(oidc_provider)
+    with pytest.raises(CommandError, match="could not read"):
+        call_command("oidc_settings", f"http://127.0.0.1:{free_port()}")
