@@ -255,31 +255,41 @@ def calendar(request: HttpRequest) -> HttpResponse:
         day -= timedelta(days=day.weekday())
     days = 7 if week else 1
     origin = timezone.make_aware(datetime.combine(day, time()), tz)
-    # Measure the span between local midnights, so a daylight-saving day is 23 or 25 hours.
-    span = timezone.make_aware(datetime.combine(day + timedelta(days=days), time()), tz) - origin
-    ticks = []
-    for i in range(days if week else 24):
-        moment = (
-            origin + timedelta(days=i)
-            if week
-            else timezone.make_aware(datetime.combine(day, time(hour=i)), tz)
-        )
-        ticks.append(
-            {"left": (moment - origin) / span * 100, "label": f"{moment:%a %d}" if week else f"{i:02d}"}
-        )
-    now_left = (now - origin) / span * 100 if origin <= now < origin + span else None
+    # Hour ticks over one day: the week view shows each day as a lane of its own.
+    ticks = [{"left": i / 24 * 100, "label": f"{i:02d}"} for i in range(24)]
     filters = {name: _number(request.GET.get(name)) for name in ("channel", "node", "model", "group")}
-    context = {
-        "rows": calendar_rows(
-            origin=origin,
-            span=span,
+    lanes: dict[int, dict[str, Any]] = {}
+    for offset in range(days):
+        lane_day = day + timedelta(days=offset)
+        lane_origin = timezone.make_aware(datetime.combine(lane_day, time()), tz)
+        # Between local midnights: a daylight-saving day is 23 or 25 hours.
+        lane_end = timezone.make_aware(datetime.combine(lane_day + timedelta(days=1), time()), tz)
+        lane_span = lane_end - lane_origin
+        rows = calendar_rows(
+            origin=lane_origin,
+            span=lane_span,
             now=now,
             viewer=_viewer(request),
             channel_id=filters["channel"],
             node_id=filters["node"],
             model_id=filters["model"],
             group_id=filters["group"],
-        ),
+        )
+        for row in rows:
+            lane = lanes.setdefault(row.channel.pk, {"channel": row.channel, "days": []})
+            lane["days"].append(
+                {
+                    "label": f"{lane_day:%a %d}",
+                    "row": row,
+                    "origin": lane_origin,
+                    "span_seconds": lane_span.total_seconds(),
+                    "now_left": (now - lane_origin) / lane_span * 100
+                    if lane_origin <= now < lane_origin + lane_span
+                    else None,
+                }
+            )
+    context = {
+        "lanes": list(lanes.values()),
         "filters": filters,
         "filter_query": "".join(f"&{k}={v}" for k, v in filters.items() if v is not None),
         "choices": {
@@ -289,11 +299,9 @@ def calendar(request: HttpRequest) -> HttpResponse:
             "group": Group.objects.values_list("pk", "name"),
         },
         "origin": origin,
-        "span_seconds": span.total_seconds(),
         "day": day,
         "week": week,
         "ticks": ticks,
-        "now_left": now_left,
         "previous": day - timedelta(days=days),
         "next": day + timedelta(days=days),
         "today": timezone.localdate(now),

@@ -112,7 +112,16 @@ def test_calendar_shows_reservations_pending_and_preloads(world, ana, bo):
     assert 'class="lost"' in page and "min lost to loading" in page
     assert 'class="now"' in page
     week = client_for(ana).get("/calendar/", {"day": "2026-12-09", "view": "week"})
-    assert week.status_code == 200 and "week of Mon 7 Dec 2026" in week.content.decode()
+    text = week.content.decode()
+    assert week.status_code == 200 and "week of Mon 7 Dec 2026" in text
+    # A lane a day, each 24 hours wide: Monday's bookings sit in Monday's lane, readable.
+    labels = [part.split("</div>")[0] for part in text.split('<div class="lane-label">')[1:]]
+    assert labels == ["Mon 07", "Tue 08", "Wed 09", "Thu 10", "Fri 11", "Sat 12", "Sun 13"]
+    monday = text.split('<div class="lane-label">Mon 07</div>')[1].split(
+        '<div class="lane-label">Tue 08</div>'
+    )[0]
+    assert "ana: qwen-7b / chat" in monday and "pending: bo: qwen-7b / chat" in monday
+    assert 'data-origin="2026-12-07T00:00:00+' in monday or 'data-origin="2026-12-07T00:00:00-' in monday
 
 
 def test_models_page_lists_presets_and_vram(world, ana):
