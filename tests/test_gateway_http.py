@@ -453,6 +453,22 @@ def test_a_wait_is_bounded_and_a_key_may_wait_by_default(gateway_url, world, ana
     flipping.join()
 
 
+def _leave_while_held(gateway_url, world, *, after: float) -> None:
+    """A request asks to wait for ch-a's loading model and its client leaves ``after`` seconds;
+    then the model is ready."""
+    port = ChannelRuntime.objects.get(channel=world["a"]).port
+    serve(world["a"], world["qwen"], port, phase="loading")
+    time.sleep(0.15)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{gateway_url}/v1/chat/completions",
+            json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {world['ana']}", "X-SlotServe-Wait": "30"},
+            timeout=after,
+        )
+    serve(world["a"], world["qwen"], port, phase="ready")
+
+
 def test_a_client_that_leaves_while_the_gateway_looks_again_is_not_forwarded(gateway_url, world, monkeypatch):
     """The race behind a flaky run: the client leaves while the held request is between two
     waits (reading a fresh view), and the model is ready by the next look. It must not go on."""
@@ -470,17 +486,7 @@ def test_a_client_that_leaves_while_the_gateway_looks_again_is_not_forwarded(gat
         return await real_get(self)
 
     monkeypatch.setattr(SnapshotCache, "get", slow_get)
-    port = ChannelRuntime.objects.get(channel=world["a"]).port
-    serve(world["a"], world["qwen"], port, phase="loading")
-    time.sleep(0.15)
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(
-            f"{gateway_url}/v1/chat/completions",
-            json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}]},
-            headers={"Authorization": f"Bearer {world['ana']}", "X-SlotServe-Wait": "30"},
-            timeout=0.35,
-        )
-    serve(world["a"], world["qwen"], port, phase="ready")
+    _leave_while_held(gateway_url, world, after=0.35)
     time.sleep(1.5)
     assert len(looks) >= 2
     assert "POST /v1/chat/completions" not in world["log_a"].read_text()
@@ -488,17 +494,7 @@ def test_a_client_that_leaves_while_the_gateway_looks_again_is_not_forwarded(gat
 
 
 def test_a_held_request_whose_client_leaves_never_reaches_the_process(gateway_url, world):
-    port = ChannelRuntime.objects.get(channel=world["a"]).port
-    serve(world["a"], world["qwen"], port, phase="loading")
-    time.sleep(0.15)
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(
-            f"{gateway_url}/v1/chat/completions",
-            json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}]},
-            headers={"Authorization": f"Bearer {world['ana']}", "X-SlotServe-Wait": "30"},
-            timeout=0.5,
-        )
-    serve(world["a"], world["qwen"], port, phase="ready")
+    _leave_while_held(gateway_url, world, after=0.5)
     time.sleep(1.0)  # had the gateway kept holding it, the request would reach the process now
     assert "POST /v1/chat/completions" not in world["log_a"].read_text()
 

@@ -146,8 +146,11 @@ def limit_problems(
     end: datetime,
     now: datetime,
     exclude: int | Collection[int] | None = None,
+    also_held: Collection[tuple[datetime, datetime]] = (),
 ) -> list[LimitBroken]:
-    """The channel's limits the slot breaks: length, horizon, and (not for staff) the weekly quota."""
+    """The channel's limits the slot breaks: length, horizon, and (not for staff) the weekly
+    quotas, the user's and their groups' (``also_held``: slots not saved yet that count too, a
+    series' earlier occurrences)."""
     limits = limits_of(channel)
     problems = []
     broken = check_length_and_horizon(start=start, end=end, now=now, limits=limits)
@@ -155,10 +158,14 @@ def limit_problems(
         problems.append(broken)
     if not user.is_staff:
         held = held_slots(user=user, channel=channel, start=start, end=end, exclude=exclude)
-        broken = check_quota(start=start, end=end, held=held, quota_hours=limits.weekly_quota_hours)
+        broken = check_quota(
+            start=start, end=end, held=[*held, *also_held], quota_hours=limits.weekly_quota_hours
+        )
         if broken is not None:
             problems.append(broken)
-        problems += group_problems(user=user, channel=channel, start=start, end=end, exclude=exclude)
+        problems += group_problems(
+            user=user, channel=channel, start=start, end=end, exclude=exclude, also_held=also_held
+        )
     return problems
 
 

@@ -13,8 +13,7 @@ from channels_app.errors import InvalidInput
 from channels_app.models import Channel, LLMModel, Preset
 from reservations.models import Reservation, ReservationSeries, ReservationStatus
 from reservations.recurrence import RecurrenceError, occurrences
-from reservations.rules import check_length_and_horizon, check_quota
-from reservations.selectors import first_conflict, held_slots
+from reservations.selectors import first_conflict
 from reservations.services.common import (
     InvalidTransition,
     _hold_channel,
@@ -22,8 +21,7 @@ from reservations.services.common import (
     _new_reservation,
     _retrying_deadlocks,
     _tell_approvers,
-    group_problems,
-    limits_of,
+    limit_problems,
     needs_approval,
     slot_problems,
     validate_slot,
@@ -49,26 +47,14 @@ def series_problems(
 ) -> list[tuple[datetime, datetime, str]]:
     """Why each occurrence that cannot be booked cannot: the slot's own rules, the channel's limits
     (the weekly quota counting the series' earlier occurrences), and overlaps."""
-    limits = limits_of(channel)
     problems: list[tuple[datetime, datetime, str]] = []
     accepted: list[tuple[datetime, datetime]] = []
     for start, end in slots:
-        why = [
-            p.message
-            for p in slot_problems(channel=channel, start=start, end=end, now=now, exclusive=exclusive)
-        ]
-        broken = check_length_and_horizon(start=start, end=end, now=now, limits=limits)
-        if broken is not None:
-            why.append(broken.message)
-        if not user.is_staff:
-            held = held_slots(user=user, channel=channel, start=start, end=end) + accepted
-            broken = check_quota(start=start, end=end, held=held, quota_hours=limits.weekly_quota_hours)
-            if broken is not None:
-                why.append(broken.message)
-            why += [
-                p.message
-                for p in group_problems(user=user, channel=channel, start=start, end=end, also_held=accepted)
-            ]
+        broken = slot_problems(channel=channel, start=start, end=end, now=now, exclusive=exclusive)
+        broken += limit_problems(
+            user=user, channel=channel, start=start, end=end, now=now, also_held=accepted
+        )
+        why = [p.message for p in broken]
         conflict = first_conflict(channel, start, end)
         if conflict is not None:
             why.append(f"overlaps {conflict.user}'s booking, {slot_words(conflict.start, conflict.end)}")
