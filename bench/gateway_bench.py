@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark: what the gateway adds to streamed completions.
 
-    .venv/bin/python bench/gateway_bench.py [--server uvicorn|daphne] [--seconds 5]
+    .venv/bin/python bench/gateway_bench.py [--server gateway|uvicorn|daphne] [--seconds 5]
         [--delay-ms 20] [--upstream raw|uvicorn|fastapi] [--levels 1,16,64] [--litellm PATH]
 
 A fast upstream (16 SSE chunks per request, back to back or --delay-ms apart;
@@ -254,7 +254,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--server", choices=["uvicorn", "daphne"], default="uvicorn")
+    parser.add_argument(
+        "--server",
+        choices=["gateway", "uvicorn", "daphne"],
+        default="gateway",
+        help="gateway: uvicorn with the gateway's own HTTP server in front (gateway.server, what "
+        "./slotserve start runs); uvicorn: uvicorn's own HTTP for every request; daphne",
+    )
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--delay-ms", type=float, default=0, help="pause between upstream chunks")
     parser.add_argument("--levels", default="1,16,64")
@@ -280,7 +286,7 @@ def main() -> None:
     )
     env, key = prepare_gateway(upstream_port)
     venv_bin = Path(sys.executable).parent
-    if args.server == "uvicorn":
+    if args.server in ("gateway", "uvicorn"):
         argv = [
             str(venv_bin / "uvicorn"),
             "slotserve_site.asgi:application",
@@ -291,6 +297,7 @@ def main() -> None:
             "--no-access-log",
             "--lifespan",
             "off",
+            *(["--http", "gateway.server:GatewayHttp"] if args.server == "gateway" else []),
         ]
     else:
         argv = [

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 
 from channels_app.vocabulary import ErrorCode, Phase
 
@@ -39,6 +40,11 @@ class ChannelView:
     upstream_key: str = field(default="", repr=False)  # the run's secret, sent upstream only
     stop_seconds: float = 0.0  # the stop grace (SIGTERM to SIGKILL) a switch may take
     retry_at: datetime | None = None  # when a failed channel tries its target again
+
+    @cached_property
+    def upstream_auth(self) -> bytes:
+        """The ``Authorization`` header's value for the process (its run's secret)."""
+        return f"Bearer {self.upstream_key}".encode()
 
 
 @dataclass(frozen=True)

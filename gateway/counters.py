@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from redis.exceptions import RedisError
 
 from channels_app.inflight import COUNT, REDIS_NOW
@@ -202,6 +203,13 @@ def week_start(moment: datetime) -> datetime:
 _week: list[tuple[float, str]] = [(0.0, "")]  # (until when, the week's label)
 
 
+def _cached(cache: dict[tuple[str, object], str], kind: str, ident: object) -> str:
+    found = cache.get((kind, ident))
+    if found is None:
+        found = cache[(kind, ident)] = key(kind, ident)
+    return found
+
+
 def week_tokens_key(user_id: int) -> str:
     """``<prefix>:weektokens:<user>-<Monday>``; the week's label is worked out once a minute."""
     until, label = _week[0]
@@ -230,6 +238,7 @@ class Counters:
     def __init__(self, url: str, ttl_seconds: float | None = None) -> None:
         self.pipe = RespPipe(url, timeout=5, connect_timeout=2)
         self.ttl = INFLIGHT_TTL_SECONDS if ttl_seconds is None else ttl_seconds
+        self._ttl = repr(self.ttl)
         # This gateway's requests in flight: request id → the sets that count it (the channel's,
         # and the user's and key's where limits apply), refreshed in Redis while live.
         self.live: dict[str, tuple[str, ...]] = {}
@@ -238,8 +247,19 @@ class Counters:
         self._marker = key(RedisKey.GATEWAY_MARKER, gateway_id)
         self._refresher: asyncio.Task[None] | None = None
         self._last_enter = 0.0
+        self._prefix = ""
+        self._key_cache: dict[tuple[str, object], str] = {}
 
-    async def _run(self, script: str, keys: list[str], args: list[str | int], defer: float = 0.0) -> Any:
+    def _keys(self) -> dict[tuple[str, object], str]:
+        """Keys made once (the prefix is read once per request): a request names up to ten."""
+        prefix = settings.SLOTSERVE_REDIS_PREFIX
+        if prefix != self._prefix or len(self._key_cache) > 4096:
+            self._prefix, self._key_cache = prefix, {}
+        return self._key_cache
+
+    async def _run(
+        self, script: str, keys: list[str], args: list[str | int | bytes], defer: float = 0.0
+    ) -> Any:
         return await self.pipe.evalsha(script, script_sha(script), keys, args, defer=defer)
 
     def close(self) -> None:
@@ -256,10 +276,12 @@ class Counters:
         and two requests racing for a user's last slot cannot both get it.
         """
         request_id = next(self._ids)
-        inflight = key(INFLIGHT, channel_id)
+        cache = self._keys()
+        inflight = _cached(cache, INFLIGHT, channel_id)
         flights: tuple[str, ...] = ()
         if limits is None:
-            if not await self._run(ENTER, [inflight, key(GATE, channel_id)], [request_id, repr(self.ttl)]):
+            gate = _cached(cache, GATE, channel_id)
+            if not await self._run(ENTER, [inflight, gate], [request_id, self._ttl]):
                 return None
         else:
             flights = (key(RedisKey.USER_FLIGHT, user_id), key(RedisKey.KEY_FLIGHT, key_id))
@@ -271,7 +293,7 @@ class Counters:
                 key(RedisKey.RATE, f"key-{key_id}"),
                 week_tokens_key(user_id),
             ]
-            args: list[str | int] = [
+            args: list[str | int | bytes] = [
                 request_id,
                 repr(self.ttl),
                 limits.user_concurrent,
@@ -322,16 +344,17 @@ class Counters:
         status: int | None = None,
         ttft_seconds: float | None = None,
         key_id: int | None = None,
-        record: str = "",
+        record: bytes = b"",
     ) -> None:
         """Count the request out, with its usage, its log record and (for /metrics) its answer,
         in one round trip."""
         limited = len(self.live.pop(request_id, ())) > 1  # counted in the user's and key's sets too
-        names = [key(USAGE_USER, user_id)]
+        cache = self._keys()
+        names = [_cached(cache, USAGE_USER, user_id)]
         if key_id is not None:
-            names.append(key(RedisKey.USAGE_KEY, key_id))
+            names.append(_cached(cache, RedisKey.USAGE_KEY, key_id))
         if reservation_id:
-            names.append(key(USAGE_RESERVATION, reservation_id))
+            names.append(_cached(cache, USAGE_RESERVATION, reservation_id))
         limits_keys = (
             [
                 week_tokens_key(user_id),
@@ -341,10 +364,10 @@ class Counters:
             if limited
             else []
         )
-        keys = [key(INFLIGHT, channel_id), *limits_keys, *names]
+        keys = [_cached(cache, INFLIGHT, channel_id), *limits_keys, *names]
         await self._count(status, ttft_seconds, keys, prompt, completion, request_id, record, limited)
 
-    async def answered(self, status: int, ttft_seconds: float | None = None, record: str = "") -> None:
+    async def answered(self, status: int, ttft_seconds: float | None = None, record: bytes = b"") -> None:
         """Count an answer that reached no channel by status code (for /metrics), and log it."""
         await self._count(status, ttft_seconds, [], 0, 0, record=record)
 
@@ -356,15 +379,16 @@ class Counters:
         prompt: int,
         completion: int,
         request_id: str = "",
-        record: str = "",
+        record: bytes = b"",
         limited: bool = False,
     ) -> None:
+        cache = self._keys()
         await self._run(
             LEAVE,
             [
-                key(RedisKey.GATEWAY_STATUS, "all"),
-                key(RedisKey.GATEWAY_TTFT, "all"),
-                key(RedisKey.REQUEST_LOG, "all"),
+                _cached(cache, RedisKey.GATEWAY_STATUS, "all"),
+                _cached(cache, RedisKey.GATEWAY_TTFT, "all"),
+                _cached(cache, RedisKey.REQUEST_LOG, "all"),
                 *keys,
             ],
             [

@@ -3,9 +3,10 @@ usage in them (the gateway counts tokens without holding a stream back)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from gateway.body import dumps, loads
 
 USAGE_MARK = b'"usage":{'
 USAGE_MARK_SPACED = b'"usage": {'
@@ -37,6 +38,7 @@ class Usage:
 
 
 FINISH_MARK, FINISH_MARK_SPACED = b'"finish_reason":"', b'"finish_reason": "'
+MARKS = (USAGE_MARK, USAGE_MARK_SPACED, FINISH_MARK, FINISH_MARK_SPACED)
 
 
 class Events:
@@ -92,6 +94,12 @@ class Events:
     def _strip(self, chunk: bytes) -> bytes:
         """Event by event: read and drop the usage-only event, holding a finishing event
         until the next one (to give it the usage event's timings)."""
+        passed = b""
+        if self.held is None:  # the events before the first that has a mark go on as they are
+            found = [at for at in (chunk.find(mark) for mark in MARKS) if at >= 0]
+            cut = chunk.rfind(b"\n\n", 0, min(found)) + 2 if found else 0
+            if cut > 1:
+                passed, chunk = chunk[:cut], chunk[cut:]
         out = []
         for event in chunk.split(b"\n\n"):
             if not event:
@@ -112,7 +120,7 @@ class Events:
                 self.held = event
             else:
                 out.append(event)
-        return b"\n\n".join(out) + b"\n\n" if out else b""
+        return passed + (b"\n\n".join(out) + b"\n\n" if out else b"")
 
 
 def _has_usage(data: bytes) -> bool:
@@ -125,7 +133,7 @@ def _payload(event: bytes) -> Any:
     if start < 0:
         return None
     try:
-        return json.loads(event[start + 6 :])
+        return loads(event[start + 6 :])
     except ValueError:
         return None
 
@@ -136,7 +144,7 @@ def _with_timings(event: bytes, timings: Any) -> bytes:
         return event
     payload["timings"] = timings
     start = event.find(b"data: {")
-    return event[:start] + b"data: " + json.dumps(payload, separators=(",", ":")).encode()
+    return event[:start] + b"data: " + dumps(payload)
 
 
 def _take_usage(chunk: bytes, usage: Usage, strip: bool) -> bytes:

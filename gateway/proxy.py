@@ -34,12 +34,12 @@ from redis.exceptions import RedisError
 
 from channels_app.vocabulary import ErrorCode, Phase
 from gateway.access import ChannelView, Refusal, admit, models_for, route
-from gateway.body import BodyTooLarge, parse_body
+from gateway.body import BodyTooLarge, dumps, loads, parse_body
 from gateway.cors import CorsPolicy, is_cors_header
 from gateway.counters import Counters, OverLimit, week_start
 from gateway.events import Events, Usage
 from gateway.snapshot import Caller, Limits, Snapshot, SnapshotCache
-from gateway.upstream import Cancel, UpstreamTransport
+from gateway.upstream import Cancel, Reply, UpstreamTransport
 
 log = logging.getLogger(__name__)
 
@@ -196,12 +196,12 @@ class Answer:
     def ttft_seconds(self) -> float | None:
         return None if self.first_byte is None else self.first_byte - self.started
 
-    def record(self, usage: Usage | None = None) -> str:
-        """The request's log record (``gateway.requestlog``), or "" for a caller without a key."""
+    def record(self, usage: Usage | None = None) -> bytes:
+        """The request's log record (``gateway.requestlog``), or b"" for a caller without a key."""
         if self.caller is None or self.status is None:
-            return ""
+            return b""
         ttft = self.ttft_seconds
-        return json.dumps(
+        return dumps(
             [
                 round(self.arrived, 3),
                 self.caller.user_id,
@@ -216,8 +216,7 @@ class Answer:
                 round((time.perf_counter() - self.started) * 1000, 2),
                 usage.prompt if usage else 0,
                 usage.completion if usage else 0,
-            ],
-            separators=(",", ":"),
+            ]
         )
 
 
@@ -518,7 +517,8 @@ class Gateway:
             content_type=content_type or b"application/json",
         )
         try:
-            await self.forward(receive, send, channel, outgoing, usage, entry)
+            on_disconnect = (scope.get("extensions") or {}).get(ON_DISCONNECT)
+            await self.forward(receive, send, channel, outgoing, usage, entry, on_disconnect)
         finally:
             if entry.pending is not None:  # the client left before the count in was known
                 with contextlib.suppress(RedisError):
@@ -586,6 +586,7 @@ class Gateway:
         outgoing: Outgoing,
         usage: Usage,
         entry: Entry,
+        on_disconnect: Callable[[Callable[[], None] | None], None] | None = None,
     ) -> None:
         assert channel.upstream is not None and channel.model is not None
         body = outgoing.body
@@ -603,31 +604,24 @@ class Gateway:
                         "include_usage": True,
                     }
                     strip_usage = True
-            content = json.dumps(body).encode()
+            content = dumps(body)
         else:
             content = outgoing.raw
         upstream = self.upstream_for(channel.upstream)
         cancel = Cancel()
-        url = upstream.url(outgoing.path)  # parsed once per path; a query is added afresh
-        request = httpx.Request(
-            outgoing.method,
-            url.copy_with(query=outgoing.query) if outgoing.query else url,
-            content=content,
-            # The run's secret: the process answers nobody who does not have it (docs/security.md).
-            headers=[
-                (b"content-type", outgoing.content_type),
-                (b"authorization", f"Bearer {channel.upstream_key}".encode()),
-            ],
-            extensions={"slotserve.cancel": cancel},
-        )
+        target = upstream.target(outgoing.path)  # quoted once per path; a query is added afresh
+        if outgoing.query:
+            target += b"?" + outgoing.query
+        # The run's secret: the process answers nobody who does not have it (docs/security.md).
+        headers = [(b"content-type", outgoing.content_type), (b"authorization", channel.upstream_auth)]
         # A client that goes away cancels the upstream's work at once, whatever stage it is at;
         # so does a count in that refuses the request while it is on its way.
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, cancel))
+        stop_watching = _watching(receive, on_disconnect, cancel)
         if entry.pending is not None:
             entry.pending.add_done_callback(functools.partial(_cancel_unless_counted, cancel))
         try:
             try:
-                response = await upstream.handle_async_request(request)
+                response = await upstream.send(outgoing.method.encode(), target, headers, content, cancel)
             except httpx.HTTPError as exc:
                 if not await _settled(entry, cancel):
                     await refuse(send, entry.refused())
@@ -640,26 +634,28 @@ class Gateway:
                 await refuse(send, entry.refused())
                 return
             try:
-                await self.relay(send, response, streaming, strip_usage, usage, channel, cancel, watcher)
+                await self.relay(
+                    send, response, streaming, strip_usage, usage, channel, cancel, stop_watching
+                )
             finally:
                 await response.aclose()
         finally:
-            watcher.cancel()
+            stop_watching()
 
     async def relay(
         self,
         send: Send,
-        response: httpx.Response,
+        response: Reply,
         streaming: bool,
         strip_usage: bool,
         usage: Usage,
         channel: ChannelView,
         cancel: Cancel,
-        watcher: asyncio.Future[None],
+        stop_watching: Callable[[], None],
     ) -> None:
         """Send the upstream's answer to the client as it arrives."""
         headers, event_stream = [], False
-        for name, value in response.headers.raw:
+        for name, value in response.headers:
             lowered = name.lower()
             if lowered == b"content-type":
                 event_stream = value.startswith(b"text/event-stream")
@@ -674,9 +670,9 @@ class Gateway:
                     await respond(send, 502, error_body(502, ErrorCode.UPSTREAM_FAILED, message))
                 return
             with contextlib.suppress(ValueError):
-                usage.add(json.loads(content))
+                usage.add(loads(content))
             headers.append((b"content-length", str(len(content)).encode()))
-            watcher.cancel()
+            stop_watching()
             await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
             await send({"type": "http.response.body", "body": content})
             return
@@ -684,12 +680,14 @@ class Gateway:
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
         events = Events(usage, strip_usage) if response.status_code == 200 and event_stream else None
         stream = response.stream
-        assert isinstance(stream, httpx.AsyncByteStream)
+        last = b""  # the answer's last chunk: it leaves with the end of the stream, in one write
         try:
             async for chunk in stream:  # as the transport receives it, without httpx's wrappers
                 if events is not None:
                     chunk = events.feed(chunk)
-                if chunk:
+                if stream.ended:
+                    last = chunk
+                elif chunk:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except httpx.HTTPError as exc:
             if cancel.fired:
@@ -703,11 +701,12 @@ class Gateway:
                 }
             }
             tail = (events.flush() if events is not None else b"") + b"data: " + json.dumps(event).encode()
-            watcher.cancel()
+            stop_watching()
             await send({"type": "http.response.body", "body": tail + b"\n\n"})
             return
-        watcher.cancel()
-        await send({"type": "http.response.body", "body": events.flush() if events is not None else b""})
+        stop_watching()
+        tail = events.flush() if events is not None else b""
+        await send({"type": "http.response.body", "body": last + tail})
 
 
 class Entry:
@@ -900,6 +899,28 @@ def _with_switching(channel: ChannelView, switching: bool) -> ChannelView:
     from dataclasses import replace
 
     return replace(channel, switching=switching) if switching != channel.switching else channel
+
+
+# A server's offer in the scope's extensions (gateway.server does): ``on_disconnect(callback)``
+# calls ``callback`` if the client leaves before the answer ends (``None`` takes it back), so
+# no task has to wait on ``receive`` for it.
+ON_DISCONNECT = "slotserve.on_disconnect"
+
+
+def _watching(
+    receive: Receive, on_disconnect: Callable[[Callable[[], None] | None], None] | None, cancel: Cancel
+) -> Callable[[], None]:
+    """Cancel the upstream's work when the client goes away, until the returned function is
+    called (before the answer's end is sent)."""
+    if on_disconnect is not None:
+        on_disconnect(cancel.fire)
+        return functools.partial(on_disconnect, None)
+    watcher = asyncio.ensure_future(_watch_disconnect(receive, cancel))
+
+    def stop() -> None:
+        watcher.cancel()
+
+    return stop
 
 
 async def _watch_disconnect(receive: Receive, cancel: Cancel) -> None:

@@ -20,7 +20,7 @@ import asyncio
 import ssl
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import hiredis
 from redis.connection import parse_url
@@ -31,12 +31,8 @@ Arg = str | int | bytes
 
 
 def encode(args: tuple[Arg, ...]) -> bytes:
-    """One command in RESP: ``*<n>`` and each argument as a bulk string."""
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(parts)
+    """One command in RESP: ``*<n>`` and each argument as a bulk string (hiredis' C packer)."""
+    return hiredis.pack_command(cast(Any, args))  # type: ignore[no-any-return]
 
 
 class _Protocol(asyncio.Protocol):
@@ -44,6 +40,8 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.reader = hiredis.Reader(replyError=ResponseError)
         self.waiting: deque[asyncio.Future[Any]] = deque()
+        self.deadlines: deque[float] = deque()  # by when each waiting command must be answered
+        self.watchdog: asyncio.TimerHandle | None = None  # looks at the oldest deadline
         self.outgoing: list[bytes] = []  # commands of this turn of the event loop, not sent yet
         self.flush_soon = False  # a flush is due at the end of this turn
         self.flush_later: asyncio.TimerHandle | None = None  # a flush is due for deferred commands
@@ -66,6 +64,7 @@ class _Protocol(asyncio.Protocol):
                 self.fail(ConnectionError("Redis answered a command nobody sent"))
                 return
             future = self.waiting.popleft()
+            self.deadlines.popleft()
             if future.done():
                 continue  # its caller gave up (cancelled); the reply still had to be read
             if isinstance(reply, ResponseError):
@@ -83,6 +82,10 @@ class _Protocol(asyncio.Protocol):
         self._on_lost(self)
         if self.transport is not None:
             self.transport.abort()
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+            self.watchdog = None
+        self.deadlines.clear()
         while self.waiting:
             future = self.waiting.popleft()
             if not future.done():
@@ -111,20 +114,30 @@ class RespPipe:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         protocol.waiting.append(future)
-        protocol.outgoing.append(encode(args))
+        protocol.deadlines.append(loop.time() + self.timeout + defer)
+        protocol.outgoing.append(hiredis.pack_command(cast(Any, args)))
         if defer > 0:
             if not protocol.flush_soon and protocol.flush_later is None:
                 protocol.flush_later = loop.call_later(defer, self._flush, protocol)
         elif not protocol.flush_soon:
             protocol.flush_soon = True
             loop.call_soon(self._flush, protocol)
-        try:
-            async with asyncio.timeout(self.timeout):
-                return await future
-        except TimeoutError:
-            error = RedisTimeoutError(f"Redis did not answer within {self.timeout:g} s")
-            protocol.fail(error)
-            raise error from None
+        if protocol.watchdog is None:
+            protocol.watchdog = loop.call_later(self.timeout + defer, self._watch, protocol)
+        return await future
+
+    def _watch(self, protocol: _Protocol) -> None:
+        """One timer for all waiting commands: the oldest unanswered past its deadline breaks
+        the connection (later replies could no longer be matched to their commands)."""
+        protocol.watchdog = None
+        if not protocol.deadlines:
+            return
+        loop = asyncio.get_running_loop()
+        late = protocol.deadlines[0] - loop.time()
+        if late <= 0:
+            protocol.fail(RedisTimeoutError(f"Redis did not answer within {self.timeout:g} s"))
+        else:
+            protocol.watchdog = loop.call_later(late, self._watch, protocol)
 
     async def evalsha(
         self, script: str, sha: str, keys: Sequence[str], args: Sequence[Arg], *, defer: float = 0.0

@@ -144,7 +144,7 @@ class _Connection(asyncio.Protocol):
         return self.complete and not self.closed and self.error is None and self.keep_alive and not self.body
 
 
-class _AnswerStream(httpx.AsyncByteStream):
+class AnswerStream(httpx.AsyncByteStream):
     """An answer's body, chunk by chunk as it arrives; the connection goes back when it ends."""
 
     def __init__(self, connection: _Connection, transport: UpstreamTransport) -> None:
@@ -164,6 +164,11 @@ class _AnswerStream(httpx.AsyncByteStream):
             else:
                 await connection.wait()
 
+    @property
+    def ended(self) -> bool:
+        """Whether the answer has all arrived and been taken (the last chunk is out)."""
+        return self.connection.complete and not self.connection.body
+
     async def aclose(self) -> None:
         if not self._released:
             self._released = True
@@ -172,6 +177,24 @@ class _AnswerStream(httpx.AsyncByteStream):
     def cancel(self) -> None:
         """Stop the upstream's work on this request now (the client went away)."""
         self.connection.abort()
+
+
+class Reply:
+    """An upstream's answer as the gateway reads it: the status, the headers as sent, and the
+    body as it arrives (``stream``); ``aclose`` gives the connection back."""
+
+    __slots__ = ("headers", "status_code", "stream")
+
+    def __init__(self, status_code: int, headers: list[tuple[bytes, bytes]], stream: AnswerStream) -> None:
+        self.status_code = status_code
+        self.headers = headers
+        self.stream = stream
+
+    async def aread(self) -> bytes:
+        return b"".join([chunk async for chunk in self.stream])
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
 
 
 class Cancel:
@@ -246,6 +269,28 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         elif not connection.closed:
             connection.abort()
 
+    def target(self, path: str) -> bytes:
+        """The request target of ``path`` on this upstream, quoted as httpx would (kept)."""
+        return self.url(path).raw_path
+
+    async def send(
+        self,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        content: bytes,
+        cancel: Cancel | None = None,
+    ) -> Reply:
+        """The gateway's own call: one request (``headers`` without host and length), its
+        answer's head awaited, its body to be read from ``Reply.stream``."""
+        lines = [b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (method, target, self._host_header)]
+        for name, value in headers:
+            lines.append(b"%s: %s\r\n" % (name, value))
+        lines.append(b"content-length: %d\r\n\r\n" % len(content))
+        lines.append(content)
+        connection = await self._answered(b"".join(lines), cancel)
+        return Reply(connection.status, connection.headers, AnswerStream(connection, self))
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         content = request.content  # the gateway sends bytes it already holds
         target = request.url.raw_path
@@ -262,8 +307,17 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             lines.append(b"content-length: %d\r\n" % len(content))
         lines.append(b"\r\n")
         lines.append(content)
-        data = b"".join(lines)
-        cancel = request.extensions.get("slotserve.cancel")
+        connection = await self._answered(b"".join(lines), request.extensions.get("slotserve.cancel"))
+        return httpx.Response(
+            connection.status,
+            headers=connection.headers,
+            stream=AnswerStream(connection, self),
+            extensions={"http_version": b"HTTP/1.1"},
+            request=request,
+        )
+
+    async def _answered(self, data: bytes, cancel: Cancel | None) -> _Connection:
+        """Send a request on an idle connection (or a new one) and wait for its answer's head."""
         connection = self._idle_connection()
         if connection is not None:
             await self._exchange(connection, data, cancel)
@@ -277,13 +331,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             error = connection.error
             connection.abort()
             raise error
-        return httpx.Response(
-            connection.status,
-            headers=connection.headers,
-            stream=_AnswerStream(connection, self),
-            extensions={"http_version": b"HTTP/1.1"},
-            request=request,
-        )
+        return connection
 
     @staticmethod
     async def _exchange(connection: _Connection, data: bytes, cancel: Cancel | None) -> None:

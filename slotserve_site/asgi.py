@@ -43,6 +43,9 @@ application = ProtocolTypeRouter(
     }
 )
 
+# gateway.server.GatewayHttp (uvicorn --http) serves the gateway's requests itself: it finds it here.
+application.gateway = gateway_app
+
 # What start-up made lives as long as the process: out of the garbage collector's sight, a full
 # collection under load takes a few milliseconds instead of a hundred.
 gc.freeze()

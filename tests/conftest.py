@@ -162,14 +162,22 @@ def free_port() -> int:
 
 @pytest.fixture
 def gateway_url(settings):
-    """A live server running only the gateway, with a snapshot that is never stale for long."""
+    """A live server running only the gateway (through its own HTTP server, ``gateway.server``),
+    with a snapshot that is never stale for long."""
     settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.05
     from gateway.proxy import Gateway
 
     settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES = 64 * 1024
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(Gateway(), host="127.0.0.1", port=port, lifespan="off", log_level="warning")
+        uvicorn.Config(
+            Gateway(),
+            host="127.0.0.1",
+            port=port,
+            lifespan="off",
+            log_level="warning",
+            http="gateway.server:GatewayHttp",  # as ./slotserve start serves it
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

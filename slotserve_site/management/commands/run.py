@@ -66,7 +66,8 @@ class Command(BaseCommand):
         python = sys.executable
         commands = {
             # uvicorn with uvloop and httptools: measured faster than daphne for the
-            # gateway's streams (bench/gateway_bench.py, README "Benchmarks").
+            # gateway's streams; the gateway's requests through its own HTTP server
+            # (gateway.server), the rest through uvicorn's (bench/gateway_bench.py, README).
             "web": [
                 python,
                 "-m",
@@ -79,6 +80,8 @@ class Command(BaseCommand):
                 "--lifespan",
                 "off",
                 "--no-access-log",
+                "--http",
+                "gateway.server:GatewayHttp",
             ],
             "scheduler": [
                 python,

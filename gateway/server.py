@@ -1,0 +1,479 @@
+"""The gateway's own HTTP/1.1 server, in front of uvicorn's.
+
+    uvicorn slotserve_site.asgi:application --http gateway.server:GatewayHttp
+
+(what ``./slotserve start``, the Dockerfile and Compose run). Each connection's requests to
+the gateway's paths (``gateway.proxy.is_gateway_path``) are parsed here by llhttp
+(``httptools``, the parser uvicorn uses) and given to the gateway's ASGI application directly;
+at its first request to any other path the connection, with that request's bytes, goes to
+uvicorn's own httptools protocol for the rest of its life: the portal, the REST API and the
+WebSockets are served exactly as before, on the same port.
+
+Why a server of its own: uvicorn writes every ASGI message to the socket as it comes, so a
+streamed answer's head, each chunk and its end are separate writes, and each write to a local
+socket is a system call that wakes the reader: the largest part of what a proxy costs. Here an
+answer's head waits for its first body bytes and the end rides with the last chunk, so a
+streamed answer leaves in as many writes as its chunks came from the process
+(``bench/gateway_bench.py`` measures it against a byte relay).
+
+What it leaves to uvicorn: a request it cannot judge at its first bytes (a target that is not a
+path, an ``Upgrade`` header, a head larger than ``MAX_HEAD``). Pipelined requests on a gateway
+connection are answered in order, by the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http
+import logging
+from collections import deque
+from collections.abc import Callable, MutableMapping
+from typing import Any
+from urllib.parse import unquote
+
+import httptools
+
+from gateway.proxy import ON_DISCONNECT, Gateway, is_gateway_path
+
+log = logging.getLogger(__name__)
+
+# A request head this long without its end is left to uvicorn (which refuses what is too long).
+MAX_HEAD = 16 * 1024
+# Reading pauses while this much of the next pipelined requests waits for an answer to end.
+WAITING_HIGH_WATER = 64 * 1024
+
+STATUS_LINES = {
+    status: b"HTTP/1.1 %d %s\r\n" % (status, http.HTTPStatus(status).phrase.encode())
+    for status in range(100, 600)
+    if status in http.HTTPStatus._value2member_map_
+}
+
+
+def find_gateway(app: Any) -> Gateway | None:
+    """The ``Gateway`` in an ASGI application: the app itself, its ``gateway`` attribute, or
+    either of an app it wraps (``.app``, as uvicorn's middleware do)."""
+    for _ in range(8):
+        if isinstance(app, Gateway):
+            return app
+        found = getattr(app, "gateway", None)
+        if isinstance(found, Gateway):
+            return found
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None
+
+
+def judge(data: bytes) -> bool | None:
+    """Whether the request that ``data`` begins is the gateway's to serve here (True), uvicorn's
+    (False), or cannot be told yet (None: its head is not all there)."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return False if len(data) > MAX_HEAD else None
+    line_end = data.find(b"\r\n")
+    parts = data[:line_end].split(b" ")
+    if len(parts) != 3 or not parts[1].startswith(b"/"):
+        return False
+    head = data[line_end:end].lower()
+    if b"\nupgrade:" in head:
+        return False
+    try:
+        path = unquote(parts[1].partition(b"?")[0].decode("ascii"))
+    except UnicodeDecodeError:
+        return False
+    return is_gateway_path(path)
+
+
+class GatewayHttp(asyncio.Protocol):
+    """One client connection: gateway requests served here, the rest handed to uvicorn."""
+
+    def __init__(
+        self,
+        config: Any,
+        server_state: Any,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        if not config.loaded:
+            config.load()
+        self.config = config
+        self.server_state = server_state
+        self.app_state = app_state
+        self.loop = _loop or asyncio.get_event_loop()
+        self.gateway = find_gateway(config.loaded_app)
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.server: tuple[str, int] | None = None
+        self.client: tuple[str, int] | None = None
+        self.start: bytes = b""  # the bytes of a request whose head is not all there yet
+        self.cycle: Cycle | None = None  # the request being answered
+        self.queued: deque[Cycle] = deque()  # pipelined requests, read while one is answered
+        self.waiting: list[bytes] = []  # bytes after a request, until its answer ends
+        self.waiting_size = 0
+        self.reading: Cycle | None = None  # the request whose head or body is being read
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.keep_alive_timer: asyncio.TimerHandle | None = None
+        self.writing_paused = False
+        self.drained: asyncio.Future[None] | None = None
+        self.closing = False
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server_state.connections.add(self)
+        self.server = _address(transport.get_extra_info("sockname"))
+        self.client = _address(transport.get_extra_info("peername"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server_state.connections.discard(self)
+        self._stop_keep_alive_timer()
+        for cycle in (self.cycle, self.reading, *self.queued):
+            if cycle is not None:
+                cycle.gone()
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        self._stop_keep_alive_timer()
+        if self.cycle is not None and self.reading is None:
+            # Bytes after a request while it is answered: read once the answer has ended.
+            self.waiting.append(data)
+            self.waiting_size += len(data)
+            if self.waiting_size > WAITING_HIGH_WATER:
+                self.transport.pause_reading()
+            return
+        if self.reading is None:  # the start of a request: whose is it?
+            data, self.start = self.start + data, b""
+            verdict = judge(data) if self.gateway is not None else False
+            if verdict is None:
+                self.start = data
+                return
+            if not verdict:
+                self._hand_off(data)
+                return
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            pass  # judged without an Upgrade header: nothing here upgrades
+        except httptools.HttpParserError as exc:
+            self._refuse_unreadable(str(exc))
+
+    def eof_received(self) -> None:
+        pass
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+
+    async def drain(self) -> None:
+        if self.writing_paused and not self.transport.is_closing():
+            self.drained = self.loop.create_future()
+            await self.drained
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown: close now if idle, else after the answer under way."""
+        if self.cycle is None and self.reading is None:
+            self.transport.close()
+        else:
+            self.closing = True
+
+    # llhttp's callbacks
+
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.headers = []
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        parsed = httptools.parse_url(self.url)
+        raw_path = parsed.path
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": self.parser.get_http_version(),
+            "server": self.server,
+            "client": self.client,
+            "scheme": "http",
+            "method": self.parser.get_method().decode("ascii"),
+            "root_path": "",
+            "path": unquote(raw_path.decode("ascii")),
+            "raw_path": raw_path,
+            "query_string": parsed.query or b"",
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+        }
+        cycle = Cycle(self, scope, self.parser.should_keep_alive() and not self.closing)
+        scope["extensions"] = {ON_DISCONNECT: cycle.on_disconnect}
+        self.reading = cycle
+        if self.cycle is None:
+            self._start(cycle)
+        else:
+            self.queued.append(cycle)
+
+    def on_body(self, body: bytes) -> None:
+        assert self.reading is not None
+        self.reading.body.append(body)
+        self.reading.wake()
+
+    def on_message_complete(self) -> None:
+        assert self.reading is not None
+        self.reading.body_done = True
+        self.reading.wake()
+        self.reading = None
+
+    # The requests
+
+    def _start(self, cycle: Cycle) -> None:
+        assert self.gateway is not None
+        self.cycle = cycle
+        task = self.loop.create_task(cycle.run(self.gateway))
+        tasks = self.server_state.tasks
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def answered(self, cycle: Cycle) -> None:
+        """``cycle``'s answer has gone out: the connection takes the next request, or closes."""
+        self.server_state.total_requests += 1
+        if not cycle.keep_alive or not cycle.body_done or self.closing or self.transport.is_closing():
+            self.transport.close()
+            return
+        self.cycle = None
+        if self.queued:
+            self._start(self.queued.popleft())
+            return
+        if self.waiting:
+            data = b"".join(self.waiting)
+            self.waiting.clear()
+            self.waiting_size = 0
+            self.transport.resume_reading()
+            self.loop.call_soon(self._next, data)
+        else:
+            self.keep_alive_timer = self.loop.call_later(self.config.timeout_keep_alive, self._idle)
+
+    def _next(self, data: bytes) -> None:
+        if not self.transport.is_closing():
+            self.data_received(data)
+
+    def _idle(self) -> None:
+        self.keep_alive_timer = None
+        if self.cycle is None and self.reading is None:
+            self.transport.close()
+
+    def _stop_keep_alive_timer(self) -> None:
+        if self.keep_alive_timer is not None:
+            self.keep_alive_timer.cancel()
+            self.keep_alive_timer = None
+
+    def _hand_off(self, data: bytes) -> None:
+        """The rest of this connection is uvicorn's, starting with ``data``."""
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        self.server_state.connections.discard(self)
+        self._stop_keep_alive_timer()
+        inner = HttpToolsProtocol(
+            config=self.config, server_state=self.server_state, app_state=self.app_state, _loop=self.loop
+        )
+        self.transport.set_protocol(inner)
+        inner.connection_made(self.transport)
+        if self.writing_paused:
+            inner.pause_writing()
+        inner.data_received(data)
+
+    def _refuse_unreadable(self, problem: str) -> None:
+        """A 400 for bytes that are not HTTP (unless an answer has begun), and the end."""
+        cycle = self.reading or self.cycle
+        if cycle is not None:
+            cycle.gone()
+        if cycle is None or not cycle.started:
+            body = f"Invalid HTTP request received: {problem}".encode()
+            self.transport.write(
+                STATUS_LINES[400]
+                + b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+                + b"content-length: %d\r\n\r\n" % len(body)
+                + body
+            )
+        self.transport.close()
+
+
+class Cycle:
+    """One request and its answer, as ASGI's ``receive`` and ``send``."""
+
+    def __init__(self, protocol: GatewayHttp, scope: dict[str, Any], keep_alive: bool) -> None:
+        self.protocol = protocol
+        self.scope = scope
+        self.keep_alive = keep_alive
+        self.head_only = scope["method"] == "HEAD"
+        self.expect_continue = any(
+            name == b"expect" and value.lower() == b"100-continue" for name, value in scope["headers"]
+        )
+        self.body: list[bytes] = []
+        self.body_done = False
+        self.body_given = False
+        self.disconnected = False
+        self.head: bytes | None = None  # the answer's head, until its first body bytes
+        self.started = False
+        self.has_length = False
+        self.chunked = False
+        self.complete = False
+        self.left: Callable[[], None] | None = None  # called if the client leaves (ON_DISCONNECT)
+        self._waiter: asyncio.Future[None] | None = None
+
+    def on_disconnect(self, callback: Callable[[], None] | None) -> None:
+        self.left = callback
+
+    def gone(self) -> None:
+        """The client is gone (or spoke something else than HTTP): nothing more goes to it."""
+        if self.disconnected:
+            return
+        self.disconnected = True
+        self.wake()
+        if self.left is not None and not self.complete:
+            self.left()
+
+    def wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def run(self, app: Gateway) -> None:
+        try:
+            await app(self.scope, self.receive, self.send)
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                log.error("Exception in the gateway", exc_info=exc)
+            self._abandon()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._abandon()
+
+    def _abandon(self) -> None:
+        """An application that ended without finishing its answer: a 500, or a cut connection."""
+        if self.complete or self.disconnected:
+            return
+        transport = self.protocol.transport
+        if not self.started:
+            body = b"Internal Server Error"
+            transport.write(
+                STATUS_LINES[500]
+                + b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+                + b"content-length: %d\r\n\r\n" % len(body)
+                + body
+            )
+        self.complete = True
+        transport.close()
+
+    async def receive(self) -> dict[str, Any]:
+        if self.expect_continue and not self.body_done:
+            self.expect_continue = False
+            self.protocol.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        while True:
+            if self.disconnected:
+                return {"type": "http.disconnect"}
+            if not self.body_given and (self.body or self.body_done):
+                body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+                self.body.clear()
+                self.body_given = self.body_done
+                return {"type": "http.request", "body": body, "more_body": not self.body_done}
+            if self.complete:
+                return {"type": "http.disconnect"}
+            self._waiter = self.protocol.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    async def send(self, message: MutableMapping[str, Any]) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            if self.started:
+                raise RuntimeError("the answer has started already")
+            self.started = True
+            self.head = self._head(message["status"], message.get("headers", []))
+            return
+        if kind != "http.response.body":
+            raise RuntimeError(f"unexpected ASGI message {kind!r}")
+        if self.disconnected:
+            return
+        if not self.started or self.complete:
+            raise RuntimeError("an answer's body before its start, or after its end")
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        if self.head is not None:
+            head, self.head = self.head, None
+            out = [self._framing(head, len(body), more)]
+        else:
+            out = []
+        if not self.head_only:
+            if self.chunked:
+                if body:
+                    out += (b"%x\r\n" % len(body), body, b"\r\n")
+                if not more:
+                    out.append(b"0\r\n\r\n")
+            elif body:
+                out.append(body)
+        if out:
+            self.protocol.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if not more:
+            self.complete = True
+            self.wake()
+            self.protocol.answered(self)
+        elif self.protocol.writing_paused:
+            await self.protocol.drain()
+
+    def _head(self, status: int, headers: Any) -> bytes:
+        lines = [STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status]
+        self.has_length = self.chunked = False
+        for name, value in self.protocol.server_state.default_headers:
+            lines.append(b"%s: %s\r\n" % (name, value))
+        for name, value in headers:
+            lowered = name.lower()
+            if lowered == b"content-length":
+                self.has_length = True
+            elif lowered == b"transfer-encoding":
+                self.chunked = value.lower() == b"chunked"  # framed here; other codings dropped
+                continue
+            elif lowered == b"content-type" and value.startswith(b"text/event-stream"):
+                self.chunked = not self.has_length  # a stream stays one, however it arrives
+            elif lowered == b"connection":
+                if value.lower() == b"close":
+                    self.keep_alive = False
+                continue
+            lines.append(b"%s: %s\r\n" % (name, value))
+        return b"".join(lines)
+
+    def _framing(self, head: bytes, first: int, more: bool) -> bytes:
+        """The head's last lines, now that the first body part says how the body goes."""
+        tail = []
+        if not self.has_length and not self.chunked:
+            if more:
+                self.chunked = True
+            else:
+                tail.append(b"content-length: %d\r\n" % first)
+        if self.chunked:
+            tail.append(b"transfer-encoding: chunked\r\n")
+        if not self.keep_alive:
+            tail.append(b"connection: close\r\n")
+        tail.append(b"\r\n")
+        return head + b"".join(tail)
+
+
+def _address(address: Any) -> tuple[str, int] | None:
+    with contextlib.suppress(TypeError, ValueError):
+        host, port = address[0], address[1]
+        return str(host), int(port)
+    return None

@@ -1,0 +1,237 @@
+"""``gateway.server``: the gateway's own HTTP/1.1 server in front of uvicorn's, over real
+sockets: gateway requests served by it, every other request (and the rest of its connection)
+handed to uvicorn on the same port, answers framed as HTTP/1.1 says."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httptools
+import pytest
+import uvicorn
+
+from gateway import server as gateway_server
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHAT = json.dumps({"model": "qwen", "messages": [{"role": "user", "content": "hi"}]}).encode()
+STREAM = json.dumps({"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+
+
+class Answer:
+    """One HTTP answer read off a socket with llhttp: status, headers (in order), body."""
+
+    def __init__(self) -> None:
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body = b""
+        self.done = False
+        self.status = 0
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+    def header(self, name: bytes) -> list[bytes]:
+        return [v for n, v in self.headers if n == name]
+
+
+class Client:
+    """A raw keep-alive connection that reads answers in order, pipelined or not."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.buffer = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def answer(self, *, head: bool = False) -> Answer:
+        answer = Answer()
+        parser = httptools.HttpResponseParser(answer)
+        if head:
+            parser.set_dangerous_leniencies(lenient_keep_alive=True)
+        while True:
+            if self.buffer:
+                data, self.buffer = self.buffer, b""
+            else:
+                data = self.sock.recv(65536)
+                if not data:
+                    raise ConnectionError("the server closed the connection")
+            try:
+                parser.feed_data(data)
+            except httptools.HttpParserError:
+                raise
+            if answer.done or (head and b"\r\n\r\n" in data):
+                answer.status = parser.get_status_code()
+                return answer
+
+    def closed(self) -> bool:
+        self.sock.settimeout(5)
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+
+def request(method: str, path: str, key: str | None = None, body: bytes = b"", **headers: str) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", "host: localhost"]
+    if key:
+        lines.append(f"authorization: Bearer {key}")
+    if body or method == "POST":
+        lines += ["content-type: application/json", f"content-length: {len(body)}"]
+    lines += [f"{name.replace('_', '-')}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+@pytest.fixture
+def cycles(monkeypatch):
+    """How many requests the gateway's own server has taken."""
+    taken = [0]
+    original = gateway_server.Cycle.__init__
+
+    def counting(self, *args, **kwargs):
+        taken[0] += 1
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(gateway_server.Cycle, "__init__", counting)
+    return taken
+
+
+@pytest.fixture
+def site_url(settings):
+    """The whole site (portal, REST API, WebSockets, gateway) as ``./slotserve start`` serves it."""
+    settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.05
+    from slotserve_site.asgi import application
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            application,
+            host="127.0.0.1",
+            port=port,
+            lifespan="off",
+            log_level="warning",
+            http="gateway.server:GatewayHttp",
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_gateway_requests_are_served_here_and_the_rest_by_uvicorn_on_the_same_port(site_url, cycles):
+    client = Client(site_url)
+    client.send(request("GET", "/v1/models"))
+    refused = client.answer()
+    assert refused.status == 401 and json.loads(refused.body)["error"]["code"] == "invalid_api_key"
+    assert cycles[0] == 1
+    # The portal's sign-in page on the same connection: from here on the connection is uvicorn's.
+    client.send(request("GET", "/accounts/login/"))
+    page = client.answer()
+    assert page.status == 200 and page.header(b"content-type")[0].startswith(b"text/html")
+    assert b"<form" in page.body
+    client.send(request("GET", "/v1/models"))
+    again = client.answer()
+    assert again.status == 401 and json.loads(again.body)["error"]["code"] == "invalid_api_key"
+    assert cycles[0] == 1  # the gateway answered through uvicorn's protocol and the ASGI router
+    # A new connection to the gateway is the gateway server's again.
+    fresh = Client(site_url)
+    fresh.send(request("GET", "/v1/models"))
+    assert fresh.answer().status == 401 and cycles[0] == 2
+
+
+def test_a_websocket_upgrade_goes_to_uvicorn(site_url, cycles):
+    client = Client(site_url)
+    client.send(
+        request(
+            "GET",
+            "/ws/overview",
+            connection="Upgrade",
+            upgrade="websocket",
+            sec_websocket_version="13",
+            sec_websocket_key="dGhlIHNhbXBsZSBub25jZQ==",
+        )
+    )
+    head = client.sock.recv(65536).split(b"\r\n")[0]
+    # uvicorn's WebSocket protocol answered (the consumer accepts or refuses a visitor), not the gateway.
+    assert head.split(b" ")[1] in (b"101", b"403"), head
+    assert cycles[0] == 0
+
+
+def test_a_stream_is_chunked_with_one_date_and_server_header_and_the_connection_stays(gateway_url, world, cycles):
+    client = Client(gateway_url)
+    for _ in range(2):
+        client.send(request("POST", "/v1/chat/completions", world["ana"], STREAM))
+        answer = client.answer()
+        assert answer.status == 200
+        assert answer.header(b"transfer-encoding") == [b"chunked"]
+        assert len(answer.header(b"date")) == 1 and len(answer.header(b"server")) == 1
+        assert answer.header(b"x-accel-buffering") == [b"no"]
+        assert answer.header(b"content-type")[0].startswith(b"text/event-stream")
+        events = [e for e in answer.body.split(b"\n\n") if e]
+        assert events[-1] == b"data: [DONE]" and len(events) > 2
+        assert b'"usage"' not in answer.body  # asked for by the gateway, hidden from the client
+    assert cycles[0] == 2
+
+
+def test_pipelined_requests_are_answered_in_order_and_head_has_no_body(gateway_url, world):
+    client = Client(gateway_url)
+    client.send(
+        request("POST", "/v1/chat/completions", world["ana"], CHAT)
+        + request("GET", "/v1/models", world["ana"])
+        + request("POST", "/v1/chat/completions", world["bo"], CHAT)
+    )
+    first, second, third = client.answer(), client.answer(), client.answer()
+    assert first.status == 200 and json.loads(first.body)["object"] == "chat.completion"
+    assert second.status == 200 and json.loads(second.body)["object"] == "list"
+    assert third.status == 200 and json.loads(third.body)["model"] == "qwen"
+    client.send(request("HEAD", "/v1/models", world["ana"]))
+    head = client.answer(head=True)
+    assert head.status == 200 and head.body == b""
+    assert int(head.header(b"content-length")[0]) == len(second.body)
+    client.send(request("GET", "/v1/models", world["ana"]))  # nothing of HEAD's body is in the way
+    assert json.loads(client.answer().body)["object"] == "list"
+
+
+def test_expect_100_continue_gets_its_go_ahead_before_the_body(gateway_url, world):
+    client = Client(gateway_url)
+    head = request("POST", "/v1/chat/completions", world["ana"], CHAT, expect="100-continue")
+    client.send(head[: -len(CHAT)])  # the head only, as curl does for a large body
+    assert client.sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    client.send(CHAT)
+    answer = client.answer()
+    assert answer.status == 200 and json.loads(answer.body)["object"] == "chat.completion"
+
+
+def test_a_request_that_is_not_http_is_refused_with_400_and_the_connection_closed(gateway_url, world):
+    client = Client(gateway_url)
+    client.send(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"
+    )
+    answer = client.answer()
+    assert answer.status == 400 and b"Invalid HTTP request" in answer.body
+    assert client.closed()
+
+
+def test_a_request_split_across_reads_is_put_together(gateway_url, world):
+    client = Client(gateway_url)
+    data = request("POST", "/v1/chat/completions", world["ana"], CHAT)
+    for at in range(0, len(data), 7):  # the request line and head arrive in pieces
+        client.send(data[at : at + 7])
+        time.sleep(0.002)
+    answer = client.answer()
+    assert answer.status == 200 and json.loads(answer.body)["object"] == "chat.completion"
