@@ -34,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from channels_app.inflight import COUNT, REDIS_NOW
 from channels_app.vocabulary import RedisKey, redis_key
@@ -210,6 +210,18 @@ def _cached(cache: dict[tuple[str, object], str], kind: str, ident: object) -> s
     return found
 
 
+def _chain(target: asyncio.Future[Any], source: asyncio.Future[Any]) -> None:
+    """``source``'s outcome becomes ``target``'s."""
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif source.exception() is not None:
+        target.set_exception(source.exception())  # type: ignore[arg-type]
+    else:
+        target.set_result(source.result())
+
+
 def week_tokens_key(user_id: int) -> str:
     """``<prefix>:weektokens:<user>-<Monday>``; the week's label is worked out once a minute."""
     until, label = _week[0]
@@ -308,11 +320,49 @@ class Counters:
             if int(answer[0]) < 0:
                 name = answer[2].decode() if isinstance(answer[2], bytes) else str(answer[2])
                 raise OverLimit(name, int(answer[1]))
-        self.live[request_id] = (inflight, *flights)
+        self._counted(request_id, (inflight, *flights))
+        return request_id
+
+    def enter_soon(self, channel_id: int) -> asyncio.Future[str | None]:
+        """``enter`` without limits, as a future, its script queued before the caller goes on:
+        the gateway sends the request upstream while Redis counts it in, with no task of its
+        own. Falls back to ``enter`` (a task) while the connection is not open or when Redis
+        no longer knows the script."""
+        loop = asyncio.get_running_loop()
+        cache = self._keys()
+        inflight, gate = _cached(cache, INFLIGHT, channel_id), _cached(cache, GATE, channel_id)
+        request_id = next(self._ids)
+        reply = self.pipe.send_now("EVALSHA", script_sha(ENTER), 2, inflight, gate, request_id, self._ttl)
+        if reply is None:
+            return asyncio.ensure_future(self.enter(channel_id))
+        entered: asyncio.Future[str | None] = loop.create_future()
+
+        def settle(reply: asyncio.Future[Any]) -> None:
+            if entered.done():
+                return
+            if reply.cancelled():
+                entered.cancel()
+                return
+            error = reply.exception()
+            if isinstance(error, NoScriptError):  # Redis restarted: load the script, count again
+                again = asyncio.ensure_future(self.enter(channel_id))
+                again.add_done_callback(functools.partial(_chain, entered))
+            elif error is not None:
+                entered.set_exception(error)
+            elif not reply.result():
+                entered.set_result(None)
+            else:
+                self._counted(request_id, (inflight,))
+                entered.set_result(request_id)
+
+        reply.add_done_callback(settle)
+        return entered
+
+    def _counted(self, request_id: str, sets: tuple[str, ...]) -> None:
+        self.live[request_id] = sets
         self._last_enter = time.monotonic()
         if self._refresher is None or self._refresher.done():
             self._refresher = asyncio.ensure_future(self._keep_counted())
-        return request_id
 
     # The refresher outlives a quiet moment, so steady traffic does not start one per request.
     REFRESHER_IDLE_STOP = 60.0
@@ -365,7 +415,7 @@ class Counters:
             else []
         )
         keys = [_cached(cache, INFLIGHT, channel_id), *limits_keys, *names]
-        await self._count(status, ttft_seconds, keys, prompt, completion, request_id, record, limited)
+        await self._count(status, ttft_seconds, keys, prompt, completion, request_id, record, limited, cache)
 
     async def answered(self, status: int, ttft_seconds: float | None = None, record: bytes = b"") -> None:
         """Count an answer that reached no channel by status code (for /metrics), and log it."""
@@ -381,8 +431,9 @@ class Counters:
         request_id: str = "",
         record: bytes = b"",
         limited: bool = False,
+        cache: dict[tuple[str, object], str] | None = None,
     ) -> None:
-        cache = self._keys()
+        cache = self._keys() if cache is None else cache
         await self._run(
             LEAVE,
             [

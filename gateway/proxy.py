@@ -226,6 +226,7 @@ class Gateway:
         self.counters = Counters(settings.REDIS_URL)
         self.upstreams: dict[str, UpstreamTransport] = {}
         self.max_body = settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES
+        self.max_wait = settings.SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS
         self.cors = CorsPolicy(settings.SLOTSERVE_CORS_ORIGINS)
         # What each run's process says of its model (llama-server's meta, n_ctx), asked once.
         self.meta: dict[tuple[str, str], dict[str, Any]] = {}
@@ -432,7 +433,7 @@ class Gateway:
             if body is None:
                 await respond(send, 400, error_body(400, ErrorCode.INVALID_REQUEST, problem))
                 return
-        wait, problem = wait_seconds(scope, caller)
+        wait, problem = wait_seconds(scope, caller, self.max_wait)
         if problem:
             await respond(send, 400, error_body(400, ErrorCode.INVALID_REQUEST, problem))
             return
@@ -457,8 +458,7 @@ class Gateway:
                     if limits is None and loop.time() >= deadline:
                         # Nothing to wait for and no limit to check: the request goes upstream
                         # while Redis counts it in; nothing comes back before it is counted.
-                        entering = self.count_in(channel, caller, limits, now)
-                        entry = Entry(pending=asyncio.ensure_future(entering))
+                        entry = Entry(pending=self.count_in_soon(channel, caller, now))
                         break
                     request_id, refusal = await self.count_in(channel, caller, limits, now)
                     if refusal is None:
@@ -562,6 +562,26 @@ class Gateway:
             return None, chosen.refusal or Refusal(404, ErrorCode.MODEL_NOT_LOADED, "no channel serves this")
         return chosen.channel, None
 
+    def count_in_soon(self, channel: ChannelView, caller: Caller, now: datetime) -> Entering:
+        """``count_in`` with no limits to check, on its way to Redis while the request goes on."""
+        entered = self.counters.enter_soon(channel.id)
+        counted: Entering = asyncio.get_running_loop().create_future()
+
+        def settle(entered: asyncio.Future[str | None]) -> None:
+            if counted.done():
+                return
+            if entered.cancelled():
+                counted.cancel()
+            elif (error := entered.exception()) is not None:
+                counted.set_exception(error)
+            elif (request_id := entered.result()) is None:
+                counted.set_result((None, switching_refusal(channel, caller, now)))
+            else:
+                counted.set_result((request_id, None))
+
+        entered.add_done_callback(settle)
+        return counted
+
     async def count_in(
         self, channel: ChannelView, caller: Caller, limits: Limits | None, now: datetime
     ) -> tuple[str | None, Refusal | None]:
@@ -573,9 +593,8 @@ class Gateway:
             )
         except OverLimit as over:
             return None, over_limit_refusal(over, caller, now)
-        if request_id is None:  # the gate closed since the snapshot: the channel is switching
-            refusal = admit(caller_id=caller.user_id, channel=_with_switching(channel, True), now=now)
-            return None, refusal or Refusal(503, ErrorCode.MODEL_SWITCHING, "the channel is switching", 1)
+        if request_id is None:
+            return None, switching_refusal(channel, caller, now)
         return request_id, None
 
     async def forward(
@@ -753,6 +772,13 @@ def _cancel_unless_counted(cancel: Cancel, entering: Entering) -> None:
         cancel.fire()
 
 
+def switching_refusal(channel: ChannelView, caller: Caller, now: datetime) -> Refusal:
+    """Why a request may not go in after all: the gate closed since the snapshot (the channel
+    is switching)."""
+    refusal = admit(caller_id=caller.user_id, channel=_with_switching(channel, True), now=now)
+    return refusal or Refusal(503, ErrorCode.MODEL_SWITCHING, "the channel is switching", 1)
+
+
 def _is_booker(channel: ChannelView, caller: Caller) -> bool:
     """Fair sharing's exemption: a booker in their own slot is not limited."""
     return channel.booking is not None and channel.booking.user_id == caller.user_id
@@ -845,13 +871,13 @@ def _continuing_stream(send: Send) -> Send:
     return sending
 
 
-def wait_seconds(scope: Scope, caller: Caller) -> tuple[float, str]:
+def wait_seconds(scope: Scope, caller: Caller, most: float) -> tuple[float, str]:
     """How long to hold this request if its model is not ready: ``X-SlotServe-Wait`` (seconds),
     else the key's default; at most ``SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS``. And what is wrong
     with the header, if anything."""
     given = _header(scope, b"x-slotserve-wait")
     if not given:
-        return min(caller.wait_seconds, settings.SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS), ""
+        return min(caller.wait_seconds, most), ""
     try:
         seconds = float(given)
     except ValueError:
@@ -861,7 +887,7 @@ def wait_seconds(scope: Scope, caller: Caller) -> tuple[float, str]:
             0.0,
             f"X-SlotServe-Wait must be a number of seconds (0 or more), not {given.decode('latin-1')!r}",
         )
-    return min(seconds, settings.SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS), ""
+    return min(seconds, most), ""
 
 
 async def _until_disconnect(receive: Receive) -> None:

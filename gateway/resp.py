@@ -108,9 +108,22 @@ class RespPipe:
         """Send a command and wait for its reply. With ``defer`` (seconds) the command may wait
         that long for another to leave with it: a request's count out rides with the next
         request's count in, one write and one wake-up of Redis instead of two."""
-        return await self._request(self._protocol or await self._connect(), args, defer)
+        return await self._submit(self._protocol or await self._connect(), args, defer)
+
+    def send_now(self, *args: Arg) -> asyncio.Future[Any] | None:
+        """Queue a command without awaiting anything (it leaves at the end of this turn of the
+        event loop): the future of its reply, or None while no connection is open (``call``
+        opens one)."""
+        protocol = self._protocol
+        if protocol is None or protocol.transport is None or protocol.transport.is_closing():
+            return None
+        return self._submit(protocol, args)
 
     async def _request(self, protocol: _Protocol, args: tuple[Arg, ...], defer: float = 0.0) -> Any:
+        return await self._submit(protocol, args, defer)
+
+    def _submit(self, protocol: _Protocol, args: tuple[Arg, ...], defer: float = 0.0) -> asyncio.Future[Any]:
+        """Queue a command on ``protocol``: the future of its reply."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         protocol.waiting.append(future)
@@ -124,7 +137,7 @@ class RespPipe:
             loop.call_soon(self._flush, protocol)
         if protocol.watchdog is None:
             protocol.watchdog = loop.call_later(self.timeout + defer, self._watch, protocol)
-        return await future
+        return future
 
     def _watch(self, protocol: _Protocol) -> None:
         """One timer for all waiting commands: the oldest unanswered past its deadline breaks
@@ -143,8 +156,9 @@ class RespPipe:
         self, script: str, sha: str, keys: Sequence[str], args: Sequence[Arg], *, defer: float = 0.0
     ) -> Any:
         """Run a script by its SHA (Redis keeps it once loaded); load it again after a Redis restart."""
+        protocol = self._protocol or await self._connect()
         try:
-            return await self.call("EVALSHA", sha, len(keys), *keys, *args, defer=defer)
+            return await self._submit(protocol, ("EVALSHA", sha, len(keys), *keys, *args), defer)
         except NoScriptError:
             await self.call("SCRIPT", "LOAD", script)
             return await self.call("EVALSHA", sha, len(keys), *keys, *args)

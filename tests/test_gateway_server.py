@@ -18,8 +18,9 @@ from tests.conftest import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-CHAT = json.dumps({"model": "qwen", "messages": [{"role": "user", "content": "hi"}]}).encode()
-STREAM = json.dumps({"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+MESSAGES = [{"role": "user", "content": "hi"}]
+CHAT = json.dumps({"model": "qwen", "messages": MESSAGES}).encode()
+STREAM = json.dumps({"model": "qwen", "messages": MESSAGES, "stream": True}).encode()
 
 
 class Answer:
@@ -172,7 +173,9 @@ def test_a_websocket_upgrade_goes_to_uvicorn(site_url, cycles):
     assert cycles[0] == 0
 
 
-def test_a_stream_is_chunked_with_one_date_and_server_header_and_the_connection_stays(gateway_url, world, cycles):
+def test_a_stream_is_chunked_with_one_date_and_server_header_and_the_connection_stays(
+    gateway_url, world, cycles
+):
     client = Client(gateway_url)
     for _ in range(2):
         client.send(request("POST", "/v1/chat/completions", world["ana"], STREAM))
@@ -235,3 +238,27 @@ def test_a_request_split_across_reads_is_put_together(gateway_url, world):
         time.sleep(0.002)
     answer = client.answer()
     assert answer.status == 200 and json.loads(answer.body)["object"] == "chat.completion"
+
+
+def test_a_redis_that_forgot_the_scripts_still_counts_requests_in_and_out(gateway_url, world):
+    """The count in leaves before the request goes upstream, without a task (``enter_soon``);
+    after a Redis restart (its scripts gone) it loads the script and counts again."""
+    from channels_app.node_agent.worker import in_flight
+    from channels_app.shared import redis_client
+    from channels_app.vocabulary import RedisKey
+    from gateway.counters import key
+
+    client = Client(gateway_url)
+    client.send(request("POST", "/v1/chat/completions", world["ana"], CHAT))
+    assert client.answer().status == 200  # the gateway's Redis connection is open now
+    usage = key(RedisKey.USAGE_USER, world["ana_user"].id)
+    before = int(redis_client().hget(usage, "requests") or 0)
+    redis_client().script_flush()
+    client.send(request("POST", "/v1/chat/completions", world["ana"], STREAM))
+    answer = client.answer()
+    assert answer.status == 200 and answer.body.rstrip().endswith(b"data: [DONE]")
+    deadline = time.monotonic() + 5
+    while int(redis_client().hget(usage, "requests") or 0) < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert int(redis_client().hget(usage, "requests") or 0) == before + 1  # counted out, with usage
+    assert in_flight(world["a"].id) == 0
