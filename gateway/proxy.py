@@ -458,7 +458,10 @@ class Gateway:
                     if limits is None and loop.time() >= deadline:
                         # Nothing to wait for and no limit to check: the request goes upstream
                         # while Redis counts it in; nothing comes back before it is counted.
-                        entry = Entry(pending=self.count_in_soon(channel, caller, now))
+                        entry = Entry(
+                            pending=self.counters.enter_soon(channel.id),
+                            why=functools.partial(switching_refusal, channel, caller, now),
+                        )
                         break
                     request_id, refusal = await self.count_in(channel, caller, limits, now)
                     if refusal is None:
@@ -561,26 +564,6 @@ class Gateway:
         if chosen.refusal is not None or chosen.channel is None:
             return None, chosen.refusal or Refusal(404, ErrorCode.MODEL_NOT_LOADED, "no channel serves this")
         return chosen.channel, None
-
-    def count_in_soon(self, channel: ChannelView, caller: Caller, now: datetime) -> Entering:
-        """``count_in`` with no limits to check, on its way to Redis while the request goes on."""
-        entered = self.counters.enter_soon(channel.id)
-        counted: Entering = asyncio.get_running_loop().create_future()
-
-        def settle(entered: asyncio.Future[str | None]) -> None:
-            if counted.done():
-                return
-            if entered.cancelled():
-                counted.cancel()
-            elif (error := entered.exception()) is not None:
-                counted.set_exception(error)
-            elif (request_id := entered.result()) is None:
-                counted.set_result((None, switching_refusal(channel, caller, now)))
-            else:
-                counted.set_result((request_id, None))
-
-        entered.add_done_callback(settle)
-        return counted
 
     async def count_in(
         self, channel: ChannelView, caller: Caller, limits: Limits | None, now: datetime
@@ -730,26 +713,29 @@ class Gateway:
 
 class Entry:
     """A request's count in (``Counters.enter``): known before the request goes upstream, or
-    ``pending`` while it goes up alongside it."""
+    ``pending`` (the future of its id, None if the gate was shut) while it goes up alongside."""
 
     def __init__(
         self,
         request_id: str | None = None,
         pending: Entering | None = None,
+        why: Callable[[], Refusal] | None = None,
     ) -> None:
         self.request_id = request_id
-        self.refusal: Refusal | None = None
         self.pending = pending
+        self.why = why  # the refusal if the pending count in finds the gate shut
 
     async def settled(self) -> bool:
         """Whether the request is counted in (waiting for Redis' answer if it is on its way)."""
         if self.pending is not None:
             pending, self.pending = self.pending, None
-            self.request_id, self.refusal = await pending
+            self.request_id = await pending
         return self.request_id is not None
 
     def refused(self) -> Refusal:
-        return self.refusal or Refusal(503, ErrorCode.MODEL_SWITCHING, "the channel is switching", 1)
+        if self.why is not None:
+            return self.why()
+        return Refusal(503, ErrorCode.MODEL_SWITCHING, "the channel is switching", 1)
 
 
 async def _settled(entry: Entry, cancel: Cancel) -> bool:
@@ -764,11 +750,11 @@ async def _settled(entry: Entry, cancel: Cancel) -> bool:
     return counted
 
 
-Entering = asyncio.Future[tuple[str | None, Refusal | None]]
+Entering = asyncio.Future[str | None]
 
 
 def _cancel_unless_counted(cancel: Cancel, entering: Entering) -> None:
-    if entering.cancelled() or entering.exception() is not None or entering.result()[0] is None:
+    if entering.cancelled() or entering.exception() is not None or entering.result() is None:
         cancel.fire()
 
 

@@ -44,6 +44,7 @@ class _Protocol(asyncio.Protocol):
         self.watchdog: asyncio.TimerHandle | None = None  # looks at the oldest deadline
         self.outgoing: list[bytes] = []  # commands of this turn of the event loop, not sent yet
         self.flush_soon = False  # a flush is due at the end of this turn
+        self.in_transit = 0  # commands written and not answered yet
         self.flush_later: asyncio.TimerHandle | None = None  # a flush is due for deferred commands
         self._on_lost = on_lost
 
@@ -65,6 +66,7 @@ class _Protocol(asyncio.Protocol):
                 return
             future = self.waiting.popleft()
             self.deadlines.popleft()
+            self.in_transit -= 1
             if future.done():
                 continue  # its caller gave up (cancelled); the reply still had to be read
             if isinstance(reply, ResponseError):
@@ -132,7 +134,12 @@ class RespPipe:
         if defer > 0:
             if not protocol.flush_soon and protocol.flush_later is None:
                 protocol.flush_later = loop.call_later(defer, self._flush, protocol)
+        elif not protocol.in_transit:
+            # Redis has nothing of ours to answer: this command leaves now (with any deferred
+            # ones), before the caller goes on, so its answer is back the soonest.
+            self._flush(protocol)
         elif not protocol.flush_soon:
+            # Answers are on their way: what this turn gathers leaves together at its end.
             protocol.flush_soon = True
             loop.call_soon(self._flush, protocol)
         if protocol.watchdog is None:
@@ -171,6 +178,7 @@ class RespPipe:
             protocol.flush_later = None
         if not protocol.outgoing:
             return
+        protocol.in_transit += len(protocol.outgoing)
         data, protocol.outgoing = b"".join(protocol.outgoing), []
         if protocol.transport is not None and not protocol.transport.is_closing():
             protocol.transport.write(data)
