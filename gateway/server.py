@@ -328,6 +328,7 @@ class Cycle:
         self.head: bytes | None = None  # the answer's head, until its first body bytes
         self.started = False
         self.has_length = False
+        self.bodiless = False
         self.chunked = False
         self.complete = False
         self.left: Callable[[], None] | None = None  # called if the client leaves (ON_DISCONNECT)
@@ -418,7 +419,7 @@ class Cycle:
             out = [self._framing(head, len(body), more)]
         else:
             out = []
-        if not self.head_only:
+        if not self.head_only and not self.bodiless:
             if self.chunked:
                 if body:
                     out += (b"%x\r\n" % len(body), body, b"\r\n")
@@ -437,6 +438,7 @@ class Cycle:
 
     def _head(self, status: int, headers: Any) -> bytes:
         lines = [STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status]
+        self.bodiless = status in (204, 304) or status < 200  # no length, no body (RFC 9110)
         self.has_length = self.chunked = False
         for name, value in self.protocol.server_state.default_headers:
             lines.append(b"%s: %s\r\n" % (name, value))
@@ -459,7 +461,9 @@ class Cycle:
     def _framing(self, head: bytes, first: int, more: bool) -> bytes:
         """The head's last lines, now that the first body part says how the body goes."""
         tail = []
-        if not self.has_length and not self.chunked:
+        if self.bodiless:
+            self.chunked = False
+        elif not self.has_length and not self.chunked:
             if more:
                 self.chunked = True
             else:

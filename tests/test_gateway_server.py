@@ -267,3 +267,26 @@ def test_a_redis_that_forgot_the_scripts_still_counts_requests_in_and_out(gatewa
     answer = client.answer()
     assert answer.status == 200 and answer.body.rstrip().endswith(b"data: [DONE]")
     assert counted(2)
+
+
+@pytest.fixture
+def cors_anywhere(settings):
+    settings.SLOTSERVE_CORS_ORIGINS = "*"
+
+
+def test_a_204_has_neither_length_nor_body(cors_anywhere, gateway_url, world):
+    client = Client(gateway_url)
+    client.send(
+        request(
+            "OPTIONS",
+            "/v1/chat/completions",
+            origin="http://app.example",
+            access_control_request_method="POST",
+        )
+    )
+    preflight = client.answer(head=True)
+    assert preflight.status == 204 and preflight.body == b""
+    assert not preflight.header(b"content-length") and not preflight.header(b"transfer-encoding")
+    assert preflight.header(b"access-control-allow-origin")
+    client.send(request("GET", "/v1/models", world["ana"]))  # the connection goes on cleanly
+    assert json.loads(client.answer().body)["object"] == "list"
