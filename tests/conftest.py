@@ -168,24 +168,34 @@ def gateway_url(settings):
     from gateway.proxy import Gateway
 
     settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES = 64 * 1024
+    with serving(Gateway()) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving(app) -> Iterator[str]:
+    """``app`` under uvicorn in a thread, as ``./slotserve start`` serves it (the gateway's own
+    HTTP server in front of uvicorn's): its URL while the block runs."""
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
-            Gateway(),
+            app,
             host="127.0.0.1",
             port=port,
             lifespan="off",
             log_level="warning",
-            http="gateway.server:GatewayHttp",  # as ./slotserve start serves it
+            http="gateway.server:GatewayHttp",
         )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
         time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 @pytest.fixture

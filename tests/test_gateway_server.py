@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 
 import httptools
 import pytest
-import uvicorn
 
 from gateway import server as gateway_server
-from tests.conftest import free_port
+from tests.conftest import serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -114,24 +112,8 @@ def site_url(settings):
     settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.05
     from slotserve_site.asgi import application
 
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            application,
-            host="127.0.0.1",
-            port=port,
-            lifespan="off",
-            log_level="warning",
-            http="gateway.server:GatewayHttp",
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(application) as url:
+        yield url
 
 
 def test_gateway_requests_are_served_here_and_the_rest_by_uvicorn_on_the_same_port(site_url, cycles):
