@@ -196,9 +196,10 @@ class SnapshotCache:
                 from asgiref.sync import sync_to_async
 
                 try:
-                    self.current = await asyncio.wait_for(
-                        sync_to_async(read_snapshot, thread_sensitive=False)(), SNAPSHOT_TIMEOUT_SECONDS
-                    )
+                    # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation
+                    # that arrives as the read ends, and the keeper would never stop.
+                    async with asyncio.timeout(SNAPSHOT_TIMEOUT_SECONDS):
+                        self.current = await sync_to_async(read_snapshot, thread_sensitive=False)()
                 except TimeoutError:
                     # Requests wait on this read: a database that does not answer gets them a
                     # 503 naming it, not a hang (the read's thread gives up by itself later).

@@ -161,9 +161,10 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def gateway_url(settings):
+def gateway_url(settings, transactional_db):
     """A live server running only the gateway (through its own HTTP server, ``gateway.server``),
-    with a snapshot that is never stale for long."""
+    with a snapshot that is never stale for long. It needs the database first, so it stops (and
+    its snapshot reads end) before the database is flushed after the test."""
     settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.05
     from gateway.proxy import Gateway
 
@@ -196,6 +197,8 @@ def serving(app) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+        # A server still running would read the database while the test's is flushed.
+        assert not thread.is_alive(), "the test server did not stop within 10 s"
 
 
 @pytest.fixture

@@ -317,7 +317,13 @@ def test_openai_client_streams_from_a_real_llama_server(gateway_url, world, llam
         time.sleep(0.1)
         client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=world["ana"])
         stream = client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "Hello"}], stream=True, max_tokens=8
+            model="tiny",
+            messages=[{"role": "user", "content": "Hello"}],
+            stream=True,
+            max_tokens=8,
+            # Greedy and ignoring end-of-text: the random tiny model streams all 8 tokens.
+            temperature=0,
+            extra_body={"ignore_eos": True},
         )
         chunks = [c for c in stream]
         assert len(chunks) >= 2

@@ -107,7 +107,7 @@ def cycles(monkeypatch):
 
 
 @pytest.fixture
-def site_url(settings):
+def site_url(settings, transactional_db):
     """The whole site (portal, REST API, WebSockets, gateway) as ``./slotserve start`` serves it."""
     settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.05
     from slotserve_site.asgi import application
