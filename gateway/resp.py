@@ -121,9 +121,6 @@ class RespPipe:
             return None
         return self._submit(protocol, args)
 
-    async def _request(self, protocol: _Protocol, args: tuple[Arg, ...], defer: float = 0.0) -> Any:
-        return await self._submit(protocol, args, defer)
-
     def _submit(self, protocol: _Protocol, args: tuple[Arg, ...], defer: float = 0.0) -> asyncio.Future[Any]:
         """Queue a command on ``protocol``: the future of its reply."""
         loop = asyncio.get_running_loop()
@@ -221,9 +218,9 @@ class RespPipe:
         # Sign-in and database before anyone else's command.
         if options.get("password"):
             credentials = [options["username"]] if options.get("username") else []
-            await self._request(protocol, ("AUTH", *credentials, options["password"]))
+            await self._submit(protocol, ("AUTH", *credentials, options["password"]))
         if options.get("db"):
-            await self._request(protocol, ("SELECT", int(options["db"])))
+            await self._submit(protocol, ("SELECT", int(options["db"])))
         self._protocol = protocol
         return protocol
 

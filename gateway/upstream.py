@@ -283,31 +283,14 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
     ) -> Reply:
         """The gateway's own call: one request (``headers`` without host and length), its
         answer's head awaited, its body to be read from ``Reply.stream``."""
-        lines = [b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (method, target, self._host_header)]
-        for name, value in headers:
-            lines.append(b"%s: %s\r\n" % (name, value))
-        lines.append(b"content-length: %d\r\n\r\n" % len(content))
-        lines.append(content)
-        connection = await self._answered(b"".join(lines), cancel)
+        connection = await self._answered(self._request_bytes(method, target, headers, content), cancel)
         return Reply(connection.status, connection.headers, AnswerStream(connection, self))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         content = request.content  # the gateway sends bytes it already holds
-        target = request.url.raw_path
-        lines = [b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (request.method.encode(), target, self._host_header)]
-        length_given = False
-        for name, value in request.headers.raw:
-            lowered = name.lower()
-            if lowered == b"content-length":
-                length_given = True
-            elif lowered == b"host":
-                continue
-            lines.append(b"%s: %s\r\n" % (name, value))
-        if not length_given:
-            lines.append(b"content-length: %d\r\n" % len(content))
-        lines.append(b"\r\n")
-        lines.append(content)
-        connection = await self._answered(b"".join(lines), request.extensions.get("slotserve.cancel"))
+        headers = [(n, v) for n, v in request.headers.raw if n.lower() not in (b"host", b"content-length")]
+        data = self._request_bytes(request.method.encode(), request.url.raw_path, headers, content)
+        connection = await self._answered(data, request.extensions.get("slotserve.cancel"))
         return httpx.Response(
             connection.status,
             headers=connection.headers,
@@ -315,6 +298,17 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             extensions={"http_version": b"HTTP/1.1"},
             request=request,
         )
+
+    def _request_bytes(
+        self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], content: bytes
+    ) -> bytes:
+        """A request as it goes on the wire: ``headers`` without host and length (added here)."""
+        lines = [b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (method, target, self._host_header)]
+        for name, value in headers:
+            lines.append(b"%s: %s\r\n" % (name, value))
+        lines.append(b"content-length: %d\r\n\r\n" % len(content))
+        lines.append(content)
+        return b"".join(lines)
 
     async def _answered(self, data: bytes, cancel: Cancel | None) -> _Connection:
         """Send a request on an idle connection (or a new one) and wait for its answer's head."""
