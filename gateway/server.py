@@ -112,6 +112,7 @@ class GatewayHttp(asyncio.Protocol):
         self.waiting: list[bytes] = []  # bytes after a request, until its answer ends
         self.waiting_size = 0
         self.reading: Cycle | None = None  # the request whose head or body is being read
+        self.in_message = False  # llhttp has begun a request and not ended it
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.keep_alive_timer: asyncio.TimerHandle | None = None
@@ -138,23 +139,24 @@ class GatewayHttp(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._stop_keep_alive_timer()
-        if self.cycle is not None and self.reading is None:
-            # Bytes after a request while it is answered: read once the answer has ended.
+        if self.in_message:  # the rest of a request llhttp has begun: it goes on where it stopped
+            self._feed(data)
+            return
+        if self.cycle is not None:
+            # A next request while one is answered: read once the answer has ended.
             self.waiting.append(data)
             self.waiting_size += len(data)
             if self.waiting_size > WAITING_HIGH_WATER:
                 self.transport.pause_reading()
             return
-        if self.reading is None:  # the start of a request: whose is it?
-            data, self.start = self.start + data, b""
-            verdict = judge(data) if self.gateway is not None else False
-            if verdict is None:
-                self.start = data
-                return
-            if not verdict:
-                self._hand_off(data)
-                return
-        self._feed(data)
+        data, self.start = self.start + data, b""  # the start of a request: whose is it?
+        verdict = judge(data) if self.gateway is not None else False
+        if verdict is None:
+            self.start = data
+        elif verdict:
+            self._feed(data)
+        else:
+            self._hand_off(data)
 
     def _feed(self, data: bytes) -> None:
         try:
@@ -182,7 +184,7 @@ class GatewayHttp(asyncio.Protocol):
 
     def shutdown(self) -> None:
         """uvicorn's graceful shutdown: close now if idle, else after the answer under way."""
-        if self.cycle is None and self.reading is None:
+        if self.cycle is None and not self.in_message:
             self.transport.close()
         else:
             self.closing = True
@@ -190,6 +192,7 @@ class GatewayHttp(asyncio.Protocol):
     # llhttp's callbacks
 
     def on_message_begin(self) -> None:
+        self.in_message = True
         self.url = b""
         self.headers = []
 
@@ -235,6 +238,7 @@ class GatewayHttp(asyncio.Protocol):
         self.reading.body_done = True
         self.reading.wake()
         self.reading = None
+        self.in_message = False
 
     # The requests
 
@@ -271,7 +275,7 @@ class GatewayHttp(asyncio.Protocol):
 
     def _idle(self) -> None:
         self.keep_alive_timer = None
-        if self.cycle is None and self.reading is None:
+        if self.cycle is None and not self.in_message:
             self.transport.close()
 
     def _stop_keep_alive_timer(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections import deque
 
 import httptools
 import pytest
@@ -44,35 +45,65 @@ class Answer:
 
 
 class Client:
-    """A raw keep-alive connection that reads answers in order, pipelined or not."""
+    """A raw keep-alive connection that reads answers in order, pipelined or not: one llhttp
+    parser for the connection, so answers that arrive in one read are all kept."""
 
     def __init__(self, url: str) -> None:
         host, port = url.removeprefix("http://").split(":")
         self.sock = socket.create_connection((host, int(port)), timeout=10)
-        self.buffer = b""
+        self.parser = httptools.HttpResponseParser(self)
+        self.answers: deque[Answer] = deque()
+        self.current = Answer()
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
     def answer(self, *, head: bool = False) -> Answer:
+        """The next answer; ``head``: the answer to a HEAD request, whose length names a body
+        that never comes (read alone, with a parser of its own)."""
+        if head:
+            assert not self.answers
+            return self._head()
+        while not self.answers:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("the server closed the connection")
+            self.parser.feed_data(data)
+        return self.answers.popleft()
+
+    def _head(self) -> Answer:
         answer = Answer()
         parser = httptools.HttpResponseParser(answer)
-        if head:
-            parser.set_dangerous_leniencies(lenient_keep_alive=True)
-        while True:
-            if self.buffer:
-                data, self.buffer = self.buffer, b""
-            else:
-                data = self.sock.recv(65536)
-                if not data:
-                    raise ConnectionError("the server closed the connection")
-            try:
-                parser.feed_data(data)
-            except httptools.HttpParserError:
-                raise
-            if answer.done or (head and b"\r\n\r\n" in data):
-                answer.status = parser.get_status_code()
-                return answer
+        parser.set_dangerous_leniencies(lenient_keep_alive=True)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            read = self.sock.recv(65536)
+            if not read:
+                raise ConnectionError("the server closed the connection")
+            data += read
+        assert data.endswith(b"\r\n\r\n"), "bytes after a HEAD answer's head"
+        parser.feed_data(data)
+        answer.status = parser.get_status_code()
+        self.parser = httptools.HttpResponseParser(self)  # the next answer starts afresh
+        return answer
+
+    # llhttp's callbacks: one Answer per message
+
+    def on_message_begin(self) -> None:
+        self.current = Answer()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.current.on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self.current.status = self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        self.current.on_body(body)
+
+    def on_message_complete(self) -> None:
+        self.current.done = True
+        self.answers.append(self.current)
 
     def closed(self) -> bool:
         self.sock.settimeout(5)
@@ -190,6 +221,21 @@ def test_pipelined_requests_are_answered_in_order_and_head_has_no_body(gateway_u
     assert int(head.header(b"content-length")[0]) == len(second.body)
     client.send(request("GET", "/v1/models", world["ana"]))  # nothing of HEAD's body is in the way
     assert json.loads(client.answer().body)["object"] == "list"
+
+
+@pytest.mark.parametrize("cut", [10, 40, -3])
+def test_a_pipelined_request_cut_across_reads_is_still_answered(gateway_url, world, cut):
+    """The next request's first bytes come with the one before it and the rest in a later read
+    (a request line cut in two, a head cut in two, a body short of its end): the rest goes on
+    where the parser stopped, it is not judged as a request of its own."""
+    client = Client(gateway_url)
+    second = request("POST", "/v1/chat/completions", world["bo"], CHAT)
+    client.send(request("POST", "/v1/chat/completions", world["ana"], CHAT) + second[:cut])
+    time.sleep(0.2)  # the first answer has gone out before the rest arrives
+    client.send(second[cut:])
+    first, then = client.answer(), client.answer()
+    assert first.status == 200 and json.loads(first.body)["object"] == "chat.completion"
+    assert then.status == 200 and json.loads(then.body)["model"] == "qwen"
 
 
 def test_expect_100_continue_gets_its_go_ahead_before_the_body(gateway_url, world):
