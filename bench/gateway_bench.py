@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/gateway_bench.py [--server gateway|uvicorn|daphne] [--seconds 5]
         [--delay-ms 20] [--upstream raw|uvicorn|fastapi] [--levels 1,16,64] [--litellm PATH]
+        [--bare] [--limits]
 
 A fast upstream (16 SSE chunks per request, back to back or --delay-ms apart;
 in raw asyncio, as a bare ASGI app under uvicorn, or as a FastAPI streaming
@@ -14,7 +15,11 @@ sends the next request when the last one ends. Reported per level: time to
 first token (p50, p99), requests per second, the gateway's added latency and
 throughput ratio, and the CPU milliseconds each server process spent per
 request. With --litellm PATH (a litellm executable), LiteLLM's proxy is
-measured in the same run, configured to the same upstream. Needs Redis.
+measured in the same run, configured to the same upstream. With --bare, the gateway's own
+HTTP server and upstream client passing requests through with none of the gateway's work
+(``bench/bare_gateway.py``): what its design costs, apart from what its work costs. With
+--limits, fair sharing's limits are set (high enough never to refuse), so every request is
+checked against them before it goes upstream. Needs Redis.
 """
 
 from __future__ import annotations
@@ -272,7 +277,23 @@ def main() -> None:
         "FastAPI streaming route under uvicorn (how vLLM and SGLang serve)",
     )
     parser.add_argument("--litellm", metavar="PATH", help="a litellm executable to compare with")
+    parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="also measure the gateway's server and upstream client doing none of its work",
+    )
+    parser.add_argument(
+        "--limits",
+        action="store_true",
+        help="set fair sharing's limits (never reached): each request is checked before it goes up",
+    )
     args = parser.parse_args()
+    if args.limits:
+        os.environ.update(
+            SLOTSERVE_LIMIT_CONCURRENT_REQUESTS="100000",
+            SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE="100000000",
+            SLOTSERVE_LIMIT_WEEKLY_TOKENS="1000000000000",
+        )
 
     upstream_port, gateway_port = free_port(), free_port()
     upstream = subprocess.Popen(
@@ -314,8 +335,31 @@ def main() -> None:
     servers = {
         "direct": (upstream_port, "/v1/chat/completions", upstream.pid),
         "relay": (relay_port, "/v1/chat/completions", relay.pid),
-        "slotserve": (gateway_port, "/v1/chat/completions", gateway.pid),
     }
+    bare = None
+    if args.bare:
+        bare_port = free_port()
+        bare = subprocess.Popen(
+            [
+                str(venv_bin / "uvicorn"),
+                "bare_gateway:application",
+                "--app-dir",
+                str(ROOT / "bench"),
+                "--port",
+                str(bare_port),
+                "--log-level",
+                "warning",
+                "--no-access-log",
+                "--lifespan",
+                "off",
+                "--http",
+                "gateway.server:GatewayHttp",
+            ],
+            env={**env, "SLOTSERVE_BENCH_UPSTREAM": f"http://127.0.0.1:{upstream_port}"},
+            cwd=ROOT,
+        )
+        servers["bare"] = (bare_port, "/v1/chat/completions", bare.pid)
+    servers["slotserve"] = (gateway_port, "/v1/chat/completions", gateway.pid)
     litellm = None
     if args.litellm:
         litellm_port = free_port()
@@ -343,10 +387,12 @@ def main() -> None:
         if litellm:
             wait_http(servers["litellm"][0], "/health/liveliness", timeout=180)
         wait_http(relay_port)
-        keys = {"direct": "none", "relay": "none", "slotserve": key, "litellm": "sk-bench"}
+        if bare:
+            wait_http(servers["bare"][0], "/v1/models")
+        keys = {"direct": "none", "relay": "none", "bare": "none", "slotserve": key, "litellm": "sk-bench"}
         print(
             f"server: {args.server}; upstream: {args.upstream}, chunk delay {args.delay_ms:g} ms; "
-            f"{args.seconds:g} s per run"
+            f"{args.seconds:g} s per run" + ("; fair sharing's limits set" if args.limits else "")
         )
         print(
             f"{'streams':>7} {'via':>9} {'TTFT p50':>9} {'p99':>8} {'req/s':>8} {'vs direct':>9} "
@@ -365,14 +411,17 @@ def main() -> None:
                     f"{level:>7} {name:>9} {r['p50']:>7.2f}ms {r['p99']:>6.2f}ms {r['rps']:>8.0f} "
                     f"{ratio:>8.0%} {added:>7.2f}ms {r['cpu_ms']:>6.2f}ms"
                 )
-            floor, ours = results["relay"], results["slotserve"]
+            floor = results["relay"]
             floor_added = max(floor["p50"] - direct["p50"], 1e-3)
-            print(
-                f"{level:>7} {'vs relay':>9}  added TTFT {(ours['p50'] - direct['p50']) / floor_added:.1f}x "
-                f"the relay's, CPU per request {ours['cpu_ms'] / max(floor['cpu_ms'], 1e-3):.1f}x the relay's"
-            )
+            for name in ("bare", "slotserve") if bare else ("slotserve",):
+                ours = results[name]
+                print(
+                    f"{level:>7} {'÷ relay':>9}  {name}: added TTFT "
+                    f"{(ours['p50'] - direct['p50']) / floor_added:.1f}x the relay's, "
+                    f"CPU per request {ours['cpu_ms'] / max(floor['cpu_ms'], 1e-3):.1f}x the relay's"
+                )
     finally:
-        for process in (gateway, upstream, relay, litellm):
+        for process in (gateway, upstream, relay, litellm, bare):
             if process is not None:
                 process.send_signal(signal.SIGTERM)
                 process.wait(timeout=10)

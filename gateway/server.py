@@ -17,8 +17,9 @@ streamed answer leaves in as many writes as its chunks came from the process
 (``bench/gateway_bench.py`` measures it against a byte relay).
 
 What it leaves to uvicorn: a request it cannot judge at its first bytes (a target that is not a
-path, an ``Upgrade`` header, a head larger than ``MAX_HEAD``). Pipelined requests on a gateway
-connection are answered in order, by the gateway.
+path, an ``Upgrade`` header, a head larger than ``MAX_HEAD``). Requests pipelined behind a
+gateway request are read here and answered in order: the gateway's by the gateway, any other by
+the whole site's application (as uvicorn would call it).
 """
 
 from __future__ import annotations
@@ -221,6 +222,10 @@ class GatewayHttp(asyncio.Protocol):
             "state": self.app_state.copy(),
         }
         cycle = Cycle(self, scope, self.parser.should_keep_alive() and not self.closing)
+        if not is_gateway_path(scope["path"]):
+            # A request pipelined behind a gateway request (the first of a connection is judged
+            # before it is read): the whole site's application answers it, in turn.
+            cycle.app = self.config.loaded_app
         scope["extensions"] = {ON_DISCONNECT: cycle.on_disconnect}
         self.reading = cycle
         if self.cycle is None:
@@ -245,7 +250,7 @@ class GatewayHttp(asyncio.Protocol):
     def _start(self, cycle: Cycle) -> None:
         assert self.gateway is not None
         self.cycle = cycle
-        task = self.loop.create_task(cycle.run(self.gateway))
+        task = self.loop.create_task(cycle.run(cycle.app or self.gateway))
         tasks = self.server_state.tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)
@@ -336,6 +341,7 @@ class Cycle:
         self.chunked = False
         self.complete = False
         self.left: Callable[[], None] | None = None  # called if the client leaves (ON_DISCONNECT)
+        self.app: Any = None  # the application that answers, if not the gateway
         self._waiter: asyncio.Future[None] | None = None
 
     def on_disconnect(self, callback: Callable[[], None] | None) -> None:
@@ -354,12 +360,12 @@ class Cycle:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def run(self, app: Gateway) -> None:
+    async def run(self, app: Any) -> None:
         try:
             await app(self.scope, self.receive, self.send)
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
-                log.error("Exception in the gateway", exc_info=exc)
+                log.error("Exception in ASGI application", exc_info=exc)
             self._abandon()
             if not isinstance(exc, Exception):
                 raise

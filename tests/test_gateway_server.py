@@ -138,10 +138,17 @@ def cycles(monkeypatch):
 
 
 @pytest.fixture
-def site_url(settings, transactional_db):
-    """The whole site (portal, REST API, WebSockets, gateway) as ``./slotserve start`` serves it."""
+def site_url(settings, transactional_db, monkeypatch):
+    """The whole site (portal, REST API, WebSockets, gateway) as ``./slotserve start`` serves it,
+    with a gateway of its own (a gateway's connections and locks belong to one event loop)."""
     settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.05
+    from gateway.proxy import Gateway
+    from slotserve_site import asgi
     from slotserve_site.asgi import application
+
+    gateway = Gateway()
+    monkeypatch.setattr(asgi, "gateway_app", gateway)
+    monkeypatch.setattr(application, "gateway", gateway)
 
     with serving(application) as url:
         yield url
@@ -166,6 +173,22 @@ def test_gateway_requests_are_served_here_and_the_rest_by_uvicorn_on_the_same_po
     fresh = Client(site_url)
     fresh.send(request("GET", "/v1/models"))
     assert fresh.answer().status == 401 and cycles[0] == 2
+
+
+def test_a_portal_request_pipelined_behind_a_gateway_request_gets_the_portal(site_url):
+    """Pipelined requests are read here, whatever their path: one for the portal is answered by
+    the whole site's application, not by the gateway's 404."""
+    client = Client(site_url)
+    client.send(
+        request("GET", "/v1/models")
+        + request("GET", "/accounts/login/")
+        + request("GET", "/v1/models")
+    )
+    refused, page, again = client.answer(), client.answer(), client.answer()
+    assert refused.status == 401 and json.loads(refused.body)["error"]["code"] == "invalid_api_key"
+    assert page.status == 200 and page.header(b"content-type")[0].startswith(b"text/html")
+    assert b"<form" in page.body
+    assert again.status == 401 and json.loads(again.body)["error"]["code"] == "invalid_api_key"
 
 
 def test_a_websocket_upgrade_goes_to_uvicorn(site_url, cycles):
