@@ -180,9 +180,7 @@ def test_a_portal_request_pipelined_behind_a_gateway_request_gets_the_portal(sit
     the whole site's application, not by the gateway's 404."""
     client = Client(site_url)
     client.send(
-        request("GET", "/v1/models")
-        + request("GET", "/accounts/login/")
-        + request("GET", "/v1/models")
+        request("GET", "/v1/models") + request("GET", "/accounts/login/") + request("GET", "/v1/models")
     )
     refused, page, again = client.answer(), client.answer(), client.answer()
     assert refused.status == 401 and json.loads(refused.body)["error"]["code"] == "invalid_api_key"
