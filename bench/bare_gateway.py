@@ -13,6 +13,7 @@ what its work costs.
 from __future__ import annotations
 
 import os
+from collections.abc import MutableMapping
 from typing import Any
 
 import django
@@ -31,7 +32,7 @@ class BareGateway(Gateway):
         super().__init__()
         self.upstream = UpstreamTransport(upstream)
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         body, more = b"", True
         while more:
             message = await receive()

@@ -206,6 +206,7 @@ class GatewayHttp(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         parsed = httptools.parse_url(self.url)
         raw_path = parsed.path
+        path = unquote(raw_path.decode("ascii"))
         scope = {
             "type": "http",
             "asgi": {"version": "3.0", "spec_version": "2.3"},
@@ -215,14 +216,14 @@ class GatewayHttp(asyncio.Protocol):
             "scheme": "http",
             "method": self.parser.get_method().decode("ascii"),
             "root_path": "",
-            "path": unquote(raw_path.decode("ascii")),
+            "path": path,
             "raw_path": raw_path,
             "query_string": parsed.query or b"",
             "headers": self.headers,
             "state": self.app_state.copy(),
         }
         cycle = Cycle(self, scope, self.parser.should_keep_alive() and not self.closing)
-        if not is_gateway_path(scope["path"]):
+        if not is_gateway_path(path):
             # A request pipelined behind a gateway request (the first of a connection is judged
             # before it is read): the whole site's application answers it, in turn.
             cycle.app = self.config.loaded_app
