@@ -3,6 +3,7 @@ usage in them (the gateway counts tokens without holding a stream back)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,8 @@ class Usage:
 
 
 FINISH_MARK, FINISH_MARK_SPACED = b'"finish_reason":"', b'"finish_reason": "'
-MARKS = (USAGE_MARK, USAGE_MARK_SPACED, FINISH_MARK, FINISH_MARK_SPACED)
+# Any of the four marks, found in one pass.
+MARKED = re.compile(rb'"usage": ?\{|"finish_reason": ?"')
 
 
 class Events:
@@ -72,15 +74,10 @@ class Events:
             self.pending = chunk[cut:]
             chunk = chunk[:cut]
         if self.strip_usage:
-            if (
-                self.held is not None
-                or FINISH_MARK in chunk
-                or FINISH_MARK_SPACED in chunk
-                or USAGE_MARK in chunk
-                or USAGE_MARK_SPACED in chunk
-            ):
-                return self._strip(chunk)
-            return chunk
+            if self.held is not None:
+                return self._strip(chunk, 0)
+            marked = MARKED.search(chunk)
+            return chunk if marked is None else self._strip(chunk, marked.start())
         if _has_usage(chunk):
             chunk = _take_usage(chunk, self.usage, strip=False)
         return chunk
@@ -91,13 +88,12 @@ class Events:
             rest, self.held = self.held + b"\n\n" + rest, None
         return rest
 
-    def _strip(self, chunk: bytes) -> bytes:
-        """Event by event: read and drop the usage-only event, holding a finishing event
-        until the next one (to give it the usage event's timings)."""
+    def _strip(self, chunk: bytes, first_mark: int) -> bytes:
+        """Event by event from the one ``first_mark`` is in: read and drop the usage-only event,
+        holding a finishing event until the next one (to give it the usage event's timings)."""
         passed = b""
         if self.held is None:  # the events before the first that has a mark go on as they are
-            found = [at for at in (chunk.find(mark) for mark in MARKS) if at >= 0]
-            cut = chunk.rfind(b"\n\n", 0, min(found)) + 2 if found else 0
+            cut = chunk.rfind(b"\n\n", 0, first_mark) + 2
             if cut > 1:
                 passed, chunk = chunk[:cut], chunk[cut:]
         out = []

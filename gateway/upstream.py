@@ -35,18 +35,21 @@ class _Connection(asyncio.Protocol):
         self.cancelled = False
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
+        # llhttp hands each chunk of a chunked body over on its own: straight into the list.
+        self.body: list[bytes] = []
+        self.on_body = self.body.append
         self._reset()
+        self.parser = httptools.HttpResponseParser(self)  # one per connection: answers follow answers
 
     def _reset(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.head_done = False
         self.keep_alive = False
         self.complete = False
         self.received = 0
-        self.body: list[bytes] = []
-        self.buffered = 0
+        self.taken = 0  # ``received`` when the body was last taken: what is buffered is the rest
+        self.body.clear()
         self.error: Exception | None = None
         self._eof_ends_body = False
 
@@ -91,14 +94,15 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = self.parser.should_keep_alive()
         self.head_done = True
 
-    def on_body(self, body: bytes) -> None:
-        self.body.append(body)
-        self.buffered += len(body)
-
     def on_message_complete(self) -> None:
         self.complete = True
 
     # Used by the transport and the stream
+
+    @property
+    def buffered(self) -> int:
+        """About how many bytes of the answer wait to be taken (its head and framing count too)."""
+        return self.received - self.taken
 
     def _fail(self, error: Exception) -> None:
         if self.error is None:
@@ -120,7 +124,7 @@ class _Connection(asyncio.Protocol):
         """The body bytes received since the last take."""
         chunk = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         self.body.clear()
-        self.buffered = 0
+        self.taken = self.received
         if self._paused and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()
