@@ -103,8 +103,14 @@ def is_gateway_path(path: str) -> bool:
     return path.startswith(("/v1/", "/channels/")) or path in ROOT_PATHS
 
 
-def error_body(status: int, code: str, message: str) -> bytes:
-    if _flavour.get() == "anthropic":
+def flavour_of(path: str) -> str:
+    """The API whose shape the answers to ``path`` take: Anthropic's for its Messages API."""
+    return "anthropic" if "/v1/messages" in path else "openai"
+
+
+def error_body(status: int, code: str, message: str, flavour: str | None = None) -> bytes:
+    """An error in the caller's API's shape (``flavour``, else the request's being answered)."""
+    if (flavour or _flavour.get()) == "anthropic":
         kind = ANTHROPIC_ERROR_TYPES.get(status, "api_error")
         return json.dumps(
             {"type": "error", "error": {"type": kind, "message": message, "code": code}}
@@ -255,7 +261,7 @@ class Gateway:
         if scope["method"] == "HEAD":  # what GET would answer, without the body
             scope = {**scope, "method": "GET"}
             send = _without_body(send)
-        token = _flavour.set("anthropic" if "/v1/messages" in scope["path"] else "openai")
+        token = _flavour.set(flavour_of(scope["path"]))
         answer = Answer(send)
         try:
             await self.handle(scope, receive, answer.send, answer)

@@ -35,7 +35,8 @@ from urllib.parse import unquote
 
 import httptools
 
-from gateway.proxy import ON_DISCONNECT, Gateway, is_gateway_path
+from channels_app.vocabulary import ErrorCode
+from gateway.proxy import ON_DISCONNECT, Gateway, error_body, flavour_of, is_gateway_path
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +224,14 @@ class GatewayHttp(asyncio.Protocol):
             "state": self.app_state.copy(),
         }
         cycle = Cycle(self, scope, self.parser.should_keep_alive() and not self.closing)
-        if not is_gateway_path(path):
+        limit = self.config.limit_concurrency
+        state = self.server_state
+        if limit is not None and (len(state.connections) >= limit or len(state.tasks) >= limit):
+            # uvicorn's --limit-concurrency, as uvicorn applies it to the requests it reads.
+            log.warning("Exceeded concurrency limit.")
+            cycle.keep_alive = False
+            cycle.app = over_concurrency_limit
+        elif not is_gateway_path(path):
             # A request pipelined behind a gateway request (the first of a connection is judged
             # before it is read): the whole site's application answers it, in turn.
             cycle.app = self.config.loaded_app
@@ -318,6 +326,23 @@ class GatewayHttp(asyncio.Protocol):
                 + body
             )
         self.transport.close()
+
+
+async def over_concurrency_limit(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The answer past ``--limit-concurrency``: a 503 in the caller's API's shape."""
+    body = error_body(
+        503,
+        ErrorCode.SERVICE_UNAVAILABLE,
+        "the gateway is at its concurrency limit (uvicorn --limit-concurrency); try again in a moment",
+        flavour_of(scope["path"]),
+    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"retry-after", b"1"),
+        (b"connection", b"close"),
+    ]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class Cycle:

@@ -174,9 +174,9 @@ def gateway_url(settings, transactional_db):
 
 
 @contextlib.contextmanager
-def serving(app) -> Iterator[str]:
+def serving(app, **options) -> Iterator[str]:
     """``app`` under uvicorn in a thread, as ``./slotserve start`` serves it (the gateway's own
-    HTTP server in front of uvicorn's): its URL while the block runs."""
+    HTTP server in front of uvicorn's), with uvicorn's ``options``: its URL while the block runs."""
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
@@ -186,6 +186,7 @@ def serving(app) -> Iterator[str]:
             lifespan="off",
             log_level="warning",
             http="gateway.server:GatewayHttp",
+            **options,
         )
     )
     thread = threading.Thread(target=server.run, daemon=True)

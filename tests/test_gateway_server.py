@@ -339,3 +339,23 @@ def test_a_204_has_neither_length_nor_body(cors_anywhere, gateway_url, world):
     assert preflight.header(b"access-control-allow-origin")
     client.send(request("GET", "/v1/models", world["ana"]))  # the connection goes on cleanly
     assert json.loads(client.answer().body)["object"] == "list"
+
+
+def test_uvicorns_concurrency_limit_refuses_gateway_requests_past_it(settings, transactional_db, world):
+    """``uvicorn --limit-concurrency`` holds for the gateway's requests too: past it a 503 in
+    the caller's API's shape, with Retry-After, and the connection closed (as uvicorn does)."""
+    from gateway.proxy import Gateway
+
+    settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.05
+    with serving(Gateway(), limit_concurrency=2) as url:
+        busy, other = Client(url), Client(url)  # two connections open: the limit is reached
+        busy.send(request("POST", "/v1/chat/completions", world["ana"], CHAT))
+        refused = busy.answer()
+        assert refused.status == 503 and refused.header(b"retry-after")
+        assert json.loads(refused.body)["error"]["code"] == "service_unavailable"
+        assert busy.closed()
+        other.sock.close()
+        time.sleep(0.1)
+        alone = Client(url)
+        alone.send(request("POST", "/v1/chat/completions", world["ana"], CHAT))
+        assert alone.answer().status == 200
