@@ -146,8 +146,10 @@ return 1
 # limit it meets: KEYS in-flight set, gate, the user's and the key's in-flight sets, the user's
 # and the key's count this minute, the user's tokens this week; ARGV request id, entry lifetime,
 # then the limits (0: none): user concurrent, key concurrent, user per minute, key per minute,
-# user weekly tokens. Answers {1} admitted, {0} gate closed, {-1, seconds} over a limit (the
-# seconds until it lifts; 0 when unknown), with the limit's name.
+# user weekly tokens. Answers {1, room} admitted (room: how many more requests the caller's
+# concurrency and per-minute limits let in now, ROOMY when none of them is set), {0} gate
+# closed, {-1, seconds} over a limit (the seconds until it lifts; 0 when unknown), with the
+# limit's name.
 ENTER_LIMITED = (
     REDIS_NOW
     + """
@@ -174,12 +176,28 @@ redis.call('ZADD', KEYS[3], until_, ARGV[1])
 redis.call('ZADD', KEYS[4], until_, ARGV[1])
 redis.call('EXPIRE', KEYS[3], math.ceil(tonumber(ARGV[2])) + 1)
 redis.call('EXPIRE', KEYS[4], math.ceil(tonumber(ARGV[2])) + 1)
-for i = 5, 6 do
-  if tonumber(ARGV[i]) > 0 and redis.call('INCR', KEYS[i]) == 1 then redis.call('EXPIRE', KEYS[i], 60) end
+local room = ROOMY
+for i = 3, 4 do
+  if tonumber(ARGV[i]) > 0 then room = math.min(room, tonumber(ARGV[i]) - redis.call('ZCARD', KEYS[i])) end
 end
-return {1}
+for i = 5, 6 do
+  if tonumber(ARGV[i]) > 0 then
+    local count = redis.call('INCR', KEYS[i])
+    if count == 1 then redis.call('EXPIRE', KEYS[i], 60) end
+    room = math.min(room, tonumber(ARGV[i]) - count)
+  end
+end
+return {1, room}
 """
 )
+
+# The room a caller has when only a weekly token budget (or nothing) limits it.
+ROOMY = 1_000_000
+ENTER_LIMITED = ENTER_LIMITED.replace("ROOMY", str(ROOMY))
+
+# What a caller's room, as its last count in found it, is good for: this long, and half of it
+# (other gateway processes take from the same room meanwhile).
+ROOM_SECONDS = 1.0
 
 # A week's token count outlives its week by a day (budgets read only the current week's).
 WEEK_TOKENS_KEEP_SECONDS = 8 * 24 * 3600
@@ -261,6 +279,8 @@ class Counters:
         self._last_enter = 0.0
         self._prefix = ""
         self._key_cache: dict[tuple[str, object], str] = {}
+        # (user, key) → (until when, requests that may still go ahead of their count in).
+        self.room: dict[tuple[int, int], tuple[float, int]] = {}
 
     def _keys(self) -> dict[tuple[str, object], str]:
         """Keys made once (the prefix is read once per request): a request names up to ten."""
@@ -288,53 +308,22 @@ class Counters:
         and two requests racing for a user's last slot cannot both get it.
         """
         request_id = next(self._ids)
-        cache = self._keys()
-        inflight = _cached(cache, INFLIGHT, channel_id)
-        flights: tuple[str, ...] = ()
-        if limits is None:
-            gate = _cached(cache, GATE, channel_id)
-            if not await self._run(ENTER, [inflight, gate], [request_id, self._ttl]):
-                return None
-        else:
-            flights = (key(RedisKey.USER_FLIGHT, user_id), key(RedisKey.KEY_FLIGHT, key_id))
-            keys = [
-                inflight,
-                key(GATE, channel_id),
-                *flights,
-                key(RedisKey.RATE, f"user-{user_id}"),
-                key(RedisKey.RATE, f"key-{key_id}"),
-                week_tokens_key(user_id),
-            ]
-            args: list[str | int | bytes] = [
-                request_id,
-                repr(self.ttl),
-                limits.user_concurrent,
-                limits.key_concurrent,
-                limits.user_per_minute,
-                limits.key_per_minute,
-                limits.user_weekly_tokens,
-            ]
-            answer = await self._run(ENTER_LIMITED, keys, args)
-            if int(answer[0]) == 0:
-                return None
-            if int(answer[0]) < 0:
-                name = answer[2].decode() if isinstance(answer[2], bytes) else str(answer[2])
-                raise OverLimit(name, int(answer[1]))
-        self._counted(request_id, (inflight, *flights))
-        return request_id
+        script, keys, args, sets = self._entering(channel_id, limits, user_id, key_id, request_id)
+        return self._entered(await self._run(script, keys, args), request_id, sets, limits, user_id, key_id)
 
-    def enter_soon(self, channel_id: int) -> asyncio.Future[str | None]:
-        """``enter`` without limits, as a future, its script queued before the caller goes on:
-        the gateway sends the request upstream while Redis counts it in, with no task of its
-        own. Falls back to ``enter`` (a task) while the connection is not open or when Redis
-        no longer knows the script."""
+    def enter_soon(
+        self, channel_id: int, limits: Limits | None = None, *, user_id: int = 0, key_id: int = 0
+    ) -> asyncio.Future[str | None]:
+        """``enter`` as a future, its script queued before the caller goes on: the gateway
+        sends the request upstream while Redis counts it in, with no task of its own (with
+        ``limits``: only while ``may_go_ahead`` says so). Falls back to ``enter`` (a task) while
+        the connection is not open or when Redis no longer knows the script."""
         loop = asyncio.get_running_loop()
-        cache = self._keys()
-        inflight, gate = _cached(cache, INFLIGHT, channel_id), _cached(cache, GATE, channel_id)
         request_id = next(self._ids)
-        reply = self.pipe.send_now("EVALSHA", script_sha(ENTER), 2, inflight, gate, request_id, self._ttl)
+        script, keys, args, sets = self._entering(channel_id, limits, user_id, key_id, request_id)
+        reply = self.pipe.send_now("EVALSHA", script_sha(script), len(keys), *keys, *args)
         if reply is None:
-            return asyncio.ensure_future(self.enter(channel_id))
+            return asyncio.ensure_future(self.enter(channel_id, limits, user_id=user_id, key_id=key_id))
         entered: asyncio.Future[str | None] = loop.create_future()
 
         def settle(reply: asyncio.Future[Any]) -> None:
@@ -345,18 +334,89 @@ class Counters:
                 return
             error = reply.exception()
             if isinstance(error, NoScriptError):  # Redis restarted: load the script, count again
-                again = asyncio.ensure_future(self.enter(channel_id))
+                again = asyncio.ensure_future(self.enter(channel_id, limits, user_id=user_id, key_id=key_id))
                 again.add_done_callback(functools.partial(_chain, entered))
-            elif error is not None:
+                return
+            if error is not None:
                 entered.set_exception(error)
-            elif not reply.result():
-                entered.set_result(None)
-            else:
-                self._counted(request_id, (inflight,))
-                entered.set_result(request_id)
+                return
+            try:
+                entered.set_result(self._entered(reply.result(), request_id, sets, limits, user_id, key_id))
+            except OverLimit as over:
+                entered.set_exception(over)
 
         reply.add_done_callback(settle)
         return entered
+
+    def may_go_ahead(self, user_id: int, key_id: int) -> bool:
+        """Whether a caller with limits may have its request go upstream while its count in
+        runs (``enter_soon``): its last count in, less than ``ROOM_SECONDS`` ago, left room for
+        at least twice the requests that went ahead since, and this one. Takes a place if so.
+        A request that went ahead and meets a limit after all (other gateway processes took the
+        room meanwhile) is refused and its upstream work cancelled."""
+        found = self.room.get((user_id, key_id))
+        if found is None:
+            return False
+        until, places = found
+        if places < 1 or time.monotonic() >= until:
+            return False
+        self.room[(user_id, key_id)] = (until, places - 1)
+        return True
+
+    def _entering(
+        self, channel_id: int, limits: Limits | None, user_id: int, key_id: int, request_id: str
+    ) -> tuple[str, list[str], list[str | int | bytes], tuple[str, ...]]:
+        """The count in's script, keys and arguments, and the sets it counts the request in."""
+        cache = self._keys()
+        inflight, gate = _cached(cache, INFLIGHT, channel_id), _cached(cache, GATE, channel_id)
+        if limits is None:
+            return ENTER, [inflight, gate], [request_id, self._ttl], (inflight,)
+        flights = (_cached(cache, RedisKey.USER_FLIGHT, user_id), _cached(cache, RedisKey.KEY_FLIGHT, key_id))
+        keys = [
+            inflight,
+            gate,
+            *flights,
+            _cached(cache, RedisKey.RATE, f"user-{user_id}"),
+            _cached(cache, RedisKey.RATE, f"key-{key_id}"),
+            week_tokens_key(user_id),
+        ]
+        args: list[str | int | bytes] = [
+            request_id,
+            self._ttl,
+            limits.user_concurrent,
+            limits.key_concurrent,
+            limits.user_per_minute,
+            limits.key_per_minute,
+            limits.user_weekly_tokens,
+        ]
+        return ENTER_LIMITED, keys, args, (inflight, *flights)
+
+    def _entered(
+        self,
+        answer: Any,
+        request_id: str,
+        sets: tuple[str, ...],
+        limits: Limits | None,
+        user_id: int,
+        key_id: int,
+    ) -> str | None:
+        """Redis' answer to a count in: the request's id, None at a closed gate, or ``OverLimit``;
+        with limits, the caller's room is noted (``may_go_ahead``)."""
+        if limits is None:
+            if not answer:
+                return None
+        else:
+            if int(answer[0]) <= 0:
+                self.room.pop((user_id, key_id), None)
+                if int(answer[0]) == 0:
+                    return None
+                name = answer[2].decode() if isinstance(answer[2], bytes) else str(answer[2])
+                raise OverLimit(name, int(answer[1]))
+            if len(self.room) > 4096:  # callers seen long ago
+                self.room.clear()
+            self.room[(user_id, key_id)] = (time.monotonic() + ROOM_SECONDS, int(answer[1]) // 2)
+        self._counted(request_id, sets)
+        return request_id
 
     def _counted(self, request_id: str, sets: tuple[str, ...]) -> None:
         self.live[request_id] = sets

@@ -461,12 +461,17 @@ class Gateway:
                 channel, refusal = await self.choose(snapshot, caller, model, pinned, now)
                 if channel is not None:
                     limits = None if _is_booker(channel, caller) else caller.limits
-                    if limits is None and loop.time() >= deadline:
-                        # Nothing to wait for and no limit to check: the request goes upstream
-                        # while Redis counts it in; nothing comes back before it is counted.
+                    if loop.time() >= deadline and (
+                        limits is None or self.counters.may_go_ahead(caller.user_id, caller.key_id)
+                    ):
+                        # Nothing to wait for, and no limit to check or room under them: the
+                        # request goes upstream while Redis counts it in (and checks the limits);
+                        # nothing comes back before it is counted.
                         entry = Entry(
-                            pending=self.counters.enter_soon(channel.id),
-                            why=functools.partial(switching_refusal, channel, caller, now),
+                            pending=self.counters.enter_soon(
+                                channel.id, limits, user_id=caller.user_id, key_id=caller.key_id
+                            ),
+                            why=functools.partial(refusal_after_count_in, channel, caller, now),
                         )
                         break
                     request_id, refusal = await self.count_in(channel, caller, limits, now)
@@ -725,22 +730,26 @@ class Entry:
         self,
         request_id: str | None = None,
         pending: Entering | None = None,
-        why: Callable[[], Refusal] | None = None,
+        why: Callable[[OverLimit | None], Refusal] | None = None,
     ) -> None:
         self.request_id = request_id
         self.pending = pending
-        self.why = why  # the refusal if the pending count in finds the gate shut
+        self.why = why  # the refusal if the pending count in finds the gate shut or a limit met
+        self.over: OverLimit | None = None
 
     async def settled(self) -> bool:
         """Whether the request is counted in (waiting for Redis' answer if it is on its way)."""
         if self.pending is not None:
             pending, self.pending = self.pending, None
-            self.request_id = await pending
+            try:
+                self.request_id = await pending
+            except OverLimit as over:
+                self.over = over
         return self.request_id is not None
 
     def refused(self) -> Refusal:
         if self.why is not None:
-            return self.why()
+            return self.why(self.over)
         return Refusal(503, ErrorCode.MODEL_SWITCHING, "the channel is switching", 1)
 
 
@@ -762,6 +771,13 @@ Entering = asyncio.Future[str | None]
 def _cancel_unless_counted(cancel: Cancel, entering: Entering) -> None:
     if entering.cancelled() or entering.exception() is not None or entering.result() is None:
         cancel.fire()
+
+
+def refusal_after_count_in(
+    channel: ChannelView, caller: Caller, now: datetime, over: OverLimit | None
+) -> Refusal:
+    """Why a request that went upstream alongside its count in may not go in after all."""
+    return switching_refusal(channel, caller, now) if over is None else over_limit_refusal(over, caller, now)
 
 
 def switching_refusal(channel: ChannelView, caller: Caller, now: datetime) -> Refusal:

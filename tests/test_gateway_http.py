@@ -535,6 +535,67 @@ def test_fair_sharing_limits_requests_at_once_atomically(gateway_url, world, sta
     assert sorted(answers[0].status_code for _, answers in racers) == [200, 429]
 
 
+def test_a_caller_far_from_its_limits_goes_upstream_while_redis_counts_it_in(
+    gateway_url, world, settings, monkeypatch
+):
+    """Limits cost no wait while the caller has room under them: its first request is checked
+    before it goes upstream; the next ones go up while the same check runs in Redis, and are
+    counted against the limits all the same."""
+    from channels_app.vocabulary import RedisKey
+    from gateway.counters import Counters
+
+    settings.SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE = 100
+    settings.SLOTSERVE_LIMIT_CONCURRENT_REQUESTS = 10
+    checked_first = []
+    original = Counters.enter
+
+    async def enter(self, channel_id, limits=None, **kwargs):
+        checked_first.append(limits is not None)
+        return await original(self, channel_id, limits, **kwargs)
+
+    monkeypatch.setattr(Counters, "enter", enter)
+    time.sleep(0.15)
+    assert [call(gateway_url, world["bo"], model="llama").status_code for _ in range(3)] == [200] * 3
+    assert checked_first == [True]  # only the first waited for its check
+    rate = redis_client().get(key(RedisKey.RATE, f"user-{world['bo_user'].pk}"))
+    assert int(rate) == 3  # every request counted against the per-minute limit
+    flights = key(RedisKey.USER_FLIGHT, world["bo_user"].pk)
+    deadline = time.monotonic() + 2
+    while redis_client().zcard(flights):  # counted out of the user's in-flight set (after the answer)
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_a_request_sent_ahead_that_meets_a_limit_is_refused_and_its_work_cancelled(
+    gateway_url, world, standins, settings
+):
+    """Another gateway process took the caller's last requests this minute while this one still
+    knew of room: the request that went ahead gets 429 and none of the process's answer, its work
+    is cancelled, and the caller's next request is checked before it goes anywhere."""
+    from channels_app.vocabulary import RedisKey
+
+    settings.SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE = 100
+    port, log = standins("slow", "--standin-prefill-ms", "3000")
+    slow = factories.llm("slow")
+    channel = factories.channel("ch-slow", on=factories.node("n2"))
+    serve(channel, slow, port)
+    time.sleep(0.15)
+    assert call(gateway_url, world["bo"], model="llama").status_code == 200  # room: 99 requests
+    redis_client().set(key(RedisKey.RATE, f"user-{world['bo_user'].pk}"), 100, ex=60)
+    started = time.monotonic()
+    refused = call(gateway_url, world["bo"], model="slow")
+    assert error(refused) == (429, "rate_limit_exceeded") and time.monotonic() - started < 1.5
+    assert in_flight(channel.pk) == 0
+    deadline = time.monotonic() + 5
+    while "generation cancelled" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    posts = log.read_text().count("POST /v1/chat/completions")
+    assert error(call(gateway_url, world["bo"], model="slow")) == (429, "rate_limit_exceeded")
+    time.sleep(0.3)
+    assert log.read_text().count("POST /v1/chat/completions") == posts
+
+
 def test_fair_sharing_per_minute_with_per_user_override_and_the_booker_exempt(gateway_url, world, settings):
     from gateway.models import SharingLimits
 

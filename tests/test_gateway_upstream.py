@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -369,6 +370,46 @@ def test_requests_arriving_together_are_counted_in_one_batch_each_with_its_own_a
     usage = {k.decode(): int(v) for k, v in plain.hgetall(key("usage:user", 7)).items()}
     assert usage == {"requests": 5, "prompt_tokens": 15, "completion_tokens": 20}
     assert plain.zcard(key(INFLIGHT, 1)) == 0
+
+
+@pytest.mark.django_db
+def test_a_caller_may_go_ahead_of_its_count_in_for_half_its_room_and_not_for_long(monkeypatch):
+    """``may_go_ahead``: after a count in that left room for three more requests (a limit of
+    four at once), one request may go up before its count in is known; then none. Room noted
+    over a second ago counts for nothing; a count in over a limit takes the room away."""
+    from gateway import counters as counting
+    from gateway.counters import OverLimit
+    from gateway.snapshot import Limits
+
+    limits = Limits(
+        user_concurrent=4, key_concurrent=0, user_per_minute=0, key_per_minute=0, user_weekly_tokens=0
+    )
+
+    async def main():
+        counters = Counters(settings.REDIS_URL)
+        seen = [counters.may_go_ahead(8, 9)]  # nothing known of the caller yet
+        first = await counters.enter(1, limits, user_id=8, key_id=9)
+        seen += [counters.may_go_ahead(8, 9), counters.may_go_ahead(8, 9)]
+        ahead = await counters.enter_soon(1, limits, user_id=8, key_id=9)  # counted like any
+        clock = time.monotonic() + counting.ROOM_SECONDS
+        monkeypatch.setattr("gateway.counters.time.monotonic", lambda: clock)
+        seen.append(counters.may_go_ahead(8, 9))  # its answer left one place, but a second ago
+        monkeypatch.undo()
+        seen.append(counters.may_go_ahead(8, 9))  # now: room for two, one place
+        more = [await counters.enter(1, limits, user_id=8, key_id=9) for _ in range(2)]
+        try:
+            await counters.enter(1, limits, user_id=8, key_id=9)
+        except OverLimit as over:
+            refused = over.limit
+        seen.append(counters.may_go_ahead(8, 9))
+        for ticket in (first, ahead, *more):
+            await counters.leave(1, ticket, user_id=8, key_id=9, reservation_id=None, prompt=0, completion=0)
+        counters.close()
+        return seen, refused
+
+    seen, refused = asyncio.run(main())
+    assert seen == [False, True, False, False, True, False]
+    assert refused == "user_concurrent"
 
 
 def test_an_unreachable_redis_fails_each_waiting_request():
