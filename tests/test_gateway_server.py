@@ -349,6 +349,7 @@ def test_uvicorns_concurrency_limit_refuses_gateway_requests_past_it(settings, t
     settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.05
     with serving(Gateway(), limit_concurrency=2) as url:
         busy, other = Client(url), Client(url)  # two connections open: the limit is reached
+        time.sleep(0.3)  # both accepted by the server (connected is not yet accepted)
         busy.send(request("POST", "/v1/chat/completions", world["ana"], CHAT))
         refused = busy.answer()
         assert refused.status == 503 and refused.header(b"retry-after")
