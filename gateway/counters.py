@@ -465,16 +465,14 @@ class Counters:
             names.append(_cached(cache, RedisKey.USAGE_KEY, key_id))
         if reservation_id:
             names.append(_cached(cache, USAGE_RESERVATION, reservation_id))
-        limits_keys = (
-            [
+        keys = [_cached(cache, INFLIGHT, channel_id)]
+        if limited:
+            keys += (
                 week_tokens_key(user_id),
-                key(RedisKey.USER_FLIGHT, user_id),
-                key(RedisKey.KEY_FLIGHT, key_id or 0),
-            ]
-            if limited
-            else []
-        )
-        keys = [_cached(cache, INFLIGHT, channel_id), *limits_keys, *names]
+                _cached(cache, RedisKey.USER_FLIGHT, user_id),
+                _cached(cache, RedisKey.KEY_FLIGHT, key_id or 0),
+            )
+        keys += names
         await self._count(status, ttft_seconds, keys, prompt, completion, request_id, record, limited, cache)
 
     async def answered(self, status: int, ttft_seconds: float | None = None, record: bytes = b"") -> None:
