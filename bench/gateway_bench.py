@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/gateway_bench.py [--server gateway|uvicorn|daphne] [--seconds 5]
         [--delay-ms 20] [--upstream raw|uvicorn|fastapi] [--levels 1,16,64] [--litellm PATH]
-        [--bare] [--limits]
+        [--bare] [--limits] [--rounds 3]
 
 A fast upstream (16 SSE chunks per request, back to back or --delay-ms apart;
 in raw asyncio, as a bare ASGI app under uvicorn, or as a FastAPI streaming
@@ -270,6 +270,13 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, default=0, help="pause between upstream chunks")
     parser.add_argument("--levels", default="1,16,64")
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure the servers in turn this many times per level and report the medians "
+        "(steadier ratios on a busy machine)",
+    )
+    parser.add_argument(
         "--upstream",
         choices=["raw", "uvicorn", "fastapi"],
         default="raw",
@@ -392,16 +399,22 @@ def main() -> None:
         keys = {"direct": "none", "relay": "none", "bare": "none", "slotserve": key, "litellm": "sk-bench"}
         print(
             f"server: {args.server}; upstream: {args.upstream}, chunk delay {args.delay_ms:g} ms; "
-            f"{args.seconds:g} s per run" + ("; fair sharing's limits set" if args.limits else "")
+            f"{args.seconds:g} s per run"
+            + (f", medians of {args.rounds} rounds" if args.rounds > 1 else "")
+            + ("; fair sharing's limits set" if args.limits else "")
         )
         print(
             f"{'streams':>7} {'via':>9} {'TTFT p50':>9} {'p99':>8} {'req/s':>8} {'vs direct':>9} "
             f"{'added p50':>9} {'CPU/req':>8}"
         )
         for level in [int(x) for x in args.levels.split(",")]:
+            runs: dict[str, list[dict[str, float]]] = {name: [] for name in servers}
+            for _ in range(args.rounds):  # the servers in turn, round after round
+                for name, (port, path, pid) in servers.items():
+                    runs[name].append(measure(name, port, path, keys[name], level, args.seconds, pid))
             results = {
-                name: measure(name, port, path, keys[name], level, args.seconds, pid)
-                for name, (port, path, pid) in servers.items()
+                name: {figure: statistics.median(run[figure] for run in measured) for figure in measured[0]}
+                for name, measured in runs.items()
             }
             direct = results["direct"]
             for name, r in results.items():
