@@ -255,6 +255,23 @@ def prepare_gateway(upstream_port: int) -> tuple[dict[str, str], str]:
     return env, key
 
 
+def uvicorn_argv(app: str, port: int, *, own_http: bool = True) -> list[str]:
+    """uvicorn serving ``app`` on ``port`` quietly; with the gateway's own HTTP server in front
+    (``gateway.server``, as ``./slotserve start`` runs it) unless ``own_http`` is false."""
+    return [
+        str(Path(sys.executable).parent / "uvicorn"),
+        app,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+        "--lifespan",
+        "off",
+        *(["--http", "gateway.server:GatewayHttp"] if own_http else []),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -315,18 +332,9 @@ def main() -> None:
     env, key = prepare_gateway(upstream_port)
     venv_bin = Path(sys.executable).parent
     if args.server in ("gateway", "uvicorn"):
-        argv = [
-            str(venv_bin / "uvicorn"),
-            "slotserve_site.asgi:application",
-            "--port",
-            str(gateway_port),
-            "--log-level",
-            "warning",
-            "--no-access-log",
-            "--lifespan",
-            "off",
-            *(["--http", "gateway.server:GatewayHttp"] if args.server == "gateway" else []),
-        ]
+        argv = uvicorn_argv(
+            "slotserve_site.asgi:application", gateway_port, own_http=args.server == "gateway"
+        )
     else:
         argv = [
             str(venv_bin / "daphne"),
@@ -347,21 +355,7 @@ def main() -> None:
     if args.bare:
         bare_port = free_port()
         bare = subprocess.Popen(
-            [
-                str(venv_bin / "uvicorn"),
-                "bare_gateway:application",
-                "--app-dir",
-                str(ROOT / "bench"),
-                "--port",
-                str(bare_port),
-                "--log-level",
-                "warning",
-                "--no-access-log",
-                "--lifespan",
-                "off",
-                "--http",
-                "gateway.server:GatewayHttp",
-            ],
+            [*uvicorn_argv("bare_gateway:application", bare_port), "--app-dir", str(ROOT / "bench")],
             env={**env, "SLOTSERVE_BENCH_UPSTREAM": f"http://127.0.0.1:{upstream_port}"},
             cwd=ROOT,
         )
