@@ -28,6 +28,8 @@ from gateway.upstream import UpstreamTransport  # noqa: E402
 class BareGateway(Gateway):
     """A ``Gateway`` (so that ``gateway.server`` serves it) that only passes requests through."""
 
+    lane = False  # every request through the application, as the gateway's were before its lane
+
     def __init__(self, upstream: str) -> None:
         super().__init__()
         self.upstream = UpstreamTransport(upstream)

@@ -458,6 +458,89 @@ class Counters:
     ) -> None:
         """Count the request out, with its usage, its log record and (for /metrics) its answer,
         in one round trip."""
+        keys, args = self._leaving(
+            channel_id,
+            request_id,
+            user_id,
+            reservation_id,
+            prompt,
+            completion,
+            status,
+            ttft_seconds,
+            key_id,
+            record,
+        )
+        await self._run(LEAVE, keys, args, defer=LEAVE_DEFER_SECONDS)
+
+    def leave_soon(
+        self,
+        channel_id: int,
+        request_id: str,
+        *,
+        user_id: int,
+        reservation_id: int | None,
+        prompt: int,
+        completion: int,
+        status: int | None = None,
+        ttft_seconds: float | None = None,
+        key_id: int | None = None,
+        record: bytes = b"",
+    ) -> None:
+        """``leave`` with nobody waiting for it: queued now (a failure is logged; the request's
+        in-flight entry then expires by itself)."""
+        keys, args = self._leaving(
+            channel_id,
+            request_id,
+            user_id,
+            reservation_id,
+            prompt,
+            completion,
+            status,
+            ttft_seconds,
+            key_id,
+            record,
+        )
+        reply = self.pipe.send_now(
+            "EVALSHA", script_sha(LEAVE), len(keys), *keys, *args, defer=LEAVE_DEFER_SECONDS
+        )
+        if reply is None:  # no connection open: a task opens one
+            reply = asyncio.ensure_future(self._run(LEAVE, keys, args))
+        reply.add_done_callback(functools.partial(self._left, request_id, channel_id, keys, args))
+
+    def _left(
+        self,
+        request_id: str,
+        channel_id: int,
+        keys: list[str],
+        args: list[str | int | bytes],
+        reply: asyncio.Future[Any],
+    ) -> None:
+        """Redis' answer to a count out nobody waits for: a failure is logged; Redis that has
+        forgotten the script (a restart) loads it and counts again."""
+        error = None if reply.cancelled() else reply.exception()
+        if isinstance(error, NoScriptError):
+            again = asyncio.ensure_future(self._run(LEAVE, keys, args))
+            again.add_done_callback(functools.partial(self._left, request_id, channel_id, keys, args))
+        elif error is not None:
+            # The answer went out; the request's in-flight entry expires by itself.
+            log.warning(
+                "gateway: could not count request %s out of channel %s: %r", request_id, channel_id, error
+            )
+
+    def _leaving(
+        self,
+        channel_id: int,
+        request_id: str,
+        user_id: int,
+        reservation_id: int | None,
+        prompt: int,
+        completion: int,
+        status: int | None,
+        ttft_seconds: float | None,
+        key_id: int | None,
+        record: bytes,
+    ) -> tuple[list[str], list[str | int | bytes]]:
+        """The count out's keys and arguments."""
         limited = len(self.live.pop(request_id, ())) > 1  # counted in the user's and key's sets too
         cache = self._keys()
         names = [_cached(cache, USAGE_USER, user_id)]
@@ -473,13 +556,16 @@ class Counters:
                 _cached(cache, RedisKey.KEY_FLIGHT, key_id or 0),
             )
         keys += names
-        await self._count(status, ttft_seconds, keys, prompt, completion, request_id, record, limited, cache)
+        return self._counting(
+            status, ttft_seconds, keys, prompt, completion, request_id, record, limited, cache
+        )
 
     async def answered(self, status: int, ttft_seconds: float | None = None, record: bytes = b"") -> None:
         """Count an answer that reached no channel by status code (for /metrics), and log it."""
-        await self._count(status, ttft_seconds, [], 0, 0, record=record)
+        keys, args = self._counting(status, ttft_seconds, [], 0, 0, record=record)
+        await self._run(LEAVE, keys, args, defer=LEAVE_DEFER_SECONDS)
 
-    async def _count(
+    def _counting(
         self,
         status: int | None,
         ttft_seconds: float | None,
@@ -490,10 +576,10 @@ class Counters:
         record: bytes = b"",
         limited: bool = False,
         cache: dict[tuple[str, object], str] | None = None,
-    ) -> None:
+    ) -> tuple[list[str], list[str | int | bytes]]:
+        """LEAVE's keys and arguments for an answer (and the request's ``keys``, if counted in)."""
         cache = self._keys() if cache is None else cache
-        await self._run(
-            LEAVE,
+        return (
             [
                 _cached(cache, RedisKey.GATEWAY_STATUS, "all"),
                 _cached(cache, RedisKey.GATEWAY_TTFT, "all"),
@@ -513,7 +599,6 @@ class Counters:
                 WEEK_TOKENS_KEEP_SECONDS,
                 "1" if limited else "0",
             ],
-            defer=LEAVE_DEFER_SECONDS,
         )
 
     async def in_flight(self, channel_ids: Iterable[int]) -> dict[int, int]:

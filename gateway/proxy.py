@@ -126,26 +126,39 @@ OPENAI_ERROR_TYPES: dict[str, str] = {
 }
 
 
+def json_headers(body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> list[tuple[bytes, bytes]]:
+    """The headers of a JSON answer of the gateway's own (an error, a list of models)."""
+    return [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *(extra or []),
+    ]
+
+
 async def respond(
     send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *(headers or []),
-            ],
-        }
-    )
+    await send({"type": "http.response.start", "status": status, "headers": json_headers(body, headers)})
     await send({"type": "http.response.body", "body": body})
 
 
+def refusal_answer(refusal: Refusal, flavour: str | None = None) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """A refusal's body (in the caller's API's shape) and headers (``Retry-After`` if it says)."""
+    body = error_body(refusal.status, refusal.code, refusal.message, flavour)
+    extra = [(b"retry-after", str(refusal.retry_after).encode())] if refusal.retry_after is not None else []
+    return body, json_headers(body, extra)
+
+
 async def refuse(send: Send, refusal: Refusal) -> None:
-    headers = [(b"retry-after", str(refusal.retry_after).encode())] if refusal.retry_after is not None else []
-    await respond(send, refusal.status, error_body(refusal.status, refusal.code, refusal.message), headers)
+    body, headers = refusal_answer(refusal)
+    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def unreachable(what: str) -> Refusal:
+    """The answer while Redis or the database (``what``) cannot be reached."""
+    message = f"SlotServe cannot reach {what} right now; try again in a few seconds"
+    return Refusal(503, ErrorCode.SERVICE_UNAVAILABLE, message, UNAVAILABLE_RETRY_AFTER)
 
 
 def authenticate(scope: Scope, snapshot: Snapshot) -> Caller | None:
@@ -176,8 +189,8 @@ def split_path(path: str) -> tuple[str | None, str]:
 class Answer:
     """Watches what is sent to the client: the status, and when the first body bytes went out."""
 
-    def __init__(self, send: Send) -> None:
-        self._send = send
+    def __init__(self, send: Send | None = None) -> None:
+        self._send = send  # None: the gateway's server is written to directly (``gateway.lane``)
         self.started = time.perf_counter()
         self.arrived = time.time()
         self.status: int | None = None
@@ -196,6 +209,7 @@ class Answer:
             self.status = message["status"]
         elif self.first_byte is None and message.get("body"):
             self.first_byte = time.perf_counter()
+        assert self._send is not None
         await self._send(message)
 
     @property
@@ -227,6 +241,10 @@ class Answer:
 
 
 class Gateway:
+    # Whether the gateway's server may carry requests that can go upstream at once in its fast
+    # lane (``gateway.lane``), outside this application.
+    lane = True
+
     def __init__(self) -> None:
         self.snapshots = SnapshotCache(settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS)
         self.counters = Counters(settings.REDIS_URL)
@@ -270,13 +288,7 @@ class Gateway:
             what = "Redis" if isinstance(exc, RedisError) else "the database"
             log.warning("gateway: %s is unreachable: %r", what, exc)
             if answer.status is None:
-                message = f"SlotServe cannot reach {what} right now; try again in a few seconds"
-                await respond(
-                    answer.send,
-                    503,
-                    error_body(503, ErrorCode.SERVICE_UNAVAILABLE, message),
-                    [(b"retry-after", str(UNAVAILABLE_RETRY_AFTER).encode())],
-                )
+                await refuse(answer.send, unreachable(what))
             return
         finally:
             _flavour.reset(token)
@@ -602,31 +614,9 @@ class Gateway:
         on_disconnect: Callable[[Callable[[], None] | None], None] | None = None,
     ) -> None:
         assert channel.upstream is not None and channel.model is not None
-        body = outgoing.body
-        streaming = strip_usage = False
-        if body is not None:
-            if "model" in body or outgoing.path.startswith("/v1/"):
-                body["model"] = channel.model
-            streaming = body.get("stream") is True
-            if streaming and outgoing.path in USAGE_OPTION_PATHS:
-                options = body.get("stream_options")
-                if not (isinstance(options, dict) and options.get("include_usage")):
-                    # Ask for usage to count tokens, and hide the extra chunk from a client that did not.
-                    body["stream_options"] = {
-                        **(options if isinstance(options, dict) else {}),
-                        "include_usage": True,
-                    }
-                    strip_usage = True
-            content = dumps(body)
-        else:
-            content = outgoing.raw
         upstream = self.upstream_for(channel.upstream)
+        target, headers, content, streaming, strip_usage = outgoing.to(channel, upstream)
         cancel = Cancel()
-        target = upstream.target(outgoing.path)  # quoted once per path; a query is added afresh
-        if outgoing.query:
-            target += b"?" + outgoing.query
-        # The run's secret: the process answers nobody who does not have it (docs/security.md).
-        headers = [(b"content-type", outgoing.content_type), (b"authorization", channel.upstream_auth)]
         # A client that goes away cancels the upstream's work at once, whatever stage it is at;
         # so does a count in that refuses the request while it is on its way.
         stop_watching = _watching(receive, on_disconnect, cancel)
@@ -667,13 +657,7 @@ class Gateway:
         stop_watching: Callable[[], None],
     ) -> None:
         """Send the upstream's answer to the client as it arrives."""
-        headers, event_stream = [], False
-        for name, value in response.headers:
-            lowered = name.lower()
-            if lowered == b"content-type":
-                event_stream = value.startswith(b"text/event-stream")
-            if lowered not in HOP_BY_HOP and not is_cors_header(lowered):
-                headers.append((name, value))
+        headers, event_stream = passed_on(response.headers)
         if not streaming and not event_stream:
             try:
                 content = await response.aread()
@@ -706,20 +690,38 @@ class Gateway:
             if cancel.fired:
                 return
             # The process died mid-stream: end the stream with an error event the client can read.
-            event = {
-                "error": {
-                    "message": f"channel {channel.name}'s process ended the stream: {exc!r}",
-                    "type": "server_error",
-                    "code": ErrorCode.UPSTREAM_FAILED,
-                }
-            }
-            tail = (events.flush() if events is not None else b"") + b"data: " + json.dumps(event).encode()
+            tail = (events.flush() if events is not None else b"") + process_failed_event(channel, exc)
             stop_watching()
-            await send({"type": "http.response.body", "body": tail + b"\n\n"})
+            await send({"type": "http.response.body", "body": tail})
             return
         stop_watching()
         tail = events.flush() if events is not None else b""
         await send({"type": "http.response.body", "body": last + tail})
+
+
+def passed_on(upstream_headers: list[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bool]:
+    """The headers of the upstream's answer that go on to the client, and whether the answer is
+    a stream of server-sent events."""
+    headers, event_stream = [], False
+    for name, value in upstream_headers:
+        lowered = name.lower()
+        if lowered == b"content-type":
+            event_stream = value.startswith(b"text/event-stream")
+        if lowered not in HOP_BY_HOP and not is_cors_header(lowered):
+            headers.append((name, value))
+    return headers, event_stream
+
+
+def process_failed_event(channel: ChannelView, exc: Exception) -> bytes:
+    """The last event of a stream whose process died mid-way (the client can read it)."""
+    event = {
+        "error": {
+            "message": f"channel {channel.name}'s process ended the stream: {exc!r}",
+            "type": "server_error",
+            "code": ErrorCode.UPSTREAM_FAILED,
+        }
+    }
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
 
 
 class Entry:
@@ -803,6 +805,37 @@ class Outgoing:
     body: dict[str, Any] | None
     raw: bytes
     content_type: bytes
+
+    def to(
+        self, channel: ChannelView, upstream: UpstreamTransport
+    ) -> tuple[bytes, list[tuple[bytes, bytes]], bytes, bool, bool]:
+        """The request as it goes to ``channel``'s process: its target, headers and body
+        (``model`` mapped to the channel's; usage asked for in a stream), whether the answer is
+        asked to stream, and whether its usage event is the gateway's to hide."""
+        body = self.body
+        streaming = strip_usage = False
+        if body is not None:
+            if "model" in body or self.path.startswith("/v1/"):
+                body["model"] = channel.model
+            streaming = body.get("stream") is True
+            if streaming and self.path in USAGE_OPTION_PATHS:
+                options = body.get("stream_options")
+                if not (isinstance(options, dict) and options.get("include_usage")):
+                    # Ask for usage to count tokens, and hide the extra chunk from a client that did not.
+                    body["stream_options"] = {
+                        **(options if isinstance(options, dict) else {}),
+                        "include_usage": True,
+                    }
+                    strip_usage = True
+            content = dumps(body)
+        else:
+            content = self.raw
+        target = upstream.target(self.path)  # quoted once per path; a query is added afresh
+        if self.query:
+            target += b"?" + self.query
+        # The run's secret: the process answers nobody who does not have it (docs/security.md).
+        headers = [(b"content-type", self.content_type), (b"authorization", channel.upstream_auth)]
+        return target, headers, content, streaming, strip_usage
 
 
 LIMIT_WORDS = {

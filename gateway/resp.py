@@ -112,14 +112,14 @@ class RespPipe:
         request's count in, one write and one wake-up of Redis instead of two."""
         return await self._submit(self._protocol or await self._connect(), args, defer)
 
-    def send_now(self, *args: Arg) -> asyncio.Future[Any] | None:
-        """Queue a command without awaiting anything (it leaves at the end of this turn of the
-        event loop): the future of its reply, or None while no connection is open (``call``
-        opens one)."""
+    def send_now(self, *args: Arg, defer: float = 0.0) -> asyncio.Future[Any] | None:
+        """Queue a command without awaiting anything (it leaves at once, at the end of this
+        turn of the event loop, or within ``defer`` as ``call`` says): the future of its reply,
+        or None while no connection is open (``call`` opens one)."""
         protocol = self._protocol
         if protocol is None or protocol.transport is None or protocol.transport.is_closing():
             return None
-        return self._submit(protocol, args)
+        return self._submit(protocol, args, defer)
 
     def _submit(self, protocol: _Protocol, args: tuple[Arg, ...], defer: float = 0.0) -> asyncio.Future[Any]:
         """Queue a command on ``protocol``: the future of its reply."""

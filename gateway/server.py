@@ -36,6 +36,7 @@ from urllib.parse import unquote
 import httptools
 
 from channels_app.vocabulary import ErrorCode
+from gateway import lane
 from gateway.proxy import ON_DISCONNECT, Gateway, error_body, flavour_of, is_gateway_path
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ class GatewayHttp(asyncio.Protocol):
         self.app_state = app_state
         self.loop = _loop or asyncio.get_event_loop()
         self.gateway = find_gateway(config.loaded_app)
+        self.fast_lane = self.gateway is not None and self.gateway.lane  # gateway.lane carries what it can
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.server: tuple[str, int] | None = None
@@ -120,7 +122,10 @@ class GatewayHttp(asyncio.Protocol):
         self.keep_alive_timer: asyncio.TimerHandle | None = None
         self.writing_paused = False
         self.drained: asyncio.Future[None] | None = None
+        self.on_drained: Callable[[], None] | None = None  # a lane exchange waiting to read on
         self.closing = False
+        # A request that may go to the fast lane (``gateway.lane``) once its body is in.
+        self.lane_candidate: Cycle | None = None
 
     # asyncio.Protocol
 
@@ -167,6 +172,10 @@ class GatewayHttp(asyncio.Protocol):
             pass  # judged without an Upgrade header: nothing here upgrades
         except httptools.HttpParserError as exc:
             self._refuse_unreadable(str(exc))
+        if self.lane_candidate is not None:  # its body is still on its way: the application's
+            cycle, self.lane_candidate = self.lane_candidate, None
+            if not cycle.disconnected:
+                self._run(cycle)
 
     def eof_received(self) -> None:
         pass
@@ -178,6 +187,9 @@ class GatewayHttp(asyncio.Protocol):
         self.writing_paused = False
         if self.drained is not None and not self.drained.done():
             self.drained.set_result(None)
+        if self.on_drained is not None:
+            on_drained, self.on_drained = self.on_drained, None
+            on_drained()
 
     async def drain(self) -> None:
         if self.writing_paused and not self.transport.is_closing():
@@ -237,10 +249,12 @@ class GatewayHttp(asyncio.Protocol):
             cycle.app = self.config.loaded_app
         scope["extensions"] = {ON_DISCONNECT: cycle.on_disconnect}
         self.reading = cycle
-        if self.cycle is None:
-            self._start(cycle)
-        else:
+        if self.cycle is not None:
             self.queued.append(cycle)
+        elif self.fast_lane and cycle.app is None and scope["method"] == "POST" and not cycle.expect_continue:
+            self.cycle = self.lane_candidate = cycle  # the lane's if its body comes in this read
+        else:
+            self._start(cycle)
 
     def on_body(self, body: bytes) -> None:
         assert self.reading is not None
@@ -248,17 +262,31 @@ class GatewayHttp(asyncio.Protocol):
         self.reading.wake()
 
     def on_message_complete(self) -> None:
-        assert self.reading is not None
-        self.reading.body_done = True
-        self.reading.wake()
+        cycle = self.reading
+        assert cycle is not None
+        cycle.body_done = True
+        cycle.wake()
         self.reading = None
         self.in_message = False
+        if cycle is self.lane_candidate:
+            self.lane_candidate = None
+            assert self.gateway is not None
+            body = cycle.body[0] if len(cycle.body) == 1 else b"".join(cycle.body)
+            if lane.take(self.gateway, cycle, body):
+                cycle.body.clear()
+                cycle.body_given = True
+            else:
+                self._run(cycle)
 
     # The requests
 
     def _start(self, cycle: Cycle) -> None:
-        assert self.gateway is not None
         self.cycle = cycle
+        self._run(cycle)
+
+    def _run(self, cycle: Cycle) -> None:
+        """The application answers ``cycle``, in a task of its own."""
+        assert self.gateway is not None
         task = self.loop.create_task(cycle.run(cycle.app or self.gateway))
         tasks = self.server_state.tasks
         tasks.add(task)
@@ -437,19 +465,29 @@ class Cycle:
     async def send(self, message: MutableMapping[str, Any]) -> None:
         kind = message["type"]
         if kind == "http.response.start":
-            if self.started:
-                raise RuntimeError("the answer has started already")
-            self.started = True
-            self.head = self._head(message["status"], message.get("headers", []))
+            self.begin(message["status"], message.get("headers", []))
             return
         if kind != "http.response.body":
             raise RuntimeError(f"unexpected ASGI message {kind!r}")
+        more = message.get("more_body", False)
+        self.write(message.get("body", b""), more)
+        if more and self.protocol.writing_paused:
+            await self.protocol.drain()
+
+    def begin(self, status: int, headers: Any) -> None:
+        """The answer's start (it leaves with its first body bytes)."""
+        if self.started:
+            raise RuntimeError("the answer has started already")
+        self.started = True
+        self.head = self._head(status, headers)
+
+    def write(self, body: bytes, more: bool) -> None:
+        """Body bytes of the answer; the last (``more`` false) ends it. Whoever writes heeds
+        ``protocol.writing_paused`` (``send`` waits for the client to take what it was sent)."""
         if self.disconnected:
             return
         if not self.started or self.complete:
             raise RuntimeError("an answer's body before its start, or after its end")
-        body = message.get("body", b"")
-        more = message.get("more_body", False)
         if self.head is not None:
             head, self.head = self.head, None
             out = [self._framing(head, len(body), more)]
@@ -469,8 +507,6 @@ class Cycle:
             self.complete = True
             self.wake()
             self.protocol.answered(self)
-        elif self.protocol.writing_paused:
-            await self.protocol.drain()
 
     def _head(self, status: int, headers: Any) -> bytes:
         lines = [STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status]

@@ -183,12 +183,18 @@ class SnapshotCache:
         self._keeper: asyncio.Future[None] | None = None
 
     async def get(self) -> Snapshot:
+        snapshot = self.fresh()
+        if snapshot is None:
+            await self._refresh()
+            snapshot = self.current
+        return snapshot
+
+    def fresh(self) -> Snapshot | None:
+        """``get`` without waiting: the snapshot if it is within its age limit, else None."""
         now = self.last_used = time.monotonic()
         if self._keeper is None or self._keeper.done():
             self._keeper = asyncio.ensure_future(self._keep_fresh())
-        if now - self.current.taken_at >= self.max_age:
-            await self._refresh()
-        return self.current
+        return self.current if now - self.current.taken_at < self.max_age else None
 
     async def _refresh(self) -> None:
         async with self._lock:

@@ -17,7 +17,7 @@ closing it is how an upstream request is cancelled.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httptools
 import httpx
@@ -35,6 +35,9 @@ class _Connection(asyncio.Protocol):
         self.cancelled = False
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
+        # Called whenever more of the answer arrived, it ended or the connection failed (for an
+        # exchange carried by callbacks, ``gateway.lane``), instead of a waiting task.
+        self.listener: Callable[[], None] | None = None
         # llhttp hands each chunk of a chunked body over on its own: straight into the list.
         self.body: list[bytes] = []
         self.on_body = self.body.append
@@ -111,6 +114,8 @@ class _Connection(asyncio.Protocol):
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+        if self.listener is not None:
+            self.listener()
 
     async def wait(self) -> None:
         """Until more of the answer arrived, it ended, or the connection failed."""

@@ -160,16 +160,21 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.fixture
-def gateway_url(settings, transactional_db):
+@pytest.fixture(params=["lane", "application"])
+def gateway_url(request, settings, transactional_db):
     """A live server running only the gateway (through its own HTTP server, ``gateway.server``),
     with a snapshot that is never stale for long. It needs the database first, so it stops (and
-    its snapshot reads end) before the database is flushed after the test."""
+    its snapshot reads end) before the database is flushed after the test.
+
+    Each test runs twice: with the fast lane (``gateway.lane``) carrying what it can, as
+    ``./slotserve start`` serves, and with every request through the ASGI application."""
     settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.05
     from gateway.proxy import Gateway
 
     settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES = 64 * 1024
-    with serving(Gateway()) as url:
+    gateway = Gateway()
+    gateway.lane = request.param == "lane"
+    with serving(gateway) as url:
         yield url
 
 

@@ -12,6 +12,7 @@ from collections import deque
 import httptools
 import pytest
 
+from gateway import lane
 from gateway import server as gateway_server
 from tests.conftest import serving
 
@@ -277,6 +278,38 @@ def test_a_request_that_is_not_http_is_refused_with_400_and_the_connection_close
     answer = client.answer()
     assert answer.status == 400 and b"Invalid HTTP request" in answer.body
     assert client.closed()
+
+
+def test_what_can_go_upstream_at_once_is_carried_by_the_fast_lane_and_the_rest_by_the_application(
+    settings, transactional_db, world, monkeypatch
+):
+    settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 30  # the first snapshot stays fresh throughout
+    from gateway.proxy import Gateway
+
+    carried: list[bool] = []
+    take = lane.take
+
+    def recording(gateway, cycle, raw):
+        carried.append(take(gateway, cycle, raw))
+        return carried[-1]
+
+    monkeypatch.setattr(lane, "take", recording)
+    with serving(Gateway()) as url:
+        client = Client(url)
+        for _ in range(2):  # the first reads the snapshot: the application's; the second goes at once
+            client.send(request("POST", "/v1/chat/completions", world["ana"], STREAM))
+            answer = client.answer()
+            assert answer.status == 200 and answer.body.rstrip().endswith(b"data: [DONE]")
+        # Asking to wait, an unknown key, a body that is not JSON: the application answers.
+        client.send(request("POST", "/v1/chat/completions", world["ana"], STREAM, x_slotserve_wait="5"))
+        assert client.answer().status == 200
+        client.send(request("POST", "/v1/chat/completions", "sk-nobody", STREAM))
+        assert client.answer().status == 401
+        client.send(request("POST", "/v1/chat/completions", world["ana"], b"{not json"))
+        assert client.answer().status == 400
+        client.send(request("GET", "/v1/models", world["ana"]))  # not a POST: not offered to the lane
+        assert client.answer().status == 200
+    assert carried == [False, True, False, False, False]
 
 
 def test_a_request_split_across_reads_is_put_together(gateway_url, world):

@@ -1,0 +1,395 @@
+"""The gateway's fast lane: requests that can go upstream at once, carried by callbacks.
+
+Most requests need nothing but their channel: a known key, a model ready on one channel, no
+wish to wait, and room under the caller's limits if it has any. The gateway's server
+(``gateway.server``) gives each such request, its body read, to ``take``; from there it is
+carried by the callbacks of the client's connection, of the upstream connection and of Redis'
+reply to its count in, with no task and no ASGI messages. Carried so, the gateway's design costs
+what a byte relay costs (``bench/gateway_bench.py``), and its CPU goes to its work.
+
+Everything else is the ASGI application's (``gateway.proxy``), and the lane answers as it does:
+the same channel, count in and out, refusals, headers, stream, usage and log record, by the same
+functions. ``take`` declines what the lane does not carry (another origin's request, a wish to
+wait, a refusal to give, a choice among channels, no idle connection to the process); the
+application then serves it from the start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from django.utils import timezone
+from redis.exceptions import RedisError
+
+from channels_app.vocabulary import ErrorCode, Phase
+from gateway.access import ChannelView, Refusal, route
+from gateway.body import loads, parse_body
+from gateway.counters import OverLimit
+from gateway.events import Events, Usage
+from gateway.proxy import (
+    ROOT_PATHS,
+    Answer,
+    Gateway,
+    Outgoing,
+    _header,
+    _is_booker,
+    authenticate,
+    error_body,
+    flavour_of,
+    json_headers,
+    passed_on,
+    process_failed_event,
+    refusal_after_count_in,
+    refusal_answer,
+    unreachable,
+    wait_seconds,
+)
+from gateway.snapshot import Caller
+from gateway.upstream import UpstreamTransport, _Connection
+
+if TYPE_CHECKING:
+    from gateway.server import Cycle
+
+log = logging.getLogger(__name__)
+
+
+def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
+    """Carry ``cycle``'s request (``raw``: its whole body) in the lane, if it can go upstream at
+    once; False leaves it to the ASGI application, untouched."""
+    scope = cycle.scope
+    path = scope["path"]
+    if scope["method"] != "POST" or not (path.startswith("/v1/") or path in ROOT_PATHS):
+        return False
+    if gateway.cors.enabled and _header(scope, b"origin"):
+        return False
+    snapshot = gateway.snapshots.fresh()
+    if snapshot is None:
+        return False
+    caller = authenticate(scope, snapshot)
+    if caller is None:
+        return False
+    wait, problem = wait_seconds(scope, caller, gateway.max_wait)
+    if wait or problem or len(raw) > gateway.max_body:
+        return False
+    body, _ = parse_body(raw)
+    if body is None:
+        return False
+    asked = body.get("model")
+    model = snapshot.aliases.get(asked, asked) if asked is not None else None
+    if sum(1 for c in snapshot.channels if c.model == model and c.phase == Phase.READY) > 1:
+        return False  # a choice by requests in flight: the application asks Redis
+    now = timezone.now()
+    chosen = route(
+        caller_id=caller.user_id, model=model, pinned=None, channels=snapshot.channels, in_flight={}, now=now
+    )
+    channel = chosen.channel
+    if chosen.refusal is not None or channel is None or channel.upstream is None:
+        return False
+    limits = None if _is_booker(channel, caller) else caller.limits
+    if limits is not None and not gateway.counters.may_go_ahead(caller.user_id, caller.key_id):
+        return False
+    upstream = gateway.upstream_for(channel.upstream)
+    answer = Answer()
+    answer.caller, answer.method, answer.path, answer.model = caller, "POST", path, asked or ""
+    answer.channel_id = channel.id
+    answer.reservation_id = channel.booking.reservation_id if channel.booking else None
+    outgoing = Outgoing(
+        method="POST",
+        path=path,
+        query=scope.get("query_string", b""),
+        body=body,
+        raw=raw,
+        content_type=_header(scope, b"content-type") or b"application/json",
+    )
+    target, headers, content, streaming, strip_usage = outgoing.to(channel, upstream)
+    exchange = Exchange(gateway, cycle, upstream, channel, caller, answer, streaming, strip_usage)
+    # Nothing comes back before the request is counted in: the process's answer waits for it.
+    entering = gateway.counters.enter_soon(channel.id, limits, user_id=caller.user_id, key_id=caller.key_id)
+    exchange.why = functools.partial(refusal_after_count_in, channel, caller, now)
+    exchange.request = upstream._request_bytes(b"POST", target, headers, content)
+    connection = upstream._idle_connection()
+    if connection is not None:
+        exchange.send(connection)
+    else:
+        exchange.connect()
+    entering.add_done_callback(exchange.entered)
+    return True
+
+
+class Exchange:
+    """One request in the lane, from its count in to its count out; each step is a callback."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        cycle: Cycle,
+        upstream: UpstreamTransport,
+        channel: ChannelView,
+        caller: Caller,
+        answer: Answer,
+        streaming: bool,
+        strip_usage: bool,
+    ) -> None:
+        self.gateway = gateway
+        self.cycle = cycle
+        self.protocol = cycle.protocol
+        self.upstream = upstream
+        self.channel = channel
+        self.caller = caller
+        self.answer = answer
+        self.streaming = streaming
+        self.strip_usage = strip_usage
+        self.flavour = flavour_of(answer.path)
+        self.usage = Usage()
+        self.events: Events | None = None
+        self.why: Callable[[OverLimit | None], Refusal] | None = None
+        self.connection: _Connection | None = None
+        self.connect_error: httpx.HTTPError | None = None  # no connection to the process
+        self.request = b""  # the request as it goes to the process
+        self.counted: bool | None = None  # None until Redis has answered the count in
+        self.request_id: str | None = None
+        self.begun = False  # the answer's head is given to the client's connection
+        self.ended = False
+        self.retried = False
+        self.paused = False  # reading from the process waits for the client to take its bytes
+        cycle.on_disconnect(self.client_left)
+
+    # The callbacks
+
+    def send(self, connection: _Connection) -> None:
+        self.connection = connection
+        connection.listener = self.progress
+        connection.send(self.request)
+
+    def connect(self) -> None:
+        """A new connection to the process (a task: connecting is not on the hot path)."""
+        self.connection = None
+        connecting = asyncio.ensure_future(self.upstream._connect())
+        connecting.add_done_callback(self._connected)
+
+    def entered(self, entering: asyncio.Future[str | None]) -> None:
+        """Redis' answer to the count in: the process's answer goes on, or the request is refused."""
+        over = None
+        try:
+            self.request_id = entering.result()
+        except OverLimit as exc:
+            over = exc
+        except (RedisError, OSError) as exc:
+            log.warning("gateway: Redis is unreachable: %r", exc)
+            self.counted = False
+            self._stop_upstream()
+            self._answer_whole(*self._refusal(unreachable("Redis")))
+            return
+        except BaseException:
+            self.counted = False
+            self._broke()
+            raise
+        self.counted = self.request_id is not None
+        if self.ended:  # the client left meanwhile
+            if self.counted:
+                self._count_out()
+            return
+        if not self.counted:
+            # The gate closed or a limit was met since the snapshot: the process's answer is dropped.
+            self._stop_upstream()
+            assert self.why is not None
+            self._answer_whole(*self._refusal(self.why(over)))
+            return
+        self.progress()
+
+    def progress(self) -> None:
+        """More of the process's answer, its end, or its failure."""
+        if self.ended or not self.counted:
+            return
+        try:
+            self._relay()
+        except Exception:
+            log.exception("gateway: a request in the fast lane failed")
+            self._broke()
+
+    def client_left(self) -> None:
+        """The client went away before its answer ended: the process's work is cancelled."""
+        if self.ended:
+            return
+        self.ended = True
+        self._stop_upstream()
+        if self.counted:
+            self._count_out()
+
+    def resume(self) -> None:
+        """The client took what it was sent: read on from the process."""
+        self.paused = False
+        connection = self.connection
+        if connection is not None and connection.transport is not None and not self.ended:
+            connection.transport.resume_reading()
+
+    # The steps
+
+    def _relay(self) -> None:
+        connection = self.connection
+        if connection is None:
+            if self.connect_error is not None:
+                self._did_not_answer(self.connect_error)
+            return
+        if not self.begun:
+            if not connection.head_done:
+                if connection.error is not None:
+                    self._unanswered(connection)
+                return
+            headers, event_stream = passed_on(connection.headers)
+            status = connection.status
+            if not self.streaming and not event_stream:
+                if connection.error is not None:
+                    message = (
+                        f"channel {self.channel.name}'s process broke off its answer: {connection.error!r}"
+                    )
+                    body = error_body(502, ErrorCode.UPSTREAM_FAILED, message, self.flavour)
+                    self._answer_whole(502, json_headers(body), body)
+                    return
+                if not connection.complete:
+                    return
+                content = connection.take()
+                with contextlib.suppress(ValueError):
+                    self.usage.add(loads(content))
+                headers.append((b"content-length", str(len(content)).encode()))
+                self._answer_whole(status, headers, content)
+                return
+            headers.append((b"x-accel-buffering", b"no"))
+            self.answer.status = status
+            self.cycle.begin(status, headers)
+            self.begun = True
+            if status == 200 and event_stream:
+                self.events = Events(self.usage, self.strip_usage)
+        events = self.events
+        chunk = connection.take() if connection.body else b""
+        if events is not None and chunk:
+            chunk = events.feed(chunk)
+        if connection.complete:
+            self._write(chunk + (events.flush() if events is not None else b""), more=False)
+            self._end()
+        elif connection.error is not None:
+            # The process died mid-stream: the stream ends with an error event the client can read.
+            tail = events.flush() if events is not None else b""
+            self._write(chunk + tail + process_failed_event(self.channel, connection.error), more=False)
+            self._end()
+        elif chunk:
+            self._write(chunk, more=True)
+            if self.protocol.writing_paused and not self.paused and connection.transport is not None:
+                self.paused = True
+                connection.transport.pause_reading()
+                self.protocol.on_drained = self.resume
+
+    def _unanswered(self, connection: _Connection) -> None:
+        """The process's connection failed before the answer's head."""
+        if connection.received == 0 and not connection.cancelled and not self.retried:
+            # The process closed this idle connection as the request went out: once more, anew.
+            self.retried = True
+            connection.listener = None
+            self.connect()
+            return
+        assert connection.error is not None
+        self._did_not_answer(connection.error)
+
+    def _did_not_answer(self, error: Exception) -> None:
+        message = f"channel {self.channel.name}'s process did not answer: {error!r}"
+        body = error_body(502, ErrorCode.UPSTREAM_UNREACHABLE, message, self.flavour)
+        self._answer_whole(502, json_headers(body), body)
+
+    def _connected(self, connecting: asyncio.Future[_Connection]) -> None:
+        if connecting.cancelled():
+            return
+        error = connecting.exception()
+        if self.ended:
+            if error is None:
+                connecting.result().abort()
+            return
+        if isinstance(error, httpx.HTTPError):
+            self.connect_error = error
+            self.progress()  # answered once the count in is known
+        elif error is not None:
+            self._broke()
+        else:
+            self.send(connecting.result())
+
+    def _refusal(self, refusal: Refusal) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        body, headers = refusal_answer(refusal, self.flavour)
+        return refusal.status, headers, body
+
+    def _answer_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """An answer in one piece: the process's (not streamed) or the gateway's own."""
+        self.answer.status = status
+        self.cycle.begin(status, headers)
+        self._write(body, more=False)
+        self._end()
+
+    def _write(self, body: bytes, more: bool) -> None:
+        if body and self.answer.first_byte is None:
+            self.answer.first_byte = time.perf_counter()
+        self.cycle.write(body, more)
+
+    def _end(self) -> None:
+        """The answer is out: the connection goes back to the pool and the request is counted out
+        (an answer that was never counted in is counted for /metrics and the log)."""
+        self.ended = True
+        connection = self.connection
+        if connection is not None:
+            connection.listener = None
+            self.upstream.give_back(connection)
+        if self.protocol.on_drained == self.resume:
+            self.protocol.on_drained = None
+        if self.counted:
+            self._count_out()
+        elif self.answer.status is not None:
+            counting = asyncio.ensure_future(
+                self.gateway.counters.answered(self.answer.status, record=self.answer.record())
+            )
+            counting.add_done_callback(_ignore_redis_error)
+
+    def _count_out(self) -> None:
+        assert self.request_id is not None
+        answer = self.answer
+        self.gateway.counters.leave_soon(
+            self.channel.id,
+            self.request_id,
+            user_id=self.caller.user_id,
+            key_id=self.caller.key_id,
+            reservation_id=answer.reservation_id,
+            prompt=self.usage.prompt,
+            completion=self.usage.completion,
+            status=answer.status,
+            ttft_seconds=answer.ttft_seconds,
+            record=answer.record(self.usage),
+        )
+
+    def _stop_upstream(self) -> None:
+        """Close the process's connection: it sees the request cancelled."""
+        connection = self.connection
+        if connection is not None:
+            connection.listener = None
+            if not connection.complete:
+                connection.abort()
+            else:
+                self.upstream.give_back(connection)
+
+    def _broke(self) -> None:
+        """Something unforeseen: the process's work stops, the client gets a 500 or a cut."""
+        if not self.ended:
+            self.ended = True
+            self._stop_upstream()
+            self.cycle._abandon()
+            if self.counted:
+                self._count_out()
+
+
+def _ignore_redis_error(counting: asyncio.Future[Any]) -> None:
+    """A count for /metrics is not worth an error (as in ``Gateway.__call__``); others are logged."""
+    error = None if counting.cancelled() else counting.exception()
+    if error is not None and not isinstance(error, RedisError):
+        log.warning("gateway: could not count an answer", exc_info=error)
