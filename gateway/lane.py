@@ -149,6 +149,7 @@ class Exchange:
         self.flavour = flavour_of(answer.path)
         self.usage = Usage()
         self.events: Events | None = None
+        self.parts: list[bytes] = []  # an answer that is not streamed, as it arrives
         self.why: Callable[[OverLimit | None], Refusal] | None = None
         self.connection: _Connection | None = None
         self.connect_error: httpx.HTTPError | None = None  # no connection to the process
@@ -253,9 +254,11 @@ class Exchange:
                     body = error_body(502, ErrorCode.UPSTREAM_FAILED, message, self.flavour)
                     self._answer_whole(502, json_headers(body), body)
                     return
+                if connection.body:  # taken as it comes, so that reading from the process goes on
+                    self.parts.append(connection.take())
                 if not connection.complete:
                     return
-                content = connection.take()
+                content = b"".join(self.parts)
                 with contextlib.suppress(ValueError):
                     self.usage.add(loads(content))
                 headers.append((b"content-length", str(len(content)).encode()))

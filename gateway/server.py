@@ -16,6 +16,11 @@ answer's head waits for its first body bytes and the end rides with the last chu
 streamed answer leaves in as many writes as its chunks came from the process
 (``bench/gateway_bench.py`` measures it against a byte relay).
 
+A ``POST``, once its body is in (up to the gateway's limit), is first offered to the fast lane
+(``gateway.lane``), which carries a request that can go upstream at once in callbacks, with no
+task; whatever the lane declines, and every other gateway request, is answered by the gateway's
+ASGI application in a task of its own.
+
 What it leaves to uvicorn: a request it cannot judge at its first bytes (a target that is not a
 path, an ``Upgrade`` header, a head larger than ``MAX_HEAD``). Requests pipelined behind a
 gateway request are read here and answered in order: the gateway's by the gateway, any other by
@@ -172,10 +177,6 @@ class GatewayHttp(asyncio.Protocol):
             pass  # judged without an Upgrade header: nothing here upgrades
         except httptools.HttpParserError as exc:
             self._refuse_unreadable(str(exc))
-        if self.lane_candidate is not None:  # its body is still on its way: the application's
-            cycle, self.lane_candidate = self.lane_candidate, None
-            if not cycle.disconnected:
-                self._run(cycle)
 
     def eof_received(self) -> None:
         pass
@@ -252,14 +253,21 @@ class GatewayHttp(asyncio.Protocol):
         if self.cycle is not None:
             self.queued.append(cycle)
         elif self.fast_lane and cycle.app is None and scope["method"] == "POST" and not cycle.expect_continue:
-            self.cycle = self.lane_candidate = cycle  # the lane's if its body comes in this read
+            self.cycle = self.lane_candidate = cycle  # offered to the lane once its body is in
         else:
             self._start(cycle)
 
     def on_body(self, body: bytes) -> None:
-        assert self.reading is not None
-        self.reading.body.append(body)
-        self.reading.wake()
+        cycle = self.reading
+        assert cycle is not None
+        cycle.body.append(body)
+        cycle.wake()
+        if cycle is self.lane_candidate:
+            cycle.body_size += len(body)
+            assert self.gateway is not None
+            if cycle.body_size > self.gateway.max_body:  # past the limit: the application refuses it
+                self.lane_candidate = None
+                self._run(cycle)
 
     def on_message_complete(self) -> None:
         cycle = self.reading
@@ -272,7 +280,12 @@ class GatewayHttp(asyncio.Protocol):
             self.lane_candidate = None
             assert self.gateway is not None
             body = cycle.body[0] if len(cycle.body) == 1 else b"".join(cycle.body)
-            if lane.take(self.gateway, cycle, body):
+            try:
+                taken = lane.take(self.gateway, cycle, body)
+            except Exception:  # the lane's fault: the application answers instead
+                log.exception("gateway: the fast lane failed to take a request")
+                taken = False
+            if taken:
                 cycle.body.clear()
                 cycle.body_given = True
             else:
@@ -385,6 +398,7 @@ class Cycle:
             name == b"expect" and value.lower() == b"100-continue" for name, value in scope["headers"]
         )
         self.body: list[bytes] = []
+        self.body_size = 0  # counted while the body is read for the fast lane
         self.body_done = False
         self.body_given = False
         self.disconnected = False

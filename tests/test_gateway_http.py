@@ -177,6 +177,17 @@ def test_streaming_passes_chunks_through_and_counts_tokens(gateway_url, world):
     assert Profile.objects.get(user=world["bo_user"]).completion_tokens == 8
 
 
+def test_a_large_answer_that_is_not_streamed_comes_whole(gateway_url, world, standins):
+    # Past what the gateway buffers from a process before it pauses reading (HIGH_WATER).
+    port, _ = standins("qwen", "--standin-chunks", "100000")
+    serve(world["a"], world["qwen"], port)
+    for _ in range(2):  # a new connection to the process, then one from the pool
+        answer = call(gateway_url, world["ana"])
+        assert answer.status_code == 200
+        assert answer.json()["choices"][0]["message"]["content"].split() == [f"t{i}" for i in range(100000)]
+        assert answer.json()["usage"]["completion_tokens"] == 100000
+
+
 def test_bad_requests(gateway_url, world):
     url = gateway_url + "/v1/chat/completions"
     auth = {"Authorization": f"Bearer {world['bo']}"}
