@@ -155,6 +155,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.options.standin_crash_after is not None and not Handler.crash_armed:
             Handler.crash_armed = True
             threading.Thread(target=_crash, args=(self.options.standin_crash_after,), daemon=True).start()
+        print(f"standin: generating for {self.path}", flush=True)
         if not self._prefill():
             return
         n = self.options.standin_chunks

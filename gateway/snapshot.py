@@ -165,7 +165,8 @@ SNAPSHOT_TIMEOUT_SECONDS = 5.0
 class SnapshotCache:
     """The current snapshot, kept fresh by a background task while requests come in.
 
-    The task reads a new snapshot every three quarters of the age limit, so
+    The task starts a new read well before the snapshot reaches its age limit
+    (by twice the last read's time, at least a quarter of the limit), so
     requests never wait for the database in steady traffic, and the reading
     (some milliseconds of Python holding the GIL) falls at its own times, not at
     the start of a request. A request waits only when the snapshot is past its
@@ -179,6 +180,7 @@ class SnapshotCache:
         self.max_age = max_age
         self.current = Snapshot()
         self.last_used = 0.0
+        self.read_seconds = 0.0  # how long the last read took
         self._lock = asyncio.Lock()
         self._keeper: asyncio.Future[None] | None = None
 
@@ -196,16 +198,24 @@ class SnapshotCache:
             self._keeper = asyncio.ensure_future(self._keep_fresh())
         return self.current if now - self.current.taken_at < self.max_age else None
 
+    def _lead(self) -> float:
+        """How long before the age limit the keeper starts a read: twice the last read's time,
+        at least a quarter of the limit and at most three quarters (a slow database is read
+        early enough, a fast one not needlessly often)."""
+        return min(max(self.max_age / 4, 2 * self.read_seconds), self.max_age * 3 / 4)
+
     async def _refresh(self) -> None:
         async with self._lock:
-            if time.monotonic() - self.current.taken_at >= self.max_age * 0.75:
+            if time.monotonic() - self.current.taken_at >= self.max_age - self._lead():
                 from asgiref.sync import sync_to_async
 
                 try:
                     # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation
                     # that arrives as the read ends, and the keeper would never stop.
                     async with asyncio.timeout(SNAPSHOT_TIMEOUT_SECONDS):
+                        started = time.monotonic()
                         self.current = await sync_to_async(read_snapshot, thread_sensitive=False)()
+                        self.read_seconds = time.monotonic() - started
                 except TimeoutError:
                     # Requests wait on this read: a database that does not answer gets them a
                     # 503 naming it, not a hang (the read's thread gives up by itself later).
@@ -216,7 +226,7 @@ class SnapshotCache:
     async def _keep_fresh(self) -> None:
         while time.monotonic() - self.last_used < self.IDLE_STOP:
             age = time.monotonic() - self.current.taken_at
-            await asyncio.sleep(max(self.max_age * 0.75 - age, 0.001))
+            await asyncio.sleep(max(self.max_age - self._lead() - age, 0.001))
             try:
                 await self._refresh()
             except Exception:  # the next request past the limit retries, and reports what is wrong

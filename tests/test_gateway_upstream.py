@@ -431,7 +431,8 @@ def test_an_unreachable_redis_fails_each_waiting_request():
 # --- Snapshot -------------------------------------------------------------------------------------
 
 
-def test_the_snapshot_is_kept_fresh_in_the_background_and_requests_do_not_wait(monkeypatch):
+@pytest.mark.parametrize("read_seconds", [0.02, 0.08])
+def test_the_snapshot_is_kept_fresh_in_the_background_and_requests_do_not_wait(monkeypatch, read_seconds):
     import time
 
     from gateway import snapshot as snapshots
@@ -440,9 +441,9 @@ def test_the_snapshot_is_kept_fresh_in_the_background_and_requests_do_not_wait(m
 
     def slow_read():
         reads.append(time.monotonic())
-        # A database read: the keeper starts it at three quarters of the age limit, so a read
-        # of a quarter of it (0.05 s) would end just as requests start waiting for it.
-        time.sleep(0.02)
+        # A database read: quick (a tenth of the age limit), or slow (0.08 s: started at three
+        # quarters of the limit it would end past it); the keeper starts it early enough.
+        time.sleep(read_seconds)
         return snapshots.Snapshot(taken_at=time.monotonic())
 
     monkeypatch.setattr(snapshots, "read_snapshot", slow_read)
