@@ -442,64 +442,16 @@ class Counters:
             except (RedisError, OSError):  # Redis is away: the next round re-adds them
                 log.warning("could not refresh %d in-flight requests in Redis", len(live), exc_info=True)
 
-    async def leave(
-        self,
-        channel_id: int,
-        request_id: str,
-        *,
-        user_id: int,
-        reservation_id: int | None,
-        prompt: int,
-        completion: int,
-        status: int | None = None,
-        ttft_seconds: float | None = None,
-        key_id: int | None = None,
-        record: bytes = b"",
-    ) -> None:
+    async def leave(self, channel_id: int, request_id: str, **counted: Any) -> None:
         """Count the request out, with its usage, its log record and (for /metrics) its answer,
-        in one round trip."""
-        keys, args = self._leaving(
-            channel_id,
-            request_id,
-            user_id,
-            reservation_id,
-            prompt,
-            completion,
-            status,
-            ttft_seconds,
-            key_id,
-            record,
-        )
+        in one round trip (``counted``: as ``_leaving`` takes it)."""
+        keys, args = self._leaving(channel_id, request_id, **counted)
         await self._run(LEAVE, keys, args, defer=LEAVE_DEFER_SECONDS)
 
-    def leave_soon(
-        self,
-        channel_id: int,
-        request_id: str,
-        *,
-        user_id: int,
-        reservation_id: int | None,
-        prompt: int,
-        completion: int,
-        status: int | None = None,
-        ttft_seconds: float | None = None,
-        key_id: int | None = None,
-        record: bytes = b"",
-    ) -> None:
+    def leave_soon(self, channel_id: int, request_id: str, **counted: Any) -> None:
         """``leave`` with nobody waiting for it: queued now (a failure is logged; the request's
         in-flight entry then expires by itself)."""
-        keys, args = self._leaving(
-            channel_id,
-            request_id,
-            user_id,
-            reservation_id,
-            prompt,
-            completion,
-            status,
-            ttft_seconds,
-            key_id,
-            record,
-        )
+        keys, args = self._leaving(channel_id, request_id, **counted)
         reply = self.pipe.send_now(
             "EVALSHA", script_sha(LEAVE), len(keys), *keys, *args, defer=LEAVE_DEFER_SECONDS
         )
@@ -531,14 +483,15 @@ class Counters:
         self,
         channel_id: int,
         request_id: str,
+        *,
         user_id: int,
         reservation_id: int | None,
         prompt: int,
         completion: int,
-        status: int | None,
-        ttft_seconds: float | None,
-        key_id: int | None,
-        record: bytes,
+        status: int | None = None,
+        ttft_seconds: float | None = None,
+        key_id: int | None = None,
+        record: bytes = b"",
     ) -> tuple[list[str], list[str | int | bytes]]:
         """The count out's keys and arguments."""
         limited = len(self.live.pop(request_id, ())) > 1  # counted in the user's and key's sets too

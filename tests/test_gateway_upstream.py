@@ -431,18 +431,19 @@ def test_an_unreachable_redis_fails_each_waiting_request():
 # --- Snapshot -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("read_seconds", [0.02, 0.08])
+@pytest.mark.parametrize("read_seconds", [0.02, 0.16])
 def test_the_snapshot_is_kept_fresh_in_the_background_and_requests_do_not_wait(monkeypatch, read_seconds):
     import time
 
     from gateway import snapshot as snapshots
 
+    max_age = 0.4
     reads = []
 
     def slow_read():
         reads.append(time.monotonic())
-        # A database read: quick (a tenth of the age limit), or slow (0.08 s: started at three
-        # quarters of the limit it would end past it); the keeper starts it early enough.
+        # A database read: quick (a twentieth of the age limit), or slow (0.16 s: started at
+        # three quarters of the limit it would end past it); the keeper starts it early enough.
         time.sleep(read_seconds)
         return snapshots.Snapshot(taken_at=time.monotonic())
 
@@ -450,22 +451,22 @@ def test_the_snapshot_is_kept_fresh_in_the_background_and_requests_do_not_wait(m
     monkeypatch.setattr(snapshots.SnapshotCache, "IDLE_STOP", 0.3)
 
     async def main():
-        cache = snapshots.SnapshotCache(max_age=0.2)
+        cache = snapshots.SnapshotCache(max_age=max_age)
         await cache.get()  # the first request waits for the first read
         waits, ages = [], []
-        for _ in range(50):
+        for _ in range(100):
             started = time.monotonic()
             current = await cache.get()
             waits.append(time.monotonic() - started)
             ages.append(time.monotonic() - current.taken_at)
             await asyncio.sleep(0.02)
         reads_while_busy = len(reads)
-        await asyncio.sleep(0.8)  # no requests: the keeper stops
+        await asyncio.sleep(1.0)  # no requests: the keeper stops
         return waits, ages, reads_while_busy, len(reads), cache._keeper
 
     waits, ages, busy, total, keeper = asyncio.run(main())
     assert max(waits) < 0.02, "no request waited for a read"
-    assert max(ages) < 0.2, "and none saw a snapshot past its age limit"
+    assert max(ages) < max_age, "and none saw a snapshot past its age limit"
     assert busy >= 5, "the snapshot was read again and again while requests came"
     assert total - busy <= 2 and keeper.done(), "an idle gateway stops reading"
 
