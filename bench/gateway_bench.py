@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/gateway_bench.py [--server gateway|uvicorn|daphne] [--seconds 5]
         [--delay-ms 20] [--upstream raw|uvicorn|fastapi] [--levels 1,16,64] [--litellm PATH]
-        [--bare] [--limits] [--rounds 3]
+        [--bare] [--no-lane] [--limits] [--rounds 3]
 
 A fast upstream (16 SSE chunks per request, back to back or --delay-ms apart;
 in raw asyncio, as a bare ASGI app under uvicorn, or as a FastAPI streaming
@@ -18,6 +18,8 @@ request. With --litellm PATH (a litellm executable), LiteLLM's proxy is
 measured in the same run, configured to the same upstream. With --bare, the gateway's own
 HTTP server and upstream client passing requests through with none of the gateway's work
 (``bench/bare_gateway.py``): what its design costs, apart from what its work costs. With
+--no-lane, SlotServe with its fast lane switched off (``bench/application_gateway.py``: every
+request through the gateway's ASGI application) in the same run: what the lane saves. With
 --limits, fair sharing's limits are set (high enough never to refuse), so every request is
 checked against them before it goes upstream. Needs Redis.
 """
@@ -307,6 +309,11 @@ def main() -> None:
         help="also measure the gateway's server and upstream client doing none of its work",
     )
     parser.add_argument(
+        "--no-lane",
+        action="store_true",
+        help="also measure SlotServe with its fast lane off (every request through the application)",
+    )
+    parser.add_argument(
         "--limits",
         action="store_true",
         help="set fair sharing's limits (never reached): each request is checked before it goes up",
@@ -361,6 +368,19 @@ def main() -> None:
         )
         servers["bare"] = (bare_port, "/v1/chat/completions", bare.pid)
     servers["slotserve"] = (gateway_port, "/v1/chat/completions", gateway.pid)
+    no_lane = None
+    if args.no_lane:
+        no_lane_port = free_port()
+        no_lane = subprocess.Popen(
+            [
+                *uvicorn_argv("application_gateway:application", no_lane_port),
+                "--app-dir",
+                str(ROOT / "bench"),
+            ],
+            env=env,
+            cwd=ROOT,
+        )
+        servers["no lane"] = (no_lane_port, "/v1/chat/completions", no_lane.pid)
     litellm = None
     if args.litellm:
         litellm_port = free_port()
@@ -390,7 +410,16 @@ def main() -> None:
         wait_http(relay_port)
         if bare:
             wait_http(servers["bare"][0], "/v1/models")
-        keys = {"direct": "none", "relay": "none", "bare": "none", "slotserve": key, "litellm": "sk-bench"}
+        if no_lane:
+            wait_http(servers["no lane"][0], "/v1/models")
+        keys = {
+            "direct": "none",
+            "relay": "none",
+            "bare": "none",
+            "slotserve": key,
+            "no lane": key,
+            "litellm": "sk-bench",
+        }
         print(
             f"server: {args.server}; upstream: {args.upstream}, chunk delay {args.delay_ms:g} ms; "
             f"{args.seconds:g} s per run"
@@ -420,7 +449,7 @@ def main() -> None:
                 )
             floor = results["relay"]
             floor_added = max(floor["p50"] - direct["p50"], 1e-3)
-            for name in ("bare", "slotserve") if bare else ("slotserve",):
+            for name in (name for name in ("bare", "slotserve", "no lane") if name in results):
                 ours = results[name]
                 print(
                     f"{level:>7} {'÷ relay':>9}  {name}: added TTFT "
@@ -428,7 +457,7 @@ def main() -> None:
                     f"CPU per request {ours['cpu_ms'] / max(floor['cpu_ms'], 1e-3):.1f}x the relay's"
                 )
     finally:
-        for process in (gateway, upstream, relay, litellm, bare):
+        for process in (gateway, upstream, relay, litellm, bare, no_lane):
             if process is not None:
                 process.send_signal(signal.SIGTERM)
                 process.wait(timeout=10)

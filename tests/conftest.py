@@ -168,20 +168,24 @@ def gateway_url(request, settings, transactional_db):
     its snapshot reads end) before the database is flushed after the test.
 
     Each test runs twice: with the fast lane (``gateway.lane``) carrying what it can, as
-    ``./slotserve start`` serves, and with every request through the ASGI application. For the
-    lane the test's world is built first and the gateway has read it before the test begins
-    (the lane carries only requests that find a fresh snapshot), so the test's first request is
-    the lane's too."""
+    ``./slotserve start`` serves, and with every request through the ASGI application. The lane
+    carries only requests that find a fresh snapshot, so for the lane a test in the gateway's
+    ``world`` has the gateway read that world before the test begins: its first request is the
+    lane's too."""
     settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.05
     from gateway.proxy import Gateway
 
     settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES = 64 * 1024
     gateway = Gateway()
     gateway.lane = request.param == "lane"
-    if gateway.lane and "world" in request.fixturenames:
+    # A test in the gateway's world: the world first, then the gateway reads it (no request:
+    # nothing counted) and keeps it fresh. Tests that build their own data after the gateway
+    # starts are left as they were: their first request reads the snapshot.
+    read_first = gateway.lane and "world" in request.fixturenames
+    if read_first:
         request.getfixturevalue("world")
     with serving(gateway) as url:
-        if gateway.lane:  # the first snapshot is read (no request: nothing counted), and kept fresh
+        if read_first:
             asyncio.run_coroutine_threadsafe(gateway.snapshots.get(), SERVING_LOOPS[url]).result(timeout=10)
         yield url
 

@@ -184,6 +184,7 @@ def test_a_large_answer_that_is_not_streamed_comes_whole(gateway_url, world, sta
     # Past what the gateway buffers from a process before it pauses reading (HIGH_WATER).
     port, _ = standins("qwen", "--standin-chunks", "100000")
     serve(world["a"], world["qwen"], port)
+    time.sleep(0.15)  # the gateway's snapshot has the new port
     for _ in range(2):  # a new connection to the process, then one from the pool
         answer = call(gateway_url, world["ana"])
         assert answer.status_code == 200
