@@ -52,7 +52,7 @@ from gateway.proxy import (
     wait_seconds,
 )
 from gateway.snapshot import Caller
-from gateway.upstream import UpstreamTransport, _Connection
+from gateway.upstream import Connection, UpstreamTransport
 
 if TYPE_CHECKING:
     from gateway.server import Cycle
@@ -113,8 +113,8 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
     # Nothing comes back before the request is counted in: the process's answer waits for it.
     entering = gateway.counters.enter_soon(channel.id, limits, user_id=caller.user_id, key_id=caller.key_id)
     exchange.why = functools.partial(refusal_after_count_in, channel, caller, now)
-    exchange.request = upstream._request_bytes(b"POST", target, headers, content)
-    connection = upstream._idle_connection()
+    exchange.request = upstream.request_bytes(b"POST", target, headers, content)
+    connection = upstream.idle_connection()
     if connection is not None:
         exchange.send(connection)
     else:
@@ -151,7 +151,7 @@ class Exchange:
         self.events: Events | None = None
         self.parts: list[bytes] = []  # an answer that is not streamed, as it arrives
         self.why: Callable[[OverLimit | None], Refusal] | None = None
-        self.connection: _Connection | None = None
+        self.connection: Connection | None = None
         self.connect_error: httpx.HTTPError | None = None  # no connection to the process
         self.request = b""  # the request as it goes to the process
         self.counted: bool | None = None  # None until Redis has answered the count in
@@ -164,7 +164,7 @@ class Exchange:
 
     # The callbacks
 
-    def send(self, connection: _Connection) -> None:
+    def send(self, connection: Connection) -> None:
         self.connection = connection
         connection.listener = self.progress
         connection.send(self.request)
@@ -172,7 +172,7 @@ class Exchange:
     def connect(self) -> None:
         """A new connection to the process (a task: connecting is not on the hot path)."""
         self.connection = None
-        connecting = asyncio.ensure_future(self.upstream._connect())
+        connecting = asyncio.ensure_future(self.upstream.connect())
         connecting.add_done_callback(self._connected)
 
     def entered(self, entering: asyncio.Future[str | None]) -> None:
@@ -289,7 +289,7 @@ class Exchange:
                 connection.transport.pause_reading()
                 self.protocol.on_drained = self.resume
 
-    def _unanswered(self, connection: _Connection) -> None:
+    def _unanswered(self, connection: Connection) -> None:
         """The process's connection failed before the answer's head."""
         if connection.received == 0 and not connection.cancelled and not self.retried:
             # The process closed this idle connection as the request went out: once more, anew.
@@ -305,7 +305,7 @@ class Exchange:
         body = error_body(502, ErrorCode.UPSTREAM_UNREACHABLE, message, self.flavour)
         self._answer_whole(502, json_headers(body), body)
 
-    def _connected(self, connecting: asyncio.Future[_Connection]) -> None:
+    def _connected(self, connecting: asyncio.Future[Connection]) -> None:
         if connecting.cancelled():
             return
         error = connecting.exception()
@@ -386,7 +386,7 @@ class Exchange:
         if not self.ended:
             self.ended = True
             self._stop_upstream()
-            self.cycle._abandon()
+            self.cycle.abandon()
             if self.counted:
                 self._count_out()
 

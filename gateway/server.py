@@ -434,13 +434,13 @@ class Cycle:
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
                 log.error("Exception in ASGI application", exc_info=exc)
-            self._abandon()
+            self.abandon()
             if not isinstance(exc, Exception):
                 raise
             return
-        self._abandon()
+        self.abandon()
 
-    def _abandon(self) -> None:
+    def abandon(self) -> None:
         """An application that ended without finishing its answer: a 500, or a cut connection."""
         if self.complete or self.disconnected:
             return

@@ -26,7 +26,7 @@ import httpx
 HIGH_WATER = 256 * 1024
 
 
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
     """One keep-alive connection, reading one answer at a time (asyncio protocol and llhttp callbacks)."""
 
     def __init__(self) -> None:
@@ -156,7 +156,7 @@ class _Connection(asyncio.Protocol):
 class AnswerStream(httpx.AsyncByteStream):
     """An answer's body, chunk by chunk as it arrives; the connection goes back when it ends."""
 
-    def __init__(self, connection: _Connection, transport: UpstreamTransport) -> None:
+    def __init__(self, connection: Connection, transport: UpstreamTransport) -> None:
         self.connection = connection
         self.transport = transport
         self._released = False
@@ -214,9 +214,9 @@ class Cancel:
 
     def __init__(self) -> None:
         self.fired = False
-        self._connection: _Connection | None = None
+        self._connection: Connection | None = None
 
-    def attach(self, connection: _Connection) -> None:
+    def attach(self, connection: Connection) -> None:
         self._connection = connection
         if self.fired:
             connection.abort()
@@ -238,7 +238,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             raise ValueError(f"an upstream is http://host:port, not {upstream!r}")
         self.host, self.port = url.host, url.port
         self.connect_timeout = connect_timeout
-        self.idle: list[_Connection] = []
+        self.idle: list[Connection] = []
         self._host_header = url.netloc
         self._base = url
         self._urls: dict[str, httpx.URL] = {}
@@ -252,11 +252,11 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             found = self._urls[path] = self._base.join(path)
         return found
 
-    async def _connect(self) -> _Connection:
+    async def connect(self) -> Connection:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, connection = await loop.create_connection(_Connection, self.host, self.port)
+                _, connection = await loop.create_connection(Connection, self.host, self.port)
         except TimeoutError as exc:
             raise httpx.ConnectTimeout(
                 f"no connection to {self.host}:{self.port} within {self.connect_timeout:g} s"
@@ -265,14 +265,14 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
         return connection
 
-    def _idle_connection(self) -> _Connection | None:
+    def idle_connection(self) -> Connection | None:
         while self.idle:
             connection = self.idle.pop()
             if not connection.closed:
                 return connection
         return None
 
-    def give_back(self, connection: _Connection) -> None:
+    def give_back(self, connection: Connection) -> None:
         if connection.reusable and len(self.idle) < self.KEEP:
             self.idle.append(connection)
         elif not connection.closed:
@@ -292,13 +292,13 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
     ) -> Reply:
         """The gateway's own call: one request (``headers`` without host and length), its
         answer's head awaited, its body to be read from ``Reply.stream``."""
-        connection = await self._answered(self._request_bytes(method, target, headers, content), cancel)
+        connection = await self._answered(self.request_bytes(method, target, headers, content), cancel)
         return Reply(connection.status, connection.headers, AnswerStream(connection, self))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         content = request.content  # the gateway sends bytes it already holds
         headers = [(n, v) for n, v in request.headers.raw if n.lower() not in (b"host", b"content-length")]
-        data = self._request_bytes(request.method.encode(), request.url.raw_path, headers, content)
+        data = self.request_bytes(request.method.encode(), request.url.raw_path, headers, content)
         connection = await self._answered(data, request.extensions.get("slotserve.cancel"))
         return httpx.Response(
             connection.status,
@@ -308,7 +308,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             request=request,
         )
 
-    def _request_bytes(
+    def request_bytes(
         self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], content: bytes
     ) -> bytes:
         """A request as it goes on the wire: ``headers`` without host and length (added here)."""
@@ -319,16 +319,16 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         lines.append(content)
         return b"".join(lines)
 
-    async def _answered(self, data: bytes, cancel: Cancel | None) -> _Connection:
+    async def _answered(self, data: bytes, cancel: Cancel | None) -> Connection:
         """Send a request on an idle connection (or a new one) and wait for its answer's head."""
-        connection = self._idle_connection()
+        connection = self.idle_connection()
         if connection is not None:
             await self._exchange(connection, data, cancel)
             if connection.error is not None and connection.received == 0 and not connection.cancelled:
                 # The upstream closed this idle connection as we sent on it: once more, on a new one.
                 connection = None
         if connection is None:
-            connection = await self._connect()
+            connection = await self.connect()
             await self._exchange(connection, data, cancel)
         if connection.error is not None:
             error = connection.error
@@ -337,7 +337,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         return connection
 
     @staticmethod
-    async def _exchange(connection: _Connection, data: bytes, cancel: Cancel | None) -> None:
+    async def _exchange(connection: Connection, data: bytes, cancel: Cancel | None) -> None:
         """Send the request and wait for the answer's head."""
         connection.send(data)
         if cancel is not None:

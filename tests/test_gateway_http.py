@@ -34,6 +34,17 @@ def error(answer: httpx.Response) -> tuple[int, str]:
     return answer.status_code, answer.json()["error"]["code"]
 
 
+def assert_work_cancelled_or_never_begun(log) -> None:
+    """The stand-in's work on a refused request is cancelled; or the request never reached it
+    (the fast lane refuses it while its connection to the process is still opening, and the
+    connection is closed unused)."""
+    time.sleep(0.3)  # whatever reached the process is in its log
+    deadline = time.monotonic() + 5
+    while "generating for" in log.read_text() and "generation cancelled" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+
+
 def book(world, who: str, *, exclusive: bool = False):
     now = timezone.now()
     return factories.reservation(
@@ -114,13 +125,7 @@ def test_a_request_refused_at_the_gate_gets_nothing_of_the_process_and_its_work_
     refused = call(gateway_url, world["bo"], model="slow")
     assert error(refused) == (503, "model_switching") and time.monotonic() - started < 1.5
     assert in_flight(channel.pk) == 0
-    # The process's work is cancelled (or, in the fast lane, the request was refused while its
-    # connection to the process was still opening and never reached it).
-    time.sleep(0.3)
-    deadline = time.monotonic() + 5
-    while "generating for" in log.read_text() and "generation cancelled" not in log.read_text():
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.05)
+    assert_work_cancelled_or_never_begun(log)
     # Over a limit: refused before anything reaches the process.
     redis_client().delete(key(GATE, channel.pk))
     from gateway.models import ApiKey
@@ -601,13 +606,7 @@ def test_a_request_sent_ahead_that_meets_a_limit_is_refused_and_its_work_cancell
     refused = call(gateway_url, world["bo"], model="slow")
     assert error(refused) == (429, "rate_limit_exceeded") and time.monotonic() - started < 1.5
     assert in_flight(channel.pk) == 0
-    # Its work is cancelled; or it never reached the process (the fast lane refuses it while its
-    # connection to the process is still opening, and the connection is closed unused).
-    time.sleep(0.3)
-    deadline = time.monotonic() + 5
-    while "generating for" in log.read_text() and "generation cancelled" not in log.read_text():
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.05)
+    assert_work_cancelled_or_never_begun(log)
     started_work = log.read_text().count("generating for")
     assert error(call(gateway_url, world["bo"], model="slow")) == (429, "rate_limit_exceeded")
     time.sleep(0.3)
