@@ -301,6 +301,7 @@ def test_a_page_on_another_origin_streams_from_the_gateway_in_chromium(cors, gat
             browser.close()
     finally:
         server.shutdown()
+        server.server_close()
 
 
 def test_the_async_sdk_streams_twenty_at_once_and_raw_headers_come_once(gateway_url, world):
