@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/gateway_bench.py [--server gateway|uvicorn|daphne] [--seconds 5]
         [--delay-ms 20] [--upstream raw|uvicorn|fastapi] [--levels 1,16,64] [--litellm PATH]
-        [--bare] [--no-lane] [--limits] [--rounds 3]
+        [--bare] [--no-lane] [--against CHECKOUT] [--channels 12] [--limits] [--rounds 3]
 
 A fast upstream (16 SSE chunks per request, back to back or --delay-ms apart;
 in raw asyncio, as a bare ASGI app under uvicorn, or as a FastAPI streaming
@@ -20,6 +20,8 @@ HTTP server and upstream client passing requests through with none of the gatewa
 (``bench/bare_gateway.py``): what its design costs, apart from what its work costs. With
 --no-lane, SlotServe with its fast lane switched off (``bench/application_gateway.py``: every
 request through the gateway's ASGI application) in the same run: what the lane saves. With
+--against CHECKOUT, the gateway of another checkout (``git worktree add /tmp/before HEAD~1``)
+in the same run: what a change saves, apart from the noise between runs. With
 --limits, fair sharing's limits are set (high enough never to refuse), so every request is
 checked against them before it goes upstream. Needs Redis.
 """
@@ -224,8 +226,9 @@ def wait_http(port: int, path: str = "/health", timeout: float = 60) -> None:
     raise RuntimeError(f"nothing answers on port {port}")
 
 
-def prepare_gateway(upstream_port: int) -> tuple[dict[str, str], str]:
-    """A SlotServe database with one channel running the upstream, and an API key."""
+def prepare_gateway(upstream_port: int, channels: int = 1) -> tuple[dict[str, str], str]:
+    """A SlotServe database with one channel running the upstream, ``channels - 1`` more running
+    other models (never called: what the gateway looks through for each request), and an API key."""
     data = tempfile.mkdtemp(prefix="slotserve-gwbench-")
     env = {
         **os.environ,
@@ -253,6 +256,16 @@ def prepare_gateway(upstream_port: int) -> tuple[dict[str, str], str]:
     ChannelRuntime.objects.create(
         channel=channel, phase="ready", model=model, host="127.0.0.1", port=upstream_port, pid=1
     )
+    for n in range(1, channels):
+        other = Channel.objects.create(name=f"bench-{n}", node=node, gpu_indexes=[n])
+        ChannelRuntime.objects.create(
+            channel=other,
+            phase="ready",
+            model=LLMModel.objects.create(name=f"m{n}", backend="vllm", path=f"/m{n}"),
+            host="127.0.0.1",
+            port=free_port(),
+            pid=1,
+        )
     _, key = api_key_create(user=user, name="bench")
     return env, key
 
@@ -314,6 +327,20 @@ def main() -> None:
         help="also measure SlotServe with its fast lane off (every request through the application)",
     )
     parser.add_argument(
+        "--channels",
+        type=int,
+        default=1,
+        help="channels in the gateway's snapshot: the one that serves, and others running other "
+        "models (a lab with three servers of four GPUs has twelve)",
+    )
+    parser.add_argument(
+        "--against",
+        metavar="CHECKOUT",
+        help="also measure the gateway of another checkout of SlotServe (git worktree add DIR "
+        "COMMIT) in the same run, on the same database: a change's effect, apart from the noise "
+        "between runs",
+    )
+    parser.add_argument(
         "--limits",
         action="store_true",
         help="set fair sharing's limits (never reached): each request is checked before it goes up",
@@ -336,7 +363,7 @@ def main() -> None:
             str(args.delay_ms / 1000),
         ]
     )
-    env, key = prepare_gateway(upstream_port)
+    env, key = prepare_gateway(upstream_port, args.channels)
     venv_bin = Path(sys.executable).parent
     if args.server in ("gateway", "uvicorn"):
         argv = uvicorn_argv(
@@ -381,6 +408,16 @@ def main() -> None:
             cwd=ROOT,
         )
         servers["no lane"] = (no_lane_port, "/v1/chat/completions", no_lane.pid)
+    against = None
+    if args.against:
+        against_port = free_port()
+        against_root = Path(args.against).resolve()
+        against = subprocess.Popen(
+            [*uvicorn_argv("slotserve_site.asgi:application", against_port), "--app-dir", str(against_root)],
+            env={**env, "PYTHONPATH": str(against_root)},
+            cwd=against_root,
+        )
+        servers["against"] = (against_port, "/v1/chat/completions", against.pid)
     litellm = None
     if args.litellm:
         litellm_port = free_port()
@@ -412,12 +449,15 @@ def main() -> None:
             wait_http(servers["bare"][0], "/v1/models")
         if no_lane:
             wait_http(servers["no lane"][0], "/v1/models")
+        if against:
+            wait_http(servers["against"][0], "/v1/models")
         keys = {
             "direct": "none",
             "relay": "none",
             "bare": "none",
             "slotserve": key,
             "no lane": key,
+            "against": key,
             "litellm": "sk-bench",
         }
         print(
@@ -425,10 +465,11 @@ def main() -> None:
             f"{args.seconds:g} s per run"
             + (f", medians of {args.rounds} rounds" if args.rounds > 1 else "")
             + ("; fair sharing's limits set" if args.limits else "")
+            + (f"; {args.channels} channels" if args.channels > 1 else "")
         )
         print(
             f"{'streams':>7} {'via':>9} {'TTFT p50':>9} {'p99':>8} {'req/s':>8} {'vs direct':>9} "
-            f"{'added p50':>9} {'CPU/req':>8}"
+            f"{'added p50':>9} {'CPU/req':>9}"
         )
         for level in [int(x) for x in args.levels.split(",")]:
             runs: dict[str, list[dict[str, float]]] = {name: [] for name in servers}
@@ -445,11 +486,11 @@ def main() -> None:
                 added = r["p50"] - direct["p50"]
                 print(
                     f"{level:>7} {name:>9} {r['p50']:>7.2f}ms {r['p99']:>6.2f}ms {r['rps']:>8.0f} "
-                    f"{ratio:>8.0%} {added:>7.2f}ms {r['cpu_ms']:>6.2f}ms"
+                    f"{ratio:>8.0%} {added:>7.2f}ms {r['cpu_ms']:>6.3f}ms"
                 )
             floor = results["relay"]
             floor_added = max(floor["p50"] - direct["p50"], 1e-3)
-            for name in (name for name in ("bare", "slotserve", "no lane") if name in results):
+            for name in (name for name in ("bare", "slotserve", "no lane", "against") if name in results):
                 ours = results[name]
                 print(
                     f"{level:>7} {'÷ relay':>9}  {name}: added TTFT "
@@ -457,7 +498,7 @@ def main() -> None:
                     f"CPU per request {ours['cpu_ms'] / max(floor['cpu_ms'], 1e-3):.1f}x the relay's"
                 )
     finally:
-        for process in (gateway, upstream, relay, litellm, bare, no_lane):
+        for process in (gateway, upstream, relay, litellm, bare, no_lane, against):
             if process is not None:
                 process.send_signal(signal.SIGTERM)
                 process.wait(timeout=10)

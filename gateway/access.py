@@ -204,6 +204,38 @@ def route(
     )
 
 
+@dataclass(frozen=True)
+class ChannelIndex:
+    """The channels by what ``route`` looks for first: each caller's own booked channel, and the
+    channels ready to serve each model. Made once per snapshot, so that most requests find
+    their channel without looking through every channel."""
+
+    booked: Mapping[int, ChannelView]  # user → the channel of their active reservation
+    ready: Mapping[str, tuple[ChannelView, ...]]  # model → the channels ready to serve it
+
+    @classmethod
+    def of(cls, channels: Sequence[ChannelView]) -> ChannelIndex:
+        booked: dict[int, ChannelView] = {}
+        ready: dict[str, list[ChannelView]] = {}
+        for c in channels:
+            if c.booking is not None:
+                booked.setdefault(c.booking.user_id, c)  # route takes the first
+            if c.phase == Phase.READY and c.model is not None:
+                ready.setdefault(c.model, []).append(c)
+        return cls(booked, {model: tuple(found) for model, found in ready.items()})
+
+    def only_choice(self, caller_id: int, model: str | None) -> ChannelView | None:
+        """The channel ``route`` chooses for this caller and model when it has no choice to
+        make: the caller's own, or the one channel ready with the model. None leaves it to
+        ``route`` (it says why nothing serves, or weighs requests in flight among several).
+        ``admit`` still says whether the caller may use it."""
+        mine = self.booked.get(caller_id)
+        if mine is not None:
+            return mine
+        found = self.ready.get(model, ()) if model else ()
+        return found[0] if len(found) == 1 else None
+
+
 def models_for(*, caller_id: int, channels: Sequence[ChannelView], now: datetime) -> list[tuple[str, str]]:
     """``/v1/models``: (model, channel) pairs the caller can use right now."""
     return sorted(

@@ -28,8 +28,8 @@ import httpx
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from channels_app.vocabulary import ErrorCode, Phase
-from gateway.access import ChannelView, Refusal, route
+from channels_app.vocabulary import ErrorCode
+from gateway.access import ChannelView, Refusal, admit
 from gateway.body import loads, parse_body
 from gateway.counters import OverLimit
 from gateway.events import Events, Usage
@@ -82,15 +82,16 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
     if body is None:
         return False
     asked = body.get("model")
+    if asked is not None and not isinstance(asked, str):
+        return False
     model = snapshot.aliases.get(asked, asked) if asked is not None else None
-    if sum(1 for c in snapshot.channels if c.model == model and c.phase == Phase.READY) > 1:
-        return False  # a choice by requests in flight: the application asks Redis
+    # The channel route() would choose; none where it has to say why nothing serves, or to
+    # choose among channels by requests in flight (the application asks Redis).
+    channel = snapshot.index.only_choice(caller.user_id, model)
+    if channel is None or channel.upstream is None:
+        return False
     now = timezone.now()
-    chosen = route(
-        caller_id=caller.user_id, model=model, pinned=None, channels=snapshot.channels, in_flight={}, now=now
-    )
-    channel = chosen.channel
-    if chosen.refusal is not None or channel is None or channel.upstream is None:
+    if admit(caller_id=caller.user_id, channel=channel, now=now) is not None:
         return False
     limits = None if _is_booker(channel, caller) else caller.limits
     if limits is not None and not gateway.counters.may_go_ahead(caller.user_id, caller.key_id):

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -21,7 +22,7 @@ from django.utils import timezone
 
 from channels_app.node_agent.processes import url_host
 from channels_app.vocabulary import SERVING_PHASES, Phase
-from gateway.access import Booking, ChannelView
+from gateway.access import Booking, ChannelIndex, ChannelView
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,11 @@ class Snapshot:
     channels: tuple[ChannelView, ...] = ()
     aliases: dict[str, str] = field(default_factory=dict)  # alias → the model's name
     taken_at: float = 0.0
+
+    @cached_property
+    def index(self) -> ChannelIndex:
+        """The channels by booker and by ready model (``gateway.lane``'s look-up)."""
+        return ChannelIndex.of(self.channels)
 
 
 def read_snapshot() -> Snapshot:

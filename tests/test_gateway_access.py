@@ -182,3 +182,56 @@ def test_a_model_loaded_only_where_someone_else_booked_is_403_naming_the_channel
     assert chosen.refusal is not None
     assert (chosen.refusal.status, chosen.refusal.code) == (403, "gpu_reserved")
     assert chosen.refusal.message == "channel a is reserved by someone else until 2026-12-07T09:00:00Z"
+
+
+def test_the_channel_index_chooses_as_route_does_without_looking_through_every_channel():
+    """``ChannelIndex.only_choice`` (the fast lane's look-up, made once per snapshot) names a
+    channel only where ``route`` over all channels would choose that very channel; it leaves
+    the rest (no ready channel, a choice among several) to ``route``."""
+    import random
+
+    from gateway.access import ChannelIndex
+
+    rng = random.Random(7)
+    cy = 3
+    bookings = [None, BOOKED, WHOLE, dataclasses.replace(BOOKED, user_id=BO)]
+    checked = chosen = 0
+    for _ in range(3000):
+        channels = tuple(
+            channel(
+                name=f"c{n}",
+                id=n,
+                phase=rng.choice(["ready", "ready", "loading", "draining", "stopped", "failed"]),
+                model=rng.choice(["qwen", "llama", None]),
+                booking=rng.choice(bookings),
+                switching=rng.random() < 0.1,
+            )
+            for n in range(rng.randint(1, 5))
+        )
+        index = ChannelIndex.of(channels)
+        for caller in (ANA, BO, cy):
+            for model in ("qwen", "llama", "mistral", None):
+                full = route(
+                    caller_id=caller, model=model, pinned=None, channels=channels, in_flight={}, now=NOW
+                )
+                choice = index.only_choice(caller, model)
+                checked += 1
+                if choice is None:
+                    continue
+                refusal = admit(caller_id=caller, channel=choice, now=NOW)
+                assert (refusal is None) == (full.refusal is None), (caller, model, channels)
+                if refusal is None:  # what the lane takes
+                    chosen += 1
+                    assert full.channel is choice, (caller, model, channels)
+
+    assert chosen > 1000, f"the worlds give the lane something to take ({chosen} of {checked})"
+
+    ready = channel(name="a", id=1)
+    other = channel(name="b", id=2)
+    mine = channel(name="c", id=3, model="llama", booking=BOOKED)
+    assert ChannelIndex.of((ready,)).only_choice(BO, "qwen") is ready
+    assert ChannelIndex.of((ready, other)).only_choice(BO, "qwen") is None, "two ready: by requests in flight"
+    assert ChannelIndex.of((ready, mine)).only_choice(ANA, "qwen") is mine, "the booker's own channel first"
+    assert ChannelIndex.of((ready, mine)).only_choice(BO, "qwen") is ready
+    assert ChannelIndex.of((ready,)).only_choice(BO, "llama") is None
+    assert ChannelIndex.of((channel(phase="loading"),)).only_choice(BO, "qwen") is None
