@@ -190,8 +190,30 @@ def gateway_url(request, settings, transactional_db):
         yield url
 
 
-# The event loop each live server of ``serving`` runs in, by its URL.
+# The event loop each live server of ``serving`` runs in, and the application it serves, by its URL.
 SERVING_LOOPS: dict[str, asyncio.AbstractEventLoop] = {}
+SERVING_APPS: dict[str, Any] = {}
+
+
+def snapshot_seen(url: str, timeout: float = 10.0) -> None:
+    """Until the gateway at ``url`` has finished a read of the database that began after this
+    call: what the test just changed (a channel, a key, a booking, a limit) is in its snapshot.
+    Its keeper reads every few hundredths of a second while requests come; a fixed sleep fails
+    when one read is slow. A gateway with no read for a second has stopped keeping: its next
+    request reads the database itself."""
+    snapshots = SERVING_APPS[url].snapshots
+    called = time.monotonic()
+    first: float | None = None
+    while time.monotonic() - called < timeout:
+        taken = snapshots.current.taken_at
+        if first is None and taken > called:
+            first = taken
+        elif first is not None and taken > first:
+            return  # the read that ended at ``taken`` began after ``first`` ended, after the call
+        if time.monotonic() - taken > snapshots.max_age + 1.0:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"the gateway did not read the database within {timeout:g} s")
 
 
 @contextlib.contextmanager
@@ -216,10 +238,12 @@ def serving(app, **options) -> Iterator[str]:
         time.sleep(0.01)
     url = f"http://127.0.0.1:{port}"
     SERVING_LOOPS[url] = server.servers[0].get_loop()
+    SERVING_APPS[url] = app
     try:
         yield url
     finally:
         SERVING_LOOPS.pop(url, None)
+        SERVING_APPS.pop(url, None)
         server.should_exit = True
         thread.join(timeout=10)
         # A server still running would read the database while the test's is flushed.

@@ -19,7 +19,7 @@ from channels_app.shared import redis_client
 from gateway.counters import GATE, INFLIGHT, key
 from gateway.services import api_key_revoke
 from tests import factories
-from tests.conftest import free_port, running_llama_server, serve
+from tests.conftest import free_port, running_llama_server, serve, snapshot_seen
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -76,7 +76,7 @@ def test_unreserved_channel_serves_everyone_and_maps_the_model(gateway_url, worl
 
 def test_active_reservation_lets_only_the_booker_in(gateway_url, world):
     booking = book(world, "ana")
-    time.sleep(0.1)
+    snapshot_seen(gateway_url)
     mine = call(gateway_url, world["ana"], model="whatever-i-like")
     assert mine.status_code == 200 and mine.json()["model"] == "qwen"
     theirs = call(gateway_url, world["bo"])
@@ -94,7 +94,7 @@ def test_active_reservation_lets_only_the_booker_in(gateway_url, world):
 def test_booker_waits_while_the_model_loads(gateway_url, world):
     book(world, "ana")
     serve(world["a"], world["qwen"], None, phase="loading")
-    time.sleep(0.1)
+    snapshot_seen(gateway_url)
     answer = call(gateway_url, world["ana"])
     assert error(answer) == (503, "model_loading")
     assert int(answer.headers["Retry-After"]) >= 1
@@ -104,7 +104,7 @@ def test_booker_waits_while_the_model_loads(gateway_url, world):
 def test_whole_card_reservation(gateway_url, world):
     book(world, "ana", exclusive=True)
     serve(world["a"], None, None, phase="stopped")
-    time.sleep(0.1)
+    snapshot_seen(gateway_url)
     answer = call(gateway_url + "/channels/ch-a", world["ana"])
     assert error(answer) == (503, "gpu_exclusive") and int(answer.headers["Retry-After"]) > 3500
     assert error(call(gateway_url + "/channels/ch-a", world["bo"])) == (403, "gpu_reserved")
@@ -129,7 +129,7 @@ def test_a_request_refused_at_the_gate_gets_nothing_of_the_process_and_its_work_
     slow = factories.llm("slow")
     channel = factories.channel("ch-slow", on=factories.node("n2"))
     serve(channel, slow, port)
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     redis_client().set(key(GATE, channel.pk), "1")
     started = time.monotonic()
     refused = call(gateway_url, world["bo"], model="slow")
@@ -141,7 +141,7 @@ def test_a_request_refused_at_the_gate_gets_nothing_of_the_process_and_its_work_
     from gateway.models import ApiKey
 
     ApiKey.objects.filter(user=world["bo_user"]).update(requests_per_minute=1)
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     assert call(gateway_url, world["bo"], model="llama").status_code == 200
     started_work = log.read_text().count("generating for")
     assert error(call(gateway_url, world["bo"], model="slow")) == (429, "rate_limit_exceeded")
@@ -166,7 +166,7 @@ def test_routing_by_model_prefers_the_channel_with_fewer_requests(gateway_url, w
 
 def test_models_endpoint_lists_what_the_caller_can_use(gateway_url, world):
     book(world, "ana")
-    time.sleep(0.1)
+    snapshot_seen(gateway_url)
     mine = httpx.get(gateway_url + "/v1/models", headers={"Authorization": f"Bearer {world['ana']}"}).json()
     theirs = httpx.get(gateway_url + "/v1/models", headers={"Authorization": f"Bearer {world['bo']}"}).json()
     assert sorted(m["id"] for m in mine["data"]) == ["llama", "qwen"]
@@ -200,7 +200,7 @@ def test_a_large_answer_that_is_not_streamed_comes_whole(gateway_url, world, sta
     # Past what the gateway buffers from a process before it pauses reading (HIGH_WATER).
     port, _ = standins("qwen", "--standin-chunks", "100000")
     serve(world["a"], world["qwen"], port)
-    time.sleep(0.15)  # the gateway's snapshot has the new port
+    snapshot_seen(gateway_url)
     for _ in range(2):  # a new connection to the process, then one from the pool
         answer = call(gateway_url, world["ana"])
         assert answer.status_code == 200
@@ -220,13 +220,13 @@ def test_bad_requests(gateway_url, world):
     from gateway.models import ApiKey
 
     api_key_revoke(api_key=ApiKey.objects.get(user=world["bo_user"]))
-    time.sleep(0.1)
+    snapshot_seen(gateway_url)
     assert error(call(gateway_url, world["bo"])) == (401, "invalid_api_key")
 
 
 def test_unreachable_upstream_is_502(gateway_url, world):
     serve(world["b"], world["llama"], free_port())
-    time.sleep(0.1)
+    snapshot_seen(gateway_url)
     answer = call(gateway_url, world["ana"], model="llama")
     assert error(answer) == (502, "upstream_unreachable")
     # Counted out right after the answer went to the client.
@@ -242,7 +242,7 @@ def test_upstream_dying_mid_stream_ends_with_an_error_event(gateway_url, world, 
     )
     model = factories.llm("dying")
     serve(world["b"], model, port)
-    time.sleep(0.1)
+    snapshot_seen(gateway_url)
     with httpx.stream(
         "POST",
         gateway_url + "/v1/completions",
@@ -263,7 +263,7 @@ def test_client_disconnect_cancels_the_upstream_and_releases_the_count(gateway_u
     port, log = standins("slow", "--standin-chunks", "400", "--standin-chunk-delay", "20")
     model = factories.llm("slow")
     serve(world["b"], model, port)
-    time.sleep(0.1)
+    snapshot_seen(gateway_url)
     counter = world["b"].pk
     with httpx.stream(
         "POST",
@@ -296,7 +296,7 @@ def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, w
     runtime = ChannelRuntime.objects.get(channel=world["b"])
     serve(world["b"], model, port)
     ChannelRuntime.objects.filter(pk=runtime.pk).update(run_id="r", pid=None)
-    time.sleep(0.1)
+    snapshot_seen(gateway_url)
     received: list[str] = []
     streaming = threading.Event()
 
@@ -376,7 +376,7 @@ def test_metrics_count_answers_phases_loads_and_reservations(gateway_url, world,
         succeeded=True,
     )
     book(world, "ana")
-    time.sleep(0.1)
+    snapshot_seen(gateway_url)
     assert call(gateway_url, world["ana"]).status_code == 200
     assert call(gateway_url, world["bo"]).status_code == 403
     assert call(gateway_url, None).status_code == 401
@@ -402,7 +402,7 @@ def test_client_leaving_before_the_first_token_cancels_the_upstream(gateway_url,
     port, log = standins("thinker", "--standin-prefill-ms", "5000")
     model = factories.llm("thinker")
     serve(world["b"], model, port)
-    time.sleep(0.1)
+    snapshot_seen(gateway_url)
     counter = world["b"].pk
     for streaming in (False, True):
         started = time.monotonic()
@@ -440,7 +440,7 @@ def test_a_caller_may_wait_for_the_model_instead_of_a_503(gateway_url, world):
     """llama-swap's behaviour, asked for: held until the model is ready, then answered."""
     port = ChannelRuntime.objects.get(channel=world["a"]).port
     serve(world["a"], world["qwen"], port, phase="loading")
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     assert error(call(gateway_url, world["ana"])) == (503, "model_loading")  # the default stays
     flipping = _ready_later(world["a"], world["qwen"], port, after=0.8)
     started = time.monotonic()
@@ -460,7 +460,7 @@ def test_a_wait_is_bounded_and_a_key_may_wait_by_default(gateway_url, world, ana
 
     port = ChannelRuntime.objects.get(channel=world["a"]).port
     serve(world["a"], world["qwen"], port, phase="loading")
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     started = time.monotonic()
     bounded = httpx.post(
         f"{gateway_url}/v1/chat/completions",
@@ -484,7 +484,7 @@ def test_a_wait_is_bounded_and_a_key_may_wait_by_default(gateway_url, world, ana
         client.patch(f"/api/keys/{key_id}/", {"wait_seconds": 10}, format="json").data["wait_seconds"] == 10
     )
     assert client.patch(f"/api/keys/{key_id}/", {"wait_seconds": 10**6}, format="json").status_code == 400
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     flipping = _ready_later(world["a"], world["qwen"], port, after=0.5)
     assert call(gateway_url, world["ana"]).status_code == 200
     flipping.join()
@@ -495,7 +495,7 @@ def _leave_while_held(gateway_url, world, *, after: float) -> None:
     then the model is ready."""
     port = ChannelRuntime.objects.get(channel=world["a"]).port
     serve(world["a"], world["qwen"], port, phase="loading")
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             f"{gateway_url}/v1/chat/completions",
@@ -548,7 +548,7 @@ def test_fair_sharing_limits_requests_at_once_atomically(gateway_url, world, sta
     port, _ = standins("slow", "--standin-prefill-ms", "1500")
     slow = factories.llm("slow")
     serve(factories.channel("ch-slow", on=factories.node("n2")), slow, port)
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     first, answers = _chat_in_thread(gateway_url, world["bo"], "slow")
     time.sleep(0.5)
     second = call(gateway_url, world["bo"], model="llama")
@@ -585,7 +585,7 @@ def test_a_caller_far_from_its_limits_goes_upstream_while_redis_counts_it_in(
         return await original(self, channel_id, limits, **kwargs)
 
     monkeypatch.setattr(Counters, "enter", enter)
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     assert [call(gateway_url, world["bo"], model="llama").status_code for _ in range(3)] == [200] * 3
     assert checked_first == [True]  # only the first waited for its check
     rate = redis_client().get(key(RedisKey.RATE, f"user-{world['bo_user'].pk}"))
@@ -610,7 +610,7 @@ def test_a_request_sent_ahead_that_meets_a_limit_is_refused_and_its_work_cancell
     slow = factories.llm("slow")
     channel = factories.channel("ch-slow", on=factories.node("n2"))
     serve(channel, slow, port)
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     assert call(gateway_url, world["bo"], model="llama").status_code == 200  # room: 99 requests
     redis_client().set(key(RedisKey.RATE, f"user-{world['bo_user'].pk}"), 100, ex=60)
     started = time.monotonic()
@@ -628,16 +628,16 @@ def test_fair_sharing_per_minute_with_per_user_override_and_the_booker_exempt(ga
     from gateway.models import SharingLimits
 
     settings.SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE = 2
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     assert [call(gateway_url, world["bo"], model="llama").status_code for _ in range(3)] == [200, 200, 429]
     refused = call(gateway_url, world["bo"], model="llama")
     assert 1 <= int(refused.headers["Retry-After"]) <= 60
     SharingLimits.objects.create(user=world["bo_user"], requests_per_minute=0)  # bo: no limit
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     assert call(gateway_url, world["bo"], model="llama").status_code == 200
     # ana in her own slot is not limited there; outside it she is.
     book(world, "ana")
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     assert [call(gateway_url, world["ana"]).status_code for _ in range(4)] == [200] * 4
     assert [call(gateway_url + "/channels/ch-b", world["ana"], model="x").status_code for _ in range(3)] == [
         200,
@@ -648,7 +648,7 @@ def test_fair_sharing_per_minute_with_per_user_override_and_the_booker_exempt(ga
 
 def test_fair_sharing_weekly_token_budget(gateway_url, world, settings):
     settings.SLOTSERVE_LIMIT_WEEKLY_TOKENS = 20
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     spent = 0
     for _ in range(10):
         answer = call(gateway_url, world["bo"], model="llama")
@@ -666,7 +666,7 @@ def test_a_keys_own_limit(gateway_url, world, settings):
     from gateway.models import ApiKey
 
     ApiKey.objects.filter(user=world["bo_user"]).update(requests_per_minute=1)
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     assert call(gateway_url, world["bo"], model="llama").status_code == 200
     refused = call(gateway_url, world["bo"], model="llama")
     assert error(refused) == (429, "rate_limit_exceeded") and "this key" in refused.json()["error"]["message"]
@@ -688,7 +688,7 @@ def test_model_aliases_route_as_their_model(gateway_url, world, staff):
     assert (
         user_api.post("/api/model-aliases/", {"name": "x", "model": "qwen"}, format="json").status_code == 403
     )
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     answer = call(gateway_url, world["bo"], model="gpt-4o-mini")
     assert answer.status_code == 200 and answer.json()["model"] == "qwen"
     listed = httpx.get(f"{gateway_url}/v1/models", headers={"Authorization": f"Bearer {world['bo']}"}).json()
@@ -707,7 +707,7 @@ def test_a_held_stream_gets_sse_comments_then_the_answer(gateway_url, world, mon
     monkeypatch.setattr("gateway.proxy.HOLD_COMMENT_SECONDS", 0.2)
     port = ChannelRuntime.objects.get(channel=world["a"]).port
     serve(world["a"], world["qwen"], port, phase="loading")
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     flipping = _ready_later(world["a"], world["qwen"], port, after=1.0)
     raw = httpx.post(
         f"{gateway_url}/v1/chat/completions",
@@ -721,7 +721,7 @@ def test_a_held_stream_gets_sse_comments_then_the_answer(gateway_url, world, mon
     assert raw.text.count(": waiting") >= 2 and raw.text.rstrip().endswith("data: [DONE]")
     # The SDK reads it as any stream.
     serve(world["a"], world["qwen"], port, phase="loading")
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     flipping = _ready_later(world["a"], world["qwen"], port, after=0.6)
     client = openai.OpenAI(
         base_url=f"{gateway_url}/v1", api_key=world["ana"], default_headers={"X-SlotServe-Wait": "10"}
@@ -739,7 +739,7 @@ def test_a_held_stream_that_times_out_ends_with_an_error_event(gateway_url, worl
     monkeypatch.setattr("gateway.proxy.HOLD_COMMENT_SECONDS", 0.2)
     port = ChannelRuntime.objects.get(channel=world["a"]).port
     serve(world["a"], world["qwen"], port, phase="loading")
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     raw = httpx.post(
         f"{gateway_url}/v1/chat/completions",
         json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "stream": True},
