@@ -28,7 +28,6 @@ import httpx
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from channels_app.vocabulary import ErrorCode
 from gateway.access import ChannelView, Refusal, admit
 from gateway.body import loads, parse_body
 from gateway.counters import OverLimit
@@ -41,9 +40,9 @@ from gateway.proxy import (
     _header,
     _is_booker,
     authenticate,
-    error_body,
+    broke_off,
+    did_not_answer,
     flavour_of,
-    json_headers,
     passed_on,
     process_failed_event,
     refusal_after_count_in,
@@ -238,7 +237,7 @@ class Exchange:
         connection = self.connection
         if connection is None:
             if self.connect_error is not None:
-                self._did_not_answer(self.connect_error)
+                self._answer_whole(*self._refusal(did_not_answer(self.channel, self.connect_error)))
             return
         if not self.begun:
             if not connection.head_done:
@@ -249,11 +248,7 @@ class Exchange:
             status = connection.status
             if not self.streaming and not event_stream:
                 if connection.error is not None:
-                    message = (
-                        f"channel {self.channel.name}'s process broke off its answer: {connection.error!r}"
-                    )
-                    body = error_body(502, ErrorCode.UPSTREAM_FAILED, message, self.flavour)
-                    self._answer_whole(502, json_headers(body), body)
+                    self._answer_whole(*self._refusal(broke_off(self.channel, connection.error)))
                     return
                 if connection.body:  # taken as it comes, so that reading from the process goes on
                     self.parts.append(connection.take())
@@ -292,19 +287,14 @@ class Exchange:
 
     def _unanswered(self, connection: Connection) -> None:
         """The process's connection failed before the answer's head."""
-        if connection.received == 0 and not connection.cancelled and not self.retried:
+        if connection.dropped_unanswered and not self.retried:
             # The process closed this idle connection as the request went out: once more, anew.
             self.retried = True
             connection.listener = None
             self.connect()
             return
         assert connection.error is not None
-        self._did_not_answer(connection.error)
-
-    def _did_not_answer(self, error: Exception) -> None:
-        message = f"channel {self.channel.name}'s process did not answer: {error!r}"
-        body = error_body(502, ErrorCode.UPSTREAM_UNREACHABLE, message, self.flavour)
-        self._answer_whole(502, json_headers(body), body)
+        self._answer_whole(*self._refusal(did_not_answer(self.channel, connection.error)))
 
     def _connected(self, connecting: asyncio.Future[Connection]) -> None:
         if connecting.cancelled():

@@ -161,6 +161,18 @@ def unreachable(what: str) -> Refusal:
     return Refusal(503, ErrorCode.SERVICE_UNAVAILABLE, message, UNAVAILABLE_RETRY_AFTER)
 
 
+def did_not_answer(channel: ChannelView, exc: Exception) -> Refusal:
+    """The answer when ``channel``'s process cannot be reached, or closes before it answers."""
+    message = f"channel {channel.name}'s process did not answer: {exc!r}"
+    return Refusal(502, ErrorCode.UPSTREAM_UNREACHABLE, message)
+
+
+def broke_off(channel: ChannelView, exc: Exception) -> Refusal:
+    """The answer when ``channel``'s process stops partway through an answer that is not streamed."""
+    message = f"channel {channel.name}'s process broke off its answer: {exc!r}"
+    return Refusal(502, ErrorCode.UPSTREAM_FAILED, message)
+
+
 def authenticate(scope: Scope, snapshot: Snapshot) -> Caller | None:
     """The caller whose API key is in ``Authorization: Bearer <key>`` (OpenAI's clients) or in
     ``x-api-key`` (Anthropic's), if it is usable."""
@@ -629,8 +641,7 @@ class Gateway:
                 if not await _settled(entry, cancel):
                     await refuse(send, entry.refused())
                 elif not cancel.fired:
-                    message = f"channel {channel.name}'s process did not answer: {exc!r}"
-                    await respond(send, 502, error_body(502, ErrorCode.UPSTREAM_UNREACHABLE, message))
+                    await refuse(send, did_not_answer(channel, exc))
                 return
             if not await _settled(entry, cancel):  # refused after all: the process's answer is dropped
                 await response.aclose()
@@ -663,8 +674,7 @@ class Gateway:
                 content = await response.aread()
             except httpx.HTTPError as exc:
                 if not cancel.fired:
-                    message = f"channel {channel.name}'s process broke off its answer: {exc!r}"
-                    await respond(send, 502, error_body(502, ErrorCode.UPSTREAM_FAILED, message))
+                    await refuse(send, broke_off(channel, exc))
                 return
             with contextlib.suppress(ValueError):
                 usage.add(loads(content))

@@ -149,6 +149,12 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     @property
+    def dropped_unanswered(self) -> bool:
+        """The connection failed before any of its answer came, and not by a cancel: an idle
+        connection the upstream closed as the request went out (one more try, on a new one)."""
+        return self.error is not None and self.received == 0 and not self.cancelled
+
+    @property
     def reusable(self) -> bool:
         return self.complete and not self.closed and self.error is None and self.keep_alive and not self.body
 
@@ -324,7 +330,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         connection = self.idle_connection()
         if connection is not None:
             await self._exchange(connection, data, cancel)
-            if connection.error is not None and connection.received == 0 and not connection.cancelled:
+            if connection.dropped_unanswered:
                 # The upstream closed this idle connection as we sent on it: once more, on a new one.
                 connection = None
         if connection is None:
