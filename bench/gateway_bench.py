@@ -14,7 +14,8 @@ of 1, 16 and 64 concurrent workers keeps its own keep-alive connection and
 sends the next request when the last one ends. Reported per level: time to
 first token (p50, p99), requests per second, the gateway's added latency and
 throughput ratio, and the CPU milliseconds each server process spent per
-request. With --litellm PATH (a litellm executable), LiteLLM's proxy is
+request, split into its own code's (user: for a Python server, the interpreter's) and the
+kernel's (its reads and writes). With --litellm PATH (a litellm executable), LiteLLM's proxy is
 measured in the same run, configured to the same upstream. With --bare, the gateway's own
 HTTP server and upstream client passing requests through with none of the gateway's work
 (``bench/bare_gateway.py``): what its design costs, apart from what its work costs. With
@@ -47,6 +48,9 @@ sys.path.insert(0, str(ROOT))
 CHUNKS = 16
 # An added time to the first token shorter than this is within the noise of the direct runs.
 MEASURABLE_MS = 0.05
+# The kernel counts CPU time in clock ticks (10 ms): a run that spent less than this is too coarse
+# to compare.
+MEASURABLE_CPU_SECONDS = 0.2
 
 
 # --- The fast upstream ------------------------------------------------------------
@@ -175,10 +179,12 @@ async def one_worker(
         writer.close()
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """The CPU seconds a process has spent in its own code (user) and in the kernel's (system:
+    its reads and writes)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
 
 
 async def load(port: int, path: str, key: str, workers: int, seconds: float) -> tuple[list[float], int]:
@@ -195,18 +201,36 @@ def measure(
     name: str, port: int, path: str, key: str, workers: int, seconds: float, pid: int
 ) -> dict[str, float]:
     asyncio.run(load(port, path, key, workers, min(1.0, seconds)))  # warm up connections and caches
-    cpu_before = cpu_seconds(pid)
+    user_before, system_before = cpu_seconds(pid)
     started = time.perf_counter()
     ttfts, done = asyncio.run(load(port, path, key, workers, seconds))
     elapsed = time.perf_counter() - started
-    cpu = cpu_seconds(pid) - cpu_before
+    user_after, system_after = cpu_seconds(pid)
+    user, system = user_after - user_before, system_after - system_before
     ttfts.sort()
     return {
         "p50": statistics.median(ttfts) * 1000,
         "p99": ttfts[int(len(ttfts) * 0.99) - 1] * 1000 if len(ttfts) > 1 else ttfts[0] * 1000,
         "rps": done / elapsed,
-        "cpu_ms": cpu * 1000 / max(done, 1),
+        "cpu_ms": (user + system) * 1000 / max(done, 1),
+        "user_ms": user * 1000 / max(done, 1),
+        "system_ms": system * 1000 / max(done, 1),
+        "cpu_seconds": user + system,
     }
+
+
+def cpu_versus(ours: dict[str, float], floor: dict[str, float]) -> str:
+    """``ours``'s CPU per request against ``floor``'s: in all, in its own code and in the kernel."""
+    if min(ours["cpu_seconds"], floor["cpu_seconds"]) < MEASURABLE_CPU_SECONDS:
+        return "CPU per request too little to compare (under 0.2 s in a run)"
+
+    def times(figure: str) -> str:
+        return f"{ours[figure] / floor[figure]:.1f}x" if floor[figure] > 0 else "-"
+
+    return (
+        f"CPU per request {times('cpu_ms')} the relay's "
+        f"(user {times('user_ms')}, kernel {times('system_ms')})"
+    )
 
 
 def free_port() -> int:
@@ -471,7 +495,7 @@ def main() -> None:
         )
         print(
             f"{'streams':>7} {'via':>9} {'TTFT p50':>9} {'p99':>8} {'req/s':>8} {'vs direct':>9} "
-            f"{'added p50':>9} {'CPU/req':>9}"
+            f"{'added p50':>9} {'CPU/req':>9} {'user':>8} {'kernel':>8}"
         )
         for level in [int(x) for x in args.levels.split(",")]:
             runs: dict[str, list[dict[str, float]]] = {name: [] for name in servers}
@@ -488,7 +512,8 @@ def main() -> None:
                 added = r["p50"] - direct["p50"]
                 print(
                     f"{level:>7} {name:>9} {r['p50']:>7.2f}ms {r['p99']:>6.2f}ms {r['rps']:>8.0f} "
-                    f"{ratio:>8.0%} {added:>7.2f}ms {r['cpu_ms']:>6.3f}ms"
+                    f"{ratio:>8.0%} {added:>7.2f}ms {r['cpu_ms']:>6.3f}ms {r['user_ms']:>6.3f}ms "
+                    f"{r['system_ms']:>6.3f}ms"
                 )
             floor = results["relay"]
             floor_added = floor["p50"] - direct["p50"]
@@ -501,10 +526,7 @@ def main() -> None:
                     if floor_added >= MEASURABLE_MS
                     else f"{ours['p50'] - direct['p50']:.2f} ms (the relay's {floor_added:.2f} ms)"
                 )
-                print(
-                    f"{level:>7} {'÷ relay':>9}  {name}: added TTFT {versus}, "
-                    f"CPU per request {ours['cpu_ms'] / max(floor['cpu_ms'], 1e-3):.1f}x the relay's"
-                )
+                print(f"{level:>7} {'÷ relay':>9}  {name}: added TTFT {versus}, {cpu_versus(ours, floor)}")
     finally:
         for process in (gateway, upstream, relay, litellm, bare, no_lane, against):
             if process is not None:
