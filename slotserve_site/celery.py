@@ -1,8 +1,11 @@
 """The Celery application: beat runs the scheduler tick, node workers manage processes."""
 
+import logging
 import os
+from typing import Any
 
 from celery import Celery
+from celery.signals import after_setup_logger
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "slotserve_site.settings")
 
@@ -11,3 +14,18 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 # The stages of channels_app keep their tasks in their own packages.
 app.autodiscover_tasks(["channels_app.scheduling", "channels_app.node_agent"])
+
+# Celery's lines for each task run: received, succeeded, and beat's "Sending due task".
+ROUTINE_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace", "celery.beat")
+
+
+@after_setup_logger.connect
+def quiet_routine_task_lines(loglevel: int | str = logging.INFO, **_: Any) -> None:
+    """The tick, the node's tick and the usage flush run every few seconds: a line for each run
+    would bury what happens. Those lines show at DEBUG; a task that fails is logged as an error
+    whatever the level."""
+    if isinstance(loglevel, str):
+        loglevel = logging.getLevelName(loglevel.upper())
+    if isinstance(loglevel, int) and loglevel > logging.DEBUG:
+        for name in ROUTINE_TASK_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)

@@ -55,6 +55,17 @@ def env_int(name: str, default: int, *, minimum: int = 0) -> int:
     return value
 
 
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (upper case), whatever the case it is written in."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().upper()
+    if value not in choices:
+        raise SettingError(f"{name}={raw!r} is not one of {', '.join(choices)}")
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":

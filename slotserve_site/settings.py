@@ -17,6 +17,7 @@ import django_stubs_ext
 from slotserve_site.env import (
     SettingError,
     env_bool,
+    env_choice,
     env_float,
     env_int,
     env_list,
@@ -385,12 +386,17 @@ SLOTSERVE_LLAMA_SERVER = env_str("SLOTSERVE_LLAMA_SERVER", "llama-server")
 SLOTSERVE_VLLM = env_str("SLOTSERVE_VLLM", "vllm")
 SLOTSERVE_SGLANG = env_str("SLOTSERVE_SGLANG", "python -m sglang.launch_server")
 
+# SlotServe's own logs; the lines for each run of the tasks that run every few seconds show only
+# at DEBUG (slotserve_site.celery).
+SLOTSERVE_LOG_LEVEL = env_choice(
+    "SLOTSERVE_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("SLOTSERVE_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": SLOTSERVE_LOG_LEVEL},
     # One line per proxied request would cost the gateway more than the proxying.
     "loggers": {
         "httpx": {"level": "WARNING"},

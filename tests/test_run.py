@@ -112,6 +112,18 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
         assert any(c.choices and c.choices[0].delta.content for c in chunks)
         assert len(processes_of(tmp_path)) >= 5  # redis, uvicorn, scheduler, node worker, llama-server
 
+        # The terminal tells what happens, not each run of the tasks that run every few seconds
+        # (those lines show with SLOTSERVE_LOG_LEVEL=DEBUG). By now the tick, the node's tick
+        # and a reconcile have run, on both workers, which say they are ready.
+        text = log_text(tmp_path)
+        assert text.count(" ready.") >= 2, text[-3000:]
+        routine = [
+            line
+            for line in text.splitlines()
+            if "succeeded in" in line or "Sending due task" in line or "] received" in line
+        ]
+        assert routine == [], routine[:5]
+
         # A part that dies is started again; the model keeps serving meanwhile.
         scheduler = next(pid for pid in processes_of(tmp_path) if _is_part(pid, run.pid, b"--beat"))
         os.kill(scheduler, signal.SIGKILL)

@@ -89,6 +89,16 @@ def test_a_weak_secret_key_stops_start_up_naming_the_variable(tmp_path):
     assert "SLOTSERVE_SECRET_KEY is only 8 characters long" in done.stderr
 
 
+def test_the_log_level_is_read_in_any_case_and_an_unknown_one_stops_start_up(tmp_path):
+    code = "import logging; print(settings.SLOTSERVE_LOG_LEVEL, logging.getLogger().level)"
+    lower = _settings_in_a_new_process({"SLOTSERVE_LOG_LEVEL": "warning"}, code, tmp_path)
+    assert lower.returncode == 0, lower.stderr
+    assert lower.stdout.split() == ["WARNING", "30"]
+    unknown = _settings_in_a_new_process({"SLOTSERVE_LOG_LEVEL": "loud"}, code, tmp_path)
+    assert unknown.returncode != 0 and unknown.stdout == ""
+    assert "SLOTSERVE_LOG_LEVEL='loud' is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL" in unknown.stderr
+
+
 def test_one_setting_turns_on_https_protections(tmp_path):
     code = (
         "print(settings.SESSION_COOKIE_SECURE, settings.CSRF_COOKIE_SECURE, settings.SECURE_HSTS_SECONDS, "

@@ -42,7 +42,7 @@ class Command(BaseCommand):
             pool="threads",
             concurrency=options["concurrency"],
             hostname=f"node-{name}@{socket.gethostname()}",
-            loglevel="INFO",
+            loglevel=settings.SLOTSERVE_LOG_LEVEL,
             without_mingle=True,
             without_gossip=True,
         ).start()

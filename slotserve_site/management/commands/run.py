@@ -92,7 +92,7 @@ class Command(BaseCommand):
                 "worker",
                 "--beat",
                 "--loglevel",
-                "INFO",
+                settings.SLOTSERVE_LOG_LEVEL,
                 "--concurrency",
                 "2",
             ],
