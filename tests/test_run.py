@@ -143,3 +143,86 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
     while time.monotonic() < deadline and processes_of(tmp_path):
         time.sleep(0.2)
     assert processes_of(tmp_path) == []
+
+
+def _run_env(data_dir: Path, port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"SLOTSERVE_REDIS_URL", "DATABASE_URL"}}
+    env.update(SLOTSERVE_DATA_DIR=str(data_dir), SLOTSERVE_NODE_NAME=f"twice-{port}", PYTHONUNBUFFERED="1")
+    return env
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _run_briefly(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``manage.py run`` expected to stop by itself (stopped, with what it started, if it does not)."""
+    started = subprocess.Popen(
+        [sys.executable, "manage.py", "run", *argv],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = started.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        started.send_signal(signal.SIGINT)  # it stops what it started
+        out, err = started.communicate(timeout=60)
+        raise AssertionError(
+            f"manage.py run {' '.join(argv)} went on running:\n{out[-2000:]}{err[-2000:]}"
+        ) from None
+    return subprocess.CompletedProcess(started.args, started.returncode, out, err)
+
+
+def test_a_second_start_in_the_same_data_directory_stops_at_once_and_leaves_the_first_alone(tmp_path):
+    port = _free_port()
+    env = _run_env(tmp_path, port)
+    first = subprocess.Popen(
+        [sys.executable, "manage.py", "run", "--port", str(port), "--no-node"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        ready = False
+        while time.monotonic() < deadline and not ready:
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        assert ready
+        # Another port, so that only the data directory is shared: a second node worker and
+        # scheduler on the same database would manage the same processes twice.
+        second = _run_briefly(["--port", str(_free_port())], env)
+        assert second.returncode != 0
+        assert f"SlotServe is already running from {tmp_path} (pid {first.pid})" in second.stderr
+        assert "SlotServe is running on" not in second.stdout
+        assert first.poll() is None
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+    finally:
+        os.killpg(first.pid, signal.SIGINT)
+        first.wait(timeout=60)
+
+
+def test_a_start_on_a_port_in_use_stops_at_once_naming_it(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _run_briefly(["--port", str(port), "--no-node"], _run_env(tmp_path, port))
+    assert done.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "--port" in done.stderr
+    assert "SlotServe is running on" not in done.stdout
+    assert processes_of(tmp_path) == []  # no embedded Redis or other part left behind

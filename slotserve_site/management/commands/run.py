@@ -14,14 +14,16 @@ llama-server. Ctrl-C stops everything, inference processes included.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import redis
 from django.conf import settings
@@ -51,6 +53,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        self._lock = _hold_the_data_directory(Path(settings.DATA_DIR))
+        _check_port_free(options["host"], options["port"])
         embedded = None
         if not os.environ.get("SLOTSERVE_REDIS_URL"):
             embedded = self._start_embedded_redis()
@@ -282,3 +286,42 @@ def _restart_pause(deaths: int, ran: float) -> float:
     if ran >= STEADY_SECONDS:
         return RESTART_PAUSES[0]
     return RESTART_PAUSES[min(deaths, len(RESTART_PAUSES) - 1)]
+
+
+def _hold_the_data_directory(data: Path) -> IO[str]:
+    """The lock that one ``run`` at a time holds on its data directory, for as long as it runs
+    (the open file: the kernel lets it go when the process ends, however it ends). A second
+    ``run`` would start a second scheduler and node worker on the same database, and they
+    would manage the same processes twice."""
+    data.mkdir(parents=True, exist_ok=True)
+    lock = (data / "run.lock").open("a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise CommandError(
+            f"SlotServe is already running from {data} (pid {holder}): stop it first (Ctrl-C where it "
+            "runs), or give this one a data directory of its own (SLOTSERVE_DATA_DIR)"
+        ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Stop before starting anything if the web server could not listen (it would only be
+    started again and again)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise CommandError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}; another program (another "
+                "SlotServe?) has it: stop it, or choose another port with --port"
+            ) from None
