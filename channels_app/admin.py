@@ -55,9 +55,9 @@ class LLMModelAdminForm(forms.ModelForm[LLMModel]):
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin[Node]):
     form = NodeAdminForm
-    list_display = ["name", "address", "last_heartbeat"]
-    search_fields = ["name", "address"]
-    readonly_fields = ["backends", "ram_bytes", "last_heartbeat"]
+    list_display = ["name", "address", "machine", "last_heartbeat"]
+    search_fields = ["name", "address", "machine"]
+    readonly_fields = ["machine", "backends", "ram_bytes", "last_heartbeat"]
     inlines = [GpuInline]
 
 

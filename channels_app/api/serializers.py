@@ -54,11 +54,12 @@ class NodeSerializer(serializers.ModelSerializer[Node]):
             "labels",
             "status",
             "last_heartbeat",
+            "machine",
             "backends",
             "ram_bytes",
             "gpus",
         ]
-        read_only_fields = ["last_heartbeat", "backends", "ram_bytes"]
+        read_only_fields = ["last_heartbeat", "machine", "backends", "ram_bytes"]
 
     def get_status(self, node: Node) -> str:
         return "ready" if node.is_ready(timezone.now()) else "not_ready"

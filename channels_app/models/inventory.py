@@ -37,6 +37,11 @@ class Node(models.Model):
         null=True, blank=True, help_text="The machine's memory (RAM), as its node worker reports it."
     )
     last_heartbeat = models.DateTimeField(null=True, blank=True)
+    machine = models.CharField(
+        max_length=255,
+        blank=True,
+        help_text="The host name of the machine whose node worker heartbeats under this name.",
+    )
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -13,6 +13,7 @@ import logging
 import shlex
 import shutil
 import signal
+import socket
 from collections.abc import Sequence
 from datetime import datetime, timedelta, tzinfo
 from pathlib import Path
@@ -26,6 +27,7 @@ from channels_app import shared
 from channels_app.backends import Backend
 from channels_app.inflight import in_flight_counts
 from channels_app.models import (
+    HEARTBEAT_TICKS,
     Channel,
     ChannelRuntime,
     ChannelTarget,
@@ -109,15 +111,53 @@ def backends_available() -> list[str]:
     return [b.value for b in Backend if shutil.which(shlex.split(executable_for(b))[0])]
 
 
+class NodeNameTaken(Exception):
+    """Another machine's node worker heartbeats under this node name."""
+
+
+def this_machine() -> str:
+    """The name the node worker records for the machine it runs on (its host name)."""
+    return socket.gethostname()
+
+
+def claim(*, node_name: str, machine: str, now: datetime) -> None:
+    """Refuse a node name that another machine's worker heartbeats with: two machines under one
+    name would each manage the node's channels' processes, starting what the other already runs.
+    The same machine starting its worker again goes ahead, and so does any machine once the other's
+    heartbeat is older than a ready node's."""
+    node = Node.objects.filter(name=node_name).first()
+    if node is None or node.machine in ("", machine) or not node.is_ready(now):
+        return
+    assert node.last_heartbeat is not None  # a ready node has heartbeated
+    age = (now - node.last_heartbeat).total_seconds()
+    raise NodeNameTaken(
+        f"the node name {node_name!r} is in use by the machine {node.machine!r} (its last heartbeat "
+        f"{age:.0f} s ago): give each GPU machine a name of its own (SLOTSERVE_NODE_NAME or --name); "
+        f"if {node.machine!r} has stopped for good, this name is free "
+        f"{HEARTBEAT_TICKS * settings.SLOTSERVE_TICK_SECONDS:g} s after its last heartbeat"
+    )
+
+
 def heartbeat(*, node_name: str, now: datetime) -> Node:
-    """Register the node, its RAM and its GPUs (index, name, total and free memory)."""
+    """Register the node, the machine it runs on, its RAM and its GPUs (index, name, total and
+    free memory)."""
     found = gpus.discover(settings.SLOTSERVE_FAKE_GPUS)
     with transaction.atomic():
         node, _ = Node.objects.get_or_create(name=node_name)
+        machine = this_machine()
+        if node.machine not in ("", machine) and node.is_ready(now):
+            # Both started while the other's heartbeat was away (claim lets one in then): say so.
+            log.error(
+                "node %s: the machine %r heartbeats under this name too; give each GPU machine a "
+                "name of its own (SLOTSERVE_NODE_NAME)",
+                node_name,
+                node.machine,
+            )
         node.last_heartbeat = now
+        node.machine = machine
         node.backends = backends_available()
         node.ram_bytes = gpus.host_ram_bytes()
-        node.save(update_fields=["last_heartbeat", "backends", "ram_bytes"])
+        node.save(update_fields=["last_heartbeat", "machine", "backends", "ram_bytes"])
         for gpu in found:
             Gpu.objects.update_or_create(
                 node=node,

@@ -12,7 +12,7 @@ from typing import Any
 
 from celery import current_app as app  # the project's app (slotserve_site.celery)
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from channels_app.dispatch import node_queue
@@ -29,6 +29,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         name = options["name"]
+        try:
+            worker.claim(node_name=name, machine=worker.this_machine(), now=timezone.now())
+        except worker.NodeNameTaken as taken:
+            raise CommandError(str(taken)) from None
         node = worker.heartbeat(node_name=name, now=timezone.now())
         self.stdout.write(f"node {name}: {node.gpus.count()} GPU(s); queue {node_queue(name)}")
         for channel_id in Channel.objects.filter(node=node).values_list("pk", flat=True):
