@@ -35,6 +35,18 @@ def log_text(data_dir: Path) -> str:
     return (data_dir / "run.log").read_text()
 
 
+def healthy(base: str, deadline: float) -> bool:
+    """Whether the web server at ``base`` answers its health check before ``deadline``."""
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
 def _is_part(pid: int, parent: int, flag: bytes) -> bool:
     """Whether ``pid`` is a part that ``manage.py run`` (``parent``) started, with ``flag`` in its command."""
     try:
@@ -53,13 +65,9 @@ def test_restart_pause_grows_while_a_part_keeps_dying_and_resets_after_a_steady_
 
 
 def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
-    import socket
-
     import openai
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in {"SLOTSERVE_REDIS_URL", "DATABASE_URL"}}
     env.update(
         SLOTSERVE_DATA_DIR=str(tmp_path),
@@ -88,13 +96,7 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
             assert run.poll() is None, text[-3000:]
             time.sleep(0.2)
         assert key, (tmp_path / "run.log").read_text()[-3000:]
-        ready = False
-        while time.monotonic() < deadline and not ready:
-            try:
-                ready = httpx.get(f"{base}/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        assert ready
+        assert healthy(base, deadline)
         assert httpx.get(f"{base}/accounts/login/").status_code == 200
         # The scheduler and the node worker bring the demo model up on its fake GPU.
         listed: list[str] = []
@@ -193,14 +195,7 @@ def test_a_second_start_in_the_same_data_directory_stops_at_once_and_leaves_the_
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        ready = False
-        while time.monotonic() < deadline and not ready:
-            try:
-                ready = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        assert ready
+        assert healthy(f"http://127.0.0.1:{port}", time.monotonic() + 60)
         # Another port, so that only the data directory is shared: a second node worker and
         # scheduler on the same database would manage the same processes twice.
         second = _run_briefly(["--port", str(_free_port())], env)
