@@ -68,13 +68,7 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
     import openai
 
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in {"SLOTSERVE_REDIS_URL", "DATABASE_URL"}}
-    env.update(
-        SLOTSERVE_DATA_DIR=str(tmp_path),
-        SLOTSERVE_NODE_NAME=f"smoke-{port}",
-        SLOTSERVE_LLAMA_SERVER=llama_server_bin,
-        PYTHONUNBUFFERED="1",
-    )
+    env = {**_run_env(tmp_path, port), "SLOTSERVE_LLAMA_SERVER": llama_server_bin}
     log = (tmp_path / "run.log").open("w+")
     run = subprocess.Popen(
         [sys.executable, "manage.py", "run", "--port", str(port), "--demo"],
@@ -151,8 +145,9 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
 
 
 def _run_env(data_dir: Path, port: int) -> dict[str, str]:
+    """``manage.py run``'s environment: its own data directory and node, an embedded Redis."""
     env = {k: v for k, v in os.environ.items() if k not in {"SLOTSERVE_REDIS_URL", "DATABASE_URL"}}
-    env.update(SLOTSERVE_DATA_DIR=str(data_dir), SLOTSERVE_NODE_NAME=f"twice-{port}", PYTHONUNBUFFERED="1")
+    env.update(SLOTSERVE_DATA_DIR=str(data_dir), SLOTSERVE_NODE_NAME=f"smoke-{port}", PYTHONUNBUFFERED="1")
     return env
 
 

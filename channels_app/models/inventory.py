@@ -56,6 +56,10 @@ class Node(models.Model):
         limit = timedelta(seconds=HEARTBEAT_TICKS * settings.SLOTSERVE_TICK_SECONDS)
         return now - self.last_heartbeat <= limit
 
+    def beating_elsewhere(self, machine: str, now: datetime) -> bool:
+        """Whether a machine other than ``machine`` heartbeats under this node's name now."""
+        return self.machine not in ("", machine) and self.is_ready(now)
+
 
 class Gpu(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")

@@ -126,7 +126,7 @@ def claim(*, node_name: str, machine: str, now: datetime) -> None:
     The same machine starting its worker again goes ahead, and so does any machine once the other's
     heartbeat is older than a ready node's."""
     node = Node.objects.filter(name=node_name).first()
-    if node is None or node.machine in ("", machine) or not node.is_ready(now):
+    if node is None or not node.beating_elsewhere(machine, now):
         return
     assert node.last_heartbeat is not None  # a ready node has heartbeated
     age = (now - node.last_heartbeat).total_seconds()
@@ -145,7 +145,7 @@ def heartbeat(*, node_name: str, now: datetime) -> Node:
     with transaction.atomic():
         node, _ = Node.objects.get_or_create(name=node_name)
         machine = this_machine()
-        if node.machine not in ("", machine) and node.is_ready(now):
+        if node.beating_elsewhere(machine, now):
             # Both started while the other's heartbeat was away (claim lets one in then): say so.
             log.error(
                 "node %s: the machine %r heartbeats under this name too; give each GPU machine a "

@@ -29,11 +29,12 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         name = options["name"]
+        now = timezone.now()
         try:
-            worker.claim(node_name=name, machine=worker.this_machine(), now=timezone.now())
+            worker.claim(node_name=name, machine=worker.this_machine(), now=now)
         except worker.NodeNameTaken as taken:
             raise CommandError(str(taken)) from None
-        node = worker.heartbeat(node_name=name, now=timezone.now())
+        node = worker.heartbeat(node_name=name, now=now)
         self.stdout.write(f"node {name}: {node.gpus.count()} GPU(s); queue {node_queue(name)}")
         for channel_id in Channel.objects.filter(node=node).values_list("pk", flat=True):
             worker.reconcile(channel_id=channel_id, now=timezone.now())
