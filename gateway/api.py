@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +20,7 @@ from gateway.filters import RequestLogFilter
 from gateway.models import ApiKey, RequestLog
 from gateway.services import api_key_change, api_key_create, api_key_revoke
 from slotserve_site.api_fields import current_user
+from slotserve_site.csv_cells import SafeWriter
 
 
 class ApiKeyOutput(serializers.ModelSerializer[ApiKey]):
@@ -134,7 +134,7 @@ class RequestLogViewSet(viewsets.ReadOnlyModelViewSet[RequestLog]):
 
         def lines() -> Iterator[str]:
             out = _Line()
-            writer = csv.writer(out)
+            writer = SafeWriter(out)
             writer.writerow(CSV_FIELDS)
             yield out.take()
             for row in rows.iterator(chunk_size=2000):

@@ -167,7 +167,9 @@ if tonumber(ARGV[4]) > 0 and live(KEYS[4]) >= tonumber(ARGV[4]) then return {-1,
 for i = 5, 6 do
   local limit = tonumber(ARGV[i])
   if limit > 0 and tonumber(redis.call('GET', KEYS[i]) or '0') >= limit then
-    return {-1, redis.call('TTL', KEYS[i]), i == 5 and 'user_per_minute' or 'key_per_minute'}
+    -- whole seconds, rounded up: never shorter than the real wait (TTL rounds to the nearest)
+    local wait = math.ceil(redis.call('PTTL', KEYS[i]) / 1000)
+    return {-1, wait, i == 5 and 'user_per_minute' or 'key_per_minute'}
   end
 end
 local until_ = now + tonumber(ARGV[2])

@@ -12,21 +12,33 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from channels_app.vocabulary import RedisKey
 from channels_app.vocabulary import redis_key as key
+from slotserve_site.json_text import is_unicode
 
 log = logging.getLogger(__name__)
 
 BATCH = 1000
 MAX_BATCHES = 50  # per flush; the rest waits for the next one
+# Records kept for a person to look at when the database refused them (``dead_letters``); the
+# oldest go past this many.
+DEAD_LETTERS_KEPT = 10_000
+
+
+def dead_letters() -> str:
+    """The Redis list of records the database would not take, named in ``/metrics``
+    (``slotserve_request_log_dead_records``) and kept for a person to look at."""
+    return key(RedisKey.REQUEST_LOG, "dead")
 
 
 def flush_request_log(client: redis.Redis, *, now: datetime | None = None) -> int:
     """Write the waiting records as rows; returns how many. A batch leaves Redis only once its
-    rows are saved, so a database that fails keeps them for the next flush."""
+    rows are saved, so a database that fails keeps them for the next flush. A record that
+    cannot be written whatever the database's state (one that does not parse, or holds text
+    the database refuses) goes to the dead letters instead of holding up everyone's after it."""
     from gateway.models import RequestLog
 
     name = key(RedisKey.REQUEST_LOG, "all")
@@ -35,9 +47,31 @@ def flush_request_log(client: redis.Redis, *, now: datetime | None = None) -> in
         raw: Any = client.lrange(name, 0, BATCH - 1)
         if not raw:
             break
-        rows = _rows([bytes(r) for r in raw])
-        with transaction.atomic():
-            RequestLog.objects.bulk_create(rows)
+        rows, dead = _rows([bytes(r) for r in raw])
+        try:
+            with transaction.atomic():
+                RequestLog.objects.bulk_create([row for row, _ in rows])
+        except (DatabaseError, ValueError) as exc:
+            if not _refused_for_its_content(exc):
+                raise  # the database is down or busy: the batch stays for the next flush
+            # One of them: each alone tells which.
+            kept = []
+            for row, item in rows:
+                try:
+                    with transaction.atomic():
+                        row.save(force_insert=True)
+                except (DatabaseError, ValueError) as exc:
+                    if not _refused_for_its_content(exc):
+                        raise
+                    log.warning("request log: the database refused a record (%s): %r", exc, item[:200])
+                    dead.append(item)
+                else:
+                    kept.append(row)
+            rows = [(row, b"") for row in kept]
+        if dead:
+            client.pipeline().rpush(dead_letters(), *dead).ltrim(
+                dead_letters(), -DEAD_LETTERS_KEPT, -1
+            ).execute()
         client.ltrim(name, len(raw), -1)
         written += len(rows)
     moment = now or timezone.now()
@@ -45,39 +79,53 @@ def flush_request_log(client: redis.Redis, *, now: datetime | None = None) -> in
     return written
 
 
-def _rows(raw: list[bytes]) -> list[Any]:
-    """Rows for the records that parse, their references checked (a user, key, channel or
-    reservation deleted meanwhile: the row keeps what still exists)."""
+def _refused_for_its_content(exc: Exception) -> bool:
+    """Whether the database refused a row for what it holds (text it cannot store), rather than
+    for being down: only such a row is set aside."""
+    if isinstance(exc, ValueError):  # a string no encoder writes, or NUL for PostgreSQL
+        return True
+    from django.db import DataError
+
+    return isinstance(exc, DataError)
+
+
+def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
+    """Rows for the records that parse, each with its record, their references checked (a user,
+    key, channel or reservation deleted meanwhile: the row keeps what still exists); and the
+    records that do not parse or hold text no database stores."""
     from channels_app.models import Channel
     from gateway.models import ApiKey, RequestLog
     from reservations.models import Reservation
 
-    records = []
+    records, dead = [], []
     for item in raw:
         try:
             fields = json.loads(item)
             at, user, api_key, channel, reservation, model, method, path, status, ttft, duration, i, o = (
                 fields
             )
-            records.append(
-                (
-                    datetime.fromtimestamp(float(at), tz=UTC),
-                    int(user),
-                    api_key,
-                    channel,
-                    reservation,
-                    str(model),
-                    str(method),
-                    str(path),
-                    int(status),
-                    None if ttft is None else float(ttft),
-                    float(duration),
-                    int(i),
-                    int(o),
-                )
+            record = (
+                datetime.fromtimestamp(float(at), tz=UTC),
+                int(user),
+                api_key,
+                channel,
+                reservation,
+                str(model),
+                str(method),
+                str(path),
+                int(status),
+                None if ttft is None else float(ttft),
+                float(duration),
+                int(i),
+                int(o),
+                item,
             )
+            if not all(_storable(text) for text in (str(model), str(method), str(path))):
+                raise ValueError("text no database stores")
+            records.append(record)
         except (ValueError, TypeError):
-            log.warning("request log: dropped a malformed record %r", item[:200])
+            log.warning("request log: set aside a record it cannot write %r", item[:200])
+            dead.append(item)
     users = set(get_user_model().objects.filter(pk__in={r[1] for r in records}).values_list("pk", flat=True))
     keys = set(ApiKey.objects.filter(pk__in={r[2] for r in records if r[2]}).values_list("pk", flat=True))
     channels = set(
@@ -86,24 +134,46 @@ def _rows(raw: list[bytes]) -> list[Any]:
     reservations = set(
         Reservation.objects.filter(pk__in={r[4] for r in records if r[4]}).values_list("pk", flat=True)
     )
-    return [
-        RequestLog(
-            at=at,
-            user_id=user,
-            key_id=api_key if api_key in keys else None,
-            channel_id=channel if channel in channels else None,
-            reservation_id=reservation if reservation in reservations else None,
-            model=model,
-            method=method[:10],
-            path=path,
-            status=status,
-            ttft_ms=ttft,
-            duration_ms=duration,
-            prompt_tokens=max(i, 0),
-            completion_tokens=max(o, 0),
+    rows = [
+        (
+            RequestLog(
+                at=at,
+                user_id=user,
+                key_id=api_key if api_key in keys else None,
+                channel_id=channel if channel in channels else None,
+                reservation_id=reservation if reservation in reservations else None,
+                model=model,
+                method=method[:10],
+                path=path,
+                status=status,
+                ttft_ms=ttft,
+                duration_ms=duration,
+                prompt_tokens=max(i, 0),
+                completion_tokens=max(o, 0),
+            ),
+            item,
         )
-        for (at, user, api_key, channel, reservation, model, method, path, status, ttft, duration, i, o) in (
-            records
-        )
+        for (
+            at,
+            user,
+            api_key,
+            channel,
+            reservation,
+            model,
+            method,
+            path,
+            status,
+            ttft,
+            duration,
+            i,
+            o,
+            item,
+        ) in (records)
         if user in users
     ]
+    return rows, dead
+
+
+def _storable(text: str) -> bool:
+    """Text every database stores: UTF-8, without NUL (which PostgreSQL refuses)."""
+    return "\x00" not in text and is_unicode(text)

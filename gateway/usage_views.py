@@ -5,7 +5,6 @@ Charts are SVG drawn here by pygal: nothing loads from elsewhere, nothing runs i
 
 from __future__ import annotations
 
-import csv
 import re
 from datetime import date, datetime
 from typing import Any
@@ -24,6 +23,7 @@ from rest_framework.views import APIView
 
 from gateway.reports import BY, PERIODS, NotYours, period_bounds, share_rows, usage_rows
 from gateway.utilisation import SHARES
+from slotserve_site.csv_cells import SafeWriter
 
 COLUMNS = [
     "name",
@@ -139,7 +139,7 @@ def usage_csv(request: HttpRequest) -> HttpResponse:
         return HttpResponse(str(problem), status=400, content_type="text/plain")
     answer = HttpResponse(content_type="text/csv; charset=utf-8")
     answer["Content-Disposition"] = f'attachment; filename="slotserve-usage-{found["by"]}-{found["day"]}.csv"'
-    writer = csv.writer(answer)
+    writer = SafeWriter(answer)
     writer.writerow([found["by"], *COLUMNS[1:]])
     for row in found["rows"]:
         writer.writerow([row[c] if row[c] is not None else "" for c in COLUMNS])

@@ -19,6 +19,7 @@ from channels_app.inflight import in_flight_counts
 from channels_app.vocabulary import Phase, RedisKey
 from channels_app.vocabulary import redis_key as key
 from gateway.counters import TTFT_BUCKETS
+from gateway.request_log import dead_letters
 
 PHASES = tuple(Phase.values)
 GATEWAY_STATUS, GATEWAY_TTFT = RedisKey.GATEWAY_STATUS, RedisKey.GATEWAY_TTFT
@@ -113,6 +114,11 @@ class SlotServeCollector:
         for bound in [*map(str, TTFT_BUCKETS), "+Inf"]:
             cumulative += raw.get(bound, 0.0)
             buckets.append((bound, cumulative))
+        yield GaugeMetricFamily(
+            "slotserve_request_log_dead_records",
+            "Request records the database would not take, set aside in Redis for a person to look at",
+            value=float(redis.llen(dead_letters())),
+        )
         yield HistogramMetricFamily(
             "slotserve_gateway_time_to_first_token_seconds",
             "Time from a request's arrival to its first byte from the model",

@@ -150,13 +150,36 @@ TEMPLATES = [
 
 # --- Database -------------------------------------------------------------
 # SQLite in the data directory by default; PostgreSQL when DATABASE_URL says so.
+
+
+def _sqlite(name: str) -> dict[str, object]:
+    """SQLite as SlotServe needs it, wherever the file is (the default, or a ``sqlite:///`` URL).
+
+    BEGIN IMMEDIATE takes the write lock at the start of every transaction, so the overlap
+    check and the insert of a reservation cannot interleave with another writer's (SPEC
+    section 5); a writer waits up to 20 s for the lock instead of failing at once; WAL lets
+    readers go on while one writes."""
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": name,
+        "CONN_MAX_AGE": 0,
+        "OPTIONS": {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        },
+    }
+
+
 _database_url = env_str("DATABASE_URL", "")
 if _database_url:
     try:
         DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
     except ValueError as exc:
         raise SettingError(f"DATABASE_URL is not a database URL: {exc}") from None
-    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+        DATABASES["default"] = {**_sqlite(str(DATABASES["default"]["NAME"])), "TEST": {}}  # type: ignore[dict-item]
+    elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         # A database behind a network that goes silent must not hang a node worker or the
         # gateway's snapshot for minutes: give up connecting after 5 s, and notice a dead
         # connection within about 25 s (TCP keepalives). The URL's own options win.
@@ -171,16 +194,7 @@ if _database_url:
 else:
     DATABASES = {
         "default": {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": str(DATA_DIR / "slotserve.sqlite3"),
-            # BEGIN IMMEDIATE takes the write lock at the start of every
-            # transaction, so the overlap check and the insert of a reservation
-            # cannot interleave with another writer's (SPEC section 5).
-            "OPTIONS": {
-                "transaction_mode": "IMMEDIATE",
-                "timeout": 20,
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-            },
+            **_sqlite(str(DATA_DIR / "slotserve.sqlite3")),  # type: ignore[dict-item]
             # A file, not shared-cache memory: threads in the concurrency tests
             # need SQLite's real locking, which shared cache does not provide.
             "TEST": {"NAME": str(DATA_DIR / "test.sqlite3")},
@@ -315,6 +329,12 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     # JSON only: every answer, errors included, is JSON whatever the client accepts (API.md).
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # JSON as DRF reads it, less what no database stores (slotserve_site.json_text); and forms.
+    "DEFAULT_PARSER_CLASSES": [
+        "slotserve_site.api_parsers.CheckedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     # Lists filter with django-filter (a bad value is a 400 naming it) and paginate when asked:
     # ?limit=&offset= gives {count, next, previous, results}; without them, the whole list.
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],

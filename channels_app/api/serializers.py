@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from django.contrib.auth.models import Group
 from django.utils import timezone
 from rest_framework import serializers
 
@@ -110,6 +111,10 @@ class ChannelSerializer(serializers.ModelSerializer[Channel]):
     default_preset = serializers.PrimaryKeyRelatedField(
         queryset=Preset.objects.all(), required=False, allow_null=True
     )
+    # Groups by name, as the admin shows them; none: everyone may book.
+    allowed_groups = serializers.SlugRelatedField(
+        slug_field="name", queryset=Group.objects.all(), many=True, required=False
+    )
     vram_bytes = serializers.SerializerMethodField()
     state = serializers.SerializerMethodField()
 
@@ -169,12 +174,14 @@ class ChannelSerializer(serializers.ModelSerializer[Channel]):
         }
 
     def create(self, validated_data: dict[str, Any]) -> Channel:
-        return inventory_services.channel_save(channel=Channel(**validated_data))
+        groups = validated_data.pop("allowed_groups", None)
+        return inventory_services.channel_save(channel=Channel(**validated_data), allowed_groups=groups)
 
     def update(self, instance: Channel, validated_data: dict[str, Any]) -> Channel:
+        groups = validated_data.pop("allowed_groups", None)
         for field, value in validated_data.items():
             setattr(instance, field, value)
-        return inventory_services.channel_save(channel=instance)
+        return inventory_services.channel_save(channel=instance, allowed_groups=groups)
 
     def validate_gpu_indexes(self, value: Any) -> list[int]:
         problem = channel_gpus_problem(node=None, gpu_indexes=value, channel_id=None)

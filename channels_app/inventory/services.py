@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
@@ -54,10 +57,11 @@ def preset_delete(*, preset: Preset) -> None:
         preset.delete()
 
 
-def channel_save(*, channel: Channel) -> Channel:
+def channel_save(*, channel: Channel, allowed_groups: Iterable[Group] | None = None) -> Channel:
     """Create or change a channel: its GPUs exist on its node and are no other channel's
     (checked under a lock of the node, and by the database's ``GpuClaim``), then the channel
-    re-decides at once, as a changed default is a changed target (SPEC §2)."""
+    re-decides at once, as a changed default is a changed target (SPEC §2). ``allowed_groups``,
+    when given, replaces the groups that may book it (none: everyone), in the same transaction."""
     with transaction.atomic():
         Node.objects.select_for_update().filter(pk=channel.node_id).first()  # one claim at a time
         problem = channel_gpus_problem(
@@ -72,6 +76,8 @@ def channel_save(*, channel: Channel) -> Channel:
                 "gpu_indexes",
                 "one of these GPUs was just given to another channel of this node; reload and retry",
             ) from None
+        if allowed_groups is not None:
+            channel.allowed_groups.set(allowed_groups)
     enqueue_redecide(channel.pk)
     return channel
 
