@@ -16,10 +16,12 @@ class Backend(models.TextChoices):
 
 @dataclass(frozen=True)
 class OwnedOption:
-    """An option SlotServe sets itself; ``many`` options take several values."""
+    """An option SlotServe sets itself (or keeps off); ``many`` options take several values,
+    a ``flag`` none."""
 
     names: frozenset[str]
     many: bool = False
+    flag: bool = False
 
 
 # The run's own secret (docs/security.md): a preset may neither replace it nor add a key it knows.
@@ -36,6 +38,14 @@ OWNED_OPTIONS: dict[Backend, tuple[OwnedOption, ...]] = {
         OwnedOption(frozenset({"-a", "--alias"})),
         _API_KEY,
         OwnedOption(frozenset({"--api-key-file"})),
+        # llama-server's admin surface, which would answer any caller of the channel: slot
+        # files written under names of their choice (and another user's slot state restored),
+        # settings changed (POST /props), files of the node served (--path), routes moved
+        # (docs/security.md).
+        OwnedOption(frozenset({"--slot-save-path"})),
+        OwnedOption(frozenset({"--props"}), flag=True),
+        OwnedOption(frozenset({"--path"})),
+        OwnedOption(frozenset({"--api-prefix"})),
     ),
     Backend.VLLM: (
         OwnedOption(frozenset({"--model"})),
@@ -103,7 +113,7 @@ def effective_args(backend: Backend, args: Sequence[str]) -> list[str]:
             i += 1
             continue
         i += 1
-        if has_value:
+        if has_value or option.flag:
             continue
         if i < len(args) and not _is_option(args[i]):
             i += 1

@@ -83,6 +83,8 @@ class ErrorCode(models.TextChoices):
     UPSTREAM_FAILED = "upstream_failed"
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"  # too many requests at once or per minute
     INSUFFICIENT_QUOTA = "insufficient_quota"  # the week's token budget is used up
+    TOO_MANY_HELD = "too_many_held"  # the caller has as many requests held as they may
+    ADMIN_ONLY = "admin_only"  # a process's admin endpoint, through the pinned path: staff only
 
 
 class RedisKey(models.TextChoices):
@@ -96,6 +98,7 @@ class RedisKey(models.TextChoices):
     GATEWAY_STATUS = "metrics:gateway_status", "gateway answers by status code, for /metrics"
     GATEWAY_TTFT = "metrics:gateway_ttft", "gateway time-to-first-token histogram, for /metrics"
     GATEWAY_MARKER = "gateway", "a gateway's mark that Redis still has its in-flight entries"
+    HELD = "held", "a user's requests held for a model (a sorted set of expiring entries)"
     RECONCILE = "reconcile", "the lock a node worker holds while it reconciles a channel"
     REQUEST_LOG = "requestlog", "the gateway's request records on their way to the database (a list)"
     USER_FLIGHT = "userflight", "a user's requests in flight, for their concurrency limit"

@@ -205,6 +205,26 @@ ROOM_SECONDS = 1.0
 WEEK_TOKENS_KEEP_SECONDS = 8 * 24 * 3600
 
 
+# Hold a request for a model while it loads, within the caller's cap of held requests: KEYS the
+# user's held set; ARGV the request's token, the entry's lifetime, the cap. 1 held (or its entry
+# refreshed), 0 the caller already holds as many as they may.
+HOLD = (
+    REDIS_NOW
+    + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2])) + 1)
+return 1
+"""
+)
+# A held request's entry lives this long unless its gateway refreshes it (every third of it):
+# a gateway that dies frees its callers' places within it.
+HELD_TTL_SECONDS = 30.0
+
+
 class OverLimit(Exception):
     """A caller's limit refuses the request: which one, and in how many seconds it lifts."""
 
@@ -562,6 +582,16 @@ class Counters:
             return {}
         counts = await self._run(COUNT, [key(INFLIGHT, i) for i in ids], [])
         return {i: int(c) for i, c in zip(ids, counts, strict=True)}
+
+    async def hold(self, user_id: int, token: str, cap: int) -> bool:
+        """Count ``token`` (a held request of ``user_id``) among the user's held requests, or
+        refresh it; False when the user already holds ``cap`` (all gateway processes together)."""
+        held = key(RedisKey.HELD, user_id)
+        answer = await self._run(HOLD, [held], [token, repr(HELD_TTL_SECONDS), cap])
+        return bool(int(answer))
+
+    async def unhold(self, user_id: int, token: str) -> None:
+        await self.pipe.call("ZREM", key(RedisKey.HELD, user_id), token)
 
     async def switching(self, channel_ids: Iterable[int]) -> set[int]:
         ids = list(channel_ids)

@@ -11,17 +11,42 @@ from gateway.body import dumps, loads
 
 USAGE_MARK = b'"usage":{'
 USAGE_MARK_SPACED = b'"usage": {'
+NATIVE_MARK, SGLANG_MARK = b'"tokens_predicted":', b'"meta_info":'
+
+
+# The fields a request limits its answer's tokens with, by API: OpenAI's (both), llama-server's
+# own, SGLang's and Hugging Face's.
+ASKED_FIELDS = ("max_completion_tokens", "max_tokens", "n_predict", "max_new_tokens")
 
 
 @dataclass
 class Usage:
     prompt: int = 0
     completion: int = 0
+    asked: int = 0  # the tokens the request allowed its answer, charged if its usage is unread
+    read: bool = False  # whether the answer said what it used
+
+    @classmethod
+    def asking(cls, body: Any) -> Usage:
+        """The usage of a request with ``body`` (its JSON, or None), before any is read."""
+        asked = 0
+        if isinstance(body, dict):
+            options = body.get("sampling_params")  # SGLang's /generate
+            for source in (body, options if isinstance(options, dict) else {}):
+                for field in ASKED_FIELDS:
+                    value = source.get(field)
+                    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                        asked = value
+                        break
+                if asked:
+                    break
+        return cls(asked=asked)
 
     def add(self, payload: Any) -> None:
         """Read the token counts of an answer or event: OpenAI's ``prompt_tokens`` and
         ``completion_tokens``, or the Responses and Anthropic APIs' ``input_tokens`` and
-        ``output_tokens`` (also inside their ``response`` or ``message`` object)."""
+        ``output_tokens`` (also inside their ``response`` or ``message`` object); llama-server's
+        own ``tokens_evaluated`` and ``tokens_predicted``; SGLang's ``meta_info``."""
         if not isinstance(payload, dict):
             return
         usage = payload.get("usage")
@@ -29,13 +54,34 @@ class Usage:
             inner = payload.get("response") or payload.get("message")
             usage = inner.get("usage") if isinstance(inner, dict) else None
         if not isinstance(usage, dict):
-            return
+            if "tokens_predicted" in payload:
+                usage = {
+                    "prompt_tokens": payload.get("tokens_evaluated"),
+                    "completion_tokens": payload["tokens_predicted"],
+                }
+            elif isinstance(payload.get("meta_info"), dict):
+                usage = payload["meta_info"]
+            else:
+                return
         prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
         completion = usage.get("completion_tokens", usage.get("output_tokens"))
         if isinstance(prompt, int):
             self.prompt = prompt
+            self.read = True
         if isinstance(completion, int):
             self.completion = completion
+            self.read = True
+
+    def settle(self, status: int | None) -> Usage:
+        """At the answer's end: an answer that went through (2xx) but said nothing of its tokens
+        (a route whose answers SlotServe cannot read) is charged what its request allowed, so a
+        token budget holds on every route (docs/security.md)."""
+        if not self.read and status is not None and 200 <= status < 300:
+            self.completion = self.asked
+        return self
+
+    def settled(self) -> Usage:
+        return self.settle(200)
 
 
 FINISH_MARK, FINISH_MARK_SPACED = b'"finish_reason":"', b'"finish_reason": "'
@@ -120,7 +166,12 @@ class Events:
 
 
 def _has_usage(data: bytes) -> bool:
-    return USAGE_MARK in data or USAGE_MARK_SPACED in data
+    return (
+        USAGE_MARK in data
+        or USAGE_MARK_SPACED in data
+        or NATIVE_MARK in data  # llama-server's own routes: every event counts so far
+        or SGLANG_MARK in data
+    )
 
 
 def _payload(event: bytes) -> Any:

@@ -109,7 +109,9 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
         content_type=_header(scope, b"content-type") or b"application/json",
     )
     target, headers, content, streaming, strip_usage = outgoing.to(channel, upstream)
-    exchange = Exchange(gateway, cycle, upstream, channel, caller, answer, streaming, strip_usage)
+    exchange = Exchange(
+        gateway, cycle, upstream, channel, caller, answer, streaming, strip_usage, Usage.asking(body)
+    )
     # Nothing comes back before the request is counted in: the process's answer waits for it.
     entering = gateway.counters.enter_soon(channel.id, limits, user_id=caller.user_id, key_id=caller.key_id)
     exchange.why = functools.partial(refusal_after_count_in, channel, caller, now)
@@ -136,6 +138,7 @@ class Exchange:
         answer: Answer,
         streaming: bool,
         strip_usage: bool,
+        usage: Usage,
     ) -> None:
         self.gateway = gateway
         self.cycle = cycle
@@ -147,7 +150,7 @@ class Exchange:
         self.streaming = streaming
         self.strip_usage = strip_usage
         self.flavour = flavour_of(answer.path)
-        self.usage = Usage()
+        self.usage = usage
         self.events: Events | None = None
         self.parts: list[bytes] = []  # an answer that is not streamed, as it arrives
         self.why: Callable[[OverLimit | None], Refusal] | None = None
@@ -349,6 +352,7 @@ class Exchange:
     def _count_out(self) -> None:
         assert self.request_id is not None
         answer = self.answer
+        self.usage.settle(answer.status)
         self.gateway.counters.leave_soon(
             self.channel.id,
             self.request_id,

@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import time
+import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from channels_app.vocabulary import ErrorCode, Phase
 from gateway.access import ChannelView, Refusal, admit, models_for, route
 from gateway.body import BodyTooLarge, dumps, loads, parse_body
 from gateway.cors import CorsPolicy, is_cors_header
-from gateway.counters import Counters, OverLimit, week_start
+from gateway.counters import HELD_TTL_SECONDS, Counters, OverLimit, week_start
 from gateway.events import Events, Usage
 from gateway.snapshot import Caller, Limits, Snapshot, SnapshotCache
 from gateway.upstream import Cancel, Reply, UpstreamTransport
@@ -63,10 +64,53 @@ ROOT_PATHS = frozenset(
         "/reranking",
     }
 )
-# Where the gateway asks for usage in streams (to count tokens) when the caller did not.
-USAGE_OPTION_PATHS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/chat/completions", "/completions"}
+# A process's admin endpoints (llama-server, vLLM, SGLang): through the pinned path, staff
+# only. What they do reaches past the caller's own request: another caller's slot state saved
+# or restored, and in shared time the previous caller's sampling settings shown (``/slots``),
+# the process's settings or adapters changed, caches flushed, weights swapped, the process put
+# to sleep (docs/security.md). Reading ``/props`` stays open: it changes nothing.
+ADMIN_PATHS = frozenset(
+    {
+        "/props",
+        "/lora-adapters",
+        "/reset_prefix_cache",
+        "/sleep",
+        "/wake_up",
+        "/collective_rpc",
+        "/v1/load_lora_adapter",
+        "/v1/unload_lora_adapter",
+        "/load_lora_adapter",
+        "/unload_lora_adapter",
+        "/flush_cache",
+        "/update_weights_from_disk",
+        "/update_weights_from_tensor",
+        "/update_weights_from_distributed",
+        "/init_weights_update_group",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+        "/start_profile",
+        "/stop_profile",
+        "/configure_logging",
+        "/set_internal_state",
+        "/abort_request",
+        "/pause",
+        "/resume",
+    }
 )
+
+
+def is_admin_endpoint(method: str, path: str) -> bool:
+    """Whether ``method path`` (a process's own path, after ``/channels/<name>``) is one of its
+    admin endpoints: ``/slots`` whatever the method, the others but for reading."""
+    if path == "/slots" or path.startswith("/slots/"):
+        return True
+    return method not in ("GET", "HEAD") and path.rstrip("/") in ADMIN_PATHS
+
+
+# Where the gateway asks for usage in streams (to count tokens) when the caller did not: the
+# OpenAI routes. llama-server's ``/completion`` and ``/completions`` are its own API, whose
+# every event says the tokens so far (``gateway.events``).
+USAGE_OPTION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/chat/completions"})
 # Headers of the upstream's answer the gateway does not pass on: the connection's own, and
 # those the gateway's server sets itself (one ``server``, one ``date``), and CORS (ours).
 HOP_BY_HOP = {
@@ -83,6 +127,8 @@ HOP_BY_HOP = {
 }
 # Seconds a client waits before trying again when Redis or the database is unreachable.
 UNAVAILABLE_RETRY_AFTER = 5
+# Seconds a caller with as many held requests as they may waits before trying again.
+HELD_RETRY_AFTER = 5
 
 
 # Which API's error shape this request gets: "openai", or "anthropic" on /v1/messages.
@@ -159,6 +205,27 @@ def unreachable(what: str) -> Refusal:
     """The answer while Redis or the database (``what``) cannot be reached."""
     message = f"SlotServe cannot reach {what} right now; try again in a few seconds"
     return Refusal(503, ErrorCode.SERVICE_UNAVAILABLE, message, UNAVAILABLE_RETRY_AFTER)
+
+
+def held_cap(caller: Caller) -> int:
+    """How many requests ``caller`` may have held at once: ``SLOTSERVE_GATEWAY_MAX_HELD_PER_USER``,
+    and no more than their own concurrency limits let run (a held request is one that would run)."""
+    cap = settings.SLOTSERVE_GATEWAY_MAX_HELD_PER_USER
+    limits = caller.limits
+    if limits is not None:
+        for limit in (limits.user_concurrent, limits.key_concurrent):
+            if limit:
+                cap = min(cap, limit)
+    return cap
+
+
+def too_many_held(caller: Caller) -> Refusal:
+    cap = held_cap(caller)
+    message = (
+        f"you already have {cap} requests waiting for a model (X-SlotServe-Wait), as many as you may; "
+        "try again when one of them is answered"
+    )
+    return Refusal(429, ErrorCode.TOO_MANY_HELD, message, HELD_RETRY_AFTER)
 
 
 def did_not_answer(channel: ChannelView, exc: Exception) -> Refusal:
@@ -330,6 +397,9 @@ class Gateway:
             await self.models(send, snapshot, caller, pinned)
         elif path.startswith("/v1/models/") and method == "GET":
             await self.models(send, snapshot, caller, pinned, only=path[len("/v1/models/") :])
+        elif pinned is not None and is_admin_endpoint(method, path) and not caller.is_staff:
+            message = f"{method} {path} is an admin endpoint of channel {pinned}'s process: staff only"
+            await respond(send, 403, error_body(403, ErrorCode.ADMIN_ONLY, message))
         elif pinned is not None or (method == "POST" and (path.startswith("/v1/") or path in ROOT_PATHS)):
             await self.proxy(scope, receive, send, snapshot, caller, pinned, path, answer)
         else:
@@ -479,6 +549,7 @@ class Gateway:
         held_stream = body is not None and body.get("stream") is True
         comment_at = loop.time() + HOLD_COMMENT_SECONDS
         begun = False
+        held, hold_token, hold_refresh_at = False, uuid.uuid4().hex, 0.0
         try:
             while True:
                 now = timezone.now()
@@ -509,7 +580,14 @@ class Gateway:
                     else:
                         await refuse(send, refusal)
                     return
-                # Held, as the caller asked: look again until the model is ready or time is up.
+                # Held, as the caller asked: look again until the model is ready or time is up,
+                # within the caller's cap of held requests (counted in Redis, refreshed while held).
+                if loop.time() >= hold_refresh_at:
+                    if not await self.counters.hold(caller.user_id, hold_token, held_cap(caller)):
+                        await refuse(send, too_many_held(caller))
+                        return
+                    held = True
+                    hold_refresh_at = loop.time() + HELD_TTL_SECONDS / 3
                 if left is None:
                     left = asyncio.ensure_future(_until_disconnect(receive))
                 if held_stream and loop.time() >= comment_at:
@@ -528,6 +606,9 @@ class Gateway:
             gone = left is not None and left.done() and not left.cancelled()
             if left is not None:
                 left.cancel()
+            if held:
+                with contextlib.suppress(RedisError):  # the entry expires by itself anyway
+                    await self.counters.unhold(caller.user_id, hold_token)
         if gone:
             if channel is not None and await entry.settled():  # counted in: count it out, unsent
                 assert entry.request_id is not None
@@ -545,7 +626,7 @@ class Gateway:
         assert channel is not None
         answer.channel_id = channel.id
         answer.reservation_id = channel.booking.reservation_id if channel.booking else None
-        usage = Usage()
+        usage = Usage.asking(body)
         outgoing = Outgoing(
             method=scope["method"],
             path=path,
@@ -563,6 +644,7 @@ class Gateway:
                     await entry.settled()
             if entry.request_id is not None:
                 answer.counted = True
+                usage.settle(answer.status)
                 try:
                     await self.counters.leave(
                         channel.id,

@@ -45,6 +45,7 @@ class Caller:
     key_id: int
     wait_seconds: int = 0  # the key's default hold (X-SlotServe-Wait overrides it)
     limits: Limits | None = None  # None: nothing to check
+    is_staff: bool = False  # may reach a process's admin endpoints through the pinned path
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,10 @@ def _read_snapshot() -> Snapshot:
 
     now = timezone.now()
     _limits = _limits_reader()
+    keys = ApiKey.objects.usable()
     callers = {
-        hashed: Caller(user_id, username, key_id, wait, _limits(user_id, key_conc, key_rpm))
-        for key_id, hashed, user_id, username, wait, key_conc, key_rpm in ApiKey.objects.usable().values_list(
+        hashed: Caller(user_id, username, key_id, wait, _limits(user_id, key_conc, key_rpm), staff)
+        for key_id, hashed, user_id, username, wait, key_conc, key_rpm, staff in keys.values_list(
             "pk",
             "hashed",
             "user_id",
@@ -118,6 +120,7 @@ def _read_snapshot() -> Snapshot:
             "wait_seconds",
             "max_concurrent",
             "requests_per_minute",
+            "user__is_staff",
         )
     }
     active = {

@@ -6,6 +6,7 @@ bad value stops start-up naming the variable (see ``slotserve_site.env``).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 import socket
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import dj_database_url
 import django_stubs_ext
+from csp.constants import NONCE
 
 from slotserve_site.env import (
     SettingError,
@@ -109,9 +111,27 @@ MIDDLEWARE = [
     "slotserve_site.middleware.UserTimezoneMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
     # Last, as django-axes asks: it answers a locked-out sign-in.
     "axes.middleware.AxesMiddleware",
 ]
+
+# --- Content-Security-Policy (django-csp) ---------------------------------------
+# The portal runs no third-party script: only its own files and its inline scripts, each with
+# the page's nonce (``nonce="{{ request.csp_nonce }}"``); the usage charts are SVG drawn by the
+# server. Inline styles stay allowed (style attributes carry no script).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'", NONCE],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
 
 # --- Sign-in throttling (django-axes) -----------------------------------------
 AUTHENTICATION_BACKENDS = [
@@ -126,7 +146,22 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_VERBOSE = False
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
-AXES_IPWARE_PROXY_COUNT = 1 if SLOTSERVE_HTTPS else 0
+# The address a failure counts against is the socket's, unless it is a proxy named here
+# (addresses or networks); then the one that proxy says it was called from. None by default;
+# behind HTTPS, the documented nginx on this machine (docs/deploy.md); "none" for none.
+SLOTSERVE_TRUSTED_PROXIES = [
+    name
+    for name in env_list("SLOTSERVE_TRUSTED_PROXIES", ["127.0.0.1", "::1"] if SLOTSERVE_HTTPS else [])
+    if name.lower() != "none"
+]
+for _proxy in SLOTSERVE_TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_proxy, strict=False)
+    except ValueError as exc:
+        raise SettingError(
+            f"SLOTSERVE_TRUSTED_PROXIES: {exc} (name addresses or networks, e.g. 10.0.0.5,10.1.0.0/16)"
+        ) from None
+AXES_CLIENT_IP_CALLABLE = "slotserve_site.client_address.client_address"
 
 ROOT_URLCONF = "slotserve_site.urls"
 WSGI_APPLICATION = "slotserve_site.wsgi.application"
@@ -215,7 +250,9 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
-STATIC_ROOT.mkdir(exist_ok=True)  # where `collectstatic` would put them; WhiteNoise looks there too
+# Where `collectstatic` would put them; WhiteNoise looks there too. Private like the rest.
+STATIC_ROOT.mkdir(exist_ok=True, mode=0o700)
+STATIC_ROOT.chmod(0o700)
 # WhiteNoise finds the files in the apps themselves: no collectstatic step is needed.
 WHITENOISE_USE_FINDERS = True
 LOGIN_URL = "/accounts/login/"
@@ -399,6 +436,11 @@ SLOTSERVE_LIMIT_WEEKLY_TOKENS = env_int("SLOTSERVE_LIMIT_WEEKLY_TOKENS", 0, mini
 SLOTSERVE_REQUEST_LOG_DAYS = env_int("SLOTSERVE_REQUEST_LOG_DAYS", 90, minimum=1)
 # Browser origins that may call the gateway (CORS): comma-separated, "*" for any; none by default.
 SLOTSERVE_CORS_ORIGINS = env_list("SLOTSERVE_CORS_ORIGINS", [])
+# Connections and requests the web server takes at once (`manage.py run`); past it, a 503.
+SLOTSERVE_GATEWAY_MAX_CONNECTIONS = env_int("SLOTSERVE_GATEWAY_MAX_CONNECTIONS", 2000, minimum=10)
+# Requests one user may have held at once (X-SlotServe-Wait), all gateway processes together;
+# a user with a concurrency limit of their own may hold at most that many. Past it, a 429.
+SLOTSERVE_GATEWAY_MAX_HELD_PER_USER = env_int("SLOTSERVE_GATEWAY_MAX_HELD_PER_USER", 16, minimum=1)
 SLOTSERVE_GATEWAY_MAX_BODY_BYTES = env_int("SLOTSERVE_GATEWAY_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
 
 # Backend executables (API.md "Backend programs").

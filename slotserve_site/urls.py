@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.permissions import AllowAny
 from rest_framework.routers import DefaultRouter
 
@@ -57,7 +57,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(permission_classes=[AllowAny]), name="schema"),
     path(
         "api/docs/",
-        SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[AllowAny]),
+        SpectacularSwaggerSplitView.as_view(url_name="schema", permission_classes=[AllowAny]),
         name="api-docs",
     ),
     path("api/me/", MeView.as_view(), name="me"),

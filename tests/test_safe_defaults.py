@@ -170,3 +170,37 @@ def test_metrics_token_and_the_new_key_page_is_never_cached(settings, ana):
     client.force_login(ana)
     page = client.post("/keys/", {"name": "laptop"})
     assert page.status_code == 200 and "no-store" in page["Cache-Control"]
+
+
+@pytest.mark.django_db
+def test_behind_a_trusted_proxy_the_lock_out_counts_the_address_it_forwards(ana, settings):
+    """With SLOTSERVE_TRUSTED_PROXIES naming the proxy, its X-Forwarded-For is believed, from the
+    right: the entry a caller could forge (the leftmost) counts for nothing."""
+    settings.SLOTSERVE_TRUSTED_PROXIES = ["127.0.0.1", "10.0.0.0/8"]
+    ana.set_password("right-password-1")
+    ana.save()
+    proxy = Client(REMOTE_ADDR="127.0.0.1")
+
+    def sign_in(password: str, forwarded: str) -> int:
+        answer = proxy.post(
+            "/accounts/login/", {"username": "ana", "password": password}, HTTP_X_FORWARDED_FOR=forwarded
+        )
+        return answer.status_code
+
+    for n in range(django_settings.AXES_FAILURE_LIMIT):
+        # Each with another forged first entry; the proxies saw 198.51.100.4 call.
+        sign_in("wrong", f"203.0.113.{n}, 198.51.100.4, 10.1.2.3")
+    assert sign_in("right-password-1", "1.2.3.4, 198.51.100.4") == 429
+    assert sign_in("right-password-1", "198.51.100.5") == 302  # a colleague elsewhere
+    # Not from a trusted proxy: the header is nobody's word, the socket's address counts.
+    direct = Client(REMOTE_ADDR="192.0.2.7")
+    for _ in range(django_settings.AXES_FAILURE_LIMIT):
+        direct.post(
+            "/accounts/login/", {"username": "ana", "password": "wrong"}, HTTP_X_FORWARDED_FOR="198.51.100.9"
+        )
+    locked = direct.post(
+        "/accounts/login/",
+        {"username": "ana", "password": "right-password-1"},
+        HTTP_X_FORWARDED_FOR="198.51.100.99",
+    )
+    assert locked.status_code == 429

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -365,19 +366,16 @@ def test_allowed_groups_can_be_set_through_the_channels_api(staff_api):
 
 def test_a_sqlite_database_url_gets_the_same_safety_as_the_default(tmp_path):
     code = (
-        "from django.conf import settings; d = settings.DATABASES['default']; "
-        "print(d['OPTIONS']['transaction_mode'], d['OPTIONS']['timeout'], 'WAL' in d['OPTIONS']['init_command'], "
-        "d['CONN_MAX_AGE'])"
+        "import django; django.setup(); from django.conf import settings; "
+        "d = settings.DATABASES['default']; o = d['OPTIONS']; "
+        "print(o['transaction_mode'], o['timeout'], 'WAL' in o['init_command'], d['CONN_MAX_AGE'])"
     )
     shown = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'slotserve_site.settings'); django.setup(); {code}",
-        ],
+        [sys.executable, "-c", code],
         cwd=ROOT,
         env={
-            **__import__("os").environ,
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "slotserve_site.settings",
             "DATABASE_URL": f"sqlite:///{tmp_path}/elsewhere.sqlite3",
             "SLOTSERVE_DATA_DIR": str(tmp_path / "data"),
         },

@@ -7,6 +7,7 @@ it stops no inference process: they keep serving until the scheduler asks.
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 
@@ -28,6 +29,7 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=4)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        os.umask(0o077)  # run logs and SGLang's secret file: the worker's user's only
         name = options["name"]
         now = timezone.now()
         try:

