@@ -69,9 +69,10 @@ def flush_request_log(client: redis.Redis, *, now: datetime | None = None) -> in
                     kept.append(row)
             rows = [(row, b"") for row in kept]
         if dead:
-            client.pipeline().rpush(dead_letters(), *dead).ltrim(
-                dead_letters(), -DEAD_LETTERS_KEPT, -1
-            ).execute()
+            keeping = client.pipeline()
+            keeping.rpush(dead_letters(), *dead)
+            keeping.ltrim(dead_letters(), -DEAD_LETTERS_KEPT, -1)
+            keeping.execute()
         client.ltrim(name, len(raw), -1)
         written += len(rows)
     moment = now or timezone.now()

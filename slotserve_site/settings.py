@@ -11,6 +11,7 @@ import os
 import secrets
 import socket
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 import django_stubs_ext
@@ -187,7 +188,7 @@ TEMPLATES = [
 # SQLite in the data directory by default; PostgreSQL when DATABASE_URL says so.
 
 
-def _sqlite(name: str) -> dict[str, object]:
+def _sqlite(name: str) -> dict[str, Any]:
     """SQLite as SlotServe needs it, wherever the file is (the default, or a ``sqlite:///`` URL).
 
     BEGIN IMMEDIATE takes the write lock at the start of every transaction, so the overlap
@@ -209,11 +210,11 @@ def _sqlite(name: str) -> dict[str, object]:
 _database_url = env_str("DATABASE_URL", "")
 if _database_url:
     try:
-        DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
+        DATABASES: dict[str, Any] = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
     except ValueError as exc:
         raise SettingError(f"DATABASE_URL is not a database URL: {exc}") from None
     if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-        DATABASES["default"] = {**_sqlite(str(DATABASES["default"]["NAME"])), "TEST": {}}  # type: ignore[dict-item]
+        DATABASES["default"] = {**_sqlite(str(DATABASES["default"]["NAME"])), "TEST": {}}
     elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         # A database behind a network that goes silent must not hang a node worker or the
         # gateway's snapshot for minutes: give up connecting after 5 s, and notice a dead
@@ -229,7 +230,7 @@ if _database_url:
 else:
     DATABASES = {
         "default": {
-            **_sqlite(str(DATA_DIR / "slotserve.sqlite3")),  # type: ignore[dict-item]
+            **_sqlite(str(DATA_DIR / "slotserve.sqlite3")),
             # A file, not shared-cache memory: threads in the concurrency tests
             # need SQLite's real locking, which shared cache does not provide.
             "TEST": {"NAME": str(DATA_DIR / "test.sqlite3")},

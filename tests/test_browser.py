@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from django.utils import timezone
+from playwright.sync_api import expect
 
 from channels_app.models import ChannelRuntime
 from channels_app.vocabulary import Phase
@@ -193,7 +194,9 @@ def test_time_zones_first_sign_in_takes_the_browsers_and_hints_match_what_is_sav
     page.fill("#id_username", "lena")
     page.fill("#id_password", "pw-for-tests")
     page.click("button[type=submit]")
-    page.wait_for_function("document.getElementById('nav-zone').textContent === 'Europe/Berlin'")
+    # Not wait_for_function: it evaluates a string in the page, which the portal's
+    # Content-Security-Policy forbids (no 'unsafe-eval').
+    expect(page.locator("#nav-zone")).to_have_text("Europe/Berlin")
     profile = profile_for(lena)
     assert (profile.time_zone, profile.time_zone_chosen) == ("Europe/Berlin", True)
 
@@ -276,6 +279,9 @@ def test_every_page_fits_a_phone_and_the_admin_and_api_docs_load_cleanly(browser
     )
     context = browser.new_context(viewport={"width": 390, "height": 844})
     page = context.new_page()
+    # Every page's own scripts run under the portal's Content-Security-Policy: none is refused.
+    refused: list[str] = []
+    page.on("console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None)
     page.goto(f"{live_server.url}/accounts/login/")
     page.fill("#id_username", "boss")
     page.fill("#id_password", "pw-for-tests")
@@ -306,6 +312,7 @@ def test_every_page_fits_a_phone_and_the_admin_and_api_docs_load_cleanly(browser
             )
             wide.append((path, overflow, culprits))
     assert wide == [], f"pages wider than a 390 px phone (path, extra px): {wide}"
+    assert refused == [], refused
     shot(page, "phone-logs")
     page.goto(f"{live_server.url}/reservations/")
     shot(page, "phone-reservations")

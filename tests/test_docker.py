@@ -33,6 +33,8 @@ def test_services_images_and_health_checks():
 
 def test_commands_start_each_role():
     assert "uvicorn slotserve_site.asgi:application" in " ".join(SERVICES["web"]["command"])
+    # SlotServe reads X-Forwarded-For itself, from the proxies it trusts; a connection limit.
+    assert "--no-proxy-headers --limit-concurrency" in " ".join(SERVICES["web"]["command"])
     assert "manage.py migrate" in " ".join(SERVICES["web"]["command"])
     scheduler = SERVICES["scheduler"]["command"]
     assert scheduler[:4] == ["celery", "-A", "slotserve_site", "worker"] and "--beat" in scheduler
@@ -88,6 +90,9 @@ def test_redis_and_postgres_are_not_published_to_everyone_and_redis_has_a_passwo
             # host address:host port:container port — never a bare "6379:6379" (every interface)
             assert mapping.count(":") == 2 and mapping.startswith("${SLOTSERVE_PRIVATE_ADDRESS}:"), mapping
     assert "--requirepass" in SERVICES["redis"]["command"]
+    renamed = " ".join(SERVICES["redis"]["command"])
+    for command in ("CONFIG", "MODULE", "DEBUG", "REPLICAOF"):
+        assert f"--rename-command {command}  " in renamed + " ", renamed
     redis_url = COMPOSE["x-slotserve"]["environment"]["SLOTSERVE_REDIS_URL"]
     assert redis_url.startswith("redis://:${REDIS_PASSWORD}@"), redis_url
     assert COMPOSE["x-slotserve"]["environment"]["SLOTSERVE_HTTPS"].startswith("${SLOTSERVE_HTTPS")
