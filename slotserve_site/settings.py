@@ -214,7 +214,12 @@ if _database_url:
     except ValueError as exc:
         raise SettingError(f"DATABASE_URL is not a database URL: {exc}") from None
     if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-        DATABASES["default"] = {**_sqlite(str(DATABASES["default"]["NAME"])), "TEST": {}}
+        named = Path(str(DATABASES["default"]["NAME"]))
+        # The tests' database beside it, a file too (threads need SQLite's real locking).
+        DATABASES["default"] = {
+            **_sqlite(str(named)),
+            "TEST": {"NAME": str(named.with_name(f"test_{named.name}"))},
+        }
     elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         # A database behind a network that goes silent must not hang a node worker or the
         # gateway's snapshot for minutes: give up connecting after 5 s, and notice a dead
