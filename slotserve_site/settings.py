@@ -224,12 +224,22 @@ if _database_url:
         # A database behind a network that goes silent must not hang a node worker or the
         # gateway's snapshot for minutes: give up connecting after 5 s, and notice a dead
         # connection within about 25 s (TCP keepalives). The URL's own options win.
+        # Connections come from a pool of at most SLOTSERVE_DB_POOL_SIZE per process: under
+        # ASGI every request runs in a thread of its own, and a connection kept per thread ran
+        # PostgreSQL out of connections with 20 colleagues browsing (docs/deploy.md, "Database
+        # connections"). A request that finds the pool busy waits up to 20 s for a connection.
+        DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them
         DATABASES["default"]["OPTIONS"] = {
             "connect_timeout": 5,
             "keepalives": 1,
             "keepalives_idle": 10,
             "keepalives_interval": 5,
             "keepalives_count": 3,
+            "pool": {
+                "min_size": 1,
+                "max_size": env_int("SLOTSERVE_DB_POOL_SIZE", 10, minimum=1),
+                "timeout": 20,
+            },
             **DATABASES["default"].get("OPTIONS", {}),
         }
 else:
