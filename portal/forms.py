@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zoneinfo
+from dataclasses import dataclass
 from typing import Any
 
 from django import forms
@@ -77,6 +78,28 @@ class OverrideForm(forms.Form):
     preset = forms.ModelChoiceField(queryset=Preset.objects.select_related("model"), required=False)
     unload = forms.BooleanField(required=False)
     until = LocalDateTimeField()
+
+    def __init__(self, *args: Any, choices: OverrideChoices | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if choices is not None:  # read once for all the overview's forms, not twice per channel
+            for name, given in (("model", choices.models), ("preset", choices.presets)):
+                field = self.fields[name]
+                assert isinstance(field, forms.ModelChoiceField)
+                field.choices = given
+
+    @classmethod
+    def shared_choices(cls) -> OverrideChoices:
+        """The model and preset choices, read once (two queries) for any number of forms."""
+        fields = cls().fields
+        model, preset = fields["model"], fields["preset"]
+        assert isinstance(model, forms.ModelChoiceField) and isinstance(preset, forms.ModelChoiceField)
+        return OverrideChoices(list(model.iterator(model)), list(preset.iterator(preset)))
+
+
+@dataclass(frozen=True)
+class OverrideChoices:
+    models: list[tuple[Any, Any]]
+    presets: list[tuple[Any, Any]]
 
 
 def _zone_choices() -> list[tuple[str, str]]:

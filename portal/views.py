@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime, time, timedelta
+from datetime import date, datetime, time, timedelta, tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,9 @@ from django.views.decorators.http import require_POST
 
 from channels_app.models import Channel, LLMModel, ModelFile, Node, Preset
 from channels_app.scheduling import selectors
+from channels_app.scheduling.decision import PlanSegment
 from channels_app.scheduling.selectors import preset_load_estimates
-from channels_app.scheduling.services import plan_for
+from channels_app.scheduling.services import plans_for
 from channels_app.target import Target
 from channels_app.vocabulary import Phase, Reason
 from portal.forms import OverrideForm
@@ -68,6 +70,7 @@ def channel_cards(*, now: datetime, staff: bool) -> list[ChannelCard]:
     tz = timezone.get_current_timezone()
     cards = []
     loading: list[tuple[ChannelCard, Target]] = []
+    override_choices = OverrideForm.shared_choices() if staff else None
     for channel in channels:
         runtime, target = channel.runtime_or_none(), channel.target_or_none()
         booking = None
@@ -87,7 +90,9 @@ def channel_cards(*, now: datetime, staff: bool) -> list[ChannelCard]:
             error=runtime.error if runtime else "",
             fallback=bool(runtime and runtime.fallback),
             retry_at=runtime.retry_at if runtime else None,
-            override_form=OverrideForm(prefix=f"ch{channel.pk}") if staff else None,
+            override_form=OverrideForm(prefix=f"ch{channel.pk}", choices=override_choices)
+            if override_choices
+            else None,
         )
         if runtime is not None and runtime.phase == Phase.LOADING and runtime.model_id is not None:
             card.loading_elapsed = int((now - runtime.since).total_seconds())
@@ -141,18 +146,20 @@ def _place(start: datetime, end: datetime, origin: datetime, span: timedelta) ->
 
 def calendar_rows(
     *,
-    origin: datetime,
-    span: timedelta,
+    lanes: list[tuple[datetime, timedelta]],
     now: datetime,
     viewer: User,
     channel_id: int | None = None,
     node_id: int | None = None,
     model_id: int | None = None,
     group_id: int | None = None,
-) -> list[CalendarRow]:
-    """The timeline's rows; with filters, only the channel, the node's channels, or the blocks of
-    one model (and the channels that have them or default to it)."""
+) -> list[list[CalendarRow]]:
+    """The timeline's rows for each lane (a day: its start and length); with filters, only the
+    channel, the node's channels, or the blocks of one model (and the channels that have them or
+    default to it). One read of the bookings, plans and load estimates for all the lanes, in a
+    number of queries that does not grow with the channels or the bookings shown."""
     tz = timezone.get_current_timezone()
+    first, last = lanes[0][0], max(origin + span for origin, span in lanes)
     shown = Reservation.objects.exclude(status__in=[ReservationStatus.REJECTED, ReservationStatus.CANCELLED])
     if model_id is not None:
         shown = shown.filter(model_id=model_id)
@@ -163,24 +170,54 @@ def calendar_rows(
         listed = listed.filter(pk=channel_id)
     if node_id is not None:
         listed = listed.filter(node_id=node_id)
-    channels = listed.select_related("node").prefetch_related(
-        Prefetch(
-            "reservations",
-            queryset=shown.overlapping(origin, origin + span).select_related("user", "model", "preset"),
-            to_attr="shown",
+    channels = list(
+        listed.select_related("node").prefetch_related(
+            Prefetch(
+                "reservations",
+                queryset=shown.overlapping(first, last)
+                .select_related("user", "model", "preset")
+                .order_by("start"),
+                to_attr="shown",
+            )
         )
     )
-    end = origin + span
     names = dict(LLMModel.objects.values_list("pk", "name"))
+    plans = plans_for(channel_ids=[c.pk for c in channels], now=now, start=max(first, now), end=last)
+    estimates = selectors.load_estimates(
+        (c.node_id, r.target) for c in channels for r in c.shown if r.target is not None
+    )
+    shown_on = {c.pk: list(c.shown) for c in channels}
+    return [
+        _lane_rows(origin, span, channels, shown_on, plans, estimates, names, viewer, tz, model_id, group_id)
+        for origin, span in lanes
+    ]
+
+
+def _lane_rows(
+    origin: datetime,
+    span: timedelta,
+    channels: Sequence[Channel],
+    shown_on: dict[int, list[Reservation]],
+    plans: dict[int, list[PlanSegment]],
+    estimates: dict[tuple[int, Target], float],
+    names: dict[int, str],
+    viewer: User,
+    tz: tzinfo,
+    model_id: int | None,
+    group_id: int | None,
+) -> list[CalendarRow]:
+    """One lane's rows, from what ``calendar_rows`` read for all of them."""
+    end = origin + span
     rows = []
     for channel in channels:
-        if model_id is not None and not channel.shown and channel.default_model_id != model_id:
+        bookings = [r for r in shown_on[channel.pk] if r.start < end and r.end > origin]
+        if model_id is not None and not bookings and channel.default_model_id != model_id:
             continue
-        if group_id is not None and not channel.shown:
+        if group_id is not None and not bookings:
             continue
         row = CalendarRow(channel)
         previous: Reservation | None = None
-        for r in channel.shown:
+        for r in bookings:
             place = _place(r.start, r.end, origin, span)
             if place is None:
                 continue
@@ -201,14 +238,17 @@ def calendar_rows(
             }
             row.blocks.append(Block(*place, css, label, title, details))
             if previous is not None and previous.target != r.target and r.target is not None:
-                lost = _switch_minutes(channel, r, previous)
+                lost = adjacent_switch_minutes(
+                    load_seconds=estimates[(channel.node_id, r.target)],
+                    gap_seconds=(r.start - previous.end).total_seconds(),
+                )
                 lost_place = (
                     _place(r.start, r.start + timedelta(minutes=lost), origin, span) if lost else None
                 )
                 if lost_place:
                     row.blocks.append(Block(*lost_place, "lost", "", f"about {lost} min lost to loading"))
             previous = r
-        for segment in plan_for(channel=channel, now=now, start=max(origin, now), end=end):
+        for segment in plans.get(channel.pk, []):
             if segment.reason not in PRELOADING | MANUAL:
                 continue
             place = _place(segment.start, segment.end, origin, span)
@@ -220,12 +260,6 @@ def calendar_rows(
             row.plan.append(Block(*place, kind, "", title))
         rows.append(row)
     return rows
-
-
-def _switch_minutes(channel: Channel, later: Reservation, earlier: Reservation) -> int:
-    assert later.target is not None
-    load = selectors.load_estimates([(channel.node_id, later.target)])[(channel.node_id, later.target)]
-    return adjacent_switch_minutes(load_seconds=load, gap_seconds=(later.start - earlier.end).total_seconds())
 
 
 def _number(raw: str | None) -> int | None:
@@ -258,23 +292,24 @@ def calendar(request: HttpRequest) -> HttpResponse:
     # Hour ticks over one day: the week view shows each day as a lane of its own.
     ticks = [{"left": i / 24 * 100, "label": f"{i:02d}"} for i in range(24)]
     filters = {name: _number(request.GET.get(name)) for name in ("channel", "node", "model", "group")}
-    lanes: dict[int, dict[str, Any]] = {}
+    days_shown = []
     for offset in range(days):
         lane_day = day + timedelta(days=offset)
         lane_origin = timezone.make_aware(datetime.combine(lane_day, time()), tz)
         # Between local midnights: a daylight-saving day is 23 or 25 hours.
         lane_end = timezone.make_aware(datetime.combine(lane_day + timedelta(days=1), time()), tz)
-        lane_span = lane_end - lane_origin
-        rows = calendar_rows(
-            origin=lane_origin,
-            span=lane_span,
-            now=now,
-            viewer=_viewer(request),
-            channel_id=filters["channel"],
-            node_id=filters["node"],
-            model_id=filters["model"],
-            group_id=filters["group"],
-        )
+        days_shown.append((lane_day, lane_origin, lane_end - lane_origin))
+    all_rows = calendar_rows(
+        lanes=[(lane_origin, lane_span) for _, lane_origin, lane_span in days_shown],
+        now=now,
+        viewer=_viewer(request),
+        channel_id=filters["channel"],
+        node_id=filters["node"],
+        model_id=filters["model"],
+        group_id=filters["group"],
+    )
+    lanes: dict[int, dict[str, Any]] = {}
+    for (lane_day, lane_origin, lane_span), rows in zip(days_shown, all_rows, strict=True):
         for row in rows:
             lane = lanes.setdefault(row.channel.pk, {"channel": row.channel, "days": []})
             lane["days"].append(

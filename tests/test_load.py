@@ -72,8 +72,11 @@ def test_fifty_clients_at_once_get_answers_and_the_connections_stay_within_the_p
         assert healthy(base, time.monotonic() + 90), log_text(tmp_path)[-3000:]
         admin_db = connection.settings_dict
         with psycopg.connect(
-            host=admin_db["HOST"] or "127.0.0.1", port=admin_db["PORT"] or 5432, user=admin_db["USER"],
-            dbname="postgres", autocommit=True,
+            host=admin_db["HOST"] or "127.0.0.1",
+            port=admin_db["PORT"] or 5432,
+            user=admin_db["USER"],
+            dbname="postgres",
+            autocommit=True,
         ) as admin:
 
             def watch() -> None:

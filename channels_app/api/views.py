@@ -137,7 +137,9 @@ class OverrideOutput(serializers.ModelSerializer[Override]):
 
 
 class ChannelViewSet(viewsets.ModelViewSet[Channel]):
-    queryset = Channel.objects.select_related("node", "runtime", "target").prefetch_related("node__gpus")
+    queryset = Channel.objects.select_related("node", "runtime", "target").prefetch_related(
+        "node__gpus", "allowed_groups"
+    )
     serializer_class = ChannelSerializer
     permission_classes = [IsStaffOrReadOnly]
 

@@ -166,20 +166,38 @@ def decision_inputs(*, now: datetime, channel_ids: Iterable[int] | None = None) 
 
 
 def channel_window_inputs(*, channel: Channel, start: datetime, end: datetime) -> DecisionInput:
-    """The inputs of one channel's decisions for any moment in ``[start, end]``.
+    """The inputs of one channel's decisions for any moment in ``[start, end]``
+    (``channels_window_inputs`` for one channel)."""
+    return channels_window_inputs(channel_ids=[channel.pk], start=start, end=end)[channel.pk]
 
-    Holds every scheduled reservation that overlaps the window, the latest one
-    that started before it, and the next approved one after it.
+
+def channels_window_inputs(
+    *, channel_ids: Iterable[int], start: datetime, end: datetime
+) -> dict[int, DecisionInput]:
+    """The inputs of each channel's decisions for any moment in ``[start, end]``, in a fixed
+    number of queries however many channels and bookings (the calendar plans every channel it
+    shows).
+
+    Holds every scheduled reservation that overlaps the window, the latest one that started
+    before it, and the next approved one after it.
     """
-    mine = Reservation.objects.scheduled().filter(channel=channel)
-    latest = mine.filter(start__lte=start).order_by("-start").values("pk")[:1]
-    after = mine.filter(start__gt=end, status=ReservationStatus.APPROVED).order_by("start").values("pk")[:1]
-    reservations = mine.filter(
-        Q(start__lte=end, end__gt=start) | Q(pk__in=Subquery(latest)) | Q(pk__in=Subquery(after))
+    scheduled = Reservation.objects.scheduled()
+    latest = scheduled.filter(channel=OuterRef("pk"), start__lte=start).order_by("-start")
+    after = scheduled.filter(
+        channel=OuterRef("pk"), start__gt=end, status=ReservationStatus.APPROVED
+    ).order_by("start")
+    picked = _channels(channel_ids).annotate(
+        latest_id=Subquery(latest.values("pk")[:1]), next_id=Subquery(after.values("pk")[:1])
     )
-    slots = _slot_rows(reservations)
-    fresh = _channels([channel.pk]).get()
-    return _build_inputs([fresh], slots)[fresh.pk].decision_input
+    channels = list(picked)
+    ids = [c.pk for c in channels]
+    reservations = scheduled.filter(channel_id__in=ids).filter(
+        Q(start__lte=end, end__gt=start)
+        | Q(pk__in=[c.latest_id for c in channels if c.latest_id])
+        | Q(pk__in=[c.next_id for c in channels if c.next_id])
+    )
+    facts = _build_inputs(channels, _slot_rows(reservations))
+    return {pk: fact.decision_input for pk, fact in facts.items()}
 
 
 def preset_load_estimates() -> dict[tuple[int, int | None, int], float]:

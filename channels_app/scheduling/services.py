@@ -107,12 +107,18 @@ def plan_for(*, channel: Channel, now: datetime, start: datetime, end: datetime)
     then, by the plan from now; one that starts in the past assumes the
     channel ran each decision at once.
     """
+    return plans_for(channel_ids=[channel.pk], now=now, start=start, end=end)[channel.pk]
+
+
+def plans_for(
+    *, channel_ids: Iterable[int], now: datetime, start: datetime, end: datetime
+) -> dict[int, list[PlanSegment]]:
+    """``plan_for`` of each channel, from one read of all their inputs."""
     low = min(now, start)
-    inp = selectors.channel_window_inputs(channel=channel, start=low, end=end)
+    inputs = selectors.channels_window_inputs(channel_ids=channel_ids, start=low, end=end)
     if start > now:
-        segments = plan(inp, now, end)
-        return [s for s in segments if s.end > start]
-    return plan(inp, start, end)
+        return {pk: [s for s in plan(inp, now, end) if s.end > start] for pk, inp in inputs.items()}
+    return {pk: plan(inp, start, end) for pk, inp in inputs.items()}
 
 
 def override_set(
