@@ -16,6 +16,7 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
 from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -159,18 +160,24 @@ def _moment(raw: str | None) -> datetime | None:
     return value
 
 
+# Rows a list page of the portal shows (My reservations' upcoming, Approvals); the rest on the next.
+PAGE = 50
+
+
 @login_required
 def my_reservations(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     mine = Reservation.objects.filter(user=_me(request)).select_related("channel", "model", "preset")
     withdrawn = [ReservationStatus.CANCELLED, ReservationStatus.REJECTED]
+    # A pending booking whose start has passed still waits for a decision until its end.
+    upcoming = mine.filter(
+        Q(status=ReservationStatus.APPROVED, start__gt=now) | Q(status=ReservationStatus.PENDING, end__gt=now)
+    ).order_by("start", "pk")
+    page = Paginator(upcoming, PAGE).get_page(request.GET.get("page"))
     context = {
         "active": mine.filter(status=ReservationStatus.APPROVED, start__lte=now, end__gt=now),
-        # A pending booking whose start has passed still waits for a decision until its end.
-        "upcoming": mine.filter(
-            Q(status=ReservationStatus.APPROVED, start__gt=now)
-            | Q(status=ReservationStatus.PENDING, end__gt=now)
-        ).order_by("start"),
+        "upcoming": page,
+        "page": page,
         "withdrawn": mine.filter(status__in=withdrawn, end__gt=now).order_by("start"),
         "past": mine.filter(end__lte=now).order_by("-start")[:50],
         "extend_form": ExtendForm(),
@@ -329,10 +336,10 @@ def approvals(request: HttpRequest) -> HttpResponse:
         .filter(status=ReservationStatus.PENDING)
         .select_related("user", "channel", "model", "preset")
     )
+    # The nearest first: what must be decided soonest.
+    page = Paginator(pending.order_by("start", "pk"), PAGE).get_page(request.GET.get("page"))
     return render(
-        request,
-        "portal/approvals.html",
-        {"pending": pending.order_by("created"), "reject_form": RejectForm()},
+        request, "portal/approvals.html", {"pending": page, "page": page, "reject_form": RejectForm()}
     )
 
 
@@ -500,6 +507,10 @@ def revoke_key(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("portal:keys")
 
 
+# How far back the calendar feed reaches.
+FEED_DAYS_BACK = 30
+
+
 def calendar_feed(request: HttpRequest, token: str) -> HttpResponse:
     """The user's reservations as iCalendar; the URL's token is the credential."""
     try:
@@ -510,9 +521,13 @@ def calendar_feed(request: HttpRequest, token: str) -> HttpResponse:
     calendar.add("prodid", "-//SlotServe//reservations//EN")
     calendar.add("version", "2.0")
     calendar.add("x-wr-calname", "SlotServe reservations")
+    # A window, not every booking ever: from FEED_DAYS_BACK days ago on (calendar programs keep
+    # what they fetched before).
+    since = timezone.now() - timedelta(days=FEED_DAYS_BACK)
     reservations = Reservation.objects.filter(
         user=profile.user,
         status__in=[ReservationStatus.PENDING, ReservationStatus.APPROVED, ReservationStatus.ENDED],
+        end__gt=since,
     ).select_related("channel", "model", "preset")
     zone = zone_of(profile.user)
     calendar.add("x-wr-timezone", str(zone))

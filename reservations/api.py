@@ -129,7 +129,13 @@ class ReservationViewSet(
         queryset = Reservation.objects.select_related("user", "channel")
         if not self.request.user.is_staff:
             queryset = queryset.filter(user=current_user(self.request))
-        return queryset.order_by("start")
+        if self.action == "list":  # ?from=&to=: the bookings that overlap that window
+            params = self.request.query_params
+            if params.get("from"):
+                queryset = queryset.filter(end__gt=moment_param(self.request, "from"))
+            if params.get("to"):
+                queryset = queryset.filter(start__lt=moment_param(self.request, "to"))
+        return queryset.order_by("start", "pk")
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = ReservationInput(data=request.data)

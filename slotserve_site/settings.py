@@ -388,11 +388,11 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
-    # Lists filter with django-filter (a bad value is a 400 naming it) and paginate when asked:
-    # ?limit=&offset= gives {count, next, previous, results}; without them, the whole list.
+    # Lists filter with django-filter (a bad value is a 400 naming it) and end: a list of at most
+    # 100 with Link and X-Total-Count headers; ?limit=&offset= gives {count, next, previous,
+    # results} (slotserve_site.api_pages, docs/api.md).
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
-    "PAGE_SIZE": None,
+    "DEFAULT_PAGINATION_CLASS": "slotserve_site.api_pages.ListPages",
     "EXCEPTION_HANDLER": "slotserve_site.api_errors.exception_handler",
     "DATETIME_FORMAT": "iso-8601",
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "slotserve_site.api_errors.JsonWhateverIsAccepted",

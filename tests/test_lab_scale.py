@@ -39,7 +39,7 @@ def fill(channels: int, bookings_each: int, staff) -> dict[str, Any]:
         channel = factories.channel(f"c{tag}", on=node, default=chat, gpu_indexes=[n % 4], policy="all")
         factories.load(chat, channel, started=now - timedelta(days=2), seconds=30)
         for b in range(bookings_each):
-            start = now - timedelta(days=2) + timedelta(hours=3 * b)
+            start = now - timedelta(days=1) + timedelta(hours=3 * b)
             factories.reservation(
                 owner=people[b % len(people)],
                 on=channel,
