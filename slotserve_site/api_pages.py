@@ -34,15 +34,15 @@ class ListPages(LimitOffsetPagination):
         if not self.plain:
             return super().get_paginated_response(data)
         answer = Response(data)
-        answer["X-Total-Count"] = str(self.count)
+        answer["X-Total-Count"] = str(self.count or 0)
+        assert self.request is not None and self.limit is not None and self.offset is not None
+        offset, limit, count = self.offset, self.limit, self.count or 0
         url = remove_query_param(self.request.build_absolute_uri(), self.limit_query_param)
         links = []
-        if self.offset + self.limit < self.count:
-            links.append(
-                f'<{replace_query_param(url, self.offset_query_param, self.offset + self.limit)}>; rel="next"'
-            )
-        if self.offset > 0:
-            before = max(0, self.offset - self.limit)
+        if offset + limit < count:
+            links.append(f'<{replace_query_param(url, self.offset_query_param, offset + limit)}>; rel="next"')
+        if offset > 0:
+            before = max(0, offset - limit)
             previous = (
                 replace_query_param(url, self.offset_query_param, before)
                 if before
