@@ -9,6 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
+from django.utils import timezone
 from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -20,7 +21,7 @@ from gateway.filters import RequestLogFilter
 from gateway.models import ApiKey, RequestLog
 from gateway.services import api_key_change, api_key_create, api_key_revoke
 from slotserve_site.api_fields import current_user
-from slotserve_site.csv_cells import SafeWriter
+from slotserve_site.csv_stream import BATCH, csv_response
 
 
 class ApiKeyOutput(serializers.ModelSerializer[ApiKey]):
@@ -130,31 +131,29 @@ class RequestLogViewSet(viewsets.ReadOnlyModelViewSet[RequestLog]):
 
     @action(detail=False, methods=["get"], url_path="csv")
     def export(self, request: Request) -> StreamingHttpResponse:
-        rows = self.filter_queryset(self.get_queryset())
+        """The rows as CSV, streamed as they are read (``slotserve_site.csv_stream``): plain
+        values, not a serializer per row; times in the reader's zone, as the JSON gives them."""
+        rows = self.filter_queryset(self.get_queryset()).values_list(
+            "id",
+            "at",
+            "user__username",
+            "key__name",
+            "channel__name",
+            "reservation_id",
+            "model",
+            "method",
+            "path",
+            "status",
+            "ttft_ms",
+            "duration_ms",
+            "prompt_tokens",
+            "completion_tokens",
+        )
+        zone = timezone.get_current_timezone()
 
-        def lines() -> Iterator[str]:
-            out = _Line()
-            writer = SafeWriter(out)
-            writer.writerow(CSV_FIELDS)
-            yield out.take()
-            for row in rows.iterator(chunk_size=2000):
-                writer.writerow([RequestLogOutput(row).data[f] for f in CSV_FIELDS])
-                yield out.take()
+        def lines() -> Iterator[tuple[Any, ...]]:
+            for row in rows.iterator(chunk_size=BATCH):
+                at = row[1].astimezone(zone).isoformat().replace("+00:00", "Z")
+                yield (row[0], at, *row[2:])
 
-        answer = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")
-        answer["Content-Disposition"] = 'attachment; filename="slotserve-requests.csv"'
-        return answer
-
-
-class _Line:
-    """A file for ``csv.writer`` that hands back what was written since the last call."""
-
-    def __init__(self) -> None:
-        self.parts: list[str] = []
-
-    def write(self, text: str) -> None:
-        self.parts.append(text)
-
-    def take(self) -> str:
-        text, self.parts = "".join(self.parts), []
-        return text
+        return csv_response(request._request, CSV_FIELDS, lines(), "slotserve-requests.csv")

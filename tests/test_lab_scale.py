@@ -3,6 +3,8 @@ size, and lists end (a page at a time, nearest first)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import itertools
 from datetime import timedelta
 from typing import Any
@@ -183,3 +185,48 @@ def test_the_calendar_feed_holds_a_window_not_every_booking_ever(staff):
     token = profile_for(person).calendar_token
     feed = Client().get(f"/calendar/{token}.ics").content.decode()
     assert f"reservation-{recent.pk}@" in feed and f"reservation-{old.pk}@" not in feed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_request_log_csv_streams_under_asgi_as_rows_are_read(staff):
+    """Served by ASGI, the export goes out in batches as the database hands them over (it once
+    sent nothing until its last row), with the same rows the JSON list gives."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+    from django.test import AsyncClient
+
+    from gateway.api import CSV_FIELDS
+    from slotserve_site.csv_stream import BATCH
+
+    person = factories.user("streamer")
+    now = timezone.now()
+    RequestLog.objects.bulk_create(
+        RequestLog(
+            at=now - timedelta(seconds=n),
+            user=person,
+            model="=m" if n == 0 else "m",
+            method="POST",
+            path="/v1/chat/completions",
+            status=200,
+            duration_ms=1.5,
+            prompt_tokens=n,
+            completion_tokens=1,
+        )
+        for n in range(2 * BATCH + 10)
+    )
+
+    async def export() -> list[bytes]:
+        client = AsyncClient()
+        await sync_to_async(client.force_login)(staff)
+        answer = await client.get("/api/requests/csv")
+        assert answer.status_code == 200 and answer.is_async
+        return [chunk async for chunk in answer.streaming_content]
+
+    chunks = asyncio.run(export())
+    assert len(chunks) == 4  # the header, then three batches
+    rows = list(csv.reader(io.StringIO(b"".join(chunks).decode())))
+    assert rows[0] == list(CSV_FIELDS) and len(rows) == 2 * BATCH + 11
+    first = dict(zip(rows[0], rows[1], strict=True))
+    assert first["user"] == "streamer" and first["model"] == "'=m" and first["at"].endswith("Z")
+    assert first["prompt_tokens"] == "0" and first["duration_ms"] == "1.5"
