@@ -156,6 +156,9 @@ class Reservation(models.Model):
             models.Index(fields=["channel", "start"], name="reservation_channel_start_idx"),
             # "My reservations": user = ? ORDER BY start.
             models.Index(fields=["user", "start"], name="reservation_user_start_idx"),
+            # What waits for approval (every page's count, the Approvals list, nearest first):
+            # the pending ones only, a few among a year of bookings.
+            models.Index(fields=["start"], name="reservation_pending_idx", condition=Q(status="pending")),
         ]
 
     def __str__(self) -> str:
