@@ -222,6 +222,7 @@ def main() -> None:
         SLOTSERVE_SECRET_KEY=secrets.token_urlsafe(40),
         SLOTSERVE_REDIS_PREFIX=f"bench{secrets.token_hex(2)}",
         SLOTSERVE_LOG_LEVEL="WARNING",
+        SLOTSERVE_ALLOWED_HOSTS="127.0.0.1,localhost,testserver",  # testserver: the query counts
     )
     import django
 
@@ -239,6 +240,8 @@ def run_size(name: str, size: dict[str, int], options: argparse.Namespace, base_
     from django.test.utils import CaptureQueriesContext
 
     connections.close_all()
+    if hasattr(connection, "close_pool"):  # pooled connections stay open until the pool closes
+        connection.close_pool()
     with psycopg.connect(base_url, autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
         admin.execute(f"CREATE DATABASE {DATABASE}")

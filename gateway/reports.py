@@ -11,11 +11,12 @@ from datetime import date, datetime, time, timedelta, tzinfo
 from typing import Any
 
 from django.contrib.auth.models import Group, User
+from django.db.models import Count, Sum
 from django.utils import timezone
 
 from channels_app.models import Channel, LoadRecord
 from gateway.models import RequestLog
-from gateway.utilisation import Span, channel_shares, totals
+from gateway.utilisation import Asked, Span, channel_shares, totals_of
 from reservations.models import Reservation, ReservationStatus
 
 BY = ("user", "group", "channel", "node")
@@ -46,57 +47,100 @@ def _bookings(lo: datetime, hi: datetime) -> list[tuple[Span, int]]:
     ]
 
 
-def _requests(lo: datetime, hi: datetime) -> list[Span]:
-    found = RequestLog.objects.filter(at__gte=lo - timedelta(hours=1), at__lt=hi).values_list(
-        "at",
-        "duration_ms",
-        "channel_id",
-        "user_id",
-        "reservation_id",
-        "prompt_tokens",
-        "completion_tokens",
-        "ttft_ms",
+def request_runs(lo: datetime, hi: datetime) -> list[Span]:
+    """The requests of ``[lo - 1 h, hi)`` as runs: one user's consecutive requests on one channel
+    and booking whose minutes touch become one span, which touches the same minutes
+    (``gateway.utilisation`` counts minutes). A few fields a row, merged as they are read: a busy
+    week's tens of thousands of requests become a few thousand spans. What they asked is summed
+    by the database (``_asked``)."""
+    rows = (
+        RequestLog.objects.filter(at__gte=lo - timedelta(hours=1), at__lt=hi)
+        .order_by("at")
+        .values_list("channel_id", "reservation_id", "user_id", "at", "duration_ms")
+    )
+    open_runs: dict[tuple[int | None, int | None, int], list[datetime]] = {}
+    runs: list[Span] = []
+    for channel, booking, user, at, duration in rows.iterator(chunk_size=5000):
+        end = at + timedelta(milliseconds=duration)
+        run = open_runs.get((channel, booking, user))
+        if run is not None and at.timestamp() // 60 <= -(-run[1].timestamp() // 60):
+            run[1] = max(run[1], end)  # its minutes touch the run's: the same minutes, merged
+            continue
+        if run is not None:
+            runs.append(Span(run[0], run[1], channel, user, booking))
+        open_runs[(channel, booking, user)] = [at, end]
+    runs.extend(
+        Span(start, end, channel, user, booking)
+        for (channel, booking, user), (start, end) in open_runs.items()
+    )
+    return runs
+
+
+def _asked(lo: datetime, hi: datetime) -> list[tuple[int, int | None, Asked]]:
+    """What the requests of ``[lo, hi)`` asked, per user and channel, summed by the database."""
+    found = (
+        RequestLog.objects.filter(at__gte=lo, at__lt=hi)
+        .values("user_id", "channel_id")
+        .annotate(
+            n=Count("pk"),
+            prompt=Sum("prompt_tokens"),
+            completion=Sum("completion_tokens"),
+            ttft=Sum("ttft_ms"),
+            ttft_n=Count("ttft_ms"),
+        )
+        .order_by()
     )
     return [
-        Span(at, at + timedelta(milliseconds=duration), channel, user, booking, prompt, completion, ttft)
-        for at, duration, channel, user, booking, prompt, completion, ttft in found
+        (
+            row["user_id"],
+            row["channel_id"],
+            Asked(row["n"], row["prompt"] or 0, row["completion"] or 0, row["ttft"] or 0.0, row["ttft_n"]),
+        )
+        for row in found
     ]
 
 
-def usage_rows(*, by: str, lo: datetime, hi: datetime, viewer: User) -> list[dict[str, Any]]:
+def usage_rows(
+    *, by: str, lo: datetime, hi: datetime, viewer: User, runs: list[Span] | None = None
+) -> list[dict[str, Any]]:
     """One row per user, group, channel or node: booked, used and idle booked hours, requests,
     tokens and mean time to first token in ``[lo, hi)``."""
     if by not in BY:
         raise ValueError(f"by={by!r}: use one of {', '.join(BY)}")
     if by in ("channel", "node") and not viewer.is_staff:
         raise NotYours(f"usage by {by} is for staff; you may see it by user (yours) or by group (yours)")
-    bookings, requests = _bookings(lo, hi), _requests(lo, hi)
+    bookings = _bookings(lo, hi)
+    runs = request_runs(lo, hi) if runs is None else runs
     node_of = dict(Channel.objects.values_list("pk", "node_id"))
     groups_of: dict[int, set[int]] = defaultdict(set)
     for user_id, group_id in User.groups.through.objects.values_list("user_id", "group_id"):
         groups_of[user_id].add(group_id)
 
-    def keys(span: Span, node: int | None = None) -> list[int]:
+    def keys(user_id: int | None, channel_id: int | None, node: int | None = None) -> list[int]:
         if by == "user":
-            return [span.user_id] if span.user_id is not None else []
+            return [user_id] if user_id is not None else []
         if by == "group":
-            return sorted(groups_of.get(span.user_id or 0, set()))
+            return sorted(groups_of.get(user_id or 0, set()))
         if by == "channel":
-            return [span.channel_id] if span.channel_id is not None else []
-        found = node if node is not None else node_of.get(span.channel_id or 0)
+            return [channel_id] if channel_id is not None else []
+        found = node if node is not None else node_of.get(channel_id or 0)
         return [found] if found is not None else []
 
     held: dict[int, list[Span]] = defaultdict(list)
-    asked: dict[int, list[Span]] = defaultdict(list)
+    ran: dict[int, list[Span]] = defaultdict(list)
+    asked: dict[int, Asked] = defaultdict(Asked)
     for booking, node in bookings:
-        for key in keys(booking, node):
+        for key in keys(booking.user_id, booking.channel_id, node):
             held[key].append(booking)
-    for request in requests:
-        for key in keys(request):
-            asked[key].append(request)
+    for run in runs:
+        for key in keys(run.user_id, run.channel_id):
+            ran[key].append(run)
+    for user_id, channel_id, summed in _asked(lo, hi):
+        for key in keys(user_id, channel_id):
+            asked[key] += summed
     names: dict[int, str] = {}
     if by == "user":
-        names = dict(User.objects.filter(pk__in=set(held) | set(asked)).values_list("pk", "username"))
+        names = dict(User.objects.filter(pk__in=set(held) | set(ran)).values_list("pk", "username"))
     elif by == "group":
         names = dict(Group.objects.values_list("pk", "name"))
     elif by == "channel":
@@ -105,22 +149,27 @@ def usage_rows(*, by: str, lo: datetime, hi: datetime, viewer: User) -> list[dic
         from channels_app.models import Node
 
         names = dict(Node.objects.values_list("pk", "name"))
-    visible = set(held) | set(asked)
+    visible = set(held) | set(ran)
     if not viewer.is_staff:
         visible &= {viewer.pk} if by == "user" else groups_of.get(viewer.pk, set())
     rows = []
     for key in sorted(visible, key=lambda k: names.get(k, "")):
-        counted = totals(bookings=held.get(key, []), requests=asked.get(key, []), lo=lo, hi=hi)
+        counted = totals_of(
+            bookings=held.get(key, []), runs=ran.get(key, []), asked=asked.get(key, Asked()), lo=lo, hi=hi
+        )
         rows.append({"id": key, "name": names.get(key, f"#{key}"), **counted.as_dict()})
     return rows
 
 
-def share_rows(*, lo: datetime, hi: datetime, viewer: User) -> list[dict[str, Any]]:
+def share_rows(
+    *, lo: datetime, hi: datetime, viewer: User, runs: list[Span] | None = None
+) -> list[dict[str, Any]]:
     """How each channel's time went in ``[lo, hi)`` (staff): hours switching, serving its
     bookers, booked but idle, serving everyone on the default, idle."""
     if not viewer.is_staff:
         raise NotYours("how channels' time went is for staff")
-    bookings, requests = _bookings(lo, hi), _requests(lo, hi)
+    bookings = _bookings(lo, hi)
+    requests = request_runs(lo, hi) if runs is None else runs
     loads = [
         Span(started, finished or timezone.now(), channel_id)
         for channel_id, started, finished in LoadRecord.objects.filter(

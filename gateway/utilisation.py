@@ -88,15 +88,51 @@ class Totals:
         }
 
 
+@dataclass(frozen=True)
+class Asked:
+    """What requests asked, summed: how many, their tokens, and their times to first token."""
+
+    requests: int = 0
+    prompt: int = 0
+    completion: int = 0
+    ttft_sum: float = 0.0
+    ttft_count: int = 0
+
+    def __add__(self, other: Asked) -> Asked:
+        return Asked(
+            self.requests + other.requests,
+            self.prompt + other.prompt,
+            self.completion + other.completion,
+            self.ttft_sum + other.ttft_sum,
+            self.ttft_count + other.ttft_count,
+        )
+
+    @classmethod
+    def of(cls, requests: Iterable[Span]) -> Asked:
+        total = cls()
+        for r in requests:
+            has_ttft = r.ttft_ms is not None
+            total += cls(1, r.prompt, r.completion, r.ttft_ms or 0.0, 1 if has_ttft else 0)
+        return total
+
+
 def totals(*, bookings: list[Span], requests: list[Span], lo: datetime, hi: datetime) -> Totals:
     """What ``bookings`` held and ``requests`` asked within ``[lo, hi)``: booked hours (exact),
     used hours (the booked minutes its own requests touched), idle booked hours, and the
     requests' counts, tokens and mean TTFT."""
+    asked = Asked.of(r for r in requests if lo <= r.start < hi)
+    return totals_of(bookings=bookings, runs=requests, asked=asked, lo=lo, hi=hi)
+
+
+def totals_of(*, bookings: list[Span], runs: list[Span], asked: Asked, lo: datetime, hi: datetime) -> Totals:
+    """``totals`` from the requests' spans (``runs``: requests, or runs of them merged where
+    their minutes touch, which touch the same minutes) and what they ``asked``, summed apart
+    (the report sums it in the database)."""
     booked_seconds = 0.0
     used = 0
     by_booking: dict[int | None, list[Span]] = {}
-    for request in requests:
-        by_booking.setdefault(request.reservation_id, []).append(request)
+    for run in runs:
+        by_booking.setdefault(run.reservation_id, []).append(run)
     for booking in bookings:
         first, last = max(booking.start, lo), min(booking.end, hi)
         booked_seconds += max((last - first).total_seconds(), 0.0)
@@ -104,14 +140,12 @@ def totals(*, bookings: list[Span], requests: list[Span], lo: datetime, hi: date
         used += len(_union(by_booking.get(booking.reservation_id, []), lo, hi) & held)
     booked_hours = round(booked_seconds / 3600, 2)
     used_hours = min(round(used / 60, 2), booked_hours)
-    within = [r for r in requests if lo <= r.start < hi]
-    ttfts = [r.ttft_ms for r in within if r.ttft_ms is not None]
     return Totals(
         booked_hours=booked_hours,
         used_hours=used_hours,
         idle_booked_hours=round(booked_hours - used_hours, 2),
-        requests=len(within),
-        prompt_tokens=sum(r.prompt for r in within),
-        completion_tokens=sum(r.completion for r in within),
-        ttft_ms=round(sum(ttfts) / len(ttfts), 1) if ttfts else None,
+        requests=asked.requests,
+        prompt_tokens=asked.prompt,
+        completion_tokens=asked.completion,
+        ttft_ms=round(asked.ttft_sum / asked.ttft_count, 1) if asked.ttft_count else None,
     )

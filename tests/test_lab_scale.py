@@ -6,8 +6,9 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.db import connection
@@ -194,6 +195,7 @@ def test_the_request_log_csv_streams_under_asgi_as_rows_are_read(staff):
     import asyncio
 
     from asgiref.sync import sync_to_async
+    from django.http import StreamingHttpResponse
     from django.test import AsyncClient
 
     from gateway.api import CSV_FIELDS
@@ -220,8 +222,8 @@ def test_the_request_log_csv_streams_under_asgi_as_rows_are_read(staff):
         client = AsyncClient()
         await sync_to_async(client.force_login)(staff)
         answer = await client.get("/api/requests/csv")
-        assert answer.status_code == 200 and answer.is_async
-        return [chunk async for chunk in answer.streaming_content]
+        assert answer.status_code == 200 and isinstance(answer, StreamingHttpResponse) and answer.is_async
+        return [chunk async for chunk in cast(AsyncIterator[bytes], answer.streaming_content)]
 
     chunks = asyncio.run(export())
     assert len(chunks) == 4  # the header, then three batches

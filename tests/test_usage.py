@@ -17,6 +17,7 @@ from channels_app.shared import redis_client
 from gateway.models import RequestLog
 from gateway.request_log import flush_request_log
 from gateway.utilisation import Span, channel_shares, totals
+from tests import factories
 from tests.test_gateway_http import book, call
 from tests.test_request_log import wait_for_records
 
@@ -114,3 +115,109 @@ def test_usage_numbers_match_the_request_log_after_real_traffic(gateway_url, wor
         )
     )
     assert table[0][0] == "user" and table[1][0] == "ana" and int(table[1][4]) == 3
+
+
+@pytest.mark.django_db
+def test_the_report_read_in_runs_and_sums_gives_what_every_request_read_alone_gives(staff):
+    """The report merges requests into runs and sums what they asked in the database; on random
+    requests (touching, overlapping and apart, in and out of bookings, some before the period)
+    its rows are what ``totals`` and ``channel_shares`` give over every request on its own."""
+    import random
+
+    from django.contrib.auth.models import Group
+
+    from gateway.reports import share_rows, usage_rows
+
+    rng = random.Random(11)
+    lo = datetime(2026, 3, 2, tzinfo=UTC)
+    hi = lo + timedelta(days=1)
+    people = [factories.user(f"u{n}") for n in range(3)]
+    team = Group.objects.create(name="team")
+    people[0].groups.add(team)
+    people[1].groups.add(team)
+    channels = [factories.channel(f"k{n}") for n in range(2)]
+    bookings = []
+    for n in range(4):
+        start = lo + timedelta(hours=4 * n + 1)
+        bookings.append(
+            factories.reservation(
+                owner=people[n % 3], on=channels[n % 2], start=start, end=start + timedelta(hours=2)
+            )
+        )
+    rows = []
+    for _ in range(400):
+        at = lo - timedelta(minutes=50) + timedelta(seconds=rng.randrange(0, 26 * 3600))
+        booking = rng.choice([None, *bookings])
+        user = booking.user if booking else rng.choice(people)
+        channel = booking.channel if booking else rng.choice(channels)
+        rows.append(
+            RequestLog(
+                at=at,
+                user=user,
+                channel=channel,
+                reservation=booking,
+                model="m",
+                method="POST",
+                path="/v1/x",
+                status=200,
+                duration_ms=rng.choice([200.0, 5_000.0, 59_999.0, 60_000.0, 150_000.0]),
+                ttft_ms=rng.choice([None, 12.5, 80.0]),
+                prompt_tokens=rng.randrange(50),
+                completion_tokens=rng.randrange(50),
+            )
+        )
+    RequestLog.objects.bulk_create(rows)
+    spans = [
+        Span(
+            r.at,
+            r.at + timedelta(milliseconds=r.duration_ms),
+            r.channel_id,
+            r.user_id,
+            r.reservation_id,
+            r.prompt_tokens,
+            r.completion_tokens,
+            r.ttft_ms,
+        )
+        for r in rows
+        if lo - timedelta(hours=1) <= r.at < hi
+    ]
+    held = [Span(b.start, b.end, b.channel_id, user_id=b.user_id, reservation_id=b.pk) for b in bookings]
+    for person in people:
+        expected = totals(
+            bookings=[b for b in held if b.user_id == person.pk],
+            requests=[s for s in spans if s.user_id == person.pk],
+            lo=lo,
+            hi=hi,
+        ).as_dict()
+        found = next(
+            row for row in usage_rows(by="user", lo=lo, hi=hi, viewer=staff) if row["id"] == person.pk
+        )
+        assert {k: found[k] for k in expected} == expected, person.username
+    for channel in channels:
+        expected = totals(
+            bookings=[b for b in held if b.channel_id == channel.pk],
+            requests=[s for s in spans if s.channel_id == channel.pk],
+            lo=lo,
+            hi=hi,
+        ).as_dict()
+        found = next(
+            row for row in usage_rows(by="channel", lo=lo, hi=hi, viewer=staff) if row["id"] == channel.pk
+        )
+        assert {k: found[k] for k in expected} == expected, channel.name
+        shares = channel_shares(
+            bookings=[b for b in held if b.channel_id == channel.pk],
+            requests=[s for s in spans if s.channel_id == channel.pk],
+            loads=[],
+            lo=lo,
+            hi=hi,
+        )
+        found_shares = next(row for row in share_rows(lo=lo, hi=hi, viewer=staff) if row["id"] == channel.pk)
+        assert {k: found_shares[k] for k in shares} == shares, channel.name
+    grouped = totals(
+        bookings=[b for b in held if b.user_id in (people[0].pk, people[1].pk)],
+        requests=[s for s in spans if s.user_id in (people[0].pk, people[1].pk)],
+        lo=lo,
+        hi=hi,
+    ).as_dict()
+    found = next(row for row in usage_rows(by="group", lo=lo, hi=hi, viewer=staff))
+    assert {k: found[k] for k in grouped} == grouped
