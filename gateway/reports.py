@@ -11,7 +11,7 @@ from datetime import date, datetime, time, timedelta, tzinfo
 from typing import Any
 
 from django.contrib.auth.models import Group, User
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from channels_app.models import Channel, LoadRecord
@@ -48,45 +48,49 @@ def _bookings(lo: datetime, hi: datetime) -> list[tuple[Span, int]]:
 
 
 def request_runs(lo: datetime, hi: datetime) -> list[Span]:
-    """The requests of ``[lo - 1 h, hi)`` as runs: one user's consecutive requests on one channel
-    and booking whose minutes touch become one span, which touches the same minutes
-    (``gateway.utilisation`` counts minutes). A few fields a row, merged as they are read: a busy
-    week's tens of thousands of requests become a few thousand spans. What they asked is summed
-    by the database (``_asked``)."""
+    """The requests of ``[lo - 1 h, hi)`` as runs whose minutes are the minutes the requests
+    touch (``gateway.utilisation`` counts minutes): consecutive requests on one channel and
+    booking (a booking's are its booker's) whose minutes touch become one span, and so do those
+    outside bookings on one channel, whoever sent them. A few fields a row, merged as they are
+    read. What the requests asked is summed by the database (``_asked``)."""
     rows = (
         RequestLog.objects.filter(at__gte=lo - timedelta(hours=1), at__lt=hi)
         .order_by("at")
         .values_list("channel_id", "reservation_id", "user_id", "at", "duration_ms")
     )
-    open_runs: dict[tuple[int | None, int | None, int], list[datetime]] = {}
+    open_runs: dict[tuple[int | None, int | None], tuple[int | None, list[datetime]]] = {}
     runs: list[Span] = []
     for channel, booking, user, at, duration in rows.iterator(chunk_size=5000):
         end = at + timedelta(milliseconds=duration)
-        run = open_runs.get((channel, booking, user))
-        if run is not None and at.timestamp() // 60 <= -(-run[1].timestamp() // 60):
-            run[1] = max(run[1], end)  # its minutes touch the run's: the same minutes, merged
-            continue
-        if run is not None:
-            runs.append(Span(run[0], run[1], channel, user, booking))
-        open_runs[(channel, booking, user)] = [at, end]
+        found = open_runs.get((channel, booking))
+        if found is not None:
+            run = found[1]
+            if at.timestamp() // 60 <= -(-run[1].timestamp() // 60):
+                run[1] = max(run[1], end)  # its minutes touch the run's: the same minutes, merged
+                continue
+            runs.append(Span(run[0], run[1], channel, found[0], booking))
+        open_runs[(channel, booking)] = (user if booking is not None else None, [at, end])
     runs.extend(
         Span(start, end, channel, user, booking)
-        for (channel, booking, user), (start, end) in open_runs.items()
+        for (channel, booking), (user, (start, end)) in open_runs.items()
     )
     return runs
 
 
 def _asked(lo: datetime, hi: datetime) -> list[tuple[int, int | None, Asked]]:
-    """What the requests of ``[lo, hi)`` asked, per user and channel, summed by the database."""
+    """What the requests of ``[lo, hi)`` asked, per user and channel, summed by the database;
+    with the users and channels of the hour before (nothing asked in the period: their minutes
+    may reach into it)."""
+    within = Q(at__gte=lo)
     found = (
-        RequestLog.objects.filter(at__gte=lo, at__lt=hi)
+        RequestLog.objects.filter(at__gte=lo - timedelta(hours=1), at__lt=hi)
         .values("user_id", "channel_id")
         .annotate(
-            n=Count("pk"),
-            prompt=Sum("prompt_tokens"),
-            completion=Sum("completion_tokens"),
-            ttft=Sum("ttft_ms"),
-            ttft_n=Count("ttft_ms"),
+            n=Count("pk", filter=within),
+            prompt=Sum("prompt_tokens", filter=within),
+            completion=Sum("completion_tokens", filter=within),
+            ttft=Sum("ttft_ms", filter=within),
+            ttft_n=Count("ttft_ms", filter=within),
         )
         .order_by()
     )
@@ -133,14 +137,15 @@ def usage_rows(
         for key in keys(booking.user_id, booking.channel_id, node):
             held[key].append(booking)
     for run in runs:
-        for key in keys(run.user_id, run.channel_id):
-            ran[key].append(run)
+        if run.reservation_id is not None:  # minutes used count a booking's own requests only
+            for key in keys(run.user_id, run.channel_id):
+                ran[key].append(run)
     for user_id, channel_id, summed in _asked(lo, hi):
         for key in keys(user_id, channel_id):
             asked[key] += summed
     names: dict[int, str] = {}
     if by == "user":
-        names = dict(User.objects.filter(pk__in=set(held) | set(ran)).values_list("pk", "username"))
+        names = dict(User.objects.filter(pk__in=set(held) | set(asked)).values_list("pk", "username"))
     elif by == "group":
         names = dict(Group.objects.values_list("pk", "name"))
     elif by == "channel":
@@ -149,7 +154,7 @@ def usage_rows(
         from channels_app.models import Node
 
         names = dict(Node.objects.values_list("pk", "name"))
-    visible = set(held) | set(ran)
+    visible = set(held) | set(asked)
     if not viewer.is_staff:
         visible &= {viewer.pk} if by == "user" else groups_of.get(viewer.pk, set())
     rows = []
@@ -176,12 +181,23 @@ def share_rows(
             started__lt=hi, started__gte=lo - timedelta(hours=1)
         ).values_list("channel_id", "started", "finished")
     ]
+    on: dict[str, dict[int | None, list[Span]]] = {
+        "bookings": defaultdict(list),
+        "requests": defaultdict(list),
+    }
+    on["loads"] = defaultdict(list)
+    for booking, _ in bookings:
+        on["bookings"][booking.channel_id].append(booking)
+    for request in requests:
+        on["requests"][request.channel_id].append(request)
+    for load in loads:
+        on["loads"][load.channel_id].append(load)
     rows = []
     for channel_id, name in Channel.objects.values_list("pk", "name"):
         shares = channel_shares(
-            bookings=[b for b, _ in bookings if b.channel_id == channel_id],
-            requests=[r for r in requests if r.channel_id == channel_id],
-            loads=[load for load in loads if load.channel_id == channel_id],
+            bookings=on["bookings"].get(channel_id, []),
+            requests=on["requests"].get(channel_id, []),
+            loads=on["loads"].get(channel_id, []),
             lo=lo,
             hi=hi,
         )
