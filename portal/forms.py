@@ -8,6 +8,7 @@ from typing import Any
 
 from django import forms
 from django.conf import settings
+from django.utils.safestring import SafeString, mark_safe
 
 from channels_app.models import Channel, LLMModel, Preset
 from channels_app.vocabulary import NotificationEvent
@@ -79,27 +80,29 @@ class OverrideForm(forms.Form):
     unload = forms.BooleanField(required=False)
     until = LocalDateTimeField()
 
-    def __init__(self, *args: Any, choices: OverrideChoices | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if choices is not None:  # read once for all the overview's forms, not twice per channel
-            for name, given in (("model", choices.models), ("preset", choices.presets)):
-                field = self.fields[name]
-                assert isinstance(field, forms.ModelChoiceField)
-                field.choices = given
-
     @classmethod
-    def shared_choices(cls) -> OverrideChoices:
-        """The model and preset choices, read once (two queries) for any number of forms."""
-        fields = cls().fields
-        model, preset = fields["model"], fields["preset"]
-        assert isinstance(model, forms.ModelChoiceField) and isinstance(preset, forms.ModelChoiceField)
-        return OverrideChoices(list(model.iterator(model)), list(preset.iterator(preset)))
+    def shared_selects(cls) -> OverrideSelects:
+        """The model and preset lists, read (two queries) and drawn once for any number of
+        channels' forms: the overview draws a form per channel, and drawing each list's options
+        again per channel was most of the page's time."""
+        form = cls(prefix=SHARED_PREFIX)
+        return OverrideSelects(str(form["model"]), str(form["preset"]))
+
+
+SHARED_PREFIX = "__prefix__"
 
 
 @dataclass(frozen=True)
-class OverrideChoices:
-    models: list[tuple[Any, Any]]
-    presets: list[tuple[Any, Any]]
+class OverrideSelects:
+    model: str
+    preset: str
+
+    def for_prefix(self, prefix: str) -> tuple[SafeString, SafeString]:
+        """The two lists as one channel's form names them (its prefix in their name and id)."""
+        return (
+            mark_safe(self.model.replace(SHARED_PREFIX, prefix)),
+            mark_safe(self.preset.replace(SHARED_PREFIX, prefix)),
+        )
 
 
 def _zone_choices() -> list[tuple[str, str]]:

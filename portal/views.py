@@ -16,6 +16,7 @@ from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
 from channels_app.models import Channel, LLMModel, ModelFile, Node, Preset
@@ -49,6 +50,7 @@ class ChannelCard:
     loading_elapsed: int | None = None
     loading_estimate: int | None = None
     override_form: OverrideForm | None = None
+    override_selects: tuple[SafeString, SafeString] | None = None  # its model and preset lists
 
 
 def _label(model: LLMModel | None, preset: Preset | None) -> str:
@@ -70,7 +72,7 @@ def channel_cards(*, now: datetime, staff: bool) -> list[ChannelCard]:
     tz = timezone.get_current_timezone()
     cards = []
     loading: list[tuple[ChannelCard, Target]] = []
-    override_choices = OverrideForm.shared_choices() if staff else None
+    selects = OverrideForm.shared_selects() if staff else None
     for channel in channels:
         runtime, target = channel.runtime_or_none(), channel.target_or_none()
         booking = None
@@ -90,9 +92,8 @@ def channel_cards(*, now: datetime, staff: bool) -> list[ChannelCard]:
             error=runtime.error if runtime else "",
             fallback=bool(runtime and runtime.fallback),
             retry_at=runtime.retry_at if runtime else None,
-            override_form=OverrideForm(prefix=f"ch{channel.pk}", choices=override_choices)
-            if override_choices
-            else None,
+            override_form=OverrideForm(prefix=f"ch{channel.pk}") if selects else None,
+            override_selects=selects.for_prefix(f"ch{channel.pk}") if selects else None,
         )
         if runtime is not None and runtime.phase == Phase.LOADING and runtime.model_id is not None:
             card.loading_elapsed = int((now - runtime.since).total_seconds())
