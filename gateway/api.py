@@ -106,6 +106,13 @@ class RequestLogOutput(serializers.ModelSerializer[RequestLog]):
 
 
 CSV_FIELDS = RequestLogOutput.Meta.fields
+# Where the CSV reads a column the JSON names after a related object.
+CSV_SOURCES = {
+    "user": "user__username",
+    "key": "key__name",
+    "channel": "channel__name",
+    "reservation": "reservation_id",
+}
 
 
 class RequestPages(LimitOffsetPagination):
@@ -134,20 +141,7 @@ class RequestLogViewSet(viewsets.ReadOnlyModelViewSet[RequestLog]):
         """The rows as CSV, streamed as they are read (``slotserve_site.csv_stream``): plain
         values, not a serializer per row; times in the reader's zone, as the JSON gives them."""
         rows = self.filter_queryset(self.get_queryset()).values_list(
-            "id",
-            "at",
-            "user__username",
-            "key__name",
-            "channel__name",
-            "reservation_id",
-            "model",
-            "method",
-            "path",
-            "status",
-            "ttft_ms",
-            "duration_ms",
-            "prompt_tokens",
-            "completion_tokens",
+            *(CSV_SOURCES.get(name, name) for name in CSV_FIELDS)
         )
         zone = timezone.get_current_timezone()
 

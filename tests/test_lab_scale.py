@@ -112,21 +112,26 @@ def test_pages_and_apis_read_as_many_queries_for_a_larger_lab(staff):
     assert max(large.values()) <= 40, large
 
 
-def test_rest_lists_end_a_page_at_a_time(staff_api, staff):
-    lab = fill(1, 1, staff)
-    channel, person = lab["channels"][0], lab["people"][0]
-    start = timezone.now() + timedelta(days=3)
+def _half_hours(person, channel, starts, status) -> None:
+    """Whole-card bookings of half an hour from each of ``starts``, in that order."""
     Reservation.objects.bulk_create(
         Reservation(
             user=person,
             channel=channel,
-            start=start + timedelta(hours=h),
-            end=start + timedelta(hours=h, minutes=30),
+            start=start,
+            end=start + timedelta(minutes=30),
             exclusive=True,
-            status=ReservationStatus.APPROVED,
+            status=status,
         )
-        for h in range(250)
+        for start in starts
     )
+
+
+def test_rest_lists_end_a_page_at_a_time(staff_api, staff):
+    lab = fill(1, 1, staff)
+    channel, person = lab["channels"][0], lab["people"][0]
+    start = timezone.now() + timedelta(days=3)
+    _half_hours(person, channel, [start + timedelta(hours=h) for h in range(250)], ReservationStatus.APPROVED)
     first = staff_api.get("/api/reservations/")
     assert first.status_code == 200 and isinstance(first.data, list) and len(first.data) == 100
     assert first["X-Total-Count"] == "251"
@@ -146,17 +151,8 @@ def test_approvals_and_my_reservations_come_a_page_at_a_time_nearest_first(staff
     lab = fill(1, 1, staff)
     channel, person = lab["channels"][0], lab["people"][0]
     start = timezone.now() + timedelta(days=1)
-    Reservation.objects.bulk_create(
-        Reservation(
-            user=person,
-            channel=channel,
-            start=start + timedelta(hours=h),
-            end=start + timedelta(hours=h, minutes=30),
-            exclusive=True,
-            status=ReservationStatus.PENDING,
-        )
-        for h in range(120, 0, -1)  # created farthest first
-    )
+    farthest_first = [start + timedelta(hours=h) for h in range(120, 0, -1)]
+    _half_hours(person, channel, farthest_first, ReservationStatus.PENDING)
     page = Client()
     page.force_login(staff)
     first = page.get("/approvals/")

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -21,7 +19,7 @@ from django.utils import timezone
 
 from gateway.services import api_key_create
 from tests import factories
-from tests.test_run import ROOT, _free_port, _run_env, healthy, log_text
+from tests.test_run import _free_port, _run_env, healthy, log_text, start_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -54,15 +52,7 @@ def test_fifty_clients_at_once_get_answers_and_the_connections_stay_within_the_p
         "DATABASE_URL": _database_url(),
         "SLOTSERVE_DB_POOL_SIZE": str(POOL),
     }
-    log = (tmp_path / "run.log").open("w+")
-    run = subprocess.Popen(
-        [sys.executable, "manage.py", "run", "--no-node", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    run = start_run(tmp_path, env, "--no-node", "--port", str(port))
     base = f"http://127.0.0.1:{port}"
     statuses: Counter[int] = Counter()
     peak = [0]

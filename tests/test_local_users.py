@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_run import ROOT, _free_port, _run_env, healthy, log_text
+from tests.test_run import ROOT, _free_port, _run_env, healthy, log_text, start_run
 
 NOBODY = 65534
 
@@ -47,17 +47,9 @@ def running(tmp_path) -> Iterator[tuple[str, Path]]:
     if os.geteuid() != 0:
         pytest.skip("needs root, to act as another local user")
     port = _free_port()
-    log = (tmp_path / "run.log").open("w+")
     data = tmp_path / "data"
     env = {**_run_env(data, port), "SLOTSERVE_LOGIN_FAILURE_LIMIT": "3"}
-    run = subprocess.Popen(
-        [sys.executable, "manage.py", "run", "--port", str(port), "--no-node"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    run = start_run(tmp_path, env, "--port", str(port), "--no-node")
     base = f"http://127.0.0.1:{port}"
     try:
         assert healthy(base, time.monotonic() + 60), log_text(tmp_path)[-3000:]

@@ -69,15 +69,7 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
 
     port = _free_port()
     env = {**_run_env(tmp_path, port), "SLOTSERVE_LLAMA_SERVER": llama_server_bin}
-    log = (tmp_path / "run.log").open("w+")
-    run = subprocess.Popen(
-        [sys.executable, "manage.py", "run", "--port", str(port), "--demo"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    run = start_run(tmp_path, env, "--port", str(port), "--demo")
     base = f"http://127.0.0.1:{port}"
     try:
         key = None
@@ -142,6 +134,19 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
     while time.monotonic() < deadline and processes_of(tmp_path):
         time.sleep(0.2)
     assert processes_of(tmp_path) == []
+
+
+def start_run(log_dir: Path, env: dict[str, str], *argv: str) -> subprocess.Popen[bytes]:
+    """``manage.py run ARGV`` in its own session, its output in ``log_dir/run.log`` (``log_text``)."""
+    log = (log_dir / "run.log").open("w+")
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "run", *argv],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _run_env(data_dir: Path, port: int) -> dict[str, str]:

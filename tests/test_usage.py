@@ -7,6 +7,7 @@ import csv
 import io
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.test import Client
@@ -182,28 +183,23 @@ def test_the_report_read_in_runs_and_sums_gives_what_every_request_read_alone_gi
         if lo - timedelta(hours=1) <= r.at < hi
     ]
     held = [Span(b.start, b.end, b.channel_id, user_id=b.user_id, reservation_id=b.pk) for b in bookings]
+
+    def alone(which: Any) -> dict[str, Any]:
+        """``totals`` over the bookings and every request ``which`` picks, each on its own."""
+        chosen = totals(
+            bookings=[b for b in held if which(b)], requests=[s for s in spans if which(s)], lo=lo, hi=hi
+        )
+        return chosen.as_dict()
+
+    def row(by: str, key: int) -> dict[str, Any]:
+        return next(r for r in usage_rows(by=by, lo=lo, hi=hi, viewer=staff) if r["id"] == key)
+
     for person in people:
-        expected = totals(
-            bookings=[b for b in held if b.user_id == person.pk],
-            requests=[s for s in spans if s.user_id == person.pk],
-            lo=lo,
-            hi=hi,
-        ).as_dict()
-        found = next(
-            row for row in usage_rows(by="user", lo=lo, hi=hi, viewer=staff) if row["id"] == person.pk
-        )
-        assert {k: found[k] for k in expected} == expected, person.username
+        expected = alone(lambda s, pk=person.pk: s.user_id == pk)
+        assert {k: row("user", person.pk)[k] for k in expected} == expected, person.username
     for channel in channels:
-        expected = totals(
-            bookings=[b for b in held if b.channel_id == channel.pk],
-            requests=[s for s in spans if s.channel_id == channel.pk],
-            lo=lo,
-            hi=hi,
-        ).as_dict()
-        found = next(
-            row for row in usage_rows(by="channel", lo=lo, hi=hi, viewer=staff) if row["id"] == channel.pk
-        )
-        assert {k: found[k] for k in expected} == expected, channel.name
+        expected = alone(lambda s, pk=channel.pk: s.channel_id == pk)
+        assert {k: row("channel", channel.pk)[k] for k in expected} == expected, channel.name
         shares = channel_shares(
             bookings=[b for b in held if b.channel_id == channel.pk],
             requests=[s for s in spans if s.channel_id == channel.pk],
@@ -211,13 +207,7 @@ def test_the_report_read_in_runs_and_sums_gives_what_every_request_read_alone_gi
             lo=lo,
             hi=hi,
         )
-        found_shares = next(row for row in share_rows(lo=lo, hi=hi, viewer=staff) if row["id"] == channel.pk)
+        found_shares = next(r for r in share_rows(lo=lo, hi=hi, viewer=staff) if r["id"] == channel.pk)
         assert {k: found_shares[k] for k in shares} == shares, channel.name
-    grouped = totals(
-        bookings=[b for b in held if b.user_id in (people[0].pk, people[1].pk)],
-        requests=[s for s in spans if s.user_id in (people[0].pk, people[1].pk)],
-        lo=lo,
-        hi=hi,
-    ).as_dict()
-    found = next(row for row in usage_rows(by="group", lo=lo, hi=hi, viewer=staff))
-    assert {k: found[k] for k in grouped} == grouped
+    grouped = alone(lambda s: s.user_id in (people[0].pk, people[1].pk))
+    assert {k: row("group", team.pk)[k] for k in grouped} == grouped
