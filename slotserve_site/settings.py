@@ -227,7 +227,8 @@ if _database_url:
         # Connections come from a pool of at most SLOTSERVE_DB_POOL_SIZE per process: under
         # ASGI every request runs in a thread of its own, and a connection kept per thread ran
         # PostgreSQL out of connections with 20 colleagues browsing (docs/deploy.md, "Database
-        # connections"). A request that finds the pool busy waits up to 20 s for a connection.
+        # connections"). A request that finds the pool busy waits up to SLOTSERVE_DB_POOL_TIMEOUT
+        # (20 s) for a connection, then answers 503 with Retry-After (slotserve_site.busy).
         DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them
         DATABASES["default"]["OPTIONS"] = {
             "connect_timeout": 5,

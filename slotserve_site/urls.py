@@ -48,6 +48,9 @@ def health(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": status, **checks}, status=200 if healthy else 503)
 
 
+# Too busy (no database connection in time): 503 with Retry-After; else the usual 500.
+handler500 = "slotserve_site.busy.server_error"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),

@@ -102,3 +102,29 @@ def test_fifty_clients_at_once_get_answers_and_the_connections_stay_within_the_p
     # The web server's pool, the scheduler's (its worker and beat) and this test's own: a
     # colleague more does not cost a connection more.
     assert peak[0] <= 4 * POOL + 2, peak[0]
+
+
+@pytest.mark.parametrize("path", ["/", "/api/channels/"])
+def test_a_pool_with_no_connection_in_time_answers_503_with_retry_after(path, staff, monkeypatch):
+    """Overloaded, SlotServe says so (503, Retry-After) instead of failing (500)."""
+    from django.db import OperationalError
+    from django.test import Client
+    from psycopg_pool import PoolTimeout
+
+    def busy(*args, **kwargs):
+        try:
+            raise PoolTimeout("couldn't get a connection after 20.00 sec")
+        except PoolTimeout as exc:
+            raise OperationalError(str(exc)) from exc
+
+    monkeypatch.setattr("portal.views.channel_cards", busy)
+    monkeypatch.setattr("channels_app.api.views.ChannelViewSet.get_queryset", busy)
+    client = Client(raise_request_exception=False)
+    client.force_login(staff)
+    answer = client.get(path)
+    assert answer.status_code == 503 and answer["Retry-After"] == "5", answer.content[:300]
+    if path.startswith("/api/"):
+        assert answer.json()["code"] == "busy"
+    # Any other failure is still the 500 it is.
+    monkeypatch.setattr("portal.views.channel_cards", lambda **kwargs: 1 / 0)
+    assert client.get("/").status_code == 500
