@@ -77,14 +77,16 @@ def request_runs(lo: datetime, hi: datetime) -> list[Span]:
     return runs
 
 
-def _asked(lo: datetime, hi: datetime) -> list[tuple[int, int | None, Asked]]:
-    """What the requests of ``[lo, hi)`` asked, per user and channel, summed by the database;
-    with the users and channels of the hour before (nothing asked in the period: their minutes
-    may reach into it)."""
+def _asked(lo: datetime, hi: datetime, by: str) -> list[tuple[int | None, int | None, Asked]]:
+    """What the requests of ``[lo, hi)`` asked, summed by the database per user (``by`` user or
+    group) or per channel (channel or node): ``(user, channel, sums)`` with the other None.
+    The users or channels of the hour before come too, with nothing asked in the period:
+    their minutes may reach into it."""
+    per = "user_id" if by in ("user", "group") else "channel_id"
     within = Q(at__gte=lo)
     found = (
         RequestLog.objects.filter(at__gte=lo - timedelta(hours=1), at__lt=hi)
-        .values("user_id", "channel_id")
+        .values(per)
         .annotate(
             n=Count("pk", filter=within),
             prompt=Sum("prompt_tokens", filter=within),
@@ -96,8 +98,8 @@ def _asked(lo: datetime, hi: datetime) -> list[tuple[int, int | None, Asked]]:
     )
     return [
         (
-            row["user_id"],
-            row["channel_id"],
+            row[per] if per == "user_id" else None,
+            row[per] if per == "channel_id" else None,
             Asked(row["n"], row["prompt"] or 0, row["completion"] or 0, row["ttft"] or 0.0, row["ttft_n"]),
         )
         for row in found
@@ -117,8 +119,8 @@ def usage_rows(
     runs = request_runs(lo, hi) if runs is None else runs
     node_of = dict(Channel.objects.values_list("pk", "node_id"))
     groups_of: dict[int, set[int]] = defaultdict(set)
-    for user_id, group_id in User.groups.through.objects.values_list("user_id", "group_id"):
-        groups_of[user_id].add(group_id)
+    for member, group_id in User.groups.through.objects.values_list("user_id", "group_id"):
+        groups_of[member].add(group_id)
 
     def keys(user_id: int | None, channel_id: int | None, node: int | None = None) -> list[int]:
         if by == "user":
@@ -140,8 +142,8 @@ def usage_rows(
         if run.reservation_id is not None:  # minutes used count a booking's own requests only
             for key in keys(run.user_id, run.channel_id):
                 ran[key].append(run)
-    for user_id, channel_id, summed in _asked(lo, hi):
-        for key in keys(user_id, channel_id):
+    for asker, channel_id, summed in _asked(lo, hi, by):
+        for key in keys(asker, channel_id):
             asked[key] += summed
     names: dict[int, str] = {}
     if by == "user":
