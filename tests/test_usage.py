@@ -148,6 +148,7 @@ def test_the_report_read_in_runs_and_sums_gives_what_every_request_read_alone_gi
     rows = []
     for _ in range(400):
         at = lo - timedelta(minutes=50) + timedelta(seconds=rng.randrange(0, 26 * 3600))
+        at += timedelta(microseconds=rng.choice([0, 0, 1, 999_999, rng.randrange(10**6)]))
         booking = rng.choice([None, *bookings])
         user = booking.user if booking else rng.choice(people)
         channel = booking.channel if booking else rng.choice(channels)
@@ -161,7 +162,7 @@ def test_the_report_read_in_runs_and_sums_gives_what_every_request_read_alone_gi
                 method="POST",
                 path="/v1/x",
                 status=200,
-                duration_ms=rng.choice([200.0, 5_000.0, 59_999.0, 60_000.0, 150_000.0]),
+                duration_ms=rng.choice([0.0, 200.0, 1_234.567, 5_000.0, 59_999.0, 60_000.0, 150_000.0]),
                 ttft_ms=rng.choice([None, 12.5, 80.0]),
                 prompt_tokens=rng.randrange(50),
                 completion_tokens=rng.randrange(50),
