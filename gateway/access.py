@@ -137,6 +137,15 @@ def admit(*, caller_id: int, channel: ChannelView, now: datetime) -> Refusal | N
                 _seconds(max((channel.retry_at - now).total_seconds(), 0.0) if channel.retry_at else 0.0)
                 + _seconds(channel.next_load_seconds + _margin(channel.next_load_seconds)),
             )
+        if channel.targets_model is not None:
+            # The decision names a model the node worker has not started yet (a new channel or
+            # default, a whole-card booking just over): it is loading, whatever runs now.
+            return Refusal(
+                503,
+                ErrorCode.MODEL_LOADING,
+                f"channel {channel.name} is about to load {channel.targets_model}",
+                _seconds(channel.next_load_seconds + _margin(channel.next_load_seconds)),
+            )
         return Refusal(404, ErrorCode.MODEL_NOT_LOADED, f"channel {channel.name} runs no model now")
     return None
 

@@ -84,6 +84,20 @@ ACCESS = [
         (503, "model_loading", 300 + 60 + 7),
     ),
     (
+        # The decision names a model the process does not run yet (a new channel or default, a
+        # whole-card booking just over, the node worker not yet acting): it is loading.
+        "the decision names qwen, nothing runs yet: anyone",
+        channel(phase="stopped", model=None, upstream=None, targets_model="qwen"),
+        BO,
+        (503, "model_loading", 60 + 7),
+    ),
+    (
+        "the booked model is about to load: the booker",
+        channel(booking=BOOKED, phase="stopped", model=None, upstream=None, targets_model="qwen"),
+        ANA,
+        (503, "model_loading", 60 + 7),
+    ),
+    (
         "nothing runs",
         channel(phase="stopped", model=None, upstream=None),
         BO,
@@ -171,17 +185,22 @@ def test_models_lists_what_the_caller_can_use():
 
 
 def test_a_model_loaded_only_where_someone_else_booked_is_403_naming_the_channel_and_until():
-    """Not '404 not loaded; loaded now: qwen on a' when another channel merely heads for it."""
+    """Not '404 not loaded; loaded now: qwen on a'; and where another channel is about to load
+    it for everyone, that is the more useful answer (the caller may wait for it)."""
     reserved = channel("a", booking=BOOKED)
-    idle = channel("b", phase="stopped", model=None, upstream=None, targets_model="qwen")
     later = dataclasses.replace(BOOKED, end=NOW + timedelta(hours=3))
     also = dataclasses.replace(channel("c", booking=later), id=3)
+    chosen = route(caller_id=BO, model="qwen", pinned=None, channels=[also, reserved], in_flight={}, now=NOW)
+    assert chosen.refusal is not None
+    assert (chosen.refusal.status, chosen.refusal.code) == (403, "gpu_reserved")
+    assert chosen.refusal.message == "channel a is reserved by someone else until 2026-12-07T09:00:00Z"
+    idle = channel("b", phase="stopped", model=None, upstream=None, targets_model="qwen")
     chosen = route(
         caller_id=BO, model="qwen", pinned=None, channels=[also, idle, reserved], in_flight={}, now=NOW
     )
     assert chosen.refusal is not None
-    assert (chosen.refusal.status, chosen.refusal.code) == (403, "gpu_reserved")
-    assert chosen.refusal.message == "channel a is reserved by someone else until 2026-12-07T09:00:00Z"
+    assert (chosen.refusal.status, chosen.refusal.code) == (503, "model_loading")
+    assert chosen.refusal.message == "channel b is about to load qwen"
 
 
 def test_the_channel_index_chooses_as_route_does_without_looking_through_every_channel():

@@ -749,3 +749,40 @@ def test_a_held_stream_that_times_out_ends_with_an_error_event(gateway_url, worl
     assert raw.status_code == 200 and raw.text.startswith(": waiting")
     last = [line for line in raw.text.splitlines() if line.startswith("data: ")][-1]
     assert json.loads(last[6:])["error"]["code"] == "model_loading"
+
+
+def test_a_model_the_decision_names_is_loading_and_a_waiting_caller_is_answered_once_ready(
+    gateway_url, world, standins
+):
+    """Right after the scheduler names a model, before the node worker starts it, the model is
+    loading: 503 model_loading with Retry-After, and a caller who asked to wait is held and
+    answered when it is ready (it once was 404 model_not_loaded at once)."""
+    from channels_app.models import ChannelTarget
+    from channels_app.vocabulary import Reason
+
+    serve(world["a"], None, None, phase="stopped")
+    ChannelTarget.objects.update_or_create(
+        channel=world["a"], defaults={"model": world["qwen"], "reason": Reason.DEFAULT}
+    )
+    snapshot_seen(gateway_url)
+    refused = call(gateway_url, world["ana"])
+    assert error(refused) == (503, "model_loading"), refused.text
+    assert int(refused.headers["Retry-After"]) >= 1
+    answers: list[httpx.Response] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(
+            httpx.post(
+                gateway_url + "/v1/chat/completions",
+                json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"Authorization": f"Bearer {world['ana']}", "X-SlotServe-Wait": "20"},
+                timeout=30,
+            )
+        ),
+        daemon=True,
+    )
+    waiting.start()
+    time.sleep(1.0)
+    port, _ = standins("qwen-again", "--standin-chunks", "4")
+    serve(world["a"], world["qwen"], port)
+    waiting.join(timeout=25)
+    assert answers and answers[0].status_code == 200, answers[0].text if answers else "no answer"
