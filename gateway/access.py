@@ -19,6 +19,7 @@ class Booking:
     user_id: int
     exclusive: bool
     end: datetime
+    target: tuple[int, int | None] | None = None  # its model and preset (ids); None: whole card
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class ChannelView:
     upstream_key: str = field(default="", repr=False)  # the run's secret, sent upstream only
     stop_seconds: float = 0.0  # the stop grace (SIGTERM to SIGKILL) a switch may take
     retry_at: datetime | None = None  # when a failed channel tries its target again
+    running: tuple[int, int | None] | None = None  # the model and preset (ids) that run or load
+    fallback: bool = False  # the default serves a booking whose model failed (SPEC §4)
 
     @cached_property
     def upstream_auth(self) -> bytes:
@@ -96,7 +99,19 @@ def admit(*, caller_id: int, channel: ChannelView, now: datetime) -> Refusal | N
             f"channel {channel.name} is booked whole-card: no inference process runs during your reservation",
             _seconds((booking.end - now).total_seconds()),
         )
-    if channel.switching or channel.phase in (Phase.DRAINING, Phase.STOPPING):
+    # The booker's slot has begun but the channel still runs another target (the last booking's,
+    # or the default) until the node worker closes the gate: they are not served someone else's
+    # model, they are told it is switching. The fallback (their model failed, the default
+    # serves them meanwhile) is the exception.
+    behind = (
+        booking is not None
+        and booking.target is not None
+        and channel.running is not None
+        and channel.running != booking.target
+        and not channel.fallback
+        and channel.phase == Phase.READY
+    )
+    if behind or channel.switching or channel.phase in (Phase.DRAINING, Phase.STOPPING):
         drain_left = (
             max(_remaining(channel.drain_seconds, channel.since, now), 0)
             if channel.phase == Phase.DRAINING

@@ -124,7 +124,13 @@ def _read_snapshot() -> Snapshot:
         )
     }
     active = {
-        r.channel_id: Booking(r.pk, r.user_id, r.exclusive, r.end)
+        r.channel_id: Booking(
+            r.pk,
+            r.user_id,
+            r.exclusive,
+            r.end,
+            None if r.exclusive or r.model_id is None else (r.model_id, r.preset_id),
+        )
         for r in Reservation.objects.filter(status="approved", start__lte=now, end__gt=now)
     }
     channels = list(Channel.objects.select_related("runtime__model", "target__model", "node"))
@@ -157,6 +163,8 @@ def _read_snapshot() -> Snapshot:
                 drain_seconds=settings.SLOTSERVE_DRAIN_SECONDS,
                 stop_seconds=settings.SLOTSERVE_STOP_TIMEOUT_SECONDS,
                 retry_at=runtime.retry_at if runtime else None,
+                running=(running.model_id, running.preset_id) if running else None,
+                fallback=bool(runtime and runtime.fallback),
                 switching=False,
                 booking=active.get(channel.pk),
                 targets_model=target.model.name if target and target.model else None,

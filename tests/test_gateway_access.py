@@ -98,6 +98,26 @@ ACCESS = [
         (503, "model_loading", 60 + 7),
     ),
     (
+        # A back-to-back boundary: ana's slot began, the channel still runs the last booking's
+        # model until the node worker acts; she is told it switches (drain, stop, her load).
+        "the booker's slot began, another target still runs: the booker",
+        channel(booking=dataclasses.replace(BOOKED, target=(1, 5)), running=(2, None)),
+        ANA,
+        (503, "model_switching", 112),
+    ),
+    (
+        "the booker's own target runs: the booker",
+        channel(booking=dataclasses.replace(BOOKED, target=(1, 5)), running=(1, 5)),
+        ANA,
+        None,
+    ),
+    (
+        "the booked model failed, the default serves the booking meanwhile: the booker",
+        channel(booking=dataclasses.replace(BOOKED, target=(1, 5)), running=(2, None), fallback=True),
+        ANA,
+        None,
+    ),
+    (
         "nothing runs",
         channel(phase="stopped", model=None, upstream=None),
         BO,

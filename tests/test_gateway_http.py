@@ -55,14 +55,19 @@ def counted_out(*channels, timeout: float = 5.0) -> None:
 
 
 def book(world, who: str, *, exclusive: bool = False):
+    """``who`` books channel a from five minutes ago for an hour, with qwen and a preset of
+    their own, which channel a runs (as the node worker would have made it by now); or whole-card."""
     now = timezone.now()
-    return factories.reservation(
+    booking = factories.reservation(
         owner=world[f"{who}_user"],
         on=world["a"],
         start=now - timedelta(minutes=5),
         end=now + timedelta(hours=1),
         target=None if exclusive else factories.preset(world["qwen"], f"p{time.monotonic_ns()}"),
     )
+    if not exclusive:
+        ChannelRuntime.objects.filter(channel=world["a"]).update(preset=booking.preset)
+    return booking
 
 
 def test_unreserved_channel_serves_everyone_and_maps_the_model(gateway_url, world):
@@ -786,3 +791,18 @@ def test_a_model_the_decision_names_is_loading_and_a_waiting_caller_is_answered_
     serve(world["a"], world["qwen"], port)
     waiting.join(timeout=25)
     assert answers and answers[0].status_code == 200, answers[0].text if answers else "no answer"
+
+
+def test_at_a_back_to_back_boundary_the_booker_is_not_served_the_last_bookings_model(gateway_url, world):
+    """Ana's slot has begun; until the node worker switches, channel a still runs the last
+    target (qwen with no preset). She is told it switches, not served it; once her own model
+    and preset run she is served."""
+    booking = book(world, "ana")
+    ChannelRuntime.objects.filter(channel=world["a"]).update(preset=None)  # the last target still runs
+    snapshot_seen(gateway_url)
+    early = call(gateway_url, world["ana"])
+    assert error(early) == (503, "model_switching"), early.text
+    assert int(early.headers["Retry-After"]) >= 1
+    ChannelRuntime.objects.filter(channel=world["a"]).update(preset=booking.preset)
+    snapshot_seen(gateway_url)
+    assert call(gateway_url, world["ana"]).status_code == 200

@@ -63,13 +63,15 @@ def world(tiny_server, ana, bo) -> dict[str, Any]:
 def book_now(user, world: dict[str, Any]) -> None:
     """``user`` books the channel for the next hour, with a model (not the whole card)."""
     now = timezone.now()
-    factories.reservation(
+    booking = factories.reservation(
         owner=user,
         on=world["channel"],
         start=now - timedelta(minutes=1),
         end=now + timedelta(hours=1),
         target=factories.preset(world["model"], f"p{user.pk}"),
     )
+    # The channel runs the booked model and preset, as the node worker would have made it.
+    ChannelRuntime.objects.filter(channel=world["channel"]).update(preset=booking.preset)
     time.sleep(0.15)  # the gateway's snapshot
 
 
