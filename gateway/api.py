@@ -95,6 +95,7 @@ class RequestLogOutput(serializers.ModelSerializer[RequestLog]):
             "channel",
             "reservation",
             "model",
+            "served_model",
             "method",
             "path",
             "status",

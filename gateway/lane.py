@@ -98,7 +98,7 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
     upstream = gateway.upstream_for(channel.upstream)
     answer = Answer()
     answer.caller, answer.method, answer.path, answer.model = caller, "POST", path, asked or ""
-    answer.channel_id = channel.id
+    answer.channel_id, answer.served = channel.id, channel.model or ""
     answer.reservation_id = channel.booking.reservation_id if channel.booking else None
     outgoing = Outgoing(
         method="POST",

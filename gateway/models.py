@@ -76,6 +76,9 @@ class RequestLog(models.Model):
         "reservations.Reservation", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     model = models.CharField(max_length=200, blank=True, help_text="The model the request named.")
+    served_model = models.CharField(
+        max_length=200, blank=True, default="", help_text="The model that served it (the channel's, by name)."
+    )
     method = models.CharField(max_length=10, default="POST")
     path = models.CharField(max_length=300)
     status = models.PositiveSmallIntegerField()

@@ -279,7 +279,8 @@ class Answer:
         self.caller: Caller | None = None
         self.method = ""
         self.path = ""
-        self.model = ""
+        self.model = ""  # as the client named it
+        self.served = ""  # the model that served it: the channel's
         self.channel_id: int | None = None
         self.reservation_id: int | None = None
 
@@ -315,6 +316,7 @@ class Answer:
                 round((time.perf_counter() - self.started) * 1000, 2),
                 usage.prompt if usage else 0,
                 usage.completion if usage else 0,
+                self.served,
             ]
         )
 
@@ -624,7 +626,7 @@ class Gateway:
         if begun:
             send = _continuing_stream(send)
         assert channel is not None
-        answer.channel_id = channel.id
+        answer.channel_id, answer.served = channel.id, channel.model or ""
         answer.reservation_id = channel.booking.reservation_id if channel.booking else None
         usage = Usage.asking(body)
         outgoing = Outgoing(

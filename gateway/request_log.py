@@ -102,9 +102,24 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
     for item in raw:
         try:
             fields = json.loads(item)
-            at, user, api_key, channel, reservation, model, method, path, status, ttft, duration, i, o = (
-                fields
-            )
+            if isinstance(fields, list) and len(fields) == 13:  # written before the served model was kept
+                fields.append("")
+            (
+                at,
+                user,
+                api_key,
+                channel,
+                reservation,
+                model,
+                method,
+                path,
+                status,
+                ttft,
+                duration,
+                i,
+                o,
+                served,
+            ) = fields
             record = (
                 datetime.fromtimestamp(float(at), tz=UTC),
                 int(user),
@@ -119,9 +134,10 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 float(duration),
                 int(i),
                 int(o),
+                str(served),
                 item,
             )
-            if not all(_storable(text) for text in (str(model), str(method), str(path))):
+            if not all(_storable(text) for text in (str(model), str(method), str(path), str(served))):
                 raise ValueError("text no database stores")
             records.append(record)
         except (ValueError, TypeError):
@@ -151,6 +167,7 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 duration_ms=duration,
                 prompt_tokens=max(i, 0),
                 completion_tokens=max(o, 0),
+                served_model=served[:200],
             ),
             item,
         )
@@ -168,6 +185,7 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
             duration,
             i,
             o,
+            served,
             item,
         ) in (records)
         if user in users

@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 from channels_app.shared import redis_client
 from gateway.models import RequestLog
 from gateway.request_log import flush_request_log
+from tests.conftest import snapshot_seen
 from tests.test_gateway_http import book, call
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -145,3 +146,27 @@ def test_a_database_that_fails_keeps_the_records_for_the_next_flush(gateway_url,
         with pytest.raises(DatabaseError):
             flush_request_log(redis_client())
     assert flush_request_log(redis_client()) == 1
+
+
+def test_the_log_records_the_model_that_served_beside_the_name_sent(gateway_url, world):
+    """A booker's request naming any model is served by their booking's; the log says both."""
+    book(world, "ana")
+    snapshot_seen(gateway_url)
+    assert call(gateway_url, world["ana"], model="llama-70b").status_code == 200
+    assert call(gateway_url, world["bo"], model="llama").status_code == 200
+    wait_for_records(2)
+    flush_request_log(redis_client())
+    rows = set(RequestLog.objects.values_list("user__username", "model", "served_model"))
+    assert rows == {("ana", "llama-70b", "qwen"), ("bo", "llama", "llama")}
+
+
+def test_records_written_before_the_served_model_was_kept_still_flush(ana):
+    """An upgrade finds the old records (13 fields) in Redis: they are written, served unknown."""
+    import json
+
+    from channels_app.vocabulary import RedisKey, redis_key
+
+    old = json.dumps([time.time(), ana.pk, None, None, None, "qwen", "POST", "/v1/x", 200, None, 1.0, 1, 2])
+    redis_client().rpush(redis_key(RedisKey.REQUEST_LOG, "all"), old)
+    assert flush_request_log(redis_client()) == 1
+    assert RequestLog.objects.get().served_model == ""
