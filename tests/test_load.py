@@ -99,9 +99,10 @@ def test_fifty_clients_at_once_get_answers_and_the_connections_stay_within_the_p
         os.killpg(run.pid, signal.SIGINT)
         run.wait(timeout=60)
     assert statuses == Counter({200: CLIENTS * EACH}), (statuses, log_text(tmp_path)[-3000:])
-    # The web server's pool, the scheduler's (its worker and beat) and this test's own: a
-    # colleague more does not cost a connection more.
-    assert peak[0] <= 4 * POOL + 2, peak[0]
+    # A pool each for the processes that may connect (run itself, the web server, the Celery
+    # worker with beat and its two children) and this test's own two: a colleague more does
+    # not cost a connection more (without the pools, 50 clients ran PostgreSQL out).
+    assert peak[0] <= 5 * POOL + 2, peak[0]
 
 
 @pytest.mark.parametrize("path", ["/", "/api/channels/"])
