@@ -209,3 +209,31 @@ def test_a_move_racing_a_new_booking_of_the_same_time_exactly_one_wins():
         # Reset for the next round.
         Reservation.objects.filter(user=booker).delete()
         Reservation.objects.filter(pk=booking.pk).update(start=start, end=start + HOUR)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("edit", ["model", "preset"])
+def test_a_model_or_preset_edit_re_decides_at_once(staff_api, edit, django_capture_on_commit_callbacks):
+    """A booking 20 minutes ahead is outside a small model's preload window; made large (its
+    load estimate grows past 20 minutes), the channel starts preloading it at once, not at the
+    next tick. A preset edit (here: none to the same) re-decides the channels that use it too."""
+    from channels_app.models import ChannelTarget
+    from channels_app.scheduling.services import decide_channels
+
+    owner = factories.user()
+    small = factories.llm("growing", size=10**9)
+    chat = factories.preset(small, "chat")
+    channel = factories.channel(on=factories.node(gpus=1))
+    start = timezone.now() + timedelta(minutes=20)
+    factories.reservation(owner=owner, on=channel, start=start, end=start + timedelta(hours=1), target=chat)
+    decide_channels(now=timezone.now())
+    assert ChannelTarget.objects.get(channel=channel).reason != "preload_next"
+    with django_capture_on_commit_callbacks(execute=True):
+        if edit == "model":
+            answer = staff_api.patch(f"/api/models/{small.pk}/", {"size_bytes": 400 * 10**9}, format="json")
+        else:
+            small.size_bytes = 400 * 10**9
+            small.save()  # a change the scheduler has not seen yet
+            answer = staff_api.patch(f"/api/presets/{chat.pk}/", {"args": "-c 4096"}, format="json")
+    assert answer.status_code == 200, answer.content
+    assert ChannelTarget.objects.get(channel=channel).reason == "preload_next"

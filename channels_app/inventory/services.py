@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 from django.db.models import Q
+from django.utils import timezone
 
 from channels_app import dispatch
 from channels_app.dispatch import enqueue_redecide
@@ -21,6 +22,7 @@ from channels_app.models import (
     channel_gpus_problem,
 )
 from channels_app.vocabulary import SERVING_PHASES, Phase
+from reservations.models import BLOCKING_STATUSES, Reservation
 
 
 def _channels_using(*, model: LLMModel | None = None, preset: Preset | None = None) -> list[str]:
@@ -85,17 +87,33 @@ def channel_save(*, channel: Channel, allowed_groups: Iterable[Group] | None = N
 def targets_changed(*, model: LLMModel | None = None, preset: Preset | None = None) -> list[int]:
     """A model or preset was edited: every channel that runs it or is heading for it has its node
     look again at once (after the commit), as what runs may now be another target (a changed
-    path or arguments: drain, restart; ``channels_app.target``). Returns those channels."""
+    path or arguments: drain, restart; ``channels_app.target``). Returns those channels.
+
+    Every channel that may use it, running it, heading for it, defaulting to it or with a
+    booking of it ahead, also re-decides at once (seed: "immediately after a reservation or
+    model change"): a changed file size is a changed load estimate, and so a changed preload
+    window and short-gap rule."""
     runs = Q(runtime__preset=preset) | Q(target__preset=preset) if preset is not None else Q()
+    uses = Q(default_preset=preset) if preset is not None else Q()
     if model is not None:
         runs |= Q(runtime__model=model) | Q(target__model=model)
+        uses |= Q(default_model=model)
     if not runs:
         return []
     found = list(Channel.objects.filter(runs).values_list("pk", "node__name").distinct())
+    ahead = Reservation.objects.filter(status__in=BLOCKING_STATUSES, end__gt=timezone.now())
+    booked = ahead.filter(preset=preset) if preset is not None else ahead.none()
+    if model is not None:
+        booked = booked | ahead.filter(model=model)
+    deciding = {pk for pk, _ in found}
+    deciding |= set(Channel.objects.filter(uses).values_list("pk", flat=True))
+    deciding |= set(booked.values_list("channel_id", flat=True))
 
     def tell_nodes() -> None:
         for channel_id, node_name in found:
             dispatch.send_to_node(dispatch.CHANNEL_RECONCILE, (channel_id,), node_name)
 
     transaction.on_commit(tell_nodes, robust=True)  # Redis away: the nodes' own ticks see it
+    for channel_id in sorted(deciding):
+        enqueue_redecide(channel_id)
     return [channel_id for channel_id, _ in found]
