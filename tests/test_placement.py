@@ -39,6 +39,15 @@ def cand(name: str, **changes) -> Candidate:
         ({"file_present": False}, WANT, "file", "model file not on n1"),
         ({"vram_bytes": 16 * GiB}, WANT, "memory", "too little GPU memory (needs 20.0 GiB, has 16.0 GiB)"),
         ({"vram_bytes": 20 * GiB}, WANT, None, None),
+        # Weights left in RAM (llama.cpp's -ngl below the layers) must fit the node's RAM too.
+        (
+            {"ram_bytes": 16 * GiB},
+            dataclasses.replace(WANT, ram_bytes=60 * GiB),
+            "ram",
+            "too little RAM (needs 60.0 GiB, has 16.0 GiB)",
+        ),
+        ({"ram_bytes": 64 * GiB}, dataclasses.replace(WANT, ram_bytes=60 * GiB), None, None),
+        ({"ram_bytes": None}, dataclasses.replace(WANT, ram_bytes=60 * GiB), None, None),  # not reported
         ({"free_at_time": False}, WANT, "free", "booked at that time"),
     ],
 )
@@ -56,7 +65,15 @@ def test_filters_run_in_the_seeds_order_labels_first_and_free_at_that_time_last(
     the first."""
     from channels_app.placement.chains import FILTERS
 
-    assert [name for name, _ in FILTERS] == ["labels", "node_ready", "backend", "file", "memory", "free"]
+    assert [name for name, _ in FILTERS] == [
+        "labels",
+        "node_ready",
+        "backend",
+        "file",
+        "memory",
+        "ram",
+        "free",
+    ]
     everything_wrong = cand("a", node_ready=False, labels={}, free_at_time=False)
     result = place([everything_wrong], dataclasses.replace(WANT, labels={"gpu": "a100"}))
     assert list(result.removed) == ["labels"]
@@ -70,6 +87,17 @@ def test_nothing_fits_counts_every_reason():
     )
     assert result.message == (
         "0/3 channels: 1 node not ready, 2 have too little GPU memory (needs 23.1 GiB, have 16.0 GiB)"
+    )
+
+
+def test_nothing_fits_names_too_little_ram_apart_from_gpu_memory():
+    result = place(
+        [cand("a", ram_bytes=16 * GiB), cand("b", ram_bytes=32 * GiB), cand("c", vram_bytes=16 * GiB)],
+        dataclasses.replace(WANT, ram_bytes=60 * GiB),
+    )
+    assert result.message == (
+        "0/3 channels: 1 has too little GPU memory (needs 20.0 GiB, has 16.0 GiB), "
+        "2 have too little RAM (needs 60.0 GiB, have 16.0 GiB, 32.0 GiB)"
     )
 
 

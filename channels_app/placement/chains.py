@@ -114,6 +114,15 @@ def _memory(c: Candidate, w: Need) -> str | None:
     return f"too little GPU memory (needs {w.need_bytes / GiB:.1f} GiB, has {c.vram_bytes / GiB:.1f} GiB)"
 
 
+def _ram(c: Candidate, w: Need) -> str | None:
+    """The rest of the seed's resource fit ("enough RAM/VRAM"): weights a preset leaves in the
+    machine's memory (llama.cpp's ``-ngl`` below the layers) fit the node's RAM, where its
+    worker reports it."""
+    if w.ram_bytes <= 0 or c.ram_bytes is None or w.ram_bytes <= c.ram_bytes:
+        return None
+    return f"too little RAM (needs {w.ram_bytes / GiB:.1f} GiB, has {c.ram_bytes / GiB:.1f} GiB)"
+
+
 def _free(c: Candidate, w: Need) -> str | None:
     return None if c.free_at_time else "booked at that time"
 
@@ -128,6 +137,7 @@ FILTERS: list[tuple[str, Filter]] = [
     ("backend", _backend),
     ("file", _file),
     ("memory", _memory),
+    ("ram", _ram),
     ("free", _free),
 ]
 
@@ -138,6 +148,7 @@ _REASON_WORDS = {
     "backend": "lack the backend",
     "file": "lack the model file",
     "memory": "have too little GPU memory",
+    "ram": "have too little RAM",
     "free": "are booked at that time",
 }
 
@@ -230,7 +241,7 @@ def nothing_fits(total: int, removed: Mapping[str, list[tuple[str, str]]]) -> st
             continue
         count = len(entries)
         detail = ""
-        if name == "memory":
+        if name in ("memory", "ram"):
             # "(needs 23.1 GiB, has 16.0 GiB)" per channel → "(needs 23.1 GiB, have 16.0 GiB, 24.0 GiB)"
             pairs = [why.split("(", 1)[1].rstrip(")").split(", has ") for _, why in entries]
             haves = sorted(set(has for _, has in pairs), key=lambda h: float(h.split()[0]))
