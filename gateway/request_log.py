@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from django.conf import settings
@@ -90,6 +90,26 @@ def _refused_for_its_content(exc: Exception) -> bool:
     return isinstance(exc, DataError)
 
 
+class _Record(NamedTuple):
+    """One record as the gateway wrote it (``gateway.proxy.Answer.record``), read back."""
+
+    at: datetime
+    user: int
+    key: Any
+    channel: Any
+    reservation: Any
+    model: str
+    method: str
+    path: str
+    status: int
+    ttft: float | None
+    duration: float
+    prompt: int
+    completion: int
+    served: str
+    item: bytes
+
+
 def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
     """Rows for the records that parse, each with its record, their references checked (a user,
     key, channel or reservation deleted meanwhile: the row keeps what still exists); and the
@@ -98,7 +118,8 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
     from gateway.models import ApiKey, RequestLog
     from reservations.models import Reservation
 
-    records, dead = [], []
+    records: list[_Record] = []
+    dead: list[bytes] = []
     for item in raw:
         try:
             fields = json.loads(item)
@@ -120,7 +141,7 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 o,
                 served,
             ) = fields
-            record = (
+            record = _Record(
                 datetime.fromtimestamp(float(at), tz=UTC),
                 int(user),
                 api_key,
@@ -137,58 +158,46 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 str(served),
                 item,
             )
-            if not all(_storable(text) for text in (str(model), str(method), str(path), str(served))):
+            if not all(_storable(text) for text in (record.model, record.method, record.path, record.served)):
                 raise ValueError("text no database stores")
             records.append(record)
         except (ValueError, TypeError):
             log.warning("request log: set aside a record it cannot write %r", item[:200])
             dead.append(item)
-    users = set(get_user_model().objects.filter(pk__in={r[1] for r in records}).values_list("pk", flat=True))
-    keys = set(ApiKey.objects.filter(pk__in={r[2] for r in records if r[2]}).values_list("pk", flat=True))
+    users = set(
+        get_user_model().objects.filter(pk__in={r.user for r in records}).values_list("pk", flat=True)
+    )
+    keys = set(ApiKey.objects.filter(pk__in={r.key for r in records if r.key}).values_list("pk", flat=True))
     channels = set(
-        Channel.objects.filter(pk__in={r[3] for r in records if r[3]}).values_list("pk", flat=True)
+        Channel.objects.filter(pk__in={r.channel for r in records if r.channel}).values_list("pk", flat=True)
     )
     reservations = set(
-        Reservation.objects.filter(pk__in={r[4] for r in records if r[4]}).values_list("pk", flat=True)
+        Reservation.objects.filter(pk__in={r.reservation for r in records if r.reservation}).values_list(
+            "pk", flat=True
+        )
     )
     rows = [
         (
             RequestLog(
-                at=at,
-                user_id=user,
-                key_id=api_key if api_key in keys else None,
-                channel_id=channel if channel in channels else None,
-                reservation_id=reservation if reservation in reservations else None,
-                model=model,
-                method=method[:10],
-                path=path,
-                status=status,
-                ttft_ms=ttft,
-                duration_ms=duration,
-                prompt_tokens=max(i, 0),
-                completion_tokens=max(o, 0),
-                served_model=served[:200],
+                at=r.at,
+                user_id=r.user,
+                key_id=r.key if r.key in keys else None,
+                channel_id=r.channel if r.channel in channels else None,
+                reservation_id=r.reservation if r.reservation in reservations else None,
+                model=r.model,
+                method=r.method[:10],
+                path=r.path,
+                status=r.status,
+                ttft_ms=r.ttft,
+                duration_ms=r.duration,
+                prompt_tokens=max(r.prompt, 0),
+                completion_tokens=max(r.completion, 0),
+                served_model=r.served[:200],
             ),
-            item,
+            r.item,
         )
-        for (
-            at,
-            user,
-            api_key,
-            channel,
-            reservation,
-            model,
-            method,
-            path,
-            status,
-            ttft,
-            duration,
-            i,
-            o,
-            served,
-            item,
-        ) in (records)
-        if user in users
+        for r in records
+        if r.user in users
     ]
     return rows, dead
 
