@@ -1,4 +1,4 @@
-"""Inference backends and the command-line arguments SlotServe owns (SPEC §4)."""
+"""Inference backends and the command-line arguments SlotServe owns (docs/scheduling.md)."""
 
 from __future__ import annotations
 

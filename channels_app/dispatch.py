@@ -55,7 +55,7 @@ def send_to_node(
 
 
 def enqueue_redecide(channel_id: int) -> None:
-    """Re-decide one channel right after the current transaction commits (SPEC §2)."""
+    """Re-decide one channel right after the current transaction commits (docs/scheduling.md)."""
 
     def enqueue() -> None:
         try:

@@ -1,4 +1,4 @@
-"""A target: what a channel runs, a model + preset as one unit (SPEC §1)."""
+"""A target: what a channel runs, a model + preset as one unit (README, Concepts)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, order=True)
 class Target:
-    """A model + preset: one unit, another preset is another target (SPEC §1).
+    """A model + preset: one unit, another preset is another target (README, Concepts).
 
     ``fingerprint`` digests what a process of it is started with (backend, path, effective
     arguments; ``fingerprint_of``): the node worker sets it, so a preset whose arguments were

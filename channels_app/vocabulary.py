@@ -1,6 +1,6 @@
 """SlotServe's words, defined once: phases, reasons, notification events, error codes and the
 names of the facts shared through Redis. Models use them as ``choices``; the services, the
-node agent, the gateway and the metrics use the same members (SPEC.md §1, §2, §4, §6).
+node agent, the gateway and the metrics use the same members (README; docs/scheduling.md).
 
 This module imports nothing of SlotServe's: every other module may import it.
 """
@@ -12,7 +12,7 @@ from django.db import models
 
 
 class Phase(models.TextChoices):
-    """Phases of a channel's inference process (SPEC §4).
+    """Phases of a channel's inference process (docs/scheduling.md).
 
     stopped → loading → ready → draining → stopping → stopped;
     loading → failed (exit or load timeout); failed → loading (retry).
@@ -31,7 +31,7 @@ SERVING_PHASES = (Phase.LOADING, Phase.READY, Phase.DRAINING)
 
 
 class Reason(models.TextChoices):
-    """Why a channel runs what it runs (SPEC §2 and §4)."""
+    """Why a channel runs what it runs (docs/scheduling.md and §4)."""
 
     ACTIVE_RESERVATION = "active_reservation"
     ACTIVE_EXCLUSIVE = "active_exclusive"
@@ -43,12 +43,12 @@ class Reason(models.TextChoices):
     DEFAULT = "default"
     IDLE = "idle"
     # Chosen by the node worker, not by ``decide``: the booked model waits for
-    # its next retry and the default serves the reservation meanwhile (SPEC §4).
+    # its next retry and the default serves the reservation meanwhile (docs/scheduling.md).
     FALLBACK_DEFAULT = "fallback_default"
 
 
 class NotificationEvent(models.TextChoices):
-    """The kinds of notification SlotServe sends (SPEC §5)."""
+    """The kinds of notification SlotServe sends (docs/scheduling.md)."""
 
     SUBMITTED = "submitted", "A booking awaits approval"
     APPROVED = "approved", "Your booking was approved"
@@ -67,7 +67,7 @@ class NotificationEvent(models.TextChoices):
 
 
 class ErrorCode(models.TextChoices):
-    """The ``code`` of the gateway's OpenAI-shaped errors (API.md, "Gateway")."""
+    """The ``code`` of the gateway's OpenAI-shaped errors (docs/api.md, "Gateway errors")."""
 
     GPU_RESERVED = "gpu_reserved"
     GPU_EXCLUSIVE = "gpu_exclusive"

@@ -1,4 +1,4 @@
-"""Who may call the gateway, and which channel serves a request (SPEC §6), as pure functions."""
+"""Who may call the gateway, and which channel serves a request (README's access table), as pure functions."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class ChannelView:
     stop_seconds: float = 0.0  # the stop grace (SIGTERM to SIGKILL) a switch may take
     retry_at: datetime | None = None  # when a failed channel tries its target again
     running: tuple[int, int | None] | None = None  # the model and preset (ids) that run or load
-    fallback: bool = False  # the default serves a booking whose model failed (SPEC §4)
+    fallback: bool = False  # the default serves a booking whose model failed (docs/scheduling.md)
 
     @cached_property
     def upstream_auth(self) -> bytes:
@@ -83,7 +83,7 @@ def _remaining(total: float, since: datetime, now: datetime) -> float:
 
 
 def admit(*, caller_id: int, channel: ChannelView, now: datetime) -> Refusal | None:
-    """SPEC §6's table for one caller and one channel; None means allowed."""
+    """README's access table's table for one caller and one channel; None means allowed."""
     booking = channel.booking
     if booking is not None and booking.user_id != caller_id:
         return Refusal(
@@ -179,7 +179,7 @@ def route(
     in_flight: Mapping[int, int],
     now: datetime,
 ) -> Route:
-    """Which channel serves the request (SPEC §6), and whether the caller may use it.
+    """Which channel serves the request (README's access table), and whether the caller may use it.
 
     An explicit pin wins; then the caller's active reservation; then the
     usable channels with the requested model loaded, fewest in-flight requests

@@ -1,4 +1,4 @@
-"""``Authorization: Bearer <key>`` for the REST API (API.md)."""
+"""``Authorization: Bearer <key>`` for the REST API (docs/api.md)."""
 
 from __future__ import annotations
 

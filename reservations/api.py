@@ -24,7 +24,7 @@ from slotserve_site.api_fields import IdOrNameField, MomentField, current_user, 
 
 
 class ChannelOrAutoField(IdOrNameField):
-    """A channel by id or name, or ``"auto"``: the best channel that fits (SPEC §7)."""
+    """A channel by id or name, or ``"auto"``: the best channel that fits (docs/scheduling.md)."""
 
     def to_internal_value(self, data: Any) -> Any:
         return None if data == "auto" else super().to_internal_value(data)

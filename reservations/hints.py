@@ -1,4 +1,4 @@
-"""Warnings for a booking before it is made (SPEC §5, API.md ``/api/reservations/hints``)."""
+"""Warnings for a booking before it is made (docs/scheduling.md, docs/api.md, ``/api/reservations/hints``)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from reservations.wording import slot_words
 def adjacent_switch_minutes(*, load_seconds: float, gap_seconds: float) -> int:
     """Minutes of a slot lost to loading when the previous slot ran another model.
 
-    Loading can start only when the previous reservation ends (SPEC §2), so
+    Loading can start only when the previous reservation ends (docs/scheduling.md), so
     whatever of the load does not fit in the gap comes out of the new slot.
     """
     lost = load_seconds - max(gap_seconds, 0.0)

@@ -31,7 +31,7 @@ class ReservationStatus(models.TextChoices):
     ENDED = "ended"
 
 
-# Statuses that hold a slot: no two of them may overlap on one channel (SPEC §5).
+# Statuses that hold a slot: no two of them may overlap on one channel (docs/scheduling.md).
 BLOCKING_STATUSES = (ReservationStatus.PENDING, ReservationStatus.APPROVED)
 # Statuses that made or make the channel busy: an ended reservation ran [start, end).
 SCHEDULED_STATUSES = (ReservationStatus.APPROVED, ReservationStatus.ENDED)

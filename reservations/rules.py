@@ -1,4 +1,4 @@
-"""Booking limits and the weekly quota, as pure functions (SPEC §5, admin-set limits)."""
+"""Booking limits and the weekly quota, as pure functions (docs/scheduling.md, admin-set limits)."""
 
 from __future__ import annotations
 

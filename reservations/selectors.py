@@ -1,4 +1,5 @@
-"""Reads of reservations that the services and the hints share (STYLE.md: reads in selectors)."""
+"""Reads of reservations that the services and the hints share (docs/architecture.md: reads
+live in selectors)."""
 
 from __future__ import annotations
 

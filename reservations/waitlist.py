@@ -1,4 +1,4 @@
-"""The waitlist: "tell me when this slot frees" (SPEC §5, the portal's booking dialog).
+"""The waitlist: "tell me when this slot frees" (docs/scheduling.md, the portal's booking dialog).
 
 ``reservations.services.waitlist_join`` records a wish for a slot that is taken now;
 ``tell_waiting`` runs wherever time on a channel is freed (a cancellation, an early end, a

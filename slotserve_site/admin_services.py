@@ -1,4 +1,4 @@
-"""Admin pages whose saves go through a service (STYLE.md: the admin calls the services).
+"""Admin pages whose saves go through a service (docs/architecture.md: every write goes through a service).
 
 The form's ``clean`` calls the service, so a refusal shows as a form error and nothing is
 half-saved; the form learns who saves from ``request_user``, set here per request.

@@ -1,4 +1,4 @@
-"""Every REST API error answers JSON with a human message (API.md).
+"""Every REST API error answers JSON with a human message (docs/api.md).
 
 DRF's default bodies are kept (``{"field": ["..."]}`` for validation errors)
 and a top-level ``message`` is added that names the field and the rule, so a

@@ -1,6 +1,6 @@
 """SlotServe settings: one module, driven by the environment.
 
-Every SlotServe setting of SPEC section 8 is read here with its default, and a
+Every SlotServe setting of README, Settings is read here with its default, and a
 bad value stops start-up naming the variable (see ``slotserve_site.env``).
 """
 
@@ -192,9 +192,9 @@ def _sqlite(name: str) -> dict[str, Any]:
     """SQLite as SlotServe needs it, wherever the file is (the default, or a ``sqlite:///`` URL).
 
     BEGIN IMMEDIATE takes the write lock at the start of every transaction, so the overlap
-    check and the insert of a reservation cannot interleave with another writer's (SPEC
-    section 5); a writer waits up to 20 s for the lock instead of failing at once; WAL lets
-    readers go on while one writes."""
+    check and the insert of a reservation cannot interleave with another writer's
+    (docs/scheduling.md, "Booking"); a writer waits up to 20 s for the lock instead of failing
+    at once; WAL lets readers go on while one writes."""
     return {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": name,
@@ -381,7 +381,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    # JSON only: every answer, errors included, is JSON whatever the client accepts (API.md).
+    # JSON only: every answer, errors included, is JSON whatever the client accepts (docs/api.md).
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # JSON as DRF reads it, less what no database stores (slotserve_site.json_text); and forms.
     "DEFAULT_PARSER_CLASSES": [
@@ -410,7 +410,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
 }
 
-# --- SlotServe (SPEC section 8) -------------------------------------------
+# --- SlotServe (README, Settings) -------------------------------------------
 SLOTSERVE_TICK_SECONDS = env_int("SLOTSERVE_TICK_SECONDS", 5, minimum=1)
 SLOTSERVE_MIN_PRELOAD_SECONDS = env_float("SLOTSERVE_MIN_PRELOAD_SECONDS", 180)
 SLOTSERVE_SWITCH_BUFFER_SECONDS = env_float("SLOTSERVE_SWITCH_BUFFER_SECONDS", 60)
@@ -428,7 +428,7 @@ SLOTSERVE_PROCESS_HOST = env_str("SLOTSERVE_PROCESS_HOST", "127.0.0.1")
 SLOTSERVE_PROCESS_ENV = env_list("SLOTSERVE_PROCESS_ENV", [])
 SLOTSERVE_MODEL_DIRS = env_list("SLOTSERVE_MODEL_DIRS", [])
 
-# Placement scorers' maximums (SPEC §7, like GPUStack's).
+# Placement scorers' maximums (docs/scheduling.md, like GPUStack's).
 SLOTSERVE_SCORE_PLACEMENT_MAX = env_float("SLOTSERVE_SCORE_PLACEMENT_MAX", 100.0)
 SLOTSERVE_SCORE_LOCALITY_MAX = env_float("SLOTSERVE_SCORE_LOCALITY_MAX", 5.0)
 SLOTSERVE_SCORE_WARM_MAX = env_float("SLOTSERVE_SCORE_WARM_MAX", 5.0)
@@ -460,7 +460,7 @@ SLOTSERVE_GATEWAY_MAX_CONNECTIONS = env_int("SLOTSERVE_GATEWAY_MAX_CONNECTIONS",
 SLOTSERVE_GATEWAY_MAX_HELD_PER_USER = env_int("SLOTSERVE_GATEWAY_MAX_HELD_PER_USER", 16, minimum=1)
 SLOTSERVE_GATEWAY_MAX_BODY_BYTES = env_int("SLOTSERVE_GATEWAY_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
 
-# Backend executables (API.md "Backend programs").
+# Backend executables (docs/api.md, "Backend programs").
 SLOTSERVE_LLAMA_SERVER = env_str("SLOTSERVE_LLAMA_SERVER", "llama-server")
 SLOTSERVE_VLLM = env_str("SLOTSERVE_VLLM", "vllm")
 SLOTSERVE_SGLANG = env_str("SLOTSERVE_SGLANG", "python -m sglang.launch_server")

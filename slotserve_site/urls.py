@@ -21,7 +21,7 @@ from slotserve_site import sign_in
 from slotserve_site.metrics import metrics_view
 
 router = DefaultRouter()
-# API.md spells collections with a slash (/api/nodes/) and actions without one
+# The API spells collections with a slash (/api/nodes/) and actions without one
 # (/api/reservations/1/approve); accept both everywhere rather than redirect a POST.
 router.trailing_slash = "/?"
 router.register("nodes", NodeViewSet)

@@ -1,4 +1,4 @@
-"""SPEC section 4: arguments SlotServe owns are removed from presets."""
+"""docs/scheduling.md: arguments SlotServe owns are removed from presets."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The no-overlap rule holds under concurrent requests, on SQLite and PostgreSQL (SPEC §5)."""
+"""The no-overlap rule holds under concurrent requests, on SQLite and PostgreSQL (docs/scheduling.md)."""
 
 from __future__ import annotations
 

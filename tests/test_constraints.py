@@ -1,4 +1,4 @@
-"""The database itself states the invariants (STYLE.md habit 3)."""
+"""The database itself states the invariants (docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The decision and plan endpoints agree with SPEC §2 on data created through the API."""
+"""The decision and plan endpoints agree with docs/scheduling.md on data created through the API."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def test_pending_reservation_changes_nothing(setup, staff_api, ana_api):
 
 
 def test_recorded_loads_move_the_preload_window(setup, ana_api):
-    """After successful loads, the mean of the last five replaces the size guess (SPEC §3)."""
+    """After successful loads, the mean of the last five replaces the size guess (docs/scheduling.md)."""
     from channels_app.models import Channel, LLMModel, Preset
     from tests.factories import load
 

@@ -1,4 +1,4 @@
-"""SPEC section 6 as tables: who may call a channel, and which channel serves a request."""
+"""README's access table as tables: who may call a channel, and which channel serves a request."""
 
 from __future__ import annotations
 

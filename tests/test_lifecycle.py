@@ -1,4 +1,4 @@
-"""SPEC section 4's process lifecycle as a table: every phase × every observation."""
+"""docs/scheduling.md's process lifecycle as a table: every phase × every observation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC section 3: the load-time estimate."""
+"""docs/scheduling.md: the load-time estimate."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""SPEC section 7: filter, then score — each filter and scorer, their sums, ties and refusals."""
+"""docs/scheduling.md: filter, then score — each filter and scorer, their sums, ties and refusals."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Booking through the REST API: validation, conflicts, approvals and transitions (SPEC §5)."""
+"""Booking through the REST API: validation, conflicts, approvals and transitions (docs/scheduling.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC section 2 as a table: one row per rule and per edge of a rule.
+"""docs/scheduling.md as a table: one row per rule and per edge of a rule.
 
 Loads used throughout (seconds): default A 100, B 300, C 30 (C is B's model
 with another preset). Settings: minimum preload 180 s, switch buffer 60 s,

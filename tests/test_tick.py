@@ -1,4 +1,4 @@
-"""The scheduler tick: every channel decided, stored, with few queries (SPEC §2)."""
+"""The scheduler tick: every channel decided, stored, with few queries (docs/scheduling.md)."""
 
 from __future__ import annotations
 

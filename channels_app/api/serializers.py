@@ -252,7 +252,7 @@ class LLMModelSerializer(serializers.ModelSerializer[LLMModel]):
         return round(estimates.get(model.pk, 0.0), 1)
 
     def get_load_estimates(self, model: LLMModel) -> list[dict[str, Any]]:
-        """The estimate the scheduler uses, per preset (``null``: none) and node (SPEC §3)."""
+        """The estimate the scheduler uses, per preset (``null``: none) and node (docs/scheduling.md)."""
         estimates: dict[tuple[int, int | None, int], float] = self.context.get("preset_load_estimates", {})
         names: dict[int, str] = self.context.get("node_names", {})
         return [
@@ -264,7 +264,7 @@ class LLMModelSerializer(serializers.ModelSerializer[LLMModel]):
         ]
 
     def get_exceeds_vram(self, model: LLMModel) -> dict[str, bool]:
-        """Per channel: is the model's file larger than the channel's GPU memory (SPEC §4)?"""
+        """Per channel: is the model's file larger than the channel's GPU memory (docs/scheduling.md)?"""
         vram: dict[str, int] = self.context.get("channel_vram", {})
         return {name: model.size_bytes > memory for name, memory in vram.items()}
 

@@ -62,7 +62,7 @@ def preset_delete(*, preset: Preset) -> None:
 def channel_save(*, channel: Channel, allowed_groups: Iterable[Group] | None = None) -> Channel:
     """Create or change a channel: its GPUs exist on its node and are no other channel's
     (checked under a lock of the node, and by the database's ``GpuClaim``), then the channel
-    re-decides at once, as a changed default is a changed target (SPEC §2). ``allowed_groups``,
+    re-decides at once, as a changed default is a changed target (docs/scheduling.md). ``allowed_groups``,
     when given, replaces the groups that may book it (none: everyone), in the same transaction."""
     with transaction.atomic():
         Node.objects.select_for_update().filter(pk=channel.node_id).first()  # one claim at a time

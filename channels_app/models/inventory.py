@@ -18,7 +18,7 @@ from channels_app.target import Target
 if TYPE_CHECKING:
     from channels_app.models.state import ChannelRuntime, ChannelTarget
 
-# A node is ready while its heartbeat is younger than this many ticks (SPEC §7).
+# A node is ready while its heartbeat is younger than this many ticks (docs/scheduling.md).
 HEARTBEAT_TICKS = 3
 
 

@@ -13,7 +13,7 @@ from channels_app.vocabulary import Phase, Reason
 
 
 class Override(models.Model):
-    """An admin's manual choice for a channel (SPEC §2 rule 4).
+    """An admin's manual choice for a channel (docs/scheduling.md rule 4).
 
     Valid until ``until`` or until the next reservation starts, whichever is
     first; ``unload`` stops the process instead of naming a model.
@@ -106,7 +106,7 @@ class ChannelTarget(models.Model):
 
 
 class ReloadRequest(models.Model):
-    """Staff asked to restart a channel's process at once, without draining (SPEC §4).
+    """Staff asked to restart a channel's process at once, without draining (docs/scheduling.md).
 
     A fact of its own, written by ``channel_reload`` only: each request raises the
     generation, and the node worker restarts the process when it sees a generation it
@@ -153,7 +153,7 @@ class ChannelRuntime(models.Model):
     # What the running process was started with (backend, path, effective arguments), digested:
     # a preset or model edited since makes it another target (``channels_app.target``).
     fingerprint = models.CharField(max_length=40, blank=True)
-    # The last failed target and its retries (SPEC §4 "Retries").
+    # The last failed target and its retries (docs/scheduling.md "Retries").
     failed_model = models.ForeignKey(
         LLMModel, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -1,4 +1,4 @@
-"""The inference process lifecycle of SPEC section 4, as a pure state machine.
+"""The inference process lifecycle of docs/scheduling.md, as a pure state machine.
 
 ``step`` takes a channel's process state, what it should run, what was
 observed of the process and ``now``, and returns the next state and the
@@ -123,7 +123,7 @@ class Step:
 
 
 def retry_delay(attempts: int) -> timedelta:
-    """30 s, 60 s, 120 s, … capped at 10 minutes (SPEC §4)."""
+    """30 s, 60 s, 120 s, … capped at 10 minutes (docs/scheduling.md)."""
     seconds = RETRY_FIRST_SECONDS * 2 ** max(attempts - 1, 0)
     return timedelta(seconds=min(seconds, RETRY_MAX_SECONDS))
 
@@ -176,7 +176,7 @@ def explain_failure(
 
 def effective_target(state: ProcessState, wanted: Wanted, now: datetime) -> tuple[Target | None, bool]:
     """What to run now: the wanted target, or while it waits for a retry the
-    default as a fallback for a reservation (SPEC §4), or nothing."""
+    default as a fallback for a reservation (docs/scheduling.md), or nothing."""
     failure = state.failure
     if wanted.target is None or failure is None or failure.target != wanted.target or now >= failure.retry_at:
         return wanted.target, False

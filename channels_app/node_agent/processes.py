@@ -113,7 +113,7 @@ def child_environment(
 
 def command_line(launch: Launch, port: int, config_path: Path | None = None) -> list[str]:
     """The argv of a run: the backend's executable, the arguments SlotServe owns
-    (API.md "Backend programs"), then the preset's arguments without owned ones.
+    (docs/api.md, "Backend programs"), then the preset's arguments without owned ones.
 
     The run's secret is never on it (``/proc/<pid>/cmdline`` is world-readable):
     it travels in the environment, or in the config file at ``config_path``.
@@ -238,7 +238,7 @@ def _is_zombie(pid: int) -> bool:
 
 
 def healthy(host: str, port: int, secret: str = "", timeout: float = 1.0) -> bool:
-    """The backend's ``GET /health`` answers 200 (SPEC §4)."""
+    """The backend's ``GET /health`` answers 200 (docs/scheduling.md)."""
     headers = {"Authorization": f"Bearer {secret}"} if secret else {}
     try:
         url = f"http://{url_host(host)}:{port}/health"

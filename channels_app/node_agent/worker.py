@@ -1,7 +1,7 @@
 """The node worker's shell around ``channels_app.node_agent.lifecycle``: observe, step, act, store.
 
 The node worker is the only writer of ``ChannelRuntime`` and of load records
-(STYLE.md, one writer per fact). Each reconcile is short and never waits for
+(docs/architecture.md, one writer per fact). Each reconcile is short and never waits for
 a process; a second one running at the same moment for the same channel
 finds the channel's lock taken and leaves it to the first.
 """
@@ -99,7 +99,7 @@ def publish_gate(channel_id: int, state: ProcessState, wanted: Wanted, now: date
 
 
 def executable_for(backend: Backend) -> str:
-    """The backend's program as configured (API.md "Backend programs")."""
+    """The backend's program as configured (docs/api.md, "Backend programs")."""
     return {
         Backend.LLAMA_CPP: settings.SLOTSERVE_LLAMA_SERVER,
         Backend.VLLM: settings.SLOTSERVE_VLLM,

@@ -1,4 +1,4 @@
-"""Choosing channels for a model: filter, then score (SPEC §7, after GPUStack), as pure functions.
+"""Choosing channels for a model: filter, then score (docs/scheduling.md, after GPUStack), as pure functions.
 
 Each filter removes the channels that cannot run the model and says why; the
 scorers rank the rest, each up to its own maximum; the highest total wins and

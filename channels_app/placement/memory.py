@@ -1,4 +1,4 @@
-"""How much GPU memory a model + preset needs (SPEC §7 "resource fit").
+"""How much GPU memory a model + preset needs (docs/scheduling.md "resource fit").
 
 Pure estimates from a model's shape and the preset's arguments, and thin
 readers for the shapes: a GGUF file's metadata (read with the ``gguf``

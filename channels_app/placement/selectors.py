@@ -1,4 +1,4 @@
-"""Placement read from the database: the candidates of a model at a time, ranked (SPEC §7).
+"""Placement read from the database: the candidates of a model at a time, ranked (docs/scheduling.md).
 
 Used by the placement API, the booking dialog and "book any channel that fits"
 (``reservations.services.reservation_create_anywhere``).

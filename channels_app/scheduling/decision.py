@@ -1,4 +1,4 @@
-"""The scheduling decision of SPEC section 2, as pure functions.
+"""The scheduling decision of docs/scheduling.md, as pure functions.
 
 ``decide`` answers "what should this channel run at ``now``, why, and until
 when does that answer hold?" from plain data. ``plan`` strings decisions
@@ -24,7 +24,7 @@ class Slot:
 
     ``target`` is None for a whole-card reservation. ``counts`` is False for
     reservations that must not make the channel busy (pending, rejected,
-    cancelled): SPEC §2 says pending ones never load anything.
+    cancelled): docs/scheduling.md says pending ones never load anything.
     """
 
     id: int
@@ -40,7 +40,7 @@ class Slot:
 
 @dataclass(frozen=True)
 class OverrideFacts:
-    """An admin's manual choice; ``target`` None means unload (SPEC §1)."""
+    """An admin's manual choice; ``target`` None means unload (README, Concepts)."""
 
     target: Target | None
     until: datetime
@@ -49,7 +49,7 @@ class OverrideFacts:
 
 @dataclass(frozen=True)
 class SchedulingSettings:
-    """The settings of SPEC section 8 that the decision uses, in seconds."""
+    """The settings of README, Settings that the decision uses, in seconds."""
 
     min_preload_seconds: float = 180.0
     switch_buffer_seconds: float = 60.0
@@ -63,7 +63,7 @@ class DecisionInput:
     ``slots`` must hold at least the reservation active at the moments asked
     about, the next one after them, and the latest one that started before
     them (it tells whether an override has been cut by a reservation).
-    ``load_seconds`` holds the load estimate (SPEC §3) of every target that
+    ``load_seconds`` holds the load estimate (docs/scheduling.md) of every target that
     can become the target: the default and the reservations' models.
     ``running`` is what the channel's process runs now (None: nothing).
     """
@@ -117,7 +117,7 @@ def _load(inp: DecisionInput, target: Target | None) -> float:
 
 
 def preload_lead_seconds(inp: DecisionInput, slot: Slot) -> float:
-    """How long before ``slot`` starts its channel must change (SPEC §2 rule 2).
+    """How long before ``slot`` starts its channel must change (docs/scheduling.md rule 2).
 
     A model reservation loads at the earlier of "load estimate + 60 s" and the
     minimum preload lead before it starts; for a whole-card one the process
@@ -129,7 +129,7 @@ def preload_lead_seconds(inp: DecisionInput, slot: Slot) -> float:
 
 
 def short_gap_seconds(inp: DecisionInput, slot: Slot) -> float | None:
-    """The gap below which loading the default is not worth it (SPEC §2 rule 3).
+    """The gap below which loading the default is not worth it (docs/scheduling.md rule 3).
 
     None when the rule cannot apply: the channel has no default to skip, or it
     runs its default already (then it simply keeps running it).
@@ -167,7 +167,7 @@ def override_end(inp: DecisionInput, now: datetime) -> datetime | None:
     """When the override stops counting: ``until`` or the next reservation's start.
 
     A reservation that started since the override was set has already ended
-    it, even after that reservation is over (SPEC §1: "valid until its until
+    it, even after that reservation is over (README, Concepts: "valid until its until
     time or until the next reservation starts, whichever is first").
     """
     override = inp.override
@@ -186,7 +186,7 @@ def _earliest(*moments: datetime | None) -> datetime | None:
 
 
 def decide(inp: DecisionInput, now: datetime) -> Decision:
-    """The target of one channel at ``now`` by SPEC section 2; first match wins."""
+    """The target of one channel at ``now`` by docs/scheduling.md; first match wins."""
     active, upcoming = _active_and_next(inp.slots, now)
 
     # Rule 1: an approved reservation is active now.

@@ -1,4 +1,4 @@
-"""The load-time estimate of SPEC section 3, as a pure function."""
+"""The load-time estimate of docs/scheduling.md, as a pure function."""
 
 from __future__ import annotations
 

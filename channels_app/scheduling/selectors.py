@@ -40,7 +40,7 @@ class ChannelFacts:
 
 
 def load_estimates(wanted: Iterable[tuple[int, Target]]) -> dict[tuple[int, Target], float]:
-    """The load estimate (SPEC §3) of each ``(node id, target)`` pair, in two queries."""
+    """The load estimate (docs/scheduling.md) of each ``(node id, target)`` pair, in two queries."""
     wanted = set(wanted)
     if not wanted:
         return {}

@@ -1,6 +1,6 @@
 """Writes of the scheduler: each channel's target, overrides and reloads.
 
-The scheduler is the only writer of ``ChannelTarget`` (STYLE.md, one writer
+The scheduler is the only writer of ``ChannelTarget`` (docs/architecture.md, one writer
 per fact); the decision itself is ``channels_app.scheduling.decision.decide``.
 """
 
@@ -131,7 +131,7 @@ def override_set(
     preset: Preset | None = None,
     unload: bool = False,
 ) -> Override:
-    """Set the channel's override (SPEC §2 rule 4), replacing any earlier one."""
+    """Set the channel's override (docs/scheduling.md rule 4), replacing any earlier one."""
     if until <= now:
         raise InvalidInput("until", "until must be in the future")
     if unload and model is not None:

@@ -1,4 +1,4 @@
-"""The scheduler's Celery tasks: thin wrappers around its services (STYLE.md habit 4)."""
+"""The scheduler's Celery tasks: thin wrappers around its services (docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The reservation services: booking, approving, rejecting, cancelling and ending reservations (SPEC §5).
+"""The reservation services: booking, approving, rejecting, cancelling and ending reservations
+(docs/scheduling.md).
 
 Every state change is a conditional ``UPDATE … WHERE status = …``: zero rows
 means someone else changed the reservation first, and the caller is told

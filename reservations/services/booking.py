@@ -1,4 +1,4 @@
-"""Booking a slot: on a named channel, or on the best channel that fits (SPEC §5, §7)."""
+"""Booking a slot: on a named channel, or on the best channel that fits (docs/scheduling.md, §7)."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def reservation_create_anywhere(
     note: str = "",
     channel: None = None,
 ) -> Reservation:
-    """Book the best channel that fits (SPEC §7): placement ranks them, and each is
+    """Book the best channel that fits (docs/scheduling.md): placement ranks them, and each is
     tried in turn with the same overlap guarantee as any booking, so two people asking
     at once end up on different channels or get a clear 409."""
     from channels_app.placement.selectors import placement_for

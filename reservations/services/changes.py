@@ -1,4 +1,5 @@
-"""Changing a booking: the owner extends, moves, shortens or retargets it; staff may for anyone (SPEC §5)."""
+"""Changing a booking: the owner extends, moves, shortens or retargets it; staff may for anyone
+(docs/scheduling.md)."""
 
 from __future__ import annotations
 

@@ -107,7 +107,8 @@ def _iso(moment: datetime) -> str:
 
 
 def needs_approval(*, channel: Channel, exclusive: bool, user: User, by: User | None = None) -> bool:
-    """Whether a booking by ``user`` (made by ``by``, if someone else) waits for approval (SPEC §5)."""
+    """Whether a booking by ``user`` (made by ``by``, if someone else) waits for approval
+    (docs/scheduling.md)."""
     if user.is_staff or (by is not None and by.is_staff):
         return False
     if channel.approval_policy == ApprovalPolicy.ALL:

@@ -113,7 +113,7 @@ def reservation_cancel(*, reservation: Reservation, by: User, now: datetime) -> 
 
 
 def reservation_end(*, reservation: Reservation, by: User, now: datetime) -> Reservation:
-    """End an active reservation now; the channel re-decides at once (SPEC §5)."""
+    """End an active reservation now; the channel re-decides at once (docs/scheduling.md)."""
     if not reservation.is_active(now):
         raise InvalidTransition(
             f"cannot end a reservation that is not active (it is {reservation.status}, "

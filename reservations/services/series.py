@@ -1,4 +1,4 @@
-"""Recurring bookings: every occurrence checked, all of them booked or none (SPEC §5)."""
+"""Recurring bookings: every occurrence checked, all of them booked or none (docs/scheduling.md)."""
 
 from __future__ import annotations
 
