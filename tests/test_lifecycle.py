@@ -103,7 +103,7 @@ CASES = [
         T0,
         Phase.FAILED,
         None,
-        [LoadFinished(False, DEAD_TEXT), Tell("load_failed", DEAD_TEXT)],
+        [LoadFinished(False, DEAD_TEXT), Tell("load_failed", DEAD_TEXT, episode=T0)],
     ),
     (
         "loading, out of memory: failed, explained",
@@ -113,7 +113,7 @@ CASES = [
         T0,
         Phase.FAILED,
         None,
-        [LoadFinished(False, OOM_TEXT), Tell("load_failed", OOM_TEXT)],
+        [LoadFinished(False, OOM_TEXT), Tell("load_failed", OOM_TEXT, episode=T0)],
     ),
     (
         "loading past the load timeout: stop it, failing",
@@ -125,7 +125,11 @@ CASES = [
         B,
         [
             LoadFinished(False, "The model was not ready within 600 s (SLOTSERVE_LOAD_TIMEOUT_SECONDS)."),
-            Tell("load_failed", "The model was not ready within 600 s (SLOTSERVE_LOAD_TIMEOUT_SECONDS)."),
+            Tell(
+                "load_failed",
+                "The model was not ready within 600 s (SLOTSERVE_LOAD_TIMEOUT_SECONDS).",
+                episode=T0,
+            ),
             Terminate(PID),
         ],
     ),
@@ -158,7 +162,7 @@ CASES = [
         T0,
         Phase.FAILED,
         None,
-        [Tell("load_failed", DEAD_TEXT)],
+        [Tell("load_failed", DEAD_TEXT, episode=T0)],
     ),
     ("ready, target changed: drain", state(Phase.READY), WANT_A, BUSY, T0, Phase.DRAINING, B, []),
     (
@@ -405,6 +409,80 @@ def test_failure_schedules_growing_retries_and_success_resets():
     assert delays == [30, 60, 120, 240, 480, 600, 600]
     ready = step(current, Wanted(target=B), HEALTHY, now).state
     assert ready.failure is None and ready.error == ""
+
+
+# A failure episode belongs to what its target was wanted for (docs/scheduling.md "Retries").
+BOOKING_1, BOOKING_2 = "reservation:1", "reservation:2"
+LAST_WEEK = T0 - timedelta(days=7)
+EPISODE_1 = Failure(B, 4, LAST_WEEK + s(480), "oom", purpose=BOOKING_1, began=LAST_WEEK)
+FOR_BOOKING_1 = dataclasses.replace(WANT_B, purpose=BOOKING_1)
+FOR_BOOKING_2 = dataclasses.replace(WANT_B, purpose=BOOKING_2)
+AFTER_THE_BOOKING = dataclasses.replace(WANT_A, purpose="default")
+
+
+def test_the_episode_ends_with_its_booking_and_the_fallback_serves_as_the_default():
+    on_fallback = state(
+        Phase.READY,
+        A,
+        fallback=True,
+        failure=dataclasses.replace(EPISODE_1, retry_at=T0 + s(60)),
+        error="oom",
+    )
+    after = step(on_fallback, AFTER_THE_BOOKING, HEALTHY, T0)
+    assert (after.state.phase, after.state.running, after.actions) == (Phase.READY, A, [])
+    assert after.state.failure is None and not after.state.fallback and after.state.error == ""
+
+
+def test_a_failed_channel_whose_booking_ended_is_stopped_not_failed():
+    failed = state(Phase.FAILED, None, failure=EPISODE_1, error="oom")
+    after = step(failed, WANT_NONE, GONE, T0)
+    assert (after.state.phase, after.state.failure, after.state.error, after.actions) == (
+        Phase.STOPPED,
+        None,
+        "",
+        [],
+    )
+
+
+def test_a_later_booking_of_the_same_target_starts_a_new_episode():
+    # It fails once: the first retry is 30 s away, not the old episode's fifth step.
+    loading = state(Phase.LOADING, B, since=T0 - s(5), failure=EPISODE_1)
+    failed = step(loading, FOR_BOOKING_2, DEAD, T0)
+    assert failed.state.failure == Failure(B, 1, T0 + s(30), DEAD_TEXT, purpose=BOOKING_2, began=T0)
+    assert Tell("load_failed", DEAD_TEXT, episode=T0) in failed.actions
+    # It loads at once: the booker hears that it is ready, not that it recovered.
+    ready = step(loading, FOR_BOOKING_2, HEALTHY, T0)
+    assert ready.actions == [LoadFinished(True), Tell("model_ready", "the model of the reservation is ready")]
+    assert ready.state.failure is None
+
+
+def test_each_episode_tells_once_and_a_second_one_in_the_same_booking_tells_again():
+    now, told = T0, []
+    current = state(Phase.LOADING, since=now)
+    for _ in range(3):  # three failures in a row: one episode
+        failed = step(current, FOR_BOOKING_1, DEAD, now)
+        told += [a for a in failed.actions if isinstance(a, Tell)]
+        now = failed.state.failure.retry_at
+        current = step(dataclasses.replace(failed.state, fallback=False), FOR_BOOKING_1, GONE, now).state
+    assert told == [Tell("load_failed", DEAD_TEXT, episode=T0)]
+    recovered = step(current, FOR_BOOKING_1, HEALTHY, now)
+    assert recovered.actions[1] == Tell(
+        "recovered", "the booked model loaded after a retry and serves again", episode=T0
+    )
+    # The same booking's model dies an hour later: a new episode, told again.
+    later = now + timedelta(hours=1)
+    again = step(recovered.state, FOR_BOOKING_1, DEAD, later)
+    assert again.actions == [Tell("load_failed", DEAD_TEXT, episode=later)]
+    assert again.state.failure is not None and again.state.failure.attempts == 1
+
+
+def test_the_default_failing_tells_the_admins_once_per_episode():
+    failed = step(state(Phase.LOADING, A), AFTER_THE_BOOKING, DEAD, T0)
+    assert failed.actions == [LoadFinished(False, DEAD_TEXT), Tell("load_failed", DEAD_TEXT, episode=T0)]
+    retried = step(failed.state, AFTER_THE_BOOKING, GONE, T0 + s(30))
+    assert retried.actions == [Start(A)]
+    again = step(retried.state, AFTER_THE_BOOKING, DEAD, T0 + s(31))
+    assert again.actions == [LoadFinished(False, DEAD_TEXT)]  # the same episode: told already
 
 
 def test_fallback_that_fails_too_waits_for_the_booked_retry():

@@ -182,6 +182,72 @@ def test_out_of_memory_falls_back_to_the_default_and_switches_back(node_env, tin
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_failure_episode_belongs_to_its_booking(node_env, tiny, ana, bo, staff):
+    """docs/scheduling.md "Retries": the retry schedule, the fallback, the error and the news
+    of a failure end with the booking; a later booking of the same target starts afresh."""
+    from rest_framework.test import APIClient
+
+    never = factories.llm("never", backend="vllm")
+    never.path = str(tiny["model"].path)
+    never.save()
+    greedy = factories.preset(never, "greedy", "--standin-oom")
+    channel = factories.channel("cpu-0", default=tiny["small"])
+    now = timezone.now()
+    first = factories.reservation(
+        owner=ana,
+        on=channel,
+        start=now - timedelta(minutes=1),
+        end=now + timedelta(minutes=10),
+        target=greedy,
+    )
+    decide_channels(now=now)
+    assert converge(channel, until={Phase.FAILED}, now=now).retry_at == now + timedelta(seconds=30)
+    assert converge(channel, until={Phase.READY}, now=now).fallback
+
+    # Ana's slot ends: the default that served as the fallback now serves as itself.
+    after = first.end + timedelta(seconds=1)
+    decide_channels(now=after)
+    clean = converge(channel, until={Phase.READY}, now=after)
+    assert clean.model_id == tiny["model"].pk and clean.pid is not None
+    assert (clean.fallback, clean.retry_at, clean.error, clean.attempts) == (False, None, "", 0)
+    api = APIClient()
+    api.force_authenticate(staff)
+    shown = api.get(f"/api/channels/{channel.pk}/").data["state"]
+    assert (shown["fallback"], shown["retry_at"], shown["error"]) == (False, None, "")
+
+    # Days later bo books the same model and preset; its first failure retries after 30 s.
+    later = now + timedelta(days=3)
+    factories.reservation(
+        owner=bo,
+        on=channel,
+        start=later - timedelta(minutes=1),
+        end=later + timedelta(hours=1),
+        target=greedy,
+    )
+    decide_channels(now=later)
+    failed = converge(channel, until={Phase.FAILED}, now=later)
+    assert failed.retry_at == later + timedelta(seconds=30) and failed.attempts == 1
+    assert Notification.objects.filter(user=bo, event="load_failed").count() == 1
+
+    # An admin mends the preset: at the retry bo's model loads, and bo hears it recovered.
+    greedy.args = ""
+    greedy.save()
+    retry = later + timedelta(seconds=30)
+    back = converge(channel, until={Phase.READY}, now=retry)
+    assert back.model_id == never.pk and not back.fallback
+    assert Notification.objects.filter(user=bo, event="recovered").count() == 1
+
+    # It breaks again in the same booking: a new episode, and bo and the admins hear of it.
+    greedy.args = "--standin-oom"
+    greedy.save()
+    again = converge(channel, until={Phase.FAILED}, now=retry + timedelta(minutes=5))
+    assert again.retry_at == retry + timedelta(minutes=5, seconds=30)
+    assert Notification.objects.filter(user=bo, event="load_failed").count() == 2
+    assert Notification.objects.filter(user=ana, event="load_failed").count() == 1
+    assert Notification.objects.filter(user=staff, event="load_failed").count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_load_that_never_becomes_healthy_fails_at_the_load_timeout(node_env, tiny, settings):
     stuck = factories.llm("stuck", backend="sglang")
     stuck.path = str(tiny["model"].path)

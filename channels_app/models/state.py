@@ -164,6 +164,9 @@ class ChannelRuntime(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     failure_error = models.TextField(blank=True)
     fallback_failed = models.BooleanField(default=False)
+    # The failure episode: what its target was wanted for, and since when it fails.
+    failure_purpose = models.CharField(max_length=60, blank=True)
+    failure_began = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.channel_id}: {self.phase}"

@@ -26,13 +26,21 @@ RETRY_MAX_SECONDS = 600
 
 @dataclass(frozen=True)
 class Failure:
-    """The last failed target, how often it failed in a row, and when to try again."""
+    """A failure episode: the target that failed, what it was wanted for (``Wanted.purpose``),
+    since when it fails, how often it failed in a row, and when to try again.
+
+    An episode starts with a failed load and ends when its target loads, is no longer wanted
+    for the same purpose (the booking ended, another booking of the same model began), or is
+    reloaded; its retries, fallback, error and notifications are its own (docs/scheduling.md
+    "Retries")."""
 
     target: Target
     attempts: int
     retry_at: datetime
     error: str
     fallback_failed: bool = False
+    purpose: str = ""
+    began: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,9 @@ class Wanted:
     target: Target | None
     default: Target | None = None
     serves_reservation: bool = False
+    # What the target is wanted for: ``reservation:<id>``, or the decision's reason. A failure
+    # episode belongs to one purpose: a later booking of the same model starts afresh.
+    purpose: str = ""
     reload_generation: int = 0
     drain_seconds: float = 30.0
     stop_timeout_seconds: float = 15.0
@@ -107,10 +118,12 @@ class LoadFinished:
 
 @dataclass(frozen=True)
 class Tell:
-    """Notify the booker and staff: ``event`` is a NotificationEvent value."""
+    """Notify the booker and staff: ``event`` is a NotificationEvent value; ``episode``, when
+    the failure episode began, makes each episode's news its own (sent once per episode)."""
 
     event: str
     text: str
+    episode: datetime | None = None
 
 
 Action = Start | Terminate | Kill | LoadFinished | Tell
@@ -190,15 +203,41 @@ def effective_target(state: ProcessState, wanted: Wanted, now: datetime) -> tupl
     return None, False
 
 
+def _same_target(one: Target | None, other: Target | None) -> bool:
+    """The same model and preset (an edited preset is still the same one for its episode)."""
+    return (
+        one is not None
+        and other is not None
+        and (one.model_id, one.preset_id) == (other.model_id, other.preset_id)
+    )
+
+
+def _end_stale_episode(state: ProcessState, wanted: Wanted) -> ProcessState:
+    """A failure episode whose target is no longer wanted for its purpose is over: its retry
+    time, error and fallback go with it, and a later want of the same target starts afresh."""
+    failure = state.failure
+    if failure is None or (_same_target(failure.target, wanted.target) and failure.purpose == wanted.purpose):
+        return state
+    ended = dataclasses.replace(state, failure=None, error="")
+    if state.fallback and state.running == wanted.target:
+        ended = dataclasses.replace(ended, fallback=False)  # what served as the fallback is now wanted
+    if state.phase == Phase.FAILED:
+        ended = dataclasses.replace(ended, phase=Phase.STOPPED)
+    return ended
+
+
 def _fail(state: ProcessState, wanted: Wanted, now: datetime, error: str, alive: bool) -> Step:
-    """A run failed: remember it, schedule the retry, stop what is left of it."""
+    """A run failed: remember it, schedule the retry, stop what is left of it. The first
+    failure of an episode tells the booker and the admins; later ones in it do not."""
     assert state.running is not None
     previous = state.failure
     attempts = previous.attempts + 1 if previous and previous.target == state.running else 1
-    failure = Failure(state.running, attempts, now + retry_delay(attempts), error)
+    began = previous.began if previous is not None and previous.began is not None else now
+    retry_at = now + retry_delay(attempts)
+    failure = Failure(state.running, attempts, retry_at, error, purpose=wanted.purpose, began=began)
     actions: list[Action] = [LoadFinished(False, error)] if state.phase == Phase.LOADING else []
-    if wanted.serves_reservation and not state.fallback:
-        actions.append(Tell(NotificationEvent.LOAD_FAILED, error))
+    if previous is None and not state.fallback:
+        actions.append(Tell(NotificationEvent.LOAD_FAILED, error, episode=began))
     # A failing fallback keeps the booked model's failure record, and is not
     # tried again before the booked model's own retry.
     kept = dataclasses.replace(previous, fallback_failed=True) if state.fallback and previous else failure
@@ -220,8 +259,13 @@ def _start_if_wanted(state: ProcessState, wanted: Wanted, now: datetime, actions
     if target is None:
         return Step(state, actions)
     if fallback and not state.fallback:
+        began = state.failure.began if state.failure is not None else None
         actions.append(
-            Tell(NotificationEvent.FALLBACK, "the default model serves the reservation until the next retry")
+            Tell(
+                NotificationEvent.FALLBACK,
+                "the default model serves the reservation until the next retry",
+                episode=began,
+            )
         )
     loading = dataclasses.replace(
         state,
@@ -250,6 +294,8 @@ def step(state: ProcessState, wanted: Wanted, seen: Observed, now: datetime) -> 
             return _stop(state, now, [LoadFinished(False, "load abandoned: the channel was reloaded")])
         if phase == Phase.DRAINING:
             return _stop(state, now, [])
+    state = _end_stale_episode(state, wanted)
+    phase = state.phase
     target, _ = effective_target(state, wanted, now)
 
     if phase in (Phase.STOPPED, Phase.FAILED):
@@ -325,16 +371,16 @@ def _ready(state: ProcessState, wanted: Wanted, now: datetime) -> Step:
     actions: list[Action] = [LoadFinished(True)]
     failure = state.failure
     # The booked model serves again, be it at its retry or after its preset was mended.
-    recovered = (
-        failure is not None
-        and state.running is not None
-        and (failure.target.model_id, failure.target.preset_id)
-        == (state.running.model_id, state.running.preset_id)
-    )
+    recovered = failure is not None and _same_target(failure.target, state.running)
     if recovered:
+        assert failure is not None
         if wanted.serves_reservation:
             actions.append(
-                Tell(NotificationEvent.RECOVERED, "the booked model loaded after a retry and serves again")
+                Tell(
+                    NotificationEvent.RECOVERED,
+                    "the booked model loaded after a retry and serves again",
+                    episode=failure.began,
+                )
             )
         failure = None
     elif wanted.serves_reservation and not state.fallback:

@@ -199,7 +199,13 @@ def state_of(runtime: ChannelRuntime) -> ProcessState:
     failed = _target(runtime.failed_model_id, runtime.failed_preset_id, runtime.failed_fingerprint)
     if failed is not None and runtime.retry_at is not None:
         failure = Failure(
-            failed, runtime.attempts, runtime.retry_at, runtime.failure_error, runtime.fallback_failed
+            failed,
+            runtime.attempts,
+            runtime.retry_at,
+            runtime.failure_error,
+            runtime.fallback_failed,
+            runtime.failure_purpose,
+            runtime.failure_began,
         )
     return ProcessState(
         phase=Phase(runtime.phase),
@@ -238,6 +244,8 @@ def store(runtime: ChannelRuntime, state: ProcessState) -> None:
     runtime.retry_at = failure.retry_at if failure else None
     runtime.failure_error = failure.error if failure else ""
     runtime.fallback_failed = failure.fallback_failed if failure else False
+    runtime.failure_purpose = failure.purpose if failure else ""
+    runtime.failure_began = failure.began if failure else None
     if state.pid is None:
         runtime.run_id, runtime.port, runtime.api_secret = "", None, ""
     runtime.save()
@@ -253,9 +261,11 @@ def wanted_of(channel: Channel, target_row: ChannelTarget | None, reload_generat
     }
     if target_row is None:
         return Wanted(target=None, **common)
+    serves_reservation = target_row.reason in SERVES_RESERVATION and target_row.reservation_id is not None
     return Wanted(
         target=with_fingerprint(_target(target_row.model_id, target_row.preset_id)),
-        serves_reservation=target_row.reason in SERVES_RESERVATION and target_row.reservation_id is not None,
+        serves_reservation=serves_reservation,
+        purpose=f"reservation:{target_row.reservation_id}" if serves_reservation else target_row.reason,
         **common,
     )
 
@@ -363,19 +373,32 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
 
 
 def _tell(channel: Channel, target_row: ChannelTarget | None, action: Tell) -> None:
+    """The booker hears of their reservation's model; the admins of failures and fallbacks,
+    a booking's or not. Each failure episode's news goes out once (its key names the episode)."""
     reservation = target_row.reservation if target_row is not None else None
+    episode = f":{action.episode:%Y%m%dT%H%M%S.%f}" if action.episode is not None else ""
+    for_admins = action.event in {NotificationEvent.LOAD_FAILED, NotificationEvent.FALLBACK}
     if reservation is None:
-        return
+        if not for_admins:
+            return
 
-    def text(zone: tzinfo) -> str:
-        return f"{channel.name}: {action.text}. {reservation_summary(reservation, zone)}"
+        def text(zone: tzinfo) -> str:
+            return f"{channel.name}: {action.text}."
 
-    key = f"{action.event}:{reservation.pk}"
-    notify(user=reservation.user, event=action.event, text=text, link="/", key=key)
-    if action.event in {NotificationEvent.LOAD_FAILED, NotificationEvent.FALLBACK}:
-        for admin in (
-            get_user_model().objects.filter(is_staff=True, is_active=True).exclude(pk=reservation.user_id)
-        ):
+        key = f"{action.event}:channel:{channel.pk}{episode}"
+    else:
+        booking = reservation
+
+        def text(zone: tzinfo) -> str:
+            return f"{channel.name}: {action.text}. {reservation_summary(booking, zone)}"
+
+        key = f"{action.event}:{reservation.pk}{episode}"
+        notify(user=reservation.user, event=action.event, text=text, link="/", key=key)
+    if for_admins:
+        admins = get_user_model().objects.filter(is_staff=True, is_active=True)
+        if reservation is not None:
+            admins = admins.exclude(pk=reservation.user_id)
+        for admin in admins:
             notify(user=admin, event=action.event, text=text, link="/", key=key)
 
 
