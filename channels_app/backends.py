@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -120,3 +121,41 @@ def effective_args(backend: Backend, args: Sequence[str]) -> list[str]:
             while option.many and i < len(args) and not _is_option(args[i]):
                 i += 1
     return result
+
+
+def option_value(args: Sequence[str], names: set[str]) -> str | None:
+    """The value of the last of ``names`` in ``args`` (``--opt value`` or ``--opt=value``), as on a
+    command line the last one given wins; None when none is given."""
+    found = None
+    for i, token in enumerate(args):
+        name, has_value, value = token.partition("=")
+        if name in names:
+            if has_value:
+                found = value
+            elif i + 1 < len(args):
+                found = args[i + 1]
+    return found
+
+
+# Where each backend's preset names a draft model for speculative decoding (docs/scheduling.md
+# "Placement": its file counts in the local-path filter and, at half weight, in locality).
+DRAFT_OPTIONS: dict[str, set[str]] = {
+    Backend.LLAMA_CPP: {"-md", "--model-draft"},
+    Backend.SGLANG: {"--speculative-draft-model-path"},
+}
+
+
+def draft_model_path(backend: str, args: Sequence[str]) -> str | None:
+    """The draft model a preset names, or None: llama.cpp's ``-md``/``--model-draft``, SGLang's
+    ``--speculative-draft-model-path``, the ``model`` of vLLM's ``--speculative-config`` JSON
+    (an n-gram or other method without a model has no file)."""
+    if backend == Backend.VLLM:
+        config = option_value(args, {"--speculative-config"})
+        try:
+            parsed = json.loads(config) if config else None
+        except ValueError:
+            return None
+        model = parsed.get("model") if isinstance(parsed, dict) else None
+        return model if isinstance(model, str) and model else None
+    names = DRAFT_OPTIONS.get(backend)
+    return option_value(args, names) if names else None

@@ -37,6 +37,9 @@ def cand(name: str, **changes) -> Candidate:
         ({"labels": {"gpu": "a100"}}, dataclasses.replace(WANT, labels={"gpu": "a100"}), None, None),
         ({"backends": frozenset({"vllm"})}, WANT, "backend", "llama.cpp not installed on n1"),
         ({"file_present": False}, WANT, "file", "model file not on n1"),
+        # A preset's draft model (speculative decoding) is a file the node must have too.
+        ({"draft_present": False}, WANT, "file", "draft model file not on n1"),
+        ({"draft_present": True}, WANT, None, None),
         ({"vram_bytes": 16 * GiB}, WANT, "memory", "too little GPU memory (needs 20.0 GiB, has 16.0 GiB)"),
         ({"vram_bytes": 20 * GiB}, WANT, None, None),
         # Weights left in RAM (llama.cpp's -ngl below the layers) must fit the node's RAM too.
@@ -169,6 +172,80 @@ def test_locality_and_sums():
             {"placement": pytest.approx(8.33, abs=0.01), "locality": 40.0, "warm": 0.0},
             pytest.approx(48.33, abs=0.01),
         ),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("main", "draft", "score"),
+    [
+        (True, None, 5.0),  # no draft model: the main file alone
+        (False, None, 0.0),
+        (True, True, 5.0),
+        (True, False, pytest.approx(5.0 / 1.5)),  # (1 + 0.5 · 0) / 1.5 × 5
+        (False, True, pytest.approx(2.5 / 1.5)),  # (0 + 0.5 · 1) / 1.5 × 5
+        (False, False, 0.0),
+    ],
+)
+def test_locality_counts_a_draft_model_at_half_weight(main, draft, score):
+    """Seed 001: ``(main_ratio + 0.5 · draft_ratio) / 1.5 × max`` for a preset with a draft model."""
+    from channels_app.placement.chains import locality_score
+
+    assert locality_score(cand("a", file_present=main, draft_present=draft), 5.0) == score
+
+
+@pytest.mark.parametrize(
+    ("backend", "args", "draft"),
+    [
+        ("llama.cpp", ["-md", "/m/draft.gguf", "-ngl", "99"], "/m/draft.gguf"),
+        ("llama.cpp", ["--model-draft=/m/d.gguf"], "/m/d.gguf"),
+        ("llama.cpp", ["-ngl", "99"], None),
+        ("vllm", ["--speculative-config", '{"model": "/m/eagle", "num_speculative_tokens": 3}'], "/m/eagle"),
+        ("vllm", ['--speculative-config={"method": "ngram", "num_speculative_tokens": 3}'], None),
+        ("vllm", ["--speculative-config", "not json"], None),
+        (
+            "sglang",
+            ["--speculative-draft-model-path", "/m/draft", "--speculative-algorithm", "EAGLE"],
+            "/m/draft",
+        ),
+        ("sglang", ["-md", "/m/x.gguf"], None),  # llama.cpp's option means nothing to SGLang
+    ],
+)
+def test_the_draft_model_is_read_from_each_backends_own_option(backend, args, draft):
+    from channels_app.backends import draft_model_path
+
+    assert draft_model_path(backend, args) == draft
+
+
+@pytest.mark.django_db
+def test_placement_reads_where_the_draft_file_is(ana_api, tmp_path):
+    """The local-path filter counts the draft file as discovery found it on each node's disk."""
+    from channels_app.models import ModelFile
+
+    now = timezone.now()
+    has_both = factories.node("has-both", backends=["llama.cpp"])
+    main_only = factories.node("main-only", backends=["llama.cpp"])
+    model = factories.llm("spec", path="/m/main.gguf")
+    preset = factories.preset(model, "spec", "-md /m/draft.gguf")
+    model.nodes.add(has_both, main_only)
+    for node in (has_both, main_only):
+        ModelFile.objects.create(
+            node=node, path="/m/main.gguf", backend="llama.cpp", size_bytes=1, modified=now
+        )
+    ModelFile.objects.create(
+        node=has_both, path="/m/draft.gguf", backend="llama.cpp", size_bytes=1, modified=now
+    )
+    factories.channel("a-main-only", on=main_only)
+    factories.channel("b-has-both", on=has_both)
+    query = {
+        "model": model.name,
+        "preset": preset.pk,
+        "start": "2030-01-07T10:00Z",
+        "end": "2030-01-07T11:00Z",
+    }
+    answer = ana_api.get("/api/placement", query).data
+    assert [c["name"] for c in answer["channels"]] == ["b-has-both"], answer
+    assert answer["removed"]["file"] == [
+        {"channel": "a-main-only", "reason": "draft model file not on main-only"}
     ]
 
 

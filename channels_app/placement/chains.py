@@ -38,6 +38,8 @@ class Candidate:
     node_others: int = 0
     runs_target: bool = False  # the same model + preset is loaded now
     adjacent_target: bool = False  # a reservation right before or after uses the same target
+    # The preset's draft model (speculative decoding) is on the node's disk; None: it names none.
+    draft_present: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,11 @@ def _backend(c: Candidate, w: Need) -> str | None:
 
 
 def _file(c: Candidate, w: Need) -> str | None:
-    return None if c.file_present else f"model file not on {c.node}"
+    if not c.file_present:
+        return f"model file not on {c.node}"
+    if c.draft_present is False:
+        return f"draft model file not on {c.node}"
+    return None
 
 
 def _memory(c: Candidate, w: Need) -> str | None:
@@ -184,10 +190,20 @@ def placement_score(c: Candidate, w: Need, policy: str, maximum: float) -> float
     )
 
 
+DRAFT_WEIGHT = 0.5
+
+
 def locality_score(c: Candidate, maximum: float) -> float:
     """The seed's model-file locality: the share of the candidate's workers that have the file,
-    times the maximum. A channel is one node's GPUs, so the share is 1 or 0."""
-    return maximum if maximum > 0 and c.file_present else 0.0
+    times the maximum (a channel is one node's GPUs, so the share is 1 or 0); with a draft model,
+    ``(main_ratio + 0.5 · draft_ratio) / 1.5 × max``."""
+    if maximum <= 0:
+        return 0.0
+    main = 1.0 if c.file_present else 0.0
+    if c.draft_present is None:
+        return maximum * main
+    draft = 1.0 if c.draft_present else 0.0
+    return maximum * (main + DRAFT_WEIGHT * draft) / (1 + DRAFT_WEIGHT)
 
 
 def warm_score(c: Candidate, maximum: float) -> float:

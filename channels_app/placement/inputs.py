@@ -7,7 +7,8 @@ from datetime import datetime, timedelta
 
 from django.db.models import Q
 
-from channels_app.models import Channel, LLMModel, Preset
+from channels_app.backends import draft_model_path
+from channels_app.models import Channel, LLMModel, ModelFile, Preset
 from channels_app.placement.chains import Candidate, Need
 from channels_app.placement.estimates import model_memory_estimate
 from channels_app.placement.memory import ShapeUnreadable
@@ -40,6 +41,11 @@ def placement_inputs(
     target = Target(model.pk, preset.pk if preset else None)
     channels = list(Channel.objects.select_related("node", "runtime").prefetch_related("node__gpus"))
     file_nodes = set(model.nodes.values_list("pk", flat=True))
+    draft = draft_model_path(model.backend, preset.args_effective) if preset is not None else None
+    # Nodes whose discovery found the draft file; none anywhere: its whereabouts are unknown.
+    draft_nodes = (
+        set(ModelFile.objects.filter(path=draft).values_list("node_id", flat=True)) if draft else set()
+    )
     window_from, window_to = start - AROUND, end + AROUND
     nearby = Reservation.objects.blocking().filter(
         Q(start__lt=window_to, end__gt=window_from), channel__in=[c.pk for c in channels]
@@ -94,6 +100,7 @@ def placement_inputs(
                 and runtime.phase == Phase.READY
                 and runtime.running == target,
                 adjacent_target=c.pk in adjacent,
+                draft_present=None if draft is None else (not draft_nodes or c.node_id in draft_nodes),
             )
         )
     gpu_need, ram_need = memory_need(model, preset)

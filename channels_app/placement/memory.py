@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from channels_app.backends import option_value
+
 MiB = 2**20
 # CUDA context, compute buffers and the like, beyond weights and KV cache.
 DEFAULT_OVERHEAD_BYTES = 512 * MiB
@@ -89,29 +91,17 @@ class PresetMemoryArgs:
     gpu_memory_utilization: float | None = None
 
 
-def _value(args: Sequence[str], names: set[str]) -> str | None:
-    found = None
-    for i, token in enumerate(args):
-        name, has_value, value = token.partition("=")
-        if name in names:
-            if has_value:
-                found = value
-            elif i + 1 < len(args):
-                found = args[i + 1]
-    return found
-
-
 def preset_memory_args(args: Sequence[str]) -> PresetMemoryArgs:
     """The arguments that change memory use; the last one given wins, as on a command line."""
 
     def number(names: set[str]) -> int | None:
-        raw = _value(args, names)
+        raw = option_value(args, names)
         try:
             return int(raw) if raw is not None else None
         except ValueError:
             return None
 
-    utilization = _value(args, {"--gpu-memory-utilization", "--mem-fraction-static"})
+    utilization = option_value(args, {"--gpu-memory-utilization", "--mem-fraction-static"})
     try:
         fraction = float(utilization) if utilization is not None else None
     except ValueError:
@@ -119,8 +109,8 @@ def preset_memory_args(args: Sequence[str]) -> PresetMemoryArgs:
     return PresetMemoryArgs(
         gpu_layers=number({"-ngl", "--gpu-layers", "--n-gpu-layers"}),
         context=number({"-c", "--ctx-size"}),
-        cache_type_k=(_value(args, {"-ctk", "--cache-type-k"}) or "f16").lower(),
-        cache_type_v=(_value(args, {"-ctv", "--cache-type-v"}) or "f16").lower(),
+        cache_type_k=(option_value(args, {"-ctk", "--cache-type-k"}) or "f16").lower(),
+        cache_type_v=(option_value(args, {"-ctv", "--cache-type-v"}) or "f16").lower(),
         max_model_len=number({"--max-model-len", "--context-length"}),
         gpu_memory_utilization=fraction,
     )
