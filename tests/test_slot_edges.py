@@ -1,0 +1,85 @@
+"""The edges of a slot on the whole stack: the scheduler decides, the node worker starts a real
+``llama-server`` with the tiny model, the gateway answers in front (docs/scheduling.md, the
+access table). Every caller gets an answer they can act on while a channel loads or switches."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import httpx
+import pytest
+from django.utils import timezone
+
+from channels_app.scheduling.services import decide_channels
+from channels_app.vocabulary import Phase
+from gateway.services import api_key_create
+from tests import factories
+from tests.test_node_worker import converge
+
+
+def ask(url: str, key: str, **headers: str) -> httpx.Response:
+    return httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        headers={"Authorization": f"Bearer {key}", **headers},
+        timeout=90,
+    )
+
+
+def code(answer: httpx.Response) -> tuple[int, str]:
+    return answer.status_code, answer.json()["error"]["code"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_sent_as_a_channel_is_created_is_held_and_answered(gateway_url, node_env, tiny, ana):
+    _, key = api_key_create(user=ana, name="t")
+    channel = factories.channel("cpu-0", default=tiny["small"])
+    decide_channels(now=timezone.now())
+    # Nothing runs yet, but the decision names the model: it is loading, not missing.
+    refused = ask(gateway_url, key)
+    assert code(refused) == (503, "model_loading"), refused.text
+    assert int(refused.headers["Retry-After"]) >= 1
+    answers: list[httpx.Response] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(ask(gateway_url, key, **{"X-SlotServe-Wait": "60"})), daemon=True
+    )
+    waiting.start()
+    converge(channel, until={Phase.READY})
+    waiting.join(timeout=70)
+    assert answers and answers[0].status_code == 200, answers[0].text if answers else "no answer"
+    assert answers[0].json()["choices"][0]["message"]["content"] is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_at_a_back_to_back_boundary_the_booker_is_served_only_their_own_preset(
+    gateway_url, node_env, tiny, ana, bo
+):
+    from channels_app.shared import redis_client
+    from gateway.models import RequestLog
+    from gateway.request_log import flush_request_log
+
+    _, ana_key = api_key_create(user=ana, name="t")
+    _, bo_key = api_key_create(user=bo, name="t")
+    channel = factories.channel("cpu-0", default=tiny["small"])
+    decide_channels(now=timezone.now())
+    small = converge(channel, until={Phase.READY})
+    assert ask(gateway_url, bo_key).status_code == 200  # the default, open to all
+    # Ana booked the other preset; her slot begins before the node worker has switched.
+    start = timezone.now() + timedelta(seconds=1.5)
+    factories.reservation(
+        owner=ana, on=channel, start=start, end=start + timedelta(hours=1), target=tiny["big"]
+    )
+    decide_channels(now=timezone.now())
+    time.sleep(max((start - timezone.now()).total_seconds(), 0) + 0.1)
+    switching = ask(gateway_url, ana_key)
+    assert code(switching) == (503, "model_switching"), switching.text  # not the last preset's answer
+    assert code(ask(gateway_url, bo_key))[0] == 403  # her slot, whatever runs
+    big = converge(channel, until={Phase.READY})
+    assert (big.preset_id, big.pid != small.pid) == (tiny["big"].pk, True)
+    served = ask(gateway_url, ana_key, **{"X-SlotServe-Wait": "10"})  # the gateway may look once more
+    assert served.status_code == 200, served.text
+    flush_request_log(redis_client())
+    logged = RequestLog.objects.filter(user=ana).values_list("status", "served_model")
+    assert sorted(logged) == [(200, "tiny"), (503, "")]  # the refusal was served by nothing
