@@ -74,6 +74,7 @@ def fill(size: dict[str, int], seed: int) -> dict[str, Any]:
 
     from channels_app.models import Channel, Gpu, LLMModel, LoadRecord, Node, Preset
     from gateway.models import RequestLog
+    from gateway.rollups import roll_up
     from reservations.models import Reservation, ReservationStatus
 
     rng = random.Random(seed)
@@ -164,11 +165,13 @@ def fill(size: dict[str, int], seed: int) -> dict[str, Any]:
             )
     for chunk in range(0, len(bookings), 5000):
         Reservation.objects.bulk_create(bookings[chunk : chunk + 5000])
+    # The log as the gateway writes it: in the order the requests came.
+    moments = sorted(now - timedelta(seconds=rng.randrange(30 * 24 * 3600)) for _ in range(size["log"]))
     batch: list[RequestLog] = []
-    for _ in range(size["log"]):
+    for at in moments:
         batch.append(
             RequestLog(
-                at=now - timedelta(seconds=rng.randrange(30 * 24 * 3600)),
+                at=at,
                 user=users[rng.randrange(len(users))],
                 channel=channels[rng.randrange(len(channels))],
                 model=models[rng.randrange(len(models))].name,
@@ -185,6 +188,10 @@ def fill(size: dict[str, int], seed: int) -> dict[str, Any]:
             RequestLog.objects.bulk_create(batch)
             batch = []
     RequestLog.objects.bulk_create(batch)
+    # Written straight to the table, the rows are rolled up here, as the flush would have.
+    started = time.monotonic()
+    rolled = roll_up()
+    print(f"   rolled up {rolled:,} request-log rows in {time.monotonic() - started:.1f} s", flush=True)
     return {"staff": staff, "users": users}
 
 

@@ -119,3 +119,77 @@ class SharingLimits(models.Model):
 
     def __str__(self) -> str:
         return f"limits of {self.user}"
+
+
+class RequestHour(models.Model):
+    """The request log summed per hour, user and channel (``gateway.rollups``): what usage
+    reads for whole hours instead of every request. Kept past the log's own rows."""
+
+    hour = models.DateTimeField(help_text="The hour's start (UTC).")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    channel = models.ForeignKey(
+        "channels_app.Channel", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    requests = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    ttft_ms_sum = models.FloatField(default=0.0)
+    ttft_count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["hour", "user", "channel"], name="requesthour_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H}:00 user {self.user_id} channel {self.channel_id}: {self.requests}"
+
+
+class RequestRun(models.Model):
+    """Minutes the requests on a channel touched, merged where they touch, per booking (and one
+    set outside bookings): what usage reads to count used and served minutes
+    (``gateway.rollups``). Minutes are counted since the epoch; ``past_minute`` is one past the
+    last."""
+
+    channel = models.ForeignKey(
+        "channels_app.Channel", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reservation = models.ForeignKey(
+        "reservations.Reservation", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="The booker, for a booking's run.",
+    )
+    first_minute = models.BigIntegerField()
+    past_minute = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(past_minute__gt=models.F("first_minute")), name="requestrun_not_empty"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["first_minute"], name="requestrun_first"),
+            models.Index(fields=["past_minute"], name="requestrun_past"),
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"channel {self.channel_id} booking {self.reservation_id}: {self.first_minute}–{self.past_minute}"
+        )
+
+
+class RollupMark(models.Model):
+    """How far the roll-ups have read the request log (one row), locked while they are written."""
+
+    last_id = models.BigIntegerField(default=0)
+    locked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"rolled up to request {self.last_id}"

@@ -1,4 +1,5 @@
-"""Usage and utilisation read from the database (``gateway.utilisation`` does the counting).
+"""Usage and utilisation read from the database's roll-ups of the request log
+(``gateway.rollups``); ``gateway.utilisation`` does the counting.
 
 Shared by the portal's usage page, its CSV and ``GET /api/usage/``: the same numbers in each.
 Staff see everything; anyone else sees their own row and their groups'.
@@ -7,16 +8,15 @@ Staff see everything; anyone else sees their own row and their groups'.
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import UTC, date, datetime, time, timedelta, tzinfo
+from datetime import date, datetime, time, timedelta, tzinfo
 from typing import Any
 
 from django.contrib.auth.models import Group, User
-from django.db import connection
-from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from channels_app.models import Channel, LoadRecord
 from gateway.models import RequestLog
+from gateway.rollups import asked_within, roll_up, runs_within
 from gateway.utilisation import Asked, Span, channel_shares, totals_of
 from reservations.models import Reservation, ReservationStatus
 
@@ -49,107 +49,32 @@ def _bookings(lo: datetime, hi: datetime) -> list[tuple[Span, int]]:
 
 
 def request_runs(lo: datetime, hi: datetime) -> list[Span]:
-    """The requests of ``[lo - 1 h, hi)`` as runs whose minutes are the minutes the requests
-    touch (``gateway.utilisation`` counts minutes): consecutive requests on one channel and
-    booking (a booking's are its booker's) whose minutes touch become one span, and so do those
-    outside bookings on one channel, whoever sent them. A few fields a row, merged as they are
-    read. What the requests asked is summed by the database (``_asked``)."""
-    if connection.vendor == "postgresql":
-        return _runs_by_postgresql(lo - timedelta(hours=1), hi)
-    rows = (
-        # A request that took no time touches no minute (and would join runs it does not touch).
-        RequestLog.objects.filter(at__gte=lo - timedelta(hours=1), at__lt=hi, duration_ms__gt=0)
-        .order_by("at")
-        .values_list("channel_id", "reservation_id", "user_id", "at", "duration_ms")
-    )
-    open_runs: dict[tuple[int | None, int | None], tuple[int | None, list[datetime]]] = {}
-    runs: list[Span] = []
-    for channel, booking, user, at, duration in rows.iterator(chunk_size=5000):
-        end = at + timedelta(milliseconds=duration)
-        found = open_runs.get((channel, booking))
-        if found is not None:
-            run = found[1]
-            if at.timestamp() // 60 <= -(-run[1].timestamp() // 60):
-                run[1] = max(run[1], end)  # its minutes touch the run's: the same minutes, merged
-                continue
-            runs.append(Span(run[0], run[1], channel, found[0], booking))
-        open_runs[(channel, booking)] = (user if booking is not None else None, [at, end])
-    runs.extend(
-        Span(start, end, channel, user, booking)
-        for (channel, booking), (user, (start, end)) in open_runs.items()
-    )
-    return runs
-
-
-# The same runs, merged by PostgreSQL ("gaps and islands"): each request's minutes as whole
-# numbers (the first it touches, and one past the last), and a new run wherever a request starts
-# past every minute reached before it on its channel and booking. A week of a large lab's
-# requests stays in the database; a few thousand runs come out.
-RUNS_SQL = """
-WITH requests AS (
-    SELECT channel_id, reservation_id, user_id,
-           FLOOR(EXTRACT(EPOCH FROM "at") / 60)::bigint AS first,
-           CEIL(EXTRACT(EPOCH FROM "at" + duration_ms * INTERVAL '1 millisecond') / 60)::bigint AS past
-    FROM {table} WHERE "at" >= %s AND "at" < %s AND duration_ms > 0
-), reached AS (
-    SELECT *, MAX(past) OVER (
-        PARTITION BY channel_id, reservation_id ORDER BY first, past
-        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING
-    ) AS reach
-    FROM requests
-), numbered AS (
-    SELECT *, SUM(CASE WHEN reach IS NULL OR first > reach THEN 1 ELSE 0 END) OVER (
-        PARTITION BY channel_id, reservation_id ORDER BY first, past ROWS UNBOUNDED PRECEDING
-    ) AS run
-    FROM reached
-)
-SELECT channel_id, reservation_id, MIN(user_id), MIN(first), MAX(past)
-FROM numbered GROUP BY channel_id, reservation_id, run
-"""
-
-
-def _runs_by_postgresql(since: datetime, hi: datetime) -> list[Span]:
-    with connection.cursor() as cursor:
-        cursor.execute(RUNS_SQL.format(table=RequestLog._meta.db_table), [since, hi])
-        found = cursor.fetchall()
-    return [
-        Span(
-            datetime.fromtimestamp(first * 60, UTC),
-            datetime.fromtimestamp(past * 60, UTC),
-            channel,
-            user if booking is not None else None,
-            booking,
-        )
-        for channel, booking, user, first, past in found
-    ]
+    """The runs of minutes the requests touched that reach into ``[lo, hi)``: consecutive
+    requests on one channel and booking (a booking's are its booker's) whose minutes touch are
+    one run, and so are those outside bookings on one channel, whoever sent them. Read from the
+    roll-ups (``gateway.rollups``), the log rolled up first."""
+    roll_up()
+    return runs_within(lo, hi)
 
 
 def _asked(lo: datetime, hi: datetime, by: str) -> list[tuple[int | None, int | None, Asked]]:
-    """What the requests of ``[lo, hi)`` asked, summed by the database per user (``by`` user or
-    group) or per channel (channel or node): ``(user, channel, sums)`` with the other None.
-    The users or channels of the hour before come too, with nothing asked in the period:
-    their minutes may reach into it."""
+    """What the requests of ``[lo, hi)`` asked, per user (``by`` user or group) or per channel
+    (channel or node): ``(user, channel, sums)`` with the other None, from the roll-ups. The
+    users or channels of the hour before come too, with nothing asked in the period: their
+    minutes may reach into it."""
     per = "user_id" if by in ("user", "group") else "channel_id"
-    within = Q(at__gte=lo)
-    found = (
-        RequestLog.objects.filter(at__gte=lo - timedelta(hours=1), at__lt=hi)
-        .values(per)
-        .annotate(
-            n=Count("pk", filter=within),
-            prompt=Sum("prompt_tokens", filter=within),
-            completion=Sum("completion_tokens", filter=within),
-            ttft=Sum("ttft_ms", filter=within),
-            ttft_n=Count("ttft_ms", filter=within),
-        )
+    roll_up()
+    sums = asked_within(lo, hi, per)
+    for before in (
+        RequestLog.objects.filter(at__gte=lo - timedelta(hours=1), at__lt=lo)
+        .values_list(per, flat=True)
+        .distinct()
         .order_by()
-    )
+    ):
+        sums.setdefault(before, Asked())
     return [
-        (
-            row[per] if per == "user_id" else None,
-            row[per] if per == "channel_id" else None,
-            Asked(row["n"], row["prompt"] or 0, row["completion"] or 0, row["ttft"] or 0.0, row["ttft_n"]),
-        )
-        for row in found
+        (key if per == "user_id" else None, key if per == "channel_id" else None, summed)
+        for key, summed in sums.items()
     ]
 
 

@@ -1,6 +1,7 @@
 """The request log, from Redis into the database: the gateway pushes one record per request
 (``gateway.counters.LEAVE``, off the hot path's database), and the periodic flush writes them
-in batches and drops rows older than ``SLOTSERVE_REQUEST_LOG_DAYS``."""
+in batches, keeps the roll-ups usage reads (``gateway.rollups``) and drops rows older than
+``SLOTSERVE_REQUEST_LOG_DAYS``."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ def flush_request_log(client: redis.Redis, *, now: datetime | None = None) -> in
     cannot be written whatever the database's state (one that does not parse, or holds text
     the database refuses) goes to the dead letters instead of holding up everyone's after it."""
     from gateway.models import RequestLog
+    from gateway.rollups import BATCH as ROLLUP_BATCH
+    from gateway.rollups import fold, lock_mark, roll_up
 
     name = key(RedisKey.REQUEST_LOG, "all")
     written = 0
@@ -50,7 +53,12 @@ def flush_request_log(client: redis.Redis, *, now: datetime | None = None) -> in
         rows, dead = _rows([bytes(r) for r in raw])
         try:
             with transaction.atomic():
+                # The roll-ups' mark is locked before the rows get their ids, so that a report
+                # rolling up meanwhile cannot pass rows not yet committed (gateway.rollups).
+                mark = lock_mark()
                 RequestLog.objects.bulk_create([row for row, _ in rows])
+                while fold(mark) == ROLLUP_BATCH:
+                    pass
         except (DatabaseError, ValueError) as exc:
             if not _refused_for_its_content(exc):
                 raise  # the database is down or busy: the batch stays for the next flush
@@ -68,6 +76,7 @@ def flush_request_log(client: redis.Redis, *, now: datetime | None = None) -> in
                 else:
                     kept.append(row)
             rows = [(row, b"") for row in kept]
+            roll_up()
         if dead:
             keeping = client.pipeline()
             keeping.rpush(dead_letters(), *dead)

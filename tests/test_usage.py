@@ -212,3 +212,91 @@ def test_the_report_read_in_runs_and_sums_gives_what_every_request_read_alone_gi
         assert {k: found_shares[k] for k in shares} == shares, channel.name
     grouped = alone(lambda s: s.user_id in (people[0].pk, people[1].pk))
     assert {k: row("group", team.pk)[k] for k in grouped} == grouped
+
+
+def _logged(
+    at: datetime, *, user, channel, booking=None, seconds: float = 30.0, tokens: int = 10
+) -> RequestLog:
+    return RequestLog(
+        at=at,
+        user=user,
+        channel=channel,
+        reservation=booking,
+        model="m",
+        method="POST",
+        path="/v1/x",
+        status=200,
+        duration_ms=seconds * 1000,
+        ttft_ms=50.0,
+        prompt_tokens=tokens,
+        completion_tokens=tokens,
+    )
+
+
+@pytest.mark.django_db
+def test_the_report_reads_roll_ups_kept_as_the_log_is_written_and_counts_each_row_once(staff, ana):
+    """Usage reads hourly sums and merged runs of minutes (``gateway.rollups``), kept as the
+    log is written: a second report counts nothing twice, rows written later that bridge two
+    runs merge them, and the numbers stay after the log's rows are dropped."""
+    from gateway.models import RequestHour, RequestRun
+    from gateway.reports import usage_rows
+
+    channel = factories.channel("k")
+    lo, hi = T0.replace(hour=0), T0.replace(hour=0) + timedelta(days=1)
+    booking = factories.reservation(owner=ana, on=channel, start=T0, end=T0 + timedelta(hours=2))
+    RequestLog.objects.bulk_create(
+        [
+            _logged(T0 + 1 * MIN, user=ana, channel=channel, booking=booking),  # minutes 1-2
+            _logged(T0 + 10 * MIN, user=ana, channel=channel, booking=booking, seconds=90),  # 10-11
+            _logged(T0 + timedelta(hours=5), user=ana, channel=channel),  # outside the booking
+        ]
+    )
+
+    def ana_row() -> dict[str, Any]:
+        return next(r for r in usage_rows(by="user", lo=lo, hi=hi, viewer=staff) if r["id"] == ana.pk)
+
+    first = ana_row()
+    assert (first["requests"], first["prompt_tokens"], first["used_hours"]) == (3, 30, round(3 / 60, 2))
+    assert RequestHour.objects.count() == 2 and RequestRun.objects.count() == 3
+    assert ana_row() == first  # rolled up once: a second report adds nothing
+    # A request written later, begun earlier, touches both runs of the booking: one run now.
+    RequestLog.objects.create(
+        **_fields(_logged(T0 + 2 * MIN, user=ana, channel=channel, booking=booking, seconds=8 * 60))
+    )
+    bridged = ana_row()
+    assert bridged["requests"] == 4 and bridged["used_hours"] == round(11 / 60, 2)  # minutes 1 to 11
+    assert RequestRun.objects.filter(reservation=booking).count() == 1
+    # The log's rows go (SLOTSERVE_REQUEST_LOG_DAYS); the report of their day stays the same.
+    RequestLog.objects.all().delete()
+    assert ana_row() == bridged
+
+
+def _fields(row: RequestLog) -> dict[str, Any]:
+    return {f.attname: getattr(row, f.attname) for f in RequestLog._meta.concrete_fields if f.attname != "id"}
+
+
+@pytest.mark.django_db
+def test_a_day_that_begins_on_the_half_hour_sums_its_ends_from_the_log(staff, ana):
+    """India's midnight is 18:30 UTC: the whole hours come from the roll-ups, the half hours at
+    either end from the log; every request of the day counts, none of the days beside it."""
+    from zoneinfo import ZoneInfo
+
+    from gateway.reports import period_bounds, usage_rows
+
+    channel = factories.channel("k")
+    lo, hi = period_bounds(T0.date(), "day", ZoneInfo("Asia/Kolkata"))
+    assert lo.astimezone(UTC).minute == 30
+    moments = [
+        lo - MIN,
+        lo,
+        lo + 10 * MIN,
+        lo + timedelta(hours=5),
+        hi - 10 * MIN,
+        hi - timedelta(seconds=1),
+        hi,
+    ]
+    RequestLog.objects.bulk_create(
+        [_logged(at, user=ana, channel=channel, tokens=n + 1) for n, at in enumerate(moments)]
+    )
+    row = next(r for r in usage_rows(by="user", lo=lo, hi=hi, viewer=staff) if r["id"] == ana.pk)
+    assert (row["requests"], row["prompt_tokens"]) == (5, 2 + 3 + 4 + 5 + 6)
