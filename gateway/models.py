@@ -145,12 +145,12 @@ class RequestHour(models.Model):
         return f"{self.hour:%Y-%m-%d %H}:00 user {self.user_id} channel {self.channel_id}: {self.requests}"
 
 
-class RequestRun(models.Model):
-    """Minutes the requests on a channel touched, merged where they touch, per booking (and one
-    set outside bookings): what usage reads to count used and served minutes
-    (``gateway.rollups``). Minutes are counted since the epoch; ``past_minute`` is one past the
-    last."""
+class RequestMinutes(models.Model):
+    """The minutes of one hour that a channel's requests touched, as bits (bit i: minute i of
+    the hour), per booking (and one row for the requests outside bookings): what usage reads to
+    count used and served minutes (``gateway.rollups``)."""
 
+    hour = models.DateTimeField(help_text="The hour's start (UTC).")
     channel = models.ForeignKey(
         "channels_app.Channel", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -163,26 +163,21 @@ class RequestRun(models.Model):
         blank=True,
         on_delete=models.CASCADE,
         related_name="+",
-        help_text="The booker, for a booking's run.",
+        help_text="The booker, for a booking's minutes.",
     )
-    first_minute = models.BigIntegerField()
-    past_minute = models.BigIntegerField()
+    minutes = models.BigIntegerField(help_text="Bit i set: minute i of the hour was touched.")
 
     class Meta:
         constraints = [
+            models.UniqueConstraint(fields=["hour", "channel", "reservation"], name="requestminutes_once"),
             models.CheckConstraint(
-                condition=Q(past_minute__gt=models.F("first_minute")), name="requestrun_not_empty"
+                condition=Q(minutes__gt=0, minutes__lt=2**60), name="requestminutes_of_the_hour"
             ),
         ]
-        indexes = [
-            models.Index(fields=["first_minute"], name="requestrun_first"),
-            models.Index(fields=["past_minute"], name="requestrun_past"),
-        ]
+        indexes = [models.Index(fields=["hour"], name="requestminutes_hour")]
 
     def __str__(self) -> str:
-        return (
-            f"channel {self.channel_id} booking {self.reservation_id}: {self.first_minute}–{self.past_minute}"
-        )
+        return f"{self.hour:%Y-%m-%d %H}:00 channel {self.channel_id} booking {self.reservation_id}"
 
 
 class RollupMark(models.Model):

@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from channels_app.models import Channel, LoadRecord
 from gateway.models import RequestLog
-from gateway.rollups import asked_within, roll_up, runs_within
-from gateway.utilisation import Asked, Span, channel_shares, totals_of
+from gateway.rollups import asked_within, minutes_within, roll_up
+from gateway.utilisation import Asked, Minutes, Span, minutes, shares_of, totals_of, union
 from reservations.models import Reservation, ReservationStatus
 
 BY = ("user", "group", "channel", "node")
@@ -48,13 +48,14 @@ def _bookings(lo: datetime, hi: datetime) -> list[tuple[Span, int]]:
     ]
 
 
-def request_runs(lo: datetime, hi: datetime) -> list[Span]:
-    """The runs of minutes the requests touched that reach into ``[lo, hi)``: consecutive
-    requests on one channel and booking (a booking's are its booker's) whose minutes touch are
-    one run, and so are those outside bookings on one channel, whoever sent them. Read from the
-    roll-ups (``gateway.rollups``), the log rolled up first."""
+Touched = dict[tuple[int | None, int | None], tuple[int | None, Minutes]]
+
+
+def request_minutes(lo: datetime, hi: datetime) -> Touched:
+    """The minutes of ``[lo, hi)`` the requests touched, per channel and booking (with the
+    booker): read from the roll-ups (``gateway.rollups``), the log rolled up first."""
     roll_up()
-    return runs_within(lo, hi)
+    return minutes_within(lo, hi)
 
 
 def _asked(lo: datetime, hi: datetime, by: str) -> list[tuple[int | None, int | None, Asked]]:
@@ -79,7 +80,7 @@ def _asked(lo: datetime, hi: datetime, by: str) -> list[tuple[int | None, int | 
 
 
 def usage_rows(
-    *, by: str, lo: datetime, hi: datetime, viewer: User, runs: list[Span] | None = None
+    *, by: str, lo: datetime, hi: datetime, viewer: User, touched: Touched | None = None
 ) -> list[dict[str, Any]]:
     """One row per user, group, channel or node: booked, used and idle booked hours, requests,
     tokens and mean time to first token in ``[lo, hi)``."""
@@ -88,7 +89,7 @@ def usage_rows(
     if by in ("channel", "node") and not viewer.is_staff:
         raise NotYours(f"usage by {by} is for staff; you may see it by user (yours) or by group (yours)")
     bookings = _bookings(lo, hi)
-    runs = request_runs(lo, hi) if runs is None else runs
+    touched = request_minutes(lo, hi) if touched is None else touched
     node_of = dict(Channel.objects.values_list("pk", "node_id"))
     groups_of: dict[int, set[int]] = defaultdict(set)
     for member, group_id in User.groups.through.objects.values_list("user_id", "group_id"):
@@ -105,15 +106,12 @@ def usage_rows(
         return [found] if found is not None else []
 
     held: dict[int, list[Span]] = defaultdict(list)
-    ran: dict[int, list[Span]] = defaultdict(list)
     asked: dict[int, Asked] = defaultdict(Asked)
     for booking, node in bookings:
         for key in keys(booking.user_id, booking.channel_id, node):
             held[key].append(booking)
-    for run in runs:
-        if run.reservation_id is not None:  # minutes used count a booking's own requests only
-            for key in keys(run.user_id, run.channel_id):
-                ran[key].append(run)
+    # Minutes used count a booking's own requests only.
+    ran = {booking: bits for (_, booking), (_, bits) in touched.items() if booking is not None}
     for asker, channel_id, summed in _asked(lo, hi, by):
         for key in keys(asker, channel_id):
             asked[key] += summed
@@ -133,47 +131,43 @@ def usage_rows(
         visible &= {viewer.pk} if by == "user" else groups_of.get(viewer.pk, set())
     rows = []
     for key in sorted(visible, key=lambda k: names.get(k, "")):
-        counted = totals_of(
-            bookings=held.get(key, []), runs=ran.get(key, []), asked=asked.get(key, Asked()), lo=lo, hi=hi
-        )
+        counted = totals_of(bookings=held.get(key, []), ran=ran, asked=asked.get(key, Asked()), lo=lo, hi=hi)
         rows.append({"id": key, "name": names.get(key, f"#{key}"), **counted.as_dict()})
     return rows
 
 
 def share_rows(
-    *, lo: datetime, hi: datetime, viewer: User, runs: list[Span] | None = None
+    *, lo: datetime, hi: datetime, viewer: User, touched: Touched | None = None
 ) -> list[dict[str, Any]]:
     """How each channel's time went in ``[lo, hi)`` (staff): hours switching, serving its
     bookers, booked but idle, serving everyone on the default, idle."""
     if not viewer.is_staff:
         raise NotYours("how channels' time went is for staff")
-    bookings = _bookings(lo, hi)
-    requests = request_runs(lo, hi) if runs is None else runs
-    loads = [
-        Span(started, finished or timezone.now(), channel_id)
-        for channel_id, started, finished in LoadRecord.objects.filter(
-            started__lt=hi, started__gte=lo - timedelta(hours=1)
-        ).values_list("channel_id", "started", "finished")
+    touched = request_minutes(lo, hi) if touched is None else touched
+    switching: dict[int | None, Minutes] = defaultdict(int)
+    booked: dict[int | None, Minutes] = defaultdict(int)
+    booker: dict[int | None, Minutes] = defaultdict(int)
+    default: dict[int | None, Minutes] = defaultdict(int)
+    for loaded_on, started, finished in LoadRecord.objects.filter(
+        started__lt=hi, started__gte=lo - timedelta(hours=1)
+    ).values_list("channel_id", "started", "finished"):
+        switching[loaded_on] |= minutes(started, finished or timezone.now(), lo, hi)
+    for booking, _ in _bookings(lo, hi):
+        booked[booking.channel_id] |= union([booking], lo, hi)
+    for (served_on, reservation_id), (_, bits) in touched.items():
+        (booker if reservation_id is not None else default)[served_on] |= bits
+    return [
+        {
+            "id": channel_id,
+            "name": name,
+            **shares_of(
+                switching=switching[channel_id],
+                booked=booked[channel_id],
+                booker=booker[channel_id],
+                default=default[channel_id],
+                lo=lo,
+                hi=hi,
+            ),
+        }
+        for channel_id, name in Channel.objects.values_list("pk", "name")
     ]
-    on: dict[str, dict[int | None, list[Span]]] = {
-        "bookings": defaultdict(list),
-        "requests": defaultdict(list),
-    }
-    on["loads"] = defaultdict(list)
-    for booking, _ in bookings:
-        on["bookings"][booking.channel_id].append(booking)
-    for request in requests:
-        on["requests"][request.channel_id].append(request)
-    for load in loads:
-        on["loads"][load.channel_id].append(load)
-    rows = []
-    for channel_id, name in Channel.objects.values_list("pk", "name"):
-        shares = channel_shares(
-            bookings=on["bookings"].get(channel_id, []),
-            requests=on["requests"].get(channel_id, []),
-            loads=on["loads"].get(channel_id, []),
-            lo=lo,
-            hi=hi,
-        )
-        rows.append({"id": channel_id, "name": name, **shares})
-    return rows

@@ -1,9 +1,9 @@
 """Roll-ups of the request log, kept as it is written: what usage reads instead of every request.
 
 ``RequestHour``  per hour, user and channel: the requests, their tokens and times to first token.
-``RequestRun``   per channel and booking: the runs of minutes the requests touched, merged where
-                 they touch (``gateway.utilisation`` counts minutes). A booking's runs carry its
-                 booker; the runs outside bookings carry nobody.
+``RequestMinutes`` per hour, channel and booking: the minutes the requests touched, as bits
+                 (``gateway.utilisation`` counts minutes). A booking's carry its booker; those
+                 outside bookings carry nobody.
 
 ``roll_up`` folds in the log's rows past the mark (``RollupMark``), in the order they were
 written, under a lock the request-log flush holds while it inserts, so each row is folded in
@@ -18,11 +18,11 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Sum
 from django.utils import timezone
 
-from gateway.models import RequestHour, RequestLog, RequestRun, RollupMark
-from gateway.utilisation import Asked, Span
+from gateway.models import RequestHour, RequestLog, RequestMinutes, RollupMark
+from gateway.utilisation import Asked, Minutes
 
 BATCH = 20_000
 HOUR = timedelta(hours=1)
@@ -72,7 +72,9 @@ def fold(mark: RollupMark, *, batch: int = BATCH) -> int:
     if not rows:
         return 0
     hours: dict[tuple[datetime, int, int | None], list[float]] = {}
-    spans: dict[tuple[int | None, int | None], list[tuple[int, int, int | None]]] = defaultdict(list)
+    touched: dict[
+        tuple[int, int | None, int | None], list[int]
+    ] = {}  # (hour, channel, booking) → [bits, booker]
     for _, at, duration, user, channel, booking, prompt, completion, ttft in rows:
         sums = hours.setdefault(
             (at.replace(minute=0, second=0, microsecond=0), user, channel), [0, 0, 0, 0.0, 0]
@@ -85,11 +87,14 @@ def fold(mark: RollupMark, *, batch: int = BATCH) -> int:
             sums[4] += 1
         if duration > 0:  # a request that took no time touches no minute
             start = at.timestamp()
-            end = start + duration / 1000
-            spans[channel, booking].append((int(start // 60), int(-(-end // 60)), user if booking else None))
+            first, past = int(start // 60), int(-(-(start + duration / 1000) // 60))
+            for hour in range(first // 60, (past - 1) // 60 + 1):
+                a, b = max(first, hour * 60) - hour * 60, min(past, hour * 60 + 60) - hour * 60
+                found = touched.setdefault((hour, channel, booking), [0, user if booking else 0])
+                found[0] |= ((1 << (b - a)) - 1) << a
     _fold_hours(hours)
-    if spans:
-        _fold_runs(spans)
+    if touched:
+        _fold_minutes(touched)
     RollupMark.objects.filter(pk=mark.pk).update(last_id=rows[-1][0])
     mark.last_id = rows[-1][0]
     return len(rows)
@@ -132,52 +137,53 @@ def _fold_hours(hours: dict[tuple[datetime, int, int | None], list[float]]) -> N
     RequestHour.objects.bulk_create(new, batch_size=2000)
 
 
-def _fold_runs(spans: dict[tuple[int | None, int | None], list[tuple[int, int, int | None]]]) -> None:
-    """The new spans merged with the stored runs they touch, per channel and booking."""
-    lo = min(first for found in spans.values() for first, _, _ in found)
-    hi = max(past for found in spans.values() for _, past, _ in found)
-    channels = {channel for channel, _ in spans}
-    on = Q(channel_id__in=[c for c in channels if c is not None])
-    if None in channels:
-        on |= Q(channel_id__isnull=True)
-    stale: list[int] = []
-    for pk, on_channel, of_booking, booker, from_minute, to_minute in RequestRun.objects.filter(
-        on, first_minute__lte=hi, past_minute__gte=lo
-    ).values_list("pk", "channel_id", "reservation_id", "user_id", "first_minute", "past_minute"):
-        if (on_channel, of_booking) in spans:
-            spans[on_channel, of_booking].append((from_minute, to_minute, booker))
-            stale.append(pk)
-    merged: list[RequestRun] = []
-    for (channel, booking), found in spans.items():
-        found.sort(key=lambda span: span[:2])
-        first, past, user = found[0]
-        for next_first, next_past, _ in found[1:]:
-            if next_first <= past:  # its minutes touch the run's: the same run
-                past = max(past, next_past)
-                continue
-            merged.append(_run(channel, booking, user, first, past))
-            first, past = next_first, next_past
-        merged.append(_run(channel, booking, user, first, past))
-    RequestRun.objects.filter(pk__in=stale).delete()
-    RequestRun.objects.bulk_create(merged, batch_size=2000)
+def _fold_minutes(touched: dict[tuple[int, int | None, int | None], list[int]]) -> None:
+    """The new minutes or-ed into the stored ones of their hour, channel and booking."""
+    first = datetime.fromtimestamp(min(h for h, _, _ in touched) * 3600, UTC)
+    last = datetime.fromtimestamp(max(h for h, _, _ in touched) * 3600, UTC)
+    stored = {
+        (int(row.hour.timestamp()) // 3600, row.channel_id, row.reservation_id): row
+        for row in RequestMinutes.objects.filter(hour__gte=first, hour__lte=last)
+    }
+    changed, new = [], []
+    for (hour, channel, booking), (bits, booker) in touched.items():
+        row = stored.get((hour, channel, booking))
+        if row is None:
+            new.append(
+                RequestMinutes(
+                    hour=datetime.fromtimestamp(hour * 3600, UTC),
+                    channel_id=channel,
+                    reservation_id=booking,
+                    user_id=booker or None,
+                    minutes=bits,
+                )
+            )
+        elif row.minutes | bits != row.minutes:
+            row.minutes |= bits
+            changed.append(row)
+    RequestMinutes.objects.bulk_update(changed, ["minutes"], batch_size=2000)
+    RequestMinutes.objects.bulk_create(new, batch_size=2000)
 
 
-def _run(channel: int | None, booking: int | None, user: int | None, first: int, past: int) -> RequestRun:
-    return RequestRun(
-        channel_id=channel, reservation_id=booking, user_id=user, first_minute=first, past_minute=past
-    )
-
-
-def runs_within(lo: datetime, hi: datetime) -> list[Span]:
-    """The stored runs that touch ``[lo, hi)``, as spans (whole minutes)."""
-    first, past = int(lo.timestamp() // 60), int(-(-hi.timestamp() // 60))
-    found = RequestRun.objects.filter(first_minute__lt=past, past_minute__gt=first).values_list(
-        "channel_id", "reservation_id", "user_id", "first_minute", "past_minute"
-    )
-    return [
-        Span(datetime.fromtimestamp(a * 60, UTC), datetime.fromtimestamp(b * 60, UTC), channel, user, booking)
-        for channel, booking, user, a, b in found
-    ]
+def minutes_within(
+    lo: datetime, hi: datetime
+) -> dict[tuple[int | None, int | None], tuple[int | None, Minutes]]:
+    """The minutes of ``[lo, hi)`` the requests touched, per channel and booking: the booker (for
+    a booking's) and the minutes, as ``gateway.utilisation`` counts them (bit i: the i-th minute
+    from ``lo``'s)."""
+    base = int(lo.timestamp() // 60)
+    period = (1 << (int(-(-hi.timestamp() // 60)) - base)) - 1
+    found: dict[tuple[int | None, int | None], tuple[int | None, Minutes]] = {}
+    rows = RequestMinutes.objects.filter(
+        hour__gte=lo.astimezone(UTC).replace(minute=0, second=0, microsecond=0), hour__lt=hi
+    ).values_list("channel_id", "reservation_id", "user_id", "hour", "minutes")
+    for channel, booking, user, hour, bits in rows.iterator(chunk_size=5000):
+        shift = int(hour.timestamp()) // 60 - base
+        placed = (bits << shift if shift >= 0 else bits >> -shift) & period
+        if placed:
+            _, before = found.get((channel, booking), (user, 0))
+            found[channel, booking] = (user, before | placed)
+    return found
 
 
 def _hour_after(moment: datetime) -> datetime:

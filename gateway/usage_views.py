@@ -21,7 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gateway.reports import BY, PERIODS, NotYours, period_bounds, request_runs, share_rows, usage_rows
+from gateway.reports import BY, PERIODS, NotYours, period_bounds, request_minutes, share_rows, usage_rows
 from gateway.utilisation import SHARES
 from slotserve_site.csv_cells import SafeWriter
 
@@ -79,9 +79,11 @@ def _question(params: Any, viewer: User) -> dict[str, Any]:
 
 def report(params: Any, viewer: User) -> dict[str, Any]:
     asked = _question(params, viewer)
-    runs = request_runs(asked["lo"], asked["hi"])  # read once for both
-    rows = usage_rows(by=asked["by"], lo=asked["lo"], hi=asked["hi"], viewer=viewer, runs=runs)
-    shares = share_rows(lo=asked["lo"], hi=asked["hi"], viewer=viewer, runs=runs) if viewer.is_staff else []
+    touched = request_minutes(asked["lo"], asked["hi"])  # read once for both
+    rows = usage_rows(by=asked["by"], lo=asked["lo"], hi=asked["hi"], viewer=viewer, touched=touched)
+    shares = (
+        share_rows(lo=asked["lo"], hi=asked["hi"], viewer=viewer, touched=touched) if viewer.is_staff else []
+    )
     return {**asked, "rows": rows, "shares": shares}
 
 

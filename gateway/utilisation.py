@@ -9,7 +9,7 @@ default model serving everyone), ``idle``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -30,16 +30,24 @@ class Span:
     ttft_ms: float | None = None
 
 
-def minutes(start: datetime, end: datetime, lo: datetime, hi: datetime) -> set[int]:
-    """The minutes (since the epoch) that ``[start, end)`` touches within ``[lo, hi)``."""
+# A set of minutes is an int of bits: bit i is the i-th minute from the period's first (the
+# minute ``lo`` is in). Union is ``|``, what is left ``& ~``, the count ``bit_count()``: a week
+# of a channel's minutes is one 10,080-bit number, not a set of ten thousand.
+Minutes = int
+
+
+def minutes(start: datetime, end: datetime, lo: datetime, hi: datetime) -> Minutes:
+    """The minutes that ``[start, end)`` touches within ``[lo, hi)``."""
     first, last = max(start, lo).timestamp(), min(end, hi).timestamp()
     if last <= first:
-        return set()
-    return set(range(int(first // 60), int(-(-last // 60))))
+        return 0
+    base = int(lo.timestamp() // 60)
+    a, b = int(first // 60) - base, int(-(-last // 60)) - base
+    return ((1 << (b - a)) - 1) << a
 
 
-def _union(spans: Iterable[Span], lo: datetime, hi: datetime) -> set[int]:
-    found: set[int] = set()
+def union(spans: Iterable[Span], lo: datetime, hi: datetime) -> Minutes:
+    found = 0
     for span in spans:
         found |= minutes(span.start, span.end, lo, hi)
     return found
@@ -49,19 +57,33 @@ def channel_shares(
     *, bookings: list[Span], requests: list[Span], loads: list[Span], lo: datetime, hi: datetime
 ) -> dict[str, float]:
     """How one channel's ``[lo, hi)`` went, in hours per share (they add up to the period)."""
+    return shares_of(
+        switching=union(loads, lo, hi),
+        booked=union(bookings, lo, hi),
+        booker=union((r for r in requests if r.reservation_id is not None), lo, hi),
+        default=union((r for r in requests if r.reservation_id is None), lo, hi),
+        lo=lo,
+        hi=hi,
+    )
+
+
+def shares_of(
+    *, switching: Minutes, booked: Minutes, booker: Minutes, default: Minutes, lo: datetime, hi: datetime
+) -> dict[str, float]:
+    """``channel_shares`` from the minutes of loads, bookings, bookers' requests and requests
+    outside bookings (the report reads the last two from the roll-ups as minutes)."""
     total = minutes(lo, hi, lo, hi)
-    switching = _union(loads, lo, hi)
-    booked = _union(bookings, lo, hi)
-    served_booker = _union((r for r in requests if r.reservation_id is not None), lo, hi) - switching
-    booked_idle = booked - switching - served_booker
-    served_default = _union((r for r in requests if r.reservation_id is None), lo, hi) - switching - booked
-    idle = total - switching - served_booker - booked_idle - served_default
+    switching &= total
+    served_booker = booker & total & ~switching
+    booked_idle = booked & total & ~switching & ~served_booker
+    served_default = default & total & ~switching & ~booked
+    idle = total & ~switching & ~served_booker & ~booked_idle & ~served_default
     counts = {
-        "switching": len(switching & total),
-        "served_booker": len(served_booker & total),
-        "booked_idle": len(booked_idle & total),
-        "served_default": len(served_default & total),
-        "idle": len(idle),
+        "switching": switching.bit_count(),
+        "served_booker": served_booker.bit_count(),
+        "booked_idle": booked_idle.bit_count(),
+        "served_default": served_default.bit_count(),
+        "idle": idle.bit_count(),
     }
     return {name: round(counts[name] / 60, 2) for name in SHARES}
 
@@ -121,23 +143,25 @@ def totals(*, bookings: list[Span], requests: list[Span], lo: datetime, hi: date
     used hours (the booked minutes its own requests touched), idle booked hours, and the
     requests' counts, tokens and mean TTFT."""
     asked = Asked.of(r for r in requests if lo <= r.start < hi)
-    return totals_of(bookings=bookings, runs=requests, asked=asked, lo=lo, hi=hi)
+    ran: dict[int, Minutes] = {}
+    for r in requests:
+        if r.reservation_id is not None:
+            ran[r.reservation_id] = ran.get(r.reservation_id, 0) | minutes(r.start, r.end, lo, hi)
+    return totals_of(bookings=bookings, ran=ran, asked=asked, lo=lo, hi=hi)
 
 
-def totals_of(*, bookings: list[Span], runs: list[Span], asked: Asked, lo: datetime, hi: datetime) -> Totals:
-    """``totals`` from the requests' spans (``runs``: requests, or runs of them merged where
-    their minutes touch, which touch the same minutes) and what they ``asked``, summed apart
-    (the report sums it in the database)."""
+def totals_of(
+    *, bookings: list[Span], ran: Mapping[int, Minutes], asked: Asked, lo: datetime, hi: datetime
+) -> Totals:
+    """``totals`` from the minutes each booking's own requests touched (``ran``, by booking; the
+    report reads them from the roll-ups) and what the requests ``asked``, summed apart."""
     booked_seconds = 0.0
     used = 0
-    by_booking: dict[int | None, list[Span]] = {}
-    for run in runs:
-        by_booking.setdefault(run.reservation_id, []).append(run)
     for booking in bookings:
         first, last = max(booking.start, lo), min(booking.end, hi)
         booked_seconds += max((last - first).total_seconds(), 0.0)
         held = minutes(booking.start, booking.end, lo, hi)
-        used += len(_union(by_booking.get(booking.reservation_id, []), lo, hi) & held)
+        used += (ran.get(booking.reservation_id or 0, 0) & held).bit_count()
     booked_hours = round(booked_seconds / 3600, 2)
     used_hours = min(round(used / 60, 2), booked_hours)
     return Totals(

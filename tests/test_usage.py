@@ -238,7 +238,7 @@ def test_the_report_reads_roll_ups_kept_as_the_log_is_written_and_counts_each_ro
     """Usage reads hourly sums and merged runs of minutes (``gateway.rollups``), kept as the
     log is written: a second report counts nothing twice, rows written later that bridge two
     runs merge them, and the numbers stay after the log's rows are dropped."""
-    from gateway.models import RequestHour, RequestRun
+    from gateway.models import RequestHour, RequestMinutes
     from gateway.reports import usage_rows
 
     channel = factories.channel("k")
@@ -257,15 +257,16 @@ def test_the_report_reads_roll_ups_kept_as_the_log_is_written_and_counts_each_ro
 
     first = ana_row()
     assert (first["requests"], first["prompt_tokens"], first["used_hours"]) == (3, 30, round(3 / 60, 2))
-    assert RequestHour.objects.count() == 2 and RequestRun.objects.count() == 3
+    assert RequestHour.objects.count() == 2 and RequestMinutes.objects.count() == 2
     assert ana_row() == first  # rolled up once: a second report adds nothing
-    # A request written later, begun earlier, touches both runs of the booking: one run now.
+    # A request written later, begun earlier, fills the minutes between the two.
     RequestLog.objects.create(
         **_fields(_logged(T0 + 2 * MIN, user=ana, channel=channel, booking=booking, seconds=8 * 60))
     )
     bridged = ana_row()
     assert bridged["requests"] == 4 and bridged["used_hours"] == round(11 / 60, 2)  # minutes 1 to 11
-    assert RequestRun.objects.filter(reservation=booking).count() == 1
+    stored = RequestMinutes.objects.get(reservation=booking)
+    assert (stored.hour, stored.minutes) == (T0, (2**12 - 1) & ~1)  # minutes 1 to 11 of the hour
     # The log's rows go (SLOTSERVE_REQUEST_LOG_DAYS); the report of their day stays the same.
     RequestLog.objects.all().delete()
     assert ana_row() == bridged
