@@ -150,7 +150,7 @@ class RequestMinutes(models.Model):
     the hour), per booking (and one row for the requests outside bookings): what usage reads to
     count used and served minutes (``gateway.rollups``)."""
 
-    hour = models.DateTimeField(help_text="The hour's start (UTC).")
+    hour = models.IntegerField(help_text="Hours since the epoch (1970-01-01 00:00 UTC).")
     channel = models.ForeignKey(
         "channels_app.Channel", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -177,7 +177,7 @@ class RequestMinutes(models.Model):
         indexes = [models.Index(fields=["hour"], name="requestminutes_hour")]
 
     def __str__(self) -> str:
-        return f"{self.hour:%Y-%m-%d %H}:00 channel {self.channel_id} booking {self.reservation_id}"
+        return f"hour {self.hour} channel {self.channel_id} booking {self.reservation_id}"
 
 
 class RollupMark(models.Model):

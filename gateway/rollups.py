@@ -139,10 +139,9 @@ def _fold_hours(hours: dict[tuple[datetime, int, int | None], list[float]]) -> N
 
 def _fold_minutes(touched: dict[tuple[int, int | None, int | None], list[int]]) -> None:
     """The new minutes or-ed into the stored ones of their hour, channel and booking."""
-    first = datetime.fromtimestamp(min(h for h, _, _ in touched) * 3600, UTC)
-    last = datetime.fromtimestamp(max(h for h, _, _ in touched) * 3600, UTC)
+    first, last = min(h for h, _, _ in touched), max(h for h, _, _ in touched)
     stored = {
-        (int(row.hour.timestamp()) // 3600, row.channel_id, row.reservation_id): row
+        (row.hour, row.channel_id, row.reservation_id): row
         for row in RequestMinutes.objects.filter(hour__gte=first, hour__lte=last)
     }
     changed, new = [], []
@@ -151,7 +150,7 @@ def _fold_minutes(touched: dict[tuple[int, int | None, int | None], list[int]]) 
         if row is None:
             new.append(
                 RequestMinutes(
-                    hour=datetime.fromtimestamp(hour * 3600, UTC),
+                    hour=hour,
                     channel_id=channel,
                     reservation_id=booking,
                     user_id=booker or None,
@@ -175,10 +174,10 @@ def minutes_within(
     period = (1 << (int(-(-hi.timestamp() // 60)) - base)) - 1
     found: dict[tuple[int | None, int | None], tuple[int | None, Minutes]] = {}
     rows = RequestMinutes.objects.filter(
-        hour__gte=lo.astimezone(UTC).replace(minute=0, second=0, microsecond=0), hour__lt=hi
+        hour__gte=int(lo.timestamp() // 3600), hour__lt=int(-(-hi.timestamp() // 3600))
     ).values_list("channel_id", "reservation_id", "user_id", "hour", "minutes")
-    for channel, booking, user, hour, bits in rows.iterator(chunk_size=5000):
-        shift = int(hour.timestamp()) // 60 - base
+    for channel, booking, user, hour, bits in rows:
+        shift = hour * 60 - base
         placed = (bits << shift if shift >= 0 else bits >> -shift) & period
         if placed:
             _, before = found.get((channel, booking), (user, 0))

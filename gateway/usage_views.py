@@ -12,6 +12,7 @@ from typing import Any
 import pygal
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
+from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -93,14 +94,26 @@ def _svg(chart: Any) -> str:
     return re.sub(r"<script\b.*?</script>", "", svg, flags=re.S)
 
 
+# A chart shows this many bars at most (the busiest); the table this many rows a page. A lab of a
+# thousand colleagues reads neither a thousand bars nor a page of a thousand rows; the CSV has all.
+CHART_BARS = 25
+TABLE_PAGE = 100
+
+
+def _of(shown: int, total: int) -> str:
+    return f" (the {shown} busiest of {total})" if total > shown else ""
+
+
 def hours_chart(rows: list[dict[str, Any]], by: str) -> str:
     chart = pygal.Bar(
         js=[], style=HOURS_STYLE, explicit_size=False, height=320, x_label_rotation=20, legend_at_bottom=True
     )
-    chart.title = f"Booked and used hours, by {by}"
-    chart.x_labels = [r["name"] for r in rows]
-    chart.add("booked", [r["booked_hours"] for r in rows])
-    chart.add("used by the booker's requests", [r["used_hours"] for r in rows])
+    busiest = sorted(rows, key=lambda r: (-r["booked_hours"], -r["requests"], r["name"]))[:CHART_BARS]
+    shown = sorted(busiest, key=lambda r: r["name"])
+    chart.title = f"Booked and used hours, by {by}{_of(len(shown), len(rows))}"
+    chart.x_labels = [r["name"] for r in shown]
+    chart.add("booked", [r["booked_hours"] for r in shown])
+    chart.add("used by the booker's requests", [r["used_hours"] for r in shown])
     return _svg(chart)
 
 
@@ -108,10 +121,12 @@ def shares_chart(rows: list[dict[str, Any]]) -> str:
     chart = pygal.StackedBar(
         js=[], style=SHARES_STYLE, explicit_size=False, height=320, x_label_rotation=20, legend_at_bottom=True
     )
-    chart.title = "How each channel's time went (hours)"
-    chart.x_labels = [r["name"] for r in rows]
+    busiest = sorted(rows, key=lambda r: (r["idle"], r["name"]))[:CHART_BARS]  # the least idle
+    shown = sorted(busiest, key=lambda r: r["name"])
+    chart.title = f"How each channel's time went (hours){_of(len(shown), len(rows))}"
+    chart.x_labels = [r["name"] for r in shown]
     for share in SHARES:
-        chart.add(SHARE_LABELS[share], [r[share] for r in rows])
+        chart.add(SHARE_LABELS[share], [r[share] for r in shown])
     return _svg(chart)
 
 
@@ -122,8 +137,13 @@ def usage_page(request: HttpRequest) -> HttpResponse:
         found = report(request.GET, request.user)
     except (ValueError, NotYours) as problem:
         return render(request, "portal/usage.html", {"problem": str(problem), "by_choices": BY}, status=400)
+    rows = Paginator(found["rows"], TABLE_PAGE).get_page(request.GET.get("page"))
+    others = request.GET.copy()
+    others.pop("page", None)
     context = {
         **found,
+        "page": rows,
+        "page_query": others.urlencode(),
         "hours_svg": hours_chart(found["rows"], found["by"]) if found["rows"] else "",
         "shares_svg": shares_chart(found["shares"]) if found["shares"] else "",
         "by_choices": BY if request.user.is_staff else ("user", "group"),

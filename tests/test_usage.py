@@ -266,7 +266,7 @@ def test_the_report_reads_roll_ups_kept_as_the_log_is_written_and_counts_each_ro
     bridged = ana_row()
     assert bridged["requests"] == 4 and bridged["used_hours"] == round(11 / 60, 2)  # minutes 1 to 11
     stored = RequestMinutes.objects.get(reservation=booking)
-    assert (stored.hour, stored.minutes) == (T0, (2**12 - 1) & ~1)  # minutes 1 to 11 of the hour
+    assert (stored.hour, stored.minutes) == (T0.timestamp() // 3600, (2**12 - 1) & ~1)  # minutes 1 to 11
     # The log's rows go (SLOTSERVE_REQUEST_LOG_DAYS); the report of their day stays the same.
     RequestLog.objects.all().delete()
     assert ana_row() == bridged
@@ -301,3 +301,36 @@ def test_a_day_that_begins_on_the_half_hour_sums_its_ends_from_the_log(staff, an
     )
     row = next(r for r in usage_rows(by="user", lo=lo, hi=hi, viewer=staff) if r["id"] == ana.pk)
     assert (row["requests"], row["prompt_tokens"]) == (5, 2 + 3 + 4 + 5 + 6)
+
+
+@pytest.mark.django_db
+def test_a_large_labs_usage_page_pages_its_table_and_charts_the_busiest(staff):
+    """A thousand users do not make a thousand-bar chart and a thousand-row page: the chart shows
+    the 25 with the most booked hours, the table 100 rows a page (the CSV has them all)."""
+    import re
+
+    from gateway.usage_views import CHART_BARS, TABLE_PAGE
+
+    channel = factories.channel("k")
+    day = timezone.now().date() - timedelta(days=2)
+    start = datetime.combine(day, datetime.min.time(), tzinfo=timezone.get_current_timezone())
+    people = [factories.user(f"p{n:03d}") for n in range(130)]
+    for n, person in enumerate(people):
+        at = start + timedelta(minutes=10 * n)
+        factories.reservation(owner=person, on=channel, start=at, end=at + timedelta(minutes=5 + n % 4))
+    page = Client()
+    page.force_login(staff)
+    asked = {"by": "user", "period": "day", "day": day.isoformat()}
+    first = page.get("/usage/", asked).content.decode()
+    assert first.count('<tr data-row="') == TABLE_PAGE == 100
+    chart = first[first.index("<svg") : first.index("</svg>")]
+    labels = [name for name in (p.username for p in people) if f">{name}<" in chart]
+    # The 25 with the most booked hours: those whose bookings are 8 minutes long (n % 4 == 3).
+    assert len(labels) == CHART_BARS == 25 and all(int(name[1:]) % 4 == 3 for name in labels)
+    assert "of 130" in chart
+    later = re.search(r'href="\?([^"]*page=2[^"]*)"', first)
+    assert later is not None and "by=user" in later.group(1) and f"day={day.isoformat()}" in later.group(1)
+    second = page.get("/usage/?" + later.group(1).replace("&amp;", "&")).content.decode()
+    assert second.count('<tr data-row="') == 30
+    rows = list(csv.reader(io.StringIO(page.get("/usage/csv", asked).content.decode())))
+    assert len(rows) == 1 + 130
