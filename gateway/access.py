@@ -1,4 +1,5 @@
-"""Who may call the gateway, and which channel serves a request (README's access table), as pure functions."""
+"""Who may call the gateway, and which channel serves a request (the access table of
+docs/gateway.md), as pure functions."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def _remaining(total: float, since: datetime, now: datetime) -> float:
 
 
 def admit(*, caller_id: int, channel: ChannelView, now: datetime) -> Refusal | None:
-    """README's access table's table for one caller and one channel; None means allowed."""
+    """The access table (docs/gateway.md) for one caller and one channel; None means allowed."""
     booking = channel.booking
     if booking is not None and booking.user_id != caller_id:
         return Refusal(
@@ -179,7 +180,8 @@ def route(
     in_flight: Mapping[int, int],
     now: datetime,
 ) -> Route:
-    """Which channel serves the request (README's access table), and whether the caller may use it.
+    """Which channel serves the request (docs/gateway.md's access table), and whether the caller
+    may use it.
 
     An explicit pin wins; then the caller's active reservation; then the
     usable channels with the requested model loaded, fewest in-flight requests

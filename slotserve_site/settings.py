@@ -1,6 +1,6 @@
 """SlotServe settings: one module, driven by the environment.
 
-Every SlotServe setting of README, Settings is read here with its default, and a
+Every SlotServe setting of docs/settings.md is read here with its default, and a
 bad value stops start-up naming the variable (see ``slotserve_site.env``).
 """
 
@@ -410,7 +410,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
 }
 
-# --- SlotServe (README, Settings) -------------------------------------------
+# --- SlotServe (docs/settings.md) -------------------------------------------
 SLOTSERVE_TICK_SECONDS = env_int("SLOTSERVE_TICK_SECONDS", 5, minimum=1)
 SLOTSERVE_MIN_PRELOAD_SECONDS = env_float("SLOTSERVE_MIN_PRELOAD_SECONDS", 180)
 SLOTSERVE_SWITCH_BUFFER_SECONDS = env_float("SLOTSERVE_SWITCH_BUFFER_SECONDS", 60)

@@ -1,4 +1,5 @@
-"""README's access table as tables: who may call a channel, and which channel serves a request."""
+"""The access table (docs/gateway.md) as tables: who may call a channel, and which channel
+serves a request."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ class OverrideFacts:
 
 @dataclass(frozen=True)
 class SchedulingSettings:
-    """The settings of README, Settings that the decision uses, in seconds."""
+    """The settings of docs/settings.md that the decision uses, in seconds."""
 
     min_preload_seconds: float = 180.0
     switch_buffer_seconds: float = 60.0

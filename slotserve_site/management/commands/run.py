@@ -272,7 +272,7 @@ class Command(BaseCommand):
 def web_command(host: str, port: int) -> list[str]:
     """The web part: uvicorn with uvloop and httptools, measured faster than daphne for the
     gateway's streams; the gateway's requests through its own HTTP server (gateway.server),
-    the rest through uvicorn's (bench/gateway_bench.py, README). At most
+    the rest through uvicorn's (bench/gateway_bench.py, docs/benchmarks.md). At most
     ``SLOTSERVE_GATEWAY_MAX_CONNECTIONS`` connections and requests at once (more get a 503 in
     the caller's API's shape). The client's address is the socket's: SlotServe reads
     ``X-Forwarded-For`` itself, from the proxies it is told to trust (slotserve_site.client_address)."""
