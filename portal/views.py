@@ -12,6 +12,7 @@ from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import Group, User
+from django.core.paginator import Paginator
 from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -154,11 +155,13 @@ def calendar_rows(
     node_id: int | None = None,
     model_id: int | None = None,
     group_id: int | None = None,
+    channel_slice: slice | None = None,
 ) -> list[list[CalendarRow]]:
     """The timeline's rows for each lane (a day: its start and length); with filters, only the
     channel, the node's channels, or the blocks of one model (and the channels that have them or
-    default to it). One read of the bookings, plans and load estimates for all the lanes, in a
-    number of queries that does not grow with the channels or the bookings shown."""
+    default to it); ``channel_slice``: a page of the channels, in name order. One read of the
+    bookings, plans and load estimates for all the lanes, in a number of queries that does not
+    grow with the channels or the bookings shown."""
     tz = timezone.get_current_timezone()
     first, last = lanes[0][0], max(origin + span for origin, span in lanes)
     shown = Reservation.objects.exclude(status__in=[ReservationStatus.REJECTED, ReservationStatus.CANCELLED])
@@ -171,6 +174,9 @@ def calendar_rows(
         listed = listed.filter(pk=channel_id)
     if node_id is not None:
         listed = listed.filter(node_id=node_id)
+    listed = listed.order_by("name")
+    if channel_slice is not None:
+        listed = listed[channel_slice]
     channels = list(
         listed.select_related("node").prefetch_related(
             Prefetch(
@@ -280,6 +286,11 @@ def _day(raw: str | None, today: date) -> date:
     return min(max(day, FIRST_DAY), LAST_DAY)
 
 
+# The calendar shows this many channels a page: a week of two hundred would be a page of a
+# megabyte, slow to make and to read. Filters (a node, a model) narrow the channels first.
+CALENDAR_CHANNELS = 50
+
+
 @login_required
 def calendar(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
@@ -300,6 +311,13 @@ def calendar(request: HttpRequest) -> HttpResponse:
         # Between local midnights: a daylight-saving day is 23 or 25 hours.
         lane_end = timezone.make_aware(datetime.combine(lane_day + timedelta(days=1), time()), tz)
         days_shown.append((lane_day, lane_origin, lane_end - lane_origin))
+    listed = Channel.objects.all()
+    if filters["channel"] is not None:
+        listed = listed.filter(pk=filters["channel"])
+    if filters["node"] is not None:
+        listed = listed.filter(node_id=filters["node"])
+    pages = Paginator(listed.order_by("name").values_list("pk", flat=True), CALENDAR_CHANNELS)
+    page = pages.get_page(request.GET.get("page"))
     all_rows = calendar_rows(
         lanes=[(lane_origin, lane_span) for _, lane_origin, lane_span in days_shown],
         now=now,
@@ -308,6 +326,7 @@ def calendar(request: HttpRequest) -> HttpResponse:
         node_id=filters["node"],
         model_id=filters["model"],
         group_id=filters["group"],
+        channel_slice=slice(page.start_index() - 1 if pages.count else 0, page.end_index()),
     )
     lanes: dict[int, dict[str, Any]] = {}
     for (lane_day, lane_origin, lane_span), rows in zip(days_shown, all_rows, strict=True):
@@ -327,7 +346,10 @@ def calendar(request: HttpRequest) -> HttpResponse:
     context = {
         "lanes": list(lanes.values()),
         "filters": filters,
-        "filter_query": "".join(f"&{k}={v}" for k, v in filters.items() if v is not None),
+        "filter_query": "".join(f"&{k}={v}" for k, v in filters.items() if v is not None)
+        + (f"&page={page.number}" if page.number > 1 else ""),
+        "channel_page": page,
+        "page_filters": "".join(f"&{k}={v}" for k, v in filters.items() if v is not None),
         "choices": {
             "channel": Channel.objects.values_list("pk", "name"),
             "node": Node.objects.values_list("pk", "name"),

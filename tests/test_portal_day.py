@@ -305,3 +305,35 @@ def test_the_calendar_feed_speaks_in_the_users_zone(frozen, ana):
     assert "DTSTART;TZID=Europe/Berlin:20261207T100000" in body
     assert "BEGIN:VTIMEZONE" in body and "TZID:Europe/Berlin" in body
     assert "X-WR-TIMEZONE:Europe/Berlin" in body
+
+
+@pytest.mark.django_db
+def test_a_large_labs_calendar_shows_its_channels_a_page_at_a_time(ana):
+    """Two hundred channels for a week is a page of a megabyte: the calendar shows 50 channels
+    a page, in name order, and its links keep the page, the view and the filters."""
+    import re
+
+    from portal.views import CALENDAR_CHANNELS
+
+    node = factories.node("big", gpus=60)
+    for n in range(60):
+        factories.channel(f"ch{n:02d}", on=node, gpu_indexes=[n])
+    page = Client()
+    page.force_login(ana)
+    first = page.get("/calendar/", {"view": "week"}).content.decode()
+    shown = re.findall(r'<div class="row" data-channel="([^"]+)"', first)
+    assert shown == [f"ch{n:02d}" for n in range(CALENDAR_CHANNELS)] and CALENDAR_CHANNELS == 50
+    later = re.search(r'href="\?([^"]*page=2[^"]*)"', first)
+    assert later is not None and "view=week" in later.group(1)
+    second = page.get("/calendar/?" + later.group(1).replace("&amp;", "&")).content.decode()
+    assert re.findall(r'<div class="row" data-channel="([^"]+)"', second) == [
+        f"ch{n:02d}" for n in range(50, 60)
+    ]
+    # Moving a week on keeps the page of channels.
+    assert re.search(r'href="\?day=[^"]*view=week[^"]*page=2', second)
+    # A filter narrows the channels first: one node's few channels fit one page.
+    small = factories.node("small")
+    factories.channel("only", on=small)
+    filtered = page.get("/calendar/", {"view": "week", "node": small.pk}).content.decode()
+    assert re.findall(r'<div class="row" data-channel="([^"]+)"', filtered) == ["only"]
+    assert "page=2" not in filtered
