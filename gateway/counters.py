@@ -36,10 +36,10 @@ from typing import Any
 from django.conf import settings
 from redis.exceptions import NoScriptError, RedisError
 
-from channels_app.inflight import COUNT, REDIS_NOW
-from channels_app.vocabulary import RedisKey, redis_key
 from gateway.resp import RespPipe
 from gateway.snapshot import Limits
+from slotserve_base.inflight import COUNT, REDIS_NOW
+from slotserve_base.vocabulary import RedisKey, redis_key
 
 key = redis_key
 

@@ -33,7 +33,6 @@ from django.db import DatabaseError
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from channels_app.vocabulary import ErrorCode, Phase
 from gateway.access import ChannelView, Refusal, admit, models_for, route
 from gateway.body import BodyTooLarge, dumps, loads, parse_body
 from gateway.cors import CorsPolicy, is_cors_header
@@ -41,6 +40,7 @@ from gateway.counters import HELD_TTL_SECONDS, Counters, OverLimit, week_start
 from gateway.events import Events, Usage
 from gateway.snapshot import Caller, Limits, Snapshot, SnapshotCache
 from gateway.upstream import Cancel, Reply, UpstreamTransport
+from slotserve_base.vocabulary import ErrorCode, Phase
 
 log = logging.getLogger(__name__)
 

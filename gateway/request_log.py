@@ -16,9 +16,9 @@ from django.contrib.auth import get_user_model
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from channels_app.vocabulary import RedisKey
-from channels_app.vocabulary import redis_key as key
-from slotserve_site.json_text import is_unicode
+from slotserve_base.json_text import is_unicode
+from slotserve_base.vocabulary import RedisKey
+from slotserve_base.vocabulary import redis_key as key
 
 log = logging.getLogger(__name__)
 

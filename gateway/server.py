@@ -40,9 +40,9 @@ from urllib.parse import unquote
 
 import httptools
 
-from channels_app.vocabulary import ErrorCode
 from gateway import lane
 from gateway.proxy import ON_DISCONNECT, Gateway, error_body, flavour_of, is_gateway_path
+from slotserve_base.vocabulary import ErrorCode
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from rest_framework.views import APIView
 
 from gateway.reports import BY, PERIODS, NotYours, period_bounds, request_minutes, share_rows, usage_rows
 from gateway.utilisation import SHARES
-from slotserve_site.csv_cells import SafeWriter
+from slotserve_base.csv_cells import SafeWriter
 
 COLUMNS = [
     "name",

@@ -26,10 +26,8 @@ from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 from icalendar import Calendar, Event
 
-from channels_app.errors import InvalidInput
 from channels_app.models import Channel, LLMModel, Preset
 from channels_app.scheduling.services import channel_reload, override_clear, override_set
-from channels_app.vocabulary import NotificationEvent
 from gateway.models import ApiKey
 from gateway.services import api_key_create, api_key_revoke
 from portal.forms import (
@@ -47,7 +45,9 @@ from reservations.profiles import profile_for, profile_set_time_zone
 from reservations.selectors import decidable_by
 from reservations.services import InvalidTransition, ReservationConflict, SeriesConflict
 from reservations.wording import zone_of
-from slotserve_site.api_fields import in_range
+from slotserve_base.api_fields import in_range
+from slotserve_base.errors import InvalidInput
+from slotserve_base.vocabulary import NotificationEvent
 
 
 def _visible(request: HttpRequest) -> QuerySet[Reservation]:

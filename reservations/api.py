@@ -14,13 +14,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from channels_app.models import Channel, LLMModel, Preset
-from channels_app.vocabulary import NotificationEvent
 from reservations import hints, services
 from reservations.filters import NotificationFilter, ReservationFilter
 from reservations.models import Notification, Profile, Reservation, WaitlistEntry
 from reservations.profiles import profile_for
 from reservations.selectors import decidable_by
-from slotserve_site.api_fields import IdOrNameField, MomentField, current_user, moment_param
+from slotserve_base.api_fields import IdOrNameField, MomentField, current_user, moment_param
+from slotserve_base.vocabulary import NotificationEvent
 
 
 class ChannelOrAutoField(IdOrNameField):

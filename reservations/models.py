@@ -12,8 +12,8 @@ from django.db import models
 from django.db.models import Func, Q
 from django.utils import timezone
 
-from channels_app.target import Target
-from channels_app.vocabulary import NotificationEvent
+from slotserve_base.target import Target
+from slotserve_base.vocabulary import NotificationEvent
 
 
 class ReservationStatus(models.TextChoices):

@@ -10,10 +10,10 @@ from __future__ import annotations
 import functools
 from datetime import UTC, datetime, tzinfo
 
-from channels_app.vocabulary import NotificationEvent
 from reservations.models import Reservation, WaitlistEntry
 from reservations.notifications import notify
 from reservations.wording import slot_words
+from slotserve_base.vocabulary import NotificationEvent
 
 
 def tell_waiting(*, channel_id: int, now: datetime) -> int:

@@ -18,7 +18,7 @@ import uvicorn
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-import channels_app.dispatch
+import slotserve_base.dispatch
 from channels_app.models import ChannelRuntime
 from gateway.services import api_key_create
 from slotserve_site.celery import app as celery_app
@@ -35,7 +35,7 @@ def _eager_celery():
     celery_app.conf.task_always_eager = False
 
 
-REAL_SEND_TO_NODE = channels_app.dispatch.send_to_node
+REAL_SEND_TO_NODE = slotserve_base.dispatch.send_to_node
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +44,7 @@ def node_queue_sends(monkeypatch):
     (``channels_app.node_agent.worker.reconcile`` with ``now`` injected), so nothing runs here."""
     sent: list[tuple[str, tuple[Any, ...], str]] = []
     monkeypatch.setattr(
-        "channels_app.dispatch.send_to_node",
+        "slotserve_base.dispatch.send_to_node",
         lambda task, args, node, countdown=None: sent.append((task, args, node)),
     )
     return sent
@@ -53,7 +53,7 @@ def node_queue_sends(monkeypatch):
 @pytest.fixture
 def real_node_queues(monkeypatch):
     """For the tests that run a real node worker on Redis."""
-    monkeypatch.setattr("channels_app.dispatch.send_to_node", REAL_SEND_TO_NODE)
+    monkeypatch.setattr("slotserve_base.dispatch.send_to_node", REAL_SEND_TO_NODE)
     celery_app.conf.task_always_eager = False
 
 

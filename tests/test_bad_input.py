@@ -217,9 +217,9 @@ def test_deleting_the_model_a_channel_runs_is_refused_by_name(world, staff):
 
 @pytest.mark.django_db
 def test_a_usage_flush_for_a_deleted_user_drops_its_counts(world, bo):
-    from channels_app.shared import redis_client
     from gateway.counters import USAGE_RESERVATION, USAGE_USER, key
     from gateway.usage import flush_usage
+    from slotserve_base.redis_client import redis_client
 
     client = redis_client()
     client.hset(key(USAGE_USER, bo.pk), mapping={"requests": 2, "prompt_tokens": 5})

@@ -15,9 +15,9 @@ from rest_framework.test import APIClient
 
 from channels_app.models import ChannelRuntime
 from channels_app.node_agent.worker import in_flight
-from channels_app.shared import redis_client
 from gateway.counters import GATE, INFLIGHT, key
 from gateway.services import api_key_revoke
+from slotserve_base.redis_client import redis_client
 from tests import factories
 from tests.conftest import free_port, running_llama_server, serve, snapshot_seen
 
@@ -294,7 +294,7 @@ def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, w
     """A slow stream is in flight when the target changes: it completes; new requests get 503."""
     from channels_app.models import ChannelTarget
     from channels_app.node_agent import worker
-    from channels_app.vocabulary import Phase
+    from slotserve_base.vocabulary import Phase
 
     port, _ = standins("qwen2", "--standin-chunks", "60", "--standin-chunk-delay", "30")
     model = factories.llm("qwen2")
@@ -577,8 +577,8 @@ def test_a_caller_far_from_its_limits_goes_upstream_while_redis_counts_it_in(
     """Limits cost no wait while the caller has room under them: its first request is checked
     before it goes upstream; the next ones go up while the same check runs in Redis, and are
     counted against the limits all the same."""
-    from channels_app.vocabulary import RedisKey
     from gateway.counters import Counters
+    from slotserve_base.vocabulary import RedisKey
 
     settings.SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE = 100
     settings.SLOTSERVE_LIMIT_CONCURRENT_REQUESTS = 10
@@ -608,7 +608,7 @@ def test_a_request_sent_ahead_that_meets_a_limit_is_refused_and_its_work_cancell
     """Another gateway process took the caller's last requests this minute while this one still
     knew of room: the request that went ahead gets 429 and none of the process's answer, its work
     is cancelled, and the caller's next request is checked before it goes anywhere."""
-    from channels_app.vocabulary import RedisKey
+    from slotserve_base.vocabulary import RedisKey
 
     settings.SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE = 100
     port, log = standins("slow", "--standin-prefill-ms", "3000")
@@ -763,7 +763,7 @@ def test_a_model_the_decision_names_is_loading_and_a_waiting_caller_is_answered_
     loading: 503 model_loading with Retry-After, and a caller who asked to wait is held and
     answered when it is ready (it once was 404 model_not_loaded at once)."""
     from channels_app.models import ChannelTarget
-    from channels_app.vocabulary import Reason
+    from slotserve_base.vocabulary import Reason
 
     serve(world["a"], None, None, phase="stopped")
     ChannelTarget.objects.update_or_create(

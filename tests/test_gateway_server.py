@@ -332,9 +332,9 @@ def test_a_redis_that_forgot_the_scripts_still_counts_requests_in_and_out(gatewa
     """The count in leaves before the request goes upstream, without a task (``enter_soon``);
     after a Redis restart (its scripts gone) it loads the script and counts again."""
     from channels_app.node_agent.worker import in_flight
-    from channels_app.shared import redis_client
-    from channels_app.vocabulary import RedisKey
     from gateway.counters import key
+    from slotserve_base.redis_client import redis_client
+    from slotserve_base.vocabulary import RedisKey
 
     client = Client(gateway_url)
     client.send(request("POST", "/v1/chat/completions", world["ana"], CHAT))

@@ -345,8 +345,8 @@ def test_the_sdk_retries_after_the_retry_after_of_a_drain(gateway_url, world, se
     the switch. (Drain and stop made short so Retry-After stays under the SDK's 60 s cap.)"""
     import openai
 
-    from channels_app.shared import redis_client
-    from channels_app.vocabulary import RedisKey, redis_key
+    from slotserve_base.redis_client import redis_client
+    from slotserve_base.vocabulary import RedisKey, redis_key
 
     settings.SLOTSERVE_DRAIN_SECONDS = 0.3
     settings.SLOTSERVE_STOP_TIMEOUT_SECONDS = 0.3

@@ -21,8 +21,8 @@ from channels_app.node_agent.lifecycle import (
     retry_delay,
     step,
 )
-from channels_app.target import Target
-from channels_app.vocabulary import Phase
+from slotserve_base.target import Target
+from slotserve_base.vocabulary import Phase
 
 T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
 A = Target(1, 10)  # the default

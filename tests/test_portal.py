@@ -9,9 +9,9 @@ import time_machine
 from django.test import Client
 
 from channels_app.models import ChannelRuntime, ChannelTarget
-from channels_app.vocabulary import Phase
 from reservations.models import Profile, Reservation
 from reservations.profiles import profile_for
+from slotserve_base.vocabulary import Phase
 from tests import factories
 
 T0 = datetime(2026, 12, 7, 5, 0, tzinfo=UTC)  # 13:00 in Shanghai

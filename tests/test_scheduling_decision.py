@@ -22,8 +22,8 @@ from channels_app.scheduling.decision import (
     decide_at,
     plan,
 )
-from channels_app.target import Target
-from channels_app.vocabulary import Reason
+from slotserve_base.target import Target
+from slotserve_base.vocabulary import Reason
 
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 A = Target(1, 10)

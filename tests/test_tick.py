@@ -11,10 +11,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django_celery_beat.models import PeriodicTask
 
-from channels_app.dispatch import SCHEDULER_TICK as TICK_TASK
 from channels_app.models import ChannelTarget
 from channels_app.scheduling.beat import TICK_TASK_NAME
 from channels_app.scheduling.services import decide_channels
+from slotserve_base.dispatch import SCHEDULER_TICK as TICK_TASK
 from tests import factories
 
 T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)

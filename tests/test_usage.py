@@ -14,10 +14,10 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from channels_app.shared import redis_client
 from gateway.models import RequestLog
 from gateway.request_log import flush_request_log
 from gateway.utilisation import Span, channel_shares, totals
+from slotserve_base.redis_client import redis_client
 from tests import factories
 from tests.test_gateway_http import book, call
 from tests.test_request_log import wait_for_records

@@ -9,11 +9,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
-from channels_app.dispatch import enqueue_redecide
-from channels_app.errors import InvalidInput
-from channels_app.models import LLMModel, Preset
-from channels_app.target import validate_target
-from channels_app.vocabulary import NotificationEvent
+from channels_app.models import LLMModel, Preset, validate_target
 from reservations.models import BLOCKING_STATUSES, Reservation, ReservationStatus
 from reservations.notifications import notify
 from reservations.selectors import first_conflict
@@ -32,6 +28,9 @@ from reservations.services.common import (
 )
 from reservations.waitlist import tell_waiting
 from reservations.wording import slot_words
+from slotserve_base.dispatch import enqueue_redecide
+from slotserve_base.errors import InvalidInput
+from slotserve_base.vocabulary import NotificationEvent
 
 
 def reservation_extend(*, reservation: Reservation, by: User, end: datetime, now: datetime) -> Reservation:

@@ -13,15 +13,14 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
 from django.db import IntegrityError, OperationalError, connection, transaction
 
-from channels_app.errors import InvalidInput
-from channels_app.models import ApprovalPolicy, Channel, LLMModel, Preset
-from channels_app.target import validate_target
-from channels_app.vocabulary import NotificationEvent
+from channels_app.models import ApprovalPolicy, Channel, LLMModel, Preset, validate_target
 from reservations.models import BLOCKING_STATUSES, Reservation, ReservationSeries, ReservationStatus
 from reservations.notifications import notify
 from reservations.rules import BookingLimits, LimitBroken, check_length_and_horizon, check_quota
 from reservations.selectors import decidable_by, group_held_slots, held_slots
 from reservations.wording import moment_words, slot_words
+from slotserve_base.errors import InvalidInput
+from slotserve_base.vocabulary import NotificationEvent
 
 # A booking may start this little in the past: a form sent "now" arrives late.
 START_GRACE = timedelta(minutes=1)

@@ -8,14 +8,14 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db import transaction
 
-from channels_app.dispatch import enqueue_redecide
-from channels_app.errors import InvalidInput
-from channels_app.vocabulary import NotificationEvent
 from reservations.models import Reservation, ReservationStatus
 from reservations.notifications import notify
 from reservations.services.common import InvalidTransition
 from reservations.waitlist import tell_waiting
 from reservations.wording import slot_words
+from slotserve_base.dispatch import enqueue_redecide
+from slotserve_base.errors import InvalidInput
+from slotserve_base.vocabulary import NotificationEvent
 
 
 def _transition(

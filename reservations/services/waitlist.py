@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
-from channels_app.errors import InvalidInput
 from channels_app.models import Channel
 from reservations.models import Reservation, WaitlistEntry
 from reservations.services.common import group_problems
+from slotserve_base.errors import InvalidInput
 
 
 def waitlist_join(
