@@ -17,9 +17,9 @@ from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from gateway.api_keys import api_key_change, api_key_create, api_key_revoke
 from gateway.filters import RequestLogFilter
 from gateway.models import ApiKey, RequestLog
-from gateway.services import api_key_change, api_key_create, api_key_revoke
 from slotserve_base.api_fields import current_user
 from slotserve_base.csv_stream import BATCH, csv_response
 

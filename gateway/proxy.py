@@ -269,7 +269,7 @@ class Answer:
     """Watches what is sent to the client: the status, and when the first body bytes went out."""
 
     def __init__(self, send: Send | None = None) -> None:
-        self._send = send  # None: the gateway's server is written to directly (``gateway.lane``)
+        self._send = send  # None: the gateway's server is written to directly (``gateway.fast_lane``)
         self.started = time.perf_counter()
         self.arrived = time.time()
         self.status: int | None = None
@@ -323,7 +323,7 @@ class Answer:
 
 class Gateway:
     # Whether the gateway's server may carry requests that can go upstream at once in its fast
-    # lane (``gateway.lane``), outside this application.
+    # lane (``gateway.fast_lane``), outside this application.
     lane = True
 
     def __init__(self) -> None:

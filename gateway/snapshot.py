@@ -57,7 +57,7 @@ class Snapshot:
 
     @cached_property
     def index(self) -> ChannelIndex:
-        """The channels by booker and by ready model (``gateway.lane``'s look-up)."""
+        """The channels by booker and by ready model (``gateway.fast_lane``'s look-up)."""
         return ChannelIndex.of(self.channels)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from gateway.request_log import flush_request_log
-from gateway.usage import flush_usage
+from gateway.usage.flush import flush_usage
+from gateway.usage.request_log import flush_request_log
 from slotserve_base import dispatch
 from slotserve_base.redis_client import redis_client
 

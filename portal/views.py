@@ -24,8 +24,8 @@ from channels_app.scheduling import selectors
 from channels_app.scheduling.decision import PlanSegment
 from channels_app.scheduling.selectors import preset_load_estimates
 from channels_app.scheduling.services import plans_for
+from portal.channel_reasons import BookingFacts, why
 from portal.forms import OverrideForm
-from reservations.explain import BookingFacts, why
 from reservations.hints import adjacent_switch_minutes, memory_estimate
 from reservations.models import Reservation, ReservationStatus
 from reservations.wording import slot_words

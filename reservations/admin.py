@@ -26,7 +26,7 @@ from reservations.models import GroupPolicy, Notification, Reservation
 from slotserve_base.admin_services import SavedByServicesAdmin
 from slotserve_base.errors import InvalidInput
 
-LOCKED_FIELDS = ["status", "reject_reason", "decided_by", "decided_at", "extends", "created"]
+LOCKED_FIELDS = ["status", "reject_reason", "reviewed_by", "reviewed_at", "extends", "created"]
 USAGE_FIELDS = ["requests", "prompt_tokens", "completion_tokens"]
 
 

@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from gateway.counters import TTFT_BUCKETS
-from gateway.request_log import dead_letters
+from gateway.usage.request_log import dead_letters
 from slotserve_base.inflight import in_flight_counts
 from slotserve_base.vocabulary import Phase, RedisKey
 from slotserve_base.vocabulary import redis_key as key

@@ -20,7 +20,7 @@ from rest_framework.test import APIClient
 
 import slotserve_base.dispatch
 from channels_app.models import ChannelRuntime
-from gateway.services import api_key_create
+from gateway.api_keys import api_key_create
 from slotserve_site.celery import app as celery_app
 from tests import factories
 
@@ -167,7 +167,7 @@ def gateway_url(request, settings, transactional_db):
     with a snapshot that is never stale for long. It needs the database first, so it stops (and
     its snapshot reads end) before the database is flushed after the test.
 
-    Each test runs twice: with the fast lane (``gateway.lane``) carrying what it can, as
+    Each test runs twice: with the fast lane (``gateway.fast_lane``) carrying what it can, as
     ``./slotserve start`` serves, and with every request through the ASGI application. The lane
     carries only requests that find a fresh snapshot, so for the lane a test in the gateway's
     ``world`` has the gateway read that world before the test begins: its first request is the

@@ -38,7 +38,7 @@ from django.utils import timezone
 
 from channels_app.models import Channel, ChannelRuntime, ChannelTarget, LLMModel, ModelFile, Node, Preset
 from devtools.cluster import Cluster, Forwarder, namespaces_work, redis_answers, redis_executable
-from gateway.services import api_key_create
+from gateway.api_keys import api_key_create
 from tests import factories
 from tests.conftest import free_port
 

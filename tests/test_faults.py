@@ -18,8 +18,8 @@ from django.utils import timezone
 
 from channels_app.models import Channel
 from channels_app.node_agent import worker
+from gateway.api_keys import api_key_create
 from gateway.counters import GATE, key
-from gateway.services import api_key_create
 from tests import factories
 from tests.conftest import free_port, serve
 
@@ -117,7 +117,7 @@ def _stream(url: str, key_: str, done: list[int]) -> threading.Thread:
 
 @pytest.fixture
 def slow_channel(standins, ana):
-    from gateway.services import api_key_create
+    from gateway.api_keys import api_key_create
 
     model = factories.llm("slow")
     channel = factories.channel("slow-ch")

@@ -15,8 +15,8 @@ from rest_framework.test import APIClient
 
 from channels_app.models import ChannelRuntime
 from channels_app.node_agent.worker import in_flight
+from gateway.api_keys import api_key_revoke
 from gateway.counters import GATE, INFLIGHT, key
-from gateway.services import api_key_revoke
 from slotserve_base.redis_client import redis_client
 from tests import factories
 from tests.conftest import free_port, running_llama_server, serve, snapshot_seen
@@ -88,7 +88,7 @@ def test_active_reservation_lets_only_the_booker_in(gateway_url, world):
     assert error(theirs) == (403, "gpu_reserved")
     assert call(gateway_url + "/channels/ch-a", world["bo"]).status_code == 403
     # Usage is counted per reservation and per user, and reaches the database with the tick.
-    from gateway.usage import flush_usage
+    from gateway.usage.flush import flush_usage
 
     counted_out(world["a"], world["b"])
     flush_usage(redis_client())
@@ -193,7 +193,7 @@ def test_streaming_passes_chunks_through_and_counts_tokens(gateway_url, world):
     payloads = [json.loads(e[6:]) for e in events[:-1]]
     # The usage chunk SlotServe asked for is hidden from a client that did not ask.
     assert len(payloads) == 8 and all(p["choices"] for p in payloads)
-    from gateway.usage import flush_usage
+    from gateway.usage.flush import flush_usage
     from reservations.models import Profile
 
     counted_out(world["a"], world["b"])

@@ -21,7 +21,7 @@ import pytest
 from django.utils import timezone
 
 from channels_app.models import ChannelRuntime
-from gateway.services import api_key_create
+from gateway.api_keys import api_key_create
 from tests import factories
 from tests.conftest import free_port, running_llama_server
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from gateway.models import RequestLog
-from gateway.request_log import flush_request_log
+from gateway.usage.request_log import flush_request_log
 from slotserve_base.redis_client import redis_client
 from tests.conftest import snapshot_seen
 from tests.test_gateway_http import book, call

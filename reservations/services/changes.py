@@ -26,7 +26,7 @@ from reservations.services.common import (
     needs_approval,
     slot_problems,
 )
-from reservations.waitlist import tell_waiting
+from reservations.services.waitlist import tell_waiting
 from reservations.wording import slot_words
 from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InvalidInput
@@ -193,7 +193,7 @@ def reservation_change(
     if note is not None:
         changes["note"] = note
     if asks_again:
-        changes.update(status=ReservationStatus.PENDING, decided_at=None, decided_by=None)
+        changes.update(status=ReservationStatus.PENDING, reviewed_at=None, reviewed_by=None)
 
     def change() -> Reservation:
         _hold_channel(reservation.channel_id)

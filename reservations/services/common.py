@@ -17,7 +17,7 @@ from channels_app.models import ApprovalPolicy, Channel, LLMModel, Preset, valid
 from reservations.models import BLOCKING_STATUSES, Reservation, ReservationSeries, ReservationStatus
 from reservations.notifications import notify
 from reservations.rules import BookingLimits, LimitBroken, check_length_and_horizon, check_quota
-from reservations.selectors import decidable_by, group_held_slots, held_slots
+from reservations.selectors import group_held_slots, held_slots, reviewable_by
 from reservations.wording import moment_words, slot_words
 from slotserve_base.errors import InvalidInput
 from slotserve_base.vocabulary import NotificationEvent
@@ -204,9 +204,9 @@ def group_problems(
     return []
 
 
-def may_decide(user: User, reservation: Reservation) -> bool:
+def may_review(user: User, reservation: Reservation) -> bool:
     """Staff, or an approver of a group the booker is in."""
-    return decidable_by(user).filter(pk=reservation.pk).exists()
+    return reviewable_by(user).filter(pk=reservation.pk).exists()
 
 
 def _check_limits(
@@ -287,8 +287,8 @@ def _new_reservation(
         status=ReservationStatus.PENDING if pending else ReservationStatus.APPROVED,
         note=note,
         created=now,
-        decided_at=None if pending else now,
-        decided_by=None if pending or by is None else by,
+        reviewed_at=None if pending else now,
+        reviewed_by=None if pending or by is None else by,
         series=series,
     )
 

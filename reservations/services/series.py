@@ -24,7 +24,7 @@ from reservations.services.common import (
     slot_problems,
     validate_slot,
 )
-from reservations.services.decisions import reservation_cancel
+from reservations.services.transitions import reservation_cancel
 from reservations.wording import slot_words
 from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InvalidInput
