@@ -27,6 +27,17 @@ from tests import factories
 STANDIN = f"{sys.executable} -m devtools.standin"
 
 
+@pytest.fixture
+def frozen(request):
+    """Time stands still at the test module's ``T0`` (``tests.clock.T0`` unless it names another)."""
+    import time_machine
+
+    from tests import clock
+
+    with time_machine.travel(getattr(request.module, "T0", clock.T0), tick=False) as traveller:
+        yield traveller
+
+
 @pytest.fixture(autouse=True)
 def _eager_celery():
     """Tasks run in-process unless a test starts a real worker on Redis."""

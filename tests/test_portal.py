@@ -12,17 +12,11 @@ from channels_app.models import ChannelRuntime, ChannelTarget
 from reservations.models import Profile, Reservation
 from reservations.profiles import profile_for
 from slotserve_base.vocabulary import Phase
-from tests import factories
+from tests import clock, factories
 
-T0 = datetime(2026, 12, 7, 5, 0, tzinfo=UTC)  # 13:00 in Shanghai
+T0 = clock.T0 - timedelta(hours=3)  # 13:00 in Shanghai
 HOUR = timedelta(hours=1)
 GiB = 2**30
-
-
-@pytest.fixture
-def frozen():
-    with time_machine.travel(T0, tick=False) as traveller:
-        yield traveller
 
 
 @pytest.fixture

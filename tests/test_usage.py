@@ -18,11 +18,11 @@ from gateway.models import RequestLog
 from gateway.usage.request_log import flush_request_log
 from gateway.usage.utilisation import Span, channel_shares, totals
 from slotserve_base.redis_client import redis_client
-from tests import factories
+from tests import clock, factories
 from tests.test_gateway_http import book, call
 from tests.test_request_log import wait_for_records
 
-T0 = datetime(2026, 12, 7, 10, 0, tzinfo=UTC)
+T0 = clock.T0 + timedelta(hours=2)  # 10:00 UTC
 MIN = timedelta(minutes=1)
 
 
