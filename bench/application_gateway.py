@@ -3,7 +3,7 @@
     uvicorn application_gateway:application --app-dir bench --http gateway.server:GatewayHttp
 
 Every gateway request is answered by the gateway's ASGI application (``gateway.proxy``) in a task
-of its own, as before the fast lane (``gateway.lane``): measured beside SlotServe in the same run,
+of its own, as before the fast lane (``gateway.fast_lane``): measured beside SlotServe in the same run,
 it shows what the lane saves.
 """
 

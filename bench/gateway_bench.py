@@ -272,7 +272,7 @@ def prepare_gateway(upstream_port: int, channels: int = 1) -> tuple[dict[str, st
     from django.utils import timezone
 
     from channels_app.models import Channel, ChannelRuntime, LLMModel, Node
-    from gateway.services import api_key_create
+    from gateway.api_keys import api_key_create
 
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_user("bench")

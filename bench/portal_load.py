@@ -74,7 +74,7 @@ def fill(size: dict[str, int], seed: int) -> dict[str, Any]:
 
     from channels_app.models import Channel, Gpu, LLMModel, LoadRecord, Node, Preset
     from gateway.models import RequestLog
-    from gateway.rollups import roll_up
+    from gateway.usage.rollups import roll_up
     from reservations.models import Reservation, ReservationStatus
 
     rng = random.Random(seed)

@@ -80,10 +80,10 @@ def main() -> None:
     from django.core.management import call_command
     from django.utils import timezone
 
-    from channels_app.dispatch import node_queue
     from channels_app.models import Channel, ChannelRuntime, LLMModel, Node, Preset
     from channels_app.scheduling.services import decide_channels, override_set
     from devtools.tinymodel import write_tiny_llama
+    from slotserve_base.dispatch import node_queue
     from slotserve_site.celery import app
 
     call_command("migrate", verbosity=0)

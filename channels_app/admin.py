@@ -10,7 +10,6 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from channels_app.errors import InvalidInput
 from channels_app.inventory import services as inventory_services
 from channels_app.models import (
     Channel,
@@ -27,8 +26,9 @@ from channels_app.models import (
     ReloadRequest,
 )
 from channels_app.scheduling import services
-from slotserve_site.admin_fields import GpuIndexesField, LabelsField
-from slotserve_site.admin_services import SavedByServicesAdmin
+from slotserve_base.admin_fields import GpuIndexesField, LabelsField
+from slotserve_base.admin_services import SavedByServicesAdmin
+from slotserve_base.errors import InvalidInput
 
 
 class GpuInline(admin.TabularInline[Gpu, Node]):

@@ -11,7 +11,7 @@ class ChannelsAppConfig(AppConfig):
 
         from channels_app.node_agent.gpus import FakeGpuSpecError, parse_fake_gpus
         from channels_app.scheduling.beat import register_tick
-        from slotserve_site.env import SettingError
+        from slotserve_base.env import SettingError
 
         if settings.SLOTSERVE_FAKE_GPUS:
             try:
@@ -19,7 +19,7 @@ class ChannelsAppConfig(AppConfig):
             except FakeGpuSpecError as exc:
                 raise SettingError(str(exc)) from None
 
-        # The stages' tasks, registered in every process (channels_app.dispatch sends by name).
+        # The stages' tasks, registered in every process (slotserve_base.dispatch sends by name).
         import channels_app.node_agent.tasks
         import channels_app.scheduling.tasks  # noqa: F401
 

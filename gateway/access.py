@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 
-from channels_app.vocabulary import ErrorCode, Phase
+from slotserve_base.vocabulary import ErrorCode, Phase
 
 
 @dataclass(frozen=True)

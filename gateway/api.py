@@ -17,11 +17,11 @@ from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from gateway.api_keys import api_key_change, api_key_create, api_key_revoke
 from gateway.filters import RequestLogFilter
 from gateway.models import ApiKey, RequestLog
-from gateway.services import api_key_change, api_key_create, api_key_revoke
-from slotserve_site.api_fields import current_user
-from slotserve_site.csv_stream import BATCH, csv_response
+from slotserve_base.api_fields import current_user
+from slotserve_base.csv_stream import BATCH, csv_response
 
 
 class ApiKeyOutput(serializers.ModelSerializer[ApiKey]):
@@ -139,7 +139,7 @@ class RequestLogViewSet(viewsets.ReadOnlyModelViewSet[RequestLog]):
 
     @action(detail=False, methods=["get"], url_path="csv")
     def export(self, request: Request) -> StreamingHttpResponse:
-        """The rows as CSV, streamed as they are read (``slotserve_site.csv_stream``): plain
+        """The rows as CSV, streamed as they are read (``slotserve_base.csv_stream``): plain
         values, not a serializer per row; times in the reader's zone, as the JSON gives them."""
         rows = self.filter_queryset(self.get_queryset()).values_list(
             *(CSV_SOURCES.get(name, name) for name in CSV_FIELDS)

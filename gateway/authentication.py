@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from gateway.services import api_key_user
+from gateway.api_keys import api_key_user
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):

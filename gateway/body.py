@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from slotserve_site.json_text import MAX_DEPTH, TOO_DEEP, BadText, check_text
+from slotserve_base.json_text import MAX_DEPTH, TOO_DEEP, BadText, check_text
 
 
 class BodyTooLarge(Exception):

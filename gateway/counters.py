@@ -36,10 +36,10 @@ from typing import Any
 from django.conf import settings
 from redis.exceptions import NoScriptError, RedisError
 
-from channels_app.inflight import COUNT, REDIS_NOW
-from channels_app.vocabulary import RedisKey, redis_key
-from gateway.resp import RespPipe
+from gateway.redis_protocol import RespPipe
 from gateway.snapshot import Limits
+from slotserve_base.inflight import COUNT, REDIS_NOW
+from slotserve_base.vocabulary import RedisKey, redis_key
 
 key = redis_key
 
@@ -282,7 +282,7 @@ REQUEST_LOG_BACKLOG = 200_000
 class Counters:
     """The gateway's side: each request runs two scripts, one in (``enter``), one out (``leave``).
 
-    The scripts go through one pipelined connection (``gateway.resp``): those of every request
+    The scripts go through one pipelined connection (``gateway.redis_protocol``): those of every request
     that the same turn of the event loop handles leave together, in one write. Each request
     still waits for its own script's answer, so a count is in Redis before the request goes on.
     """

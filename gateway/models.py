@@ -122,7 +122,7 @@ class SharingLimits(models.Model):
 
 
 class RequestHour(models.Model):
-    """The request log summed per hour, user and channel (``gateway.rollups``): what usage
+    """The request log summed per hour, user and channel (``gateway.usage.rollups``): what usage
     reads for whole hours instead of every request. Kept past the log's own rows."""
 
     hour = models.DateTimeField(help_text="The hour's start (UTC).")
@@ -148,7 +148,7 @@ class RequestHour(models.Model):
 class RequestMinutes(models.Model):
     """The minutes of one hour that a channel's requests touched, as bits (bit i: minute i of
     the hour), per booking (and one row for the requests outside bookings): what usage reads to
-    count used and served minutes (``gateway.rollups``)."""
+    count used and served minutes (``gateway.usage.rollups``)."""
 
     hour = models.IntegerField(help_text="Hours since the epoch (1970-01-01 00:00 UTC).")
     channel = models.ForeignKey(

@@ -33,7 +33,6 @@ from django.db import DatabaseError
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from channels_app.vocabulary import ErrorCode, Phase
 from gateway.access import ChannelView, Refusal, admit, models_for, route
 from gateway.body import BodyTooLarge, dumps, loads, parse_body
 from gateway.cors import CorsPolicy, is_cors_header
@@ -41,6 +40,7 @@ from gateway.counters import HELD_TTL_SECONDS, Counters, OverLimit, week_start
 from gateway.events import Events, Usage
 from gateway.snapshot import Caller, Limits, Snapshot, SnapshotCache
 from gateway.upstream import Cancel, Reply, UpstreamTransport
+from slotserve_base.vocabulary import ErrorCode, Phase
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +269,7 @@ class Answer:
     """Watches what is sent to the client: the status, and when the first body bytes went out."""
 
     def __init__(self, send: Send | None = None) -> None:
-        self._send = send  # None: the gateway's server is written to directly (``gateway.lane``)
+        self._send = send  # None: the gateway's server is written to directly (``gateway.fast_lane``)
         self.started = time.perf_counter()
         self.arrived = time.time()
         self.status: int | None = None
@@ -323,7 +323,7 @@ class Answer:
 
 class Gateway:
     # Whether the gateway's server may carry requests that can go upstream at once in its fast
-    # lane (``gateway.lane``), outside this application.
+    # lane (``gateway.fast_lane``), outside this application.
     lane = True
 
     def __init__(self) -> None:

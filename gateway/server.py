@@ -17,7 +17,7 @@ streamed answer leaves in as many writes as its chunks came from the process
 (``bench/gateway_bench.py`` measures it against a byte relay).
 
 A ``POST``, once its body is in (up to the gateway's limit), is first offered to the fast lane
-(``gateway.lane``), which carries a request that can go upstream at once in callbacks, with no
+(``gateway.fast_lane``), which carries a request that can go upstream at once in callbacks, with no
 task; whatever the lane declines, and every other gateway request, is answered by the gateway's
 ASGI application in a task of its own.
 
@@ -40,9 +40,9 @@ from urllib.parse import unquote
 
 import httptools
 
-from channels_app.vocabulary import ErrorCode
-from gateway import lane
+from gateway import fast_lane
 from gateway.proxy import ON_DISCONNECT, Gateway, error_body, flavour_of, is_gateway_path
+from slotserve_base.vocabulary import ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,8 @@ class GatewayHttp(asyncio.Protocol):
         self.app_state = app_state
         self.loop = _loop or asyncio.get_event_loop()
         self.gateway = find_gateway(config.loaded_app)
-        self.fast_lane = self.gateway is not None and self.gateway.lane  # gateway.lane carries what it can
+        # The fast lane (gateway.fast_lane) carries what it can.
+        self.fast_lane = self.gateway is not None and self.gateway.lane
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.server: tuple[str, int] | None = None
@@ -129,7 +130,7 @@ class GatewayHttp(asyncio.Protocol):
         self.drained: asyncio.Future[None] | None = None
         self.on_drained: Callable[[], None] | None = None  # a lane exchange waiting to read on
         self.closing = False
-        # A request that may go to the fast lane (``gateway.lane``) once its body is in.
+        # A request that may go to the fast lane (``gateway.fast_lane``) once its body is in.
         self.lane_candidate: Cycle | None = None
 
     # asyncio.Protocol
@@ -281,7 +282,7 @@ class GatewayHttp(asyncio.Protocol):
             assert self.gateway is not None
             body = cycle.body[0] if len(cycle.body) == 1 else b"".join(cycle.body)
             try:
-                taken = lane.take(self.gateway, cycle, body)
+                taken = fast_lane.take(self.gateway, cycle, body)
             except Exception:  # the lane's fault: the application answers instead
                 log.exception("gateway: the fast lane failed to take a request")
                 taken = False

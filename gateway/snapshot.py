@@ -21,8 +21,8 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from channels_app.node_agent.processes import url_host
-from channels_app.vocabulary import SERVING_PHASES, Phase
 from gateway.access import Booking, ChannelIndex, ChannelView
+from slotserve_base.vocabulary import SERVING_PHASES, Phase
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Snapshot:
 
     @cached_property
     def index(self) -> ChannelIndex:
-        """The channels by booker and by ready model (``gateway.lane``'s look-up)."""
+        """The channels by booker and by ready model (``gateway.fast_lane``'s look-up)."""
         return ChannelIndex.of(self.channels)
 
 
@@ -103,9 +103,9 @@ NO_LIMITS = Limits()
 def _read_snapshot() -> Snapshot:
     from channels_app.models import Channel, ModelAlias
     from channels_app.scheduling import selectors
-    from channels_app.target import Target
     from gateway.models import ApiKey
     from reservations.models import Reservation
+    from slotserve_base.target import Target
 
     now = timezone.now()
     _limits = _limits_reader()

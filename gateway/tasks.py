@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from channels_app import dispatch
-from channels_app.shared import redis_client
-from gateway.request_log import flush_request_log
-from gateway.usage import flush_usage
+from gateway.usage.flush import flush_usage
+from gateway.usage.request_log import flush_request_log
+from slotserve_base import dispatch
+from slotserve_base.redis_client import redis_client
 
 
 @shared_task(name=dispatch.FLUSH_USAGE, ignore_result=True, soft_time_limit=30, time_limit=60)

@@ -26,12 +26,10 @@ from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 from icalendar import Calendar, Event
 
-from channels_app.errors import InvalidInput
 from channels_app.models import Channel, LLMModel, Preset
 from channels_app.scheduling.services import channel_reload, override_clear, override_set
-from channels_app.vocabulary import NotificationEvent
+from gateway.api_keys import api_key_create, api_key_revoke
 from gateway.models import ApiKey
-from gateway.services import api_key_create, api_key_revoke
 from portal.forms import (
     ApiKeyForm,
     BookingForm,
@@ -44,10 +42,12 @@ from portal.forms import (
 from reservations import services
 from reservations.models import Notification, Profile, Reservation, ReservationStatus
 from reservations.profiles import profile_for, profile_set_time_zone
-from reservations.selectors import decidable_by
+from reservations.selectors import reviewable_by
 from reservations.services import InvalidTransition, ReservationConflict, SeriesConflict
 from reservations.wording import zone_of
-from slotserve_site.api_fields import in_range
+from slotserve_base.api_fields import in_range
+from slotserve_base.errors import InvalidInput
+from slotserve_base.vocabulary import NotificationEvent
 
 
 def _visible(request: HttpRequest) -> QuerySet[Reservation]:
@@ -332,7 +332,7 @@ def _approver_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpR
 @_approver_required
 def approvals(request: HttpRequest) -> HttpResponse:
     pending = (
-        decidable_by(_me(request))
+        reviewable_by(_me(request))
         .filter(status=ReservationStatus.PENDING)
         .select_related("user", "channel", "model", "preset")
     )
@@ -350,7 +350,7 @@ def approve(request: HttpRequest, pk: int) -> HttpResponse:
         return services.reservation_approve(reservation=r, by=_me(request), now=timezone.now())
 
     return _reservation_action(
-        request, pk, act, "Approved.", back="portal:approvals", among=decidable_by(_me(request))
+        request, pk, act, "Approved.", back="portal:approvals", among=reviewable_by(_me(request))
     )
 
 
@@ -368,7 +368,7 @@ def reject(request: HttpRequest, pk: int) -> HttpResponse:
         )
 
     return _reservation_action(
-        request, pk, act, "Rejected.", back="portal:approvals", among=decidable_by(_me(request))
+        request, pk, act, "Rejected.", back="portal:approvals", among=reviewable_by(_me(request))
     )
 
 

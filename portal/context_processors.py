@@ -25,11 +25,11 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
         "profile_zone": profile.time_zone,
         "zone_chosen": profile.time_zone_chosen,
     }
-    from reservations.selectors import decidable_by
+    from reservations.selectors import reviewable_by
 
     if request.user.is_staff or request.user.approves_for.exists():
         counts["approver"] = True
         counts["approvals_count"] = (
-            decidable_by(request.user).filter(status=ReservationStatus.PENDING).count()
+            reviewable_by(request.user).filter(status=ReservationStatus.PENDING).count()
         )
     return counts

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.utils.safestring import SafeString, mark_safe
 
 from channels_app.models import Channel, LLMModel, Preset
-from channels_app.vocabulary import NotificationEvent
+from slotserve_base.vocabulary import NotificationEvent
 
 LOCAL_INPUT = ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M"]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from channels_app.shared import OVERVIEW_GROUP
+from slotserve_base.overview import OVERVIEW_GROUP
 
 GROUP = OVERVIEW_GROUP
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from gateway import usage_views
+from gateway.usage import views as usage_views
 from portal import actions as portal_actions
 from portal import views as portal
 

@@ -25,13 +25,13 @@ from channels_app.scheduling import selectors
 from channels_app.scheduling.decision import PlanSegment
 from channels_app.scheduling.selectors import preset_load_estimates
 from channels_app.scheduling.services import plans_for
-from channels_app.target import Target
-from channels_app.vocabulary import Phase, Reason
+from portal.channel_reasons import BookingFacts, why
 from portal.forms import OverrideForm
-from reservations.explain import BookingFacts, why
 from reservations.hints import adjacent_switch_minutes, memory_estimate
 from reservations.models import Reservation, ReservationStatus
 from reservations.wording import slot_words
+from slotserve_base.target import Target
+from slotserve_base.vocabulary import Phase, Reason
 
 PRELOADING = {Reason.PRELOAD_NEXT, Reason.SKIP_DEFAULT_SHORT_GAP, Reason.STOP_FOR_EXCLUSIVE}
 MANUAL = {Reason.MANUAL_OVERRIDE, Reason.MANUAL_UNLOAD}
@@ -273,7 +273,7 @@ def _number(raw: str | None) -> int | None:
     return int(raw) if raw and raw.isdigit() and len(raw) < 12 else None
 
 
-# The calendar shows days of years that a booking can be in (slotserve_site.api_fields).
+# The calendar shows days of years that a booking can be in (slotserve_base.api_fields).
 FIRST_DAY, LAST_DAY = date(1970, 1, 8), date(8999, 12, 24)
 
 

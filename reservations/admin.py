@@ -21,12 +21,12 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from channels_app.errors import InvalidInput
 from reservations import services
 from reservations.models import GroupPolicy, Notification, Reservation
-from slotserve_site.admin_services import SavedByServicesAdmin
+from slotserve_base.admin_services import SavedByServicesAdmin
+from slotserve_base.errors import InvalidInput
 
-LOCKED_FIELDS = ["status", "reject_reason", "decided_by", "decided_at", "extends", "created"]
+LOCKED_FIELDS = ["status", "reject_reason", "reviewed_by", "reviewed_at", "extends", "created"]
 USAGE_FIELDS = ["requests", "prompt_tokens", "completion_tokens"]
 
 

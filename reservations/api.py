@@ -14,13 +14,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from channels_app.models import Channel, LLMModel, Preset
-from channels_app.vocabulary import NotificationEvent
 from reservations import hints, services
 from reservations.filters import NotificationFilter, ReservationFilter
 from reservations.models import Notification, Profile, Reservation, WaitlistEntry
 from reservations.profiles import profile_for
-from reservations.selectors import decidable_by
-from slotserve_site.api_fields import IdOrNameField, MomentField, current_user, moment_param
+from reservations.selectors import reviewable_by
+from slotserve_base.api_fields import IdOrNameField, MomentField, current_user, moment_param
+from slotserve_base.vocabulary import NotificationEvent
 
 
 class ChannelOrAutoField(IdOrNameField):
@@ -155,7 +155,7 @@ class ReservationViewSet(
         """A reservation the caller may approve or reject (staff, or an approver of the booker's
         group); their own answers 403, anyone else's 404."""
         user = current_user(request)
-        found = decidable_by(user).filter(pk=pk).first() if pk and str(pk).isdigit() else None
+        found = reviewable_by(user).filter(pk=pk).first() if pk and str(pk).isdigit() else None
         if found is None:
             if self.get_queryset().filter(pk=pk).exists() if pk and str(pk).isdigit() else False:
                 raise PermissionDenied("only staff or an approver of the booker's group may decide this")

@@ -13,13 +13,13 @@ from channels_app.models import Channel, LLMModel, Preset
 from channels_app.placement.estimates import preset_memory_estimate
 from channels_app.placement.memory import MemoryEstimate
 from channels_app.scheduling import selectors
-from channels_app.target import Target
 from reservations.models import Reservation
 from reservations.rules import quota_left, week_of
 from reservations.selectors import held_slots
 from reservations.services import needs_approval
 from reservations.services.common import limit_problems, slot_problems
 from reservations.wording import slot_words
+from slotserve_base.target import Target
 
 
 def adjacent_switch_minutes(*, load_seconds: float, gap_seconds: float) -> int:

@@ -12,13 +12,13 @@ import functools
 import logging
 from datetime import datetime, timedelta, tzinfo
 
-from channels_app.shared import redis_client
-from channels_app.vocabulary import NotificationEvent, RedisKey, redis_key
 from reservations.models import Reservation
 from reservations.notifications import notify
 from reservations.rules import IdleFacts, idle_step
 from reservations.services import InvalidTransition, reservation_end
 from reservations.wording import moment_words
+from slotserve_base.redis_client import redis_client
+from slotserve_base.vocabulary import NotificationEvent, RedisKey, redis_key
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from django.db import models
 from django.db.models import Func, Q
 from django.utils import timezone
 
-from channels_app.target import Target
-from channels_app.vocabulary import NotificationEvent
+from slotserve_base.target import Target
+from slotserve_base.vocabulary import NotificationEvent
 
 
 class ReservationStatus(models.TextChoices):
@@ -107,10 +107,10 @@ class Reservation(models.Model):
     reject_reason = models.TextField(blank=True)
     note = models.TextField(blank=True)
     created = models.DateTimeField(default=timezone.now)
-    decided_by = models.ForeignKey(
+    reviewed_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    decided_at = models.DateTimeField(null=True, blank=True)
+    reviewed_at = models.DateTimeField(null=True, blank=True)
     # An extension of an approved reservation that waits for approval: the time it adds,
     # right after the reservation it extends (reservations.services.reservation_extend).
     extends = models.ForeignKey(
@@ -220,7 +220,7 @@ class ReservationSeries(models.Model):
 
 class WaitlistEntry(models.Model):
     """ "Tell me when this slot frees": the user is notified once, when a cancellation, an early
-    end, a rejection or a change leaves all of ``[start, end)`` free (``reservations.waitlist``)."""
+    end, a rejection or a change leaves all of ``[start, end)`` free (``reservations.services.waitlist``)."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="waitlist")
     channel = models.ForeignKey("channels_app.Channel", on_delete=models.CASCADE, related_name="waitlist")

@@ -9,10 +9,10 @@ from datetime import tzinfo
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
-from channels_app import dispatch
 from reservations.models import Notification
 from reservations.profiles import profile_for
 from reservations.wording import zone_of
+from slotserve_base import dispatch
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import zoneinfo
 
 from django.contrib.auth.models import User
 
-from channels_app.errors import InvalidInput
 from reservations.models import Profile
+from slotserve_base.errors import InvalidInput
 
 
 def profile_for(user: User) -> Profile:

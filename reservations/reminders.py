@@ -7,9 +7,9 @@ from datetime import datetime, timedelta
 from django.db.models import Exists, OuterRef, Value
 from django.db.models.functions import Concat
 
-from channels_app.vocabulary import NotificationEvent
 from reservations.models import Notification, Reservation, ReservationStatus
 from reservations.notifications import notify
+from slotserve_base.vocabulary import NotificationEvent
 
 STARTING_SOON = timedelta(minutes=15)
 

@@ -45,7 +45,7 @@ def group_held_slots(
     return list(found.values_list("start", "end"))
 
 
-def decidable_by(user: User) -> QuerySet[Reservation]:
+def reviewable_by(user: User) -> QuerySet[Reservation]:
     """Reservations ``user`` may approve or reject: all for staff; a group approver's, those of
     the group's members."""
     if user.is_staff:

@@ -9,9 +9,9 @@ from celery import shared_task
 from django.core.mail import send_mail
 from django.utils import timezone
 
-from channels_app import dispatch
 from reservations.idle import apply_idle_rule
 from reservations.reminders import send_starting_soon
+from slotserve_base import dispatch
 
 
 @shared_task(name=dispatch.STARTING_SOON, ignore_result=True, soft_time_limit=30, time_limit=60)

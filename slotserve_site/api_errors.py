@@ -36,8 +36,8 @@ def _first_message(detail: Any, path: str = "") -> str:
 
 def _service_error(exc: Exception) -> Response | None:
     """Errors raised by the services, answered with the rule that refused."""
-    from channels_app.errors import InUse, InvalidInput
     from reservations.services import InvalidTransition, ReservationConflict, SeriesConflict
+    from slotserve_base.errors import InUse, InvalidInput
 
     if isinstance(exc, InvalidInput):
         return Response({"message": f"{exc.field}: {exc.message}", exc.field: [exc.message]}, status=400)

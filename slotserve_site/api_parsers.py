@@ -1,5 +1,5 @@
 """The REST API's JSON parser: DRF's, refusing with a 400 what no database stores (a lone
-surrogate) and what nests past any API's need (``slotserve_site.json_text``)."""
+surrogate) and what nests past any API's need (``slotserve_base.json_text``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
-from slotserve_site.json_text import TOO_DEEP, BadText, check_text
+from slotserve_base.json_text import TOO_DEEP, BadText, check_text
 
 
 class CheckedJSONParser(JSONParser):

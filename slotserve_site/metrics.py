@@ -15,11 +15,11 @@ from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from channels_app.inflight import in_flight_counts
-from channels_app.vocabulary import Phase, RedisKey
-from channels_app.vocabulary import redis_key as key
 from gateway.counters import TTFT_BUCKETS
-from gateway.request_log import dead_letters
+from gateway.usage.request_log import dead_letters
+from slotserve_base.inflight import in_flight_counts
+from slotserve_base.vocabulary import Phase, RedisKey
+from slotserve_base.vocabulary import redis_key as key
 
 PHASES = tuple(Phase.values)
 GATEWAY_STATUS, GATEWAY_TTFT = RedisKey.GATEWAY_STATUS, RedisKey.GATEWAY_TTFT
@@ -28,8 +28,8 @@ GATEWAY_STATUS, GATEWAY_TTFT = RedisKey.GATEWAY_STATUS, RedisKey.GATEWAY_TTFT
 class SlotServeCollector:
     def collect(self) -> Iterator[Metric]:
         from channels_app.models import Channel, LoadRecord
-        from channels_app.shared import redis_client
         from reservations.models import Reservation
+        from slotserve_base.redis_client import redis_client
 
         channels = list(Channel.objects.select_related("runtime__model", "runtime__preset"))
         phase = GaugeMetricFamily(

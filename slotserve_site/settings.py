@@ -1,7 +1,7 @@
 """SlotServe settings: one module, driven by the environment.
 
 Every SlotServe setting of docs/settings.md is read here with its default, and a
-bad value stops start-up naming the variable (see ``slotserve_site.env``).
+bad value stops start-up naming the variable (see ``slotserve_base.env``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import dj_database_url
 import django_stubs_ext
 from csp.constants import NONCE
 
-from slotserve_site.env import (
+from slotserve_base.env import (
     SettingError,
     env_bool,
     env_choice,
@@ -354,7 +354,7 @@ SLOTSERVE_REDIS_PREFIX = env_str("SLOTSERVE_REDIS_PREFIX", "slotserve")
 
 CELERY_BROKER_URL = REDIS_URL
 # Queues carry the installation's prefix too: two installations on one Redis never take each
-# other's tasks. Node queues are "<prefix>.node.<name>" (channels_app.dispatch.node_queue).
+# other's tasks. Node queues are "<prefix>.node.<name>" (slotserve_base.dispatch.node_queue).
 CELERY_TASK_DEFAULT_QUEUE = f"{SLOTSERVE_REDIS_PREFIX}.scheduler"
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
@@ -383,7 +383,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     # JSON only: every answer, errors included, is JSON whatever the client accepts (docs/api.md).
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    # JSON as DRF reads it, less what no database stores (slotserve_site.json_text); and forms.
+    # JSON as DRF reads it, less what no database stores (slotserve_base.json_text); and forms.
     "DEFAULT_PARSER_CLASSES": [
         "slotserve_site.api_parsers.CheckedJSONParser",
         "rest_framework.parsers.FormParser",

@@ -15,7 +15,7 @@ from channels_app.api.views import (
 )
 from channels_app.placement.api import FreeSlotsView, PlacementView
 from gateway.api import ApiKeyViewSet, RequestLogViewSet
-from gateway.usage_views import UsageView
+from gateway.usage.views import UsageView
 from reservations.api import MeView, NotificationViewSet, ReservationViewSet, WaitlistViewSet
 from slotserve_site import sign_in
 from slotserve_site.metrics import metrics_view

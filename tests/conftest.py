@@ -18,13 +18,24 @@ import uvicorn
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-import channels_app.dispatch
+import slotserve_base.dispatch
 from channels_app.models import ChannelRuntime
-from gateway.services import api_key_create
+from gateway.api_keys import api_key_create
 from slotserve_site.celery import app as celery_app
 from tests import factories
 
 STANDIN = f"{sys.executable} -m devtools.standin"
+
+
+@pytest.fixture
+def frozen(request):
+    """Time stands still at the test module's ``T0`` (``tests.clock.T0`` unless it names another)."""
+    import time_machine
+
+    from tests import clock
+
+    with time_machine.travel(getattr(request.module, "T0", clock.T0), tick=False) as traveller:
+        yield traveller
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +46,7 @@ def _eager_celery():
     celery_app.conf.task_always_eager = False
 
 
-REAL_SEND_TO_NODE = channels_app.dispatch.send_to_node
+REAL_SEND_TO_NODE = slotserve_base.dispatch.send_to_node
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +55,7 @@ def node_queue_sends(monkeypatch):
     (``channels_app.node_agent.worker.reconcile`` with ``now`` injected), so nothing runs here."""
     sent: list[tuple[str, tuple[Any, ...], str]] = []
     monkeypatch.setattr(
-        "channels_app.dispatch.send_to_node",
+        "slotserve_base.dispatch.send_to_node",
         lambda task, args, node, countdown=None: sent.append((task, args, node)),
     )
     return sent
@@ -53,7 +64,7 @@ def node_queue_sends(monkeypatch):
 @pytest.fixture
 def real_node_queues(monkeypatch):
     """For the tests that run a real node worker on Redis."""
-    monkeypatch.setattr("channels_app.dispatch.send_to_node", REAL_SEND_TO_NODE)
+    monkeypatch.setattr("slotserve_base.dispatch.send_to_node", REAL_SEND_TO_NODE)
     celery_app.conf.task_always_eager = False
 
 
@@ -167,7 +178,7 @@ def gateway_url(request, settings, transactional_db):
     with a snapshot that is never stale for long. It needs the database first, so it stops (and
     its snapshot reads end) before the database is flushed after the test.
 
-    Each test runs twice: with the fast lane (``gateway.lane``) carrying what it can, as
+    Each test runs twice: with the fast lane (``gateway.fast_lane``) carrying what it can, as
     ``./slotserve start`` serves, and with every request through the ASGI application. The lane
     carries only requests that find a fresh snapshot, so for the lane a test in the gateway's
     ``world`` has the gateway read that world before the test begins: its first request is the

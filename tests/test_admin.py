@@ -80,7 +80,7 @@ def test_approve_action_notifies_and_redecides(admin_client, booking, ana):
     )
     assert answer.status_code == 302
     pending.refresh_from_db()
-    assert pending.status == "approved" and pending.decided_by is not None
+    assert pending.status == "approved" and pending.reviewed_by is not None
     assert Notification.objects.filter(user=ana, event="approved").exists()
     target = ChannelTarget.objects.get(channel=booking["channel"])
     assert target.reservation_id == pending.pk and target.reason == "active_reservation"
@@ -175,7 +175,7 @@ def test_adding_through_the_admin_books_for_the_user_approved_and_redecides(admi
     answer = admin_client.post("/admin/reservations/reservation/add/", data)
     assert answer.status_code == 302, answer.content.decode()[-2000:]
     made = Reservation.objects.get(user=bo)
-    assert made.status == "approved" and made.decided_by == staff and made.note == "for the demo"
+    assert made.status == "approved" and made.reviewed_by == staff and made.note == "for the demo"
 
 
 def test_moving_a_reservation_checks_overlap_and_tells_the_owner(admin_client, booking, ana, bo):

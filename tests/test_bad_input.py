@@ -13,7 +13,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from channels_app.models import Channel, ChannelRuntime, LLMModel, Node, Override, Preset
-from gateway.services import api_key_create
+from gateway.api_keys import api_key_create
 from reservations.models import Reservation
 from tests import factories
 from tests.conftest import serve
@@ -217,9 +217,9 @@ def test_deleting_the_model_a_channel_runs_is_refused_by_name(world, staff):
 
 @pytest.mark.django_db
 def test_a_usage_flush_for_a_deleted_user_drops_its_counts(world, bo):
-    from channels_app.shared import redis_client
     from gateway.counters import USAGE_RESERVATION, USAGE_USER, key
-    from gateway.usage import flush_usage
+    from gateway.usage.flush import flush_usage
+    from slotserve_base.redis_client import redis_client
 
     client = redis_client()
     client.hset(key(USAGE_USER, bo.pk), mapping={"requests": 2, "prompt_tokens": 5})

@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 from channels_app.models import ChannelRuntime, LoadRecord, Preset
 from channels_app.node_agent.tasks import node_tick
 from channels_app.scheduling.services import decide_channels
-from channels_app.vocabulary import Phase
+from slotserve_base.vocabulary import Phase
 from tests import factories
 
 UNBALANCED = '-c "256 -ngl 99'

@@ -11,9 +11,9 @@ import time_machine
 from reservations.models import Reservation
 from reservations.rules import BookingLimits, check_length_and_horizon, check_quota, hours_by_week
 from tests import factories
+from tests.clock import T0
 from tests.factories import iso
 
-T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)  # a Monday
 HOUR = timedelta(hours=1)
 
 

@@ -17,8 +17,8 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from channels_app.models import ChannelRuntime
-from channels_app.vocabulary import Phase
 from reservations.models import Notification, Reservation
+from slotserve_base.vocabulary import Phase
 from tests import factories
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

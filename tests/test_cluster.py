@@ -38,7 +38,7 @@ from django.utils import timezone
 
 from channels_app.models import Channel, ChannelRuntime, ChannelTarget, LLMModel, ModelFile, Node, Preset
 from devtools.cluster import Cluster, Forwarder, namespaces_work, redis_answers, redis_executable
-from gateway.services import api_key_create
+from gateway.api_keys import api_key_create
 from tests import factories
 from tests.conftest import free_port
 
@@ -448,8 +448,8 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
     _wait("Redis to be back", lambda: redis_answers(cluster["redis_url"]), timeout=10)
     _wait("the gateway to serve again", lambda: chat(bo_key, "tiny-a").status_code == 200, timeout=30)
     assert chat(ana_key, "tiny-b").status_code == 200
-    from channels_app.inflight import in_flight_counts
-    from channels_app.shared import redis_client
+    from slotserve_base.inflight import in_flight_counts
+    from slotserve_base.redis_client import redis_client
 
     # A request is counted out right after its answer went out (the count out may wait a couple
     # of milliseconds to share a write with the next count in): nothing stays in flight.

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
-import time_machine
 
 from channels_app.models import ChannelTarget
 from channels_app.scheduling.tasks import scheduler_tick
+from tests.clock import T0
 from tests.factories import iso
 
-T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 GiB = 2**30
-
-
-@pytest.fixture
-def frozen():
-    with time_machine.travel(T0, tick=False) as traveller:
-        yield traveller
 
 
 @pytest.fixture

@@ -18,9 +18,10 @@ from django.utils import timezone
 
 from channels_app.models import Channel
 from channels_app.node_agent import worker
+from gateway.api_keys import api_key_create
 from gateway.counters import GATE, key
-from gateway.services import api_key_create
 from tests import factories
+from tests.clock import eventually
 from tests.conftest import free_port, serve
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -88,15 +89,6 @@ def own_redis(settings, tmp_path, monkeypatch):
     server.stop()
 
 
-def _wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def _stream(url: str, key_: str, done: list[int]) -> threading.Thread:
     def run() -> None:
         with httpx.stream(
@@ -117,7 +109,7 @@ def _stream(url: str, key_: str, done: list[int]) -> threading.Thread:
 
 @pytest.fixture
 def slow_channel(standins, ana):
-    from gateway.services import api_key_create
+    from gateway.api_keys import api_key_create
 
     model = factories.llm("slow")
     channel = factories.channel("slow-ch")
@@ -132,23 +124,23 @@ def test_in_flight_counts_heal_after_a_redis_restart_mid_stream(own_redis, gatew
     channel, api_key = slow_channel
     first: list[int] = []
     stream = _stream(gateway_url, api_key, first)
-    assert _wait_for(lambda: worker.in_flight(channel.pk) == 1)
+    assert eventually(lambda: worker.in_flight(channel.pk) == 1)
 
     own_redis.stop()
     own_redis.start()  # empty: every count is gone
     assert worker.in_flight(channel.pk) == 0
     assert stream.is_alive(), "the answer ended before Redis came back: nothing left to re-add"
     # The gateway re-adds its live request within a third of the entry's lifetime.
-    assert _wait_for(lambda: worker.in_flight(channel.pk) == 1 or not stream.is_alive(), timeout=3)
+    assert eventually(lambda: worker.in_flight(channel.pk) == 1 or not stream.is_alive(), timeout=3)
     assert stream.is_alive() and worker.in_flight(channel.pk) == 1
     stream.join(timeout=20)
     assert first == [200]
-    assert _wait_for(lambda: worker.in_flight(channel.pk) == 0), "the count went back to zero, not below"
+    assert eventually(lambda: worker.in_flight(channel.pk) == 0), "the count went back to zero, not below"
 
     # The next switch sees the next request in flight, so it drains rather than cuts it.
     second: list[int] = []
     again = _stream(gateway_url, api_key, second)
-    assert _wait_for(lambda: worker.in_flight(channel.pk) == 1)
+    assert eventually(lambda: worker.in_flight(channel.pk) == 1)
     redis.Redis.from_url(own_redis.url).set(key(GATE, channel.pk), "1")  # the node worker switches
     refused = httpx.post(
         gateway_url + "/v1/chat/completions",
@@ -159,7 +151,7 @@ def test_in_flight_counts_heal_after_a_redis_restart_mid_stream(own_redis, gatew
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_switching"
     assert worker.in_flight(channel.pk) == 1
     again.join(timeout=20)
-    assert second == [200] and _wait_for(lambda: worker.in_flight(channel.pk) == 0)
+    assert second == [200] and eventually(lambda: worker.in_flight(channel.pk) == 0)
 
 
 def test_a_gateway_that_died_mid_request_leaves_no_count_behind(own_redis, slow_channel):
@@ -170,7 +162,7 @@ def test_a_gateway_that_died_mid_request_leaves_no_count_behind(own_redis, slow_
 
     assert client.eval(ENTER, 2, key(INFLIGHT, channel.pk), key(GATE, channel.pk), "orphan", "1.5") == 1
     assert worker.in_flight(channel.pk) == 1
-    assert _wait_for(lambda: worker.in_flight(channel.pk) == 0, timeout=4)
+    assert eventually(lambda: worker.in_flight(channel.pk) == 0, timeout=4)
 
 
 def test_redis_down_gives_an_openai_503_with_retry_after_and_health_says_so(
@@ -194,7 +186,7 @@ def test_redis_down_gives_an_openai_503_with_retry_after_and_health_says_so(
     assert health.json()["redis"].startswith("unreachable") and health.json()["database"] == "ok"
     own_redis.start()
     assert Client().get("/health").json() == {"status": "ok", "database": "ok", "redis": "ok"}
-    assert _wait_for(
+    assert eventually(
         lambda: (
             httpx.post(
                 gateway_url + "/v1/chat/completions",
@@ -236,7 +228,7 @@ def test_a_worker_killed_holding_the_lock_frees_the_channel_within_two_ticks(set
         holder.kill()  # SIGKILL: no release, no clean-up
         holder.wait()
     killed = time.monotonic()
-    assert _wait_for(
+    assert eventually(
         lambda: worker.reconcile(channel_id=channel.pk, now=timezone.now()) is not None, timeout=5
     )
     assert time.monotonic() - killed <= 2 * settings.SLOTSERVE_TICK_SECONDS

@@ -15,10 +15,11 @@ from rest_framework.test import APIClient
 
 from channels_app.models import ChannelRuntime
 from channels_app.node_agent.worker import in_flight
-from channels_app.shared import redis_client
+from gateway.api_keys import api_key_revoke
 from gateway.counters import GATE, INFLIGHT, key
-from gateway.services import api_key_revoke
+from slotserve_base.redis_client import redis_client
 from tests import factories
+from tests.clock import eventually
 from tests.conftest import free_port, running_llama_server, serve, snapshot_seen
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,10 +49,9 @@ def assert_work_cancelled_or_never_begun(log) -> None:
 def counted_out(*channels, timeout: float = 5.0) -> None:
     """Until every request on ``channels`` is counted out, with its usage: a count out leaves a
     moment after the answer's end (it rides with the next count in, or goes within 2 ms)."""
-    deadline = time.monotonic() + timeout
-    while any(in_flight(channel.pk) for channel in channels):
-        assert time.monotonic() < deadline, "a request is still counted in"
-        time.sleep(0.01)
+    assert eventually(lambda: not any(in_flight(channel.pk) for channel in channels), timeout), (
+        "a request is still counted in"
+    )
 
 
 def book(world, who: str, *, exclusive: bool = False):
@@ -88,7 +88,7 @@ def test_active_reservation_lets_only_the_booker_in(gateway_url, world):
     assert error(theirs) == (403, "gpu_reserved")
     assert call(gateway_url + "/channels/ch-a", world["bo"]).status_code == 403
     # Usage is counted per reservation and per user, and reaches the database with the tick.
-    from gateway.usage import flush_usage
+    from gateway.usage.flush import flush_usage
 
     counted_out(world["a"], world["b"])
     flush_usage(redis_client())
@@ -193,7 +193,7 @@ def test_streaming_passes_chunks_through_and_counts_tokens(gateway_url, world):
     payloads = [json.loads(e[6:]) for e in events[:-1]]
     # The usage chunk SlotServe asked for is hidden from a client that did not ask.
     assert len(payloads) == 8 and all(p["choices"] for p in payloads)
-    from gateway.usage import flush_usage
+    from gateway.usage.flush import flush_usage
     from reservations.models import Profile
 
     counted_out(world["a"], world["b"])
@@ -235,9 +235,7 @@ def test_unreachable_upstream_is_502(gateway_url, world):
     answer = call(gateway_url, world["ana"], model="llama")
     assert error(answer) == (502, "upstream_unreachable")
     # Counted out right after the answer went to the client.
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and in_flight(world["b"].pk) != 0:
-        time.sleep(0.02)
+    eventually(lambda: in_flight(world["b"].pk) == 0, timeout=5)
     assert in_flight(world["b"].pk) == 0
 
 
@@ -258,9 +256,7 @@ def test_upstream_dying_mid_stream_ends_with_an_error_event(gateway_url, world, 
         lines = [line for line in answer.iter_lines() if line.startswith("data: ")]
     assert "upstream_failed" in lines[-1]
     # The gateway counts the request out just after the stream's last bytes leave.
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and in_flight(world["b"].pk) != 0:
-        time.sleep(0.02)
+    eventually(lambda: in_flight(world["b"].pk) == 0, timeout=5)
     assert in_flight(world["b"].pk) == 0
 
 
@@ -280,13 +276,9 @@ def test_client_disconnect_cancels_the_upstream_and_releases_the_count(gateway_u
         lines = answer.iter_lines()
         next(lines)
         assert in_flight(counter) == 1
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and in_flight(counter) != 0:
-        time.sleep(0.02)
+    eventually(lambda: in_flight(counter) == 0, timeout=5)
     assert in_flight(counter) == 0
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and "client went away" not in log.read_text():
-        time.sleep(0.05)
+    eventually(lambda: "client went away" in log.read_text(), timeout=5)
     assert "generation cancelled" in log.read_text()
 
 
@@ -294,7 +286,7 @@ def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, w
     """A slow stream is in flight when the target changes: it completes; new requests get 503."""
     from channels_app.models import ChannelTarget
     from channels_app.node_agent import worker
-    from channels_app.vocabulary import Phase
+    from slotserve_base.vocabulary import Phase
 
     port, _ = standins("qwen2", "--standin-chunks", "60", "--standin-chunk-delay", "30")
     model = factories.llm("qwen2")
@@ -338,9 +330,7 @@ def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, w
     reader.join(timeout=30)
     assert received[-1] == "data: [DONE]" and len(received) == 61
     # Counted out right after the last bytes went to the client: now the switch can proceed.
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and worker.in_flight(world["b"].pk) != 0:
-        time.sleep(0.02)
+    eventually(lambda: worker.in_flight(world["b"].pk) == 0, timeout=5)
     assert worker.in_flight(world["b"].pk) == 0
 
 
@@ -418,12 +408,9 @@ def test_client_leaving_before_the_first_token_cancels_the_upstream(gateway_url,
                 json={"model": "thinker", "messages": [], "stream": streaming},
                 timeout=httpx.Timeout(5, read=0.3),
             )
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and in_flight(counter) != 0:
-            time.sleep(0.02)
-        assert in_flight(counter) == 0
-        while time.monotonic() < deadline and log.read_text().count("before the first token") < 1 + streaming:
-            time.sleep(0.02)
+        assert eventually(lambda: in_flight(counter) == 0, timeout=3)
+        wanted = 1 + streaming
+        eventually(lambda wanted=wanted: log.read_text().count("before the first token") >= wanted, timeout=3)
         assert log.read_text().count("before the first token") == 1 + streaming
         assert time.monotonic() - started < 3, "cancelled long before the 5 s prefill would end"
 
@@ -577,8 +564,8 @@ def test_a_caller_far_from_its_limits_goes_upstream_while_redis_counts_it_in(
     """Limits cost no wait while the caller has room under them: its first request is checked
     before it goes upstream; the next ones go up while the same check runs in Redis, and are
     counted against the limits all the same."""
-    from channels_app.vocabulary import RedisKey
     from gateway.counters import Counters
+    from slotserve_base.vocabulary import RedisKey
 
     settings.SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE = 100
     settings.SLOTSERVE_LIMIT_CONCURRENT_REQUESTS = 10
@@ -596,10 +583,8 @@ def test_a_caller_far_from_its_limits_goes_upstream_while_redis_counts_it_in(
     rate = redis_client().get(key(RedisKey.RATE, f"user-{world['bo_user'].pk}"))
     assert int(rate) == 3  # every request counted against the per-minute limit
     flights = key(RedisKey.USER_FLIGHT, world["bo_user"].pk)
-    deadline = time.monotonic() + 2
-    while redis_client().zcard(flights):  # counted out of the user's in-flight set (after the answer)
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    # Counted out of the user's in-flight set (after the answer).
+    assert eventually(lambda: not redis_client().zcard(flights), timeout=2)
 
 
 def test_a_request_sent_ahead_that_meets_a_limit_is_refused_and_its_work_cancelled(
@@ -608,7 +593,7 @@ def test_a_request_sent_ahead_that_meets_a_limit_is_refused_and_its_work_cancell
     """Another gateway process took the caller's last requests this minute while this one still
     knew of room: the request that went ahead gets 429 and none of the process's answer, its work
     is cancelled, and the caller's next request is checked before it goes anywhere."""
-    from channels_app.vocabulary import RedisKey
+    from slotserve_base.vocabulary import RedisKey
 
     settings.SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE = 100
     port, log = standins("slow", "--standin-prefill-ms", "3000")
@@ -763,7 +748,7 @@ def test_a_model_the_decision_names_is_loading_and_a_waiting_caller_is_answered_
     loading: 503 model_loading with Retry-After, and a caller who asked to wait is held and
     answered when it is ready (it once was 404 model_not_loaded at once)."""
     from channels_app.models import ChannelTarget
-    from channels_app.vocabulary import Reason
+    from slotserve_base.vocabulary import Reason
 
     serve(world["a"], None, None, phase="stopped")
     ChannelTarget.objects.update_or_create(

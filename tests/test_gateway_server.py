@@ -12,7 +12,7 @@ from collections import deque
 import httptools
 import pytest
 
-from gateway import lane
+from gateway import fast_lane
 from gateway import server as gateway_server
 from tests.conftest import serving
 
@@ -287,13 +287,13 @@ def test_what_can_go_upstream_at_once_is_carried_by_the_fast_lane_and_the_rest_b
     from gateway.proxy import Gateway
 
     carried: list[bool] = []
-    take = lane.take
+    take = fast_lane.take
 
     def recording(gateway, cycle, raw):
         carried.append(take(gateway, cycle, raw))
         return carried[-1]
 
-    monkeypatch.setattr(lane, "take", recording)
+    monkeypatch.setattr(fast_lane, "take", recording)
     with serving(Gateway()) as url:
         client = Client(url)
         for _ in range(2):  # the first reads the snapshot: the application's; the second goes at once
@@ -332,9 +332,9 @@ def test_a_redis_that_forgot_the_scripts_still_counts_requests_in_and_out(gatewa
     """The count in leaves before the request goes upstream, without a task (``enter_soon``);
     after a Redis restart (its scripts gone) it loads the script and counts again."""
     from channels_app.node_agent.worker import in_flight
-    from channels_app.shared import redis_client
-    from channels_app.vocabulary import RedisKey
     from gateway.counters import key
+    from slotserve_base.redis_client import redis_client
+    from slotserve_base.vocabulary import RedisKey
 
     client = Client(gateway_url)
     client.send(request("POST", "/v1/chat/completions", world["ana"], CHAT))

@@ -21,7 +21,7 @@ import pytest
 from django.utils import timezone
 
 from channels_app.models import ChannelRuntime
-from gateway.services import api_key_create
+from gateway.api_keys import api_key_create
 from tests import factories
 from tests.conftest import free_port, running_llama_server
 
@@ -345,8 +345,8 @@ def test_the_sdk_retries_after_the_retry_after_of_a_drain(gateway_url, world, se
     the switch. (Drain and stop made short so Retry-After stays under the SDK's 60 s cap.)"""
     import openai
 
-    from channels_app.shared import redis_client
-    from channels_app.vocabulary import RedisKey, redis_key
+    from slotserve_base.redis_client import redis_client
+    from slotserve_base.vocabulary import RedisKey, redis_key
 
     settings.SLOTSERVE_DRAIN_SECONDS = 0.3
     settings.SLOTSERVE_STOP_TIMEOUT_SECONDS = 0.3

@@ -475,7 +475,7 @@ def test_the_snapshot_is_kept_fresh_in_the_background_and_requests_do_not_wait(m
 
 
 def test_the_pipe_selects_its_database_reloads_forgotten_scripts_and_fails_waiters_clearly():
-    """``gateway.resp``: the URL's database is selected before any command; a script Redis
+    """``gateway.redis_protocol``: the URL's database is selected before any command; a script Redis
     forgot (a restart) is loaded again; a Redis that stops answering fails every waiting command
     with redis-py's TimeoutError, and the next command connects afresh."""
     import socket as sockets
@@ -483,7 +483,7 @@ def test_the_pipe_selects_its_database_reloads_forgotten_scripts_and_fails_waite
 
     import redis
 
-    from gateway.resp import RespPipe
+    from gateway.redis_protocol import RespPipe
 
     base = settings.REDIS_URL.rsplit("/", 1)[0]
     other_db = redis.Redis.from_url(f"{base}/3")

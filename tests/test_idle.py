@@ -11,9 +11,9 @@ from django.conf import settings
 from reservations.idle import apply_idle_rule
 from reservations.models import Notification, Reservation, WaitlistEntry
 from reservations.rules import IdleFacts, idle_step
-from tests import factories
+from tests import clock, factories
 
-T0 = datetime(2026, 12, 7, 9, 0, tzinfo=UTC)
+T0 = clock.T0 + timedelta(hours=1)  # 09:00 UTC
 MIN = timedelta(minutes=1)
 
 

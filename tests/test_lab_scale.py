@@ -195,7 +195,7 @@ def test_the_request_log_csv_streams_under_asgi_as_rows_are_read(staff):
     from django.test import AsyncClient
 
     from gateway.api import CSV_FIELDS
-    from slotserve_site.csv_stream import BATCH
+    from slotserve_base.csv_stream import BATCH
 
     person = factories.user("streamer")
     now = timezone.now()

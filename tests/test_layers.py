@@ -59,7 +59,7 @@ def test_the_tree_keeps_its_layers(tree_copy):
 def test_a_forbidden_import_fails_the_check(tree_copy, module, source, complaint):
     if not source:  # settings: append the import to the real settings module
         settings = tree_copy / "slotserve_site" / "settings.py"
-        settings.write_text(settings.read_text() + "\nfrom channels_app import vocabulary  # noqa\n")
+        settings.write_text(settings.read_text() + "\nfrom channels_app import models  # noqa\n")
         complaint = "slotserve_site.settings is not allowed to import channels_app"
     else:
         (tree_copy / module).write_text(source)

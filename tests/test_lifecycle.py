@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -21,10 +21,10 @@ from channels_app.node_agent.lifecycle import (
     retry_delay,
     step,
 )
-from channels_app.target import Target
-from channels_app.vocabulary import Phase
+from slotserve_base.target import Target
+from slotserve_base.vocabulary import Phase
+from tests.clock import T0
 
-T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
 A = Target(1, 10)  # the default
 B = Target(2, 20)  # a booked model
 PID = 4242

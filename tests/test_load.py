@@ -17,7 +17,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from gateway.services import api_key_create
+from gateway.api_keys import api_key_create
 from tests import factories
 from tests.test_run import _free_port, _run_env, healthy, log_text, start_run
 

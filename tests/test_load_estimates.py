@@ -31,7 +31,7 @@ def test_the_estimate_shown_is_the_one_the_scheduler_uses_per_preset_and_node(st
     from datetime import UTC, datetime, timedelta
 
     from channels_app.scheduling.selectors import load_estimates
-    from channels_app.target import Target
+    from slotserve_base.target import Target
     from tests import factories
 
     model = factories.llm("big", size=10 * 10**9)  # 50 s of reading at 200 MB/s + 15 s

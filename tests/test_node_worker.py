@@ -15,13 +15,13 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from channels_app import shared
 from channels_app.models import ChannelRuntime, ChannelTarget, LoadRecord
 from channels_app.node_agent import processes, worker
 from channels_app.scheduling.services import decide_channels
-from channels_app.vocabulary import Phase
 from gateway.counters import INFLIGHT, key
 from reservations.models import Notification
+from slotserve_base.redis_client import redis_client
+from slotserve_base.vocabulary import Phase
 from tests import factories
 
 STANDIN = f"{sys.executable} -m devtools.standin"
@@ -99,7 +99,7 @@ def test_switching_presets_drains_then_restarts(node_env, tiny, settings):
         by=None,
     )
     decide_channels(now=now)
-    redis = shared.redis_client()
+    redis = redis_client()
     redis.zadd(key(INFLIGHT, channel.pk), {"a-request": time.time() + 3600})
     try:
         assert converge(channel, until={Phase.DRAINING}).pid == first_pid
@@ -319,8 +319,8 @@ def test_tick_reaches_the_node_worker_through_redis(node_env, tiny, real_node_qu
 
     from celery.contrib.testing.worker import start_worker
 
-    from channels_app.dispatch import node_queue
     from channels_app.scheduling.tasks import scheduler_tick
+    from slotserve_base.dispatch import node_queue
     from slotserve_site.celery import app
 
     suffix = uuid.uuid4().hex[:8]
@@ -405,7 +405,7 @@ def test_the_run_log_reaches_hosts_that_do_not_have_the_file(node_env, tiny, ana
     whole = b"".join(api.get(f"/api/channels/{channel.pk}/log", {"full": 1}).streaming_content)  # type: ignore[attr-defined]
     assert b"--alias tiny" in whole
     # Bounded: a chatty process cannot fill Redis.
-    client = shared.redis_client()
+    client = redis_client()
     for _ in range(3):
         log_shipping._add(
             channel.pk, runtime.run_id, [f"line {i}" for i in range(log_shipping.STREAM_MAXLEN)]

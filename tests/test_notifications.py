@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
-import time_machine
 from django.core import mail
 
 from reservations.models import Notification
@@ -13,16 +12,10 @@ from reservations.notifications import notify
 from reservations.profiles import profile_for
 from reservations.tasks import send_starting_soon_reminders
 from tests import factories
+from tests.clock import T0
 from tests.factories import iso
 
-T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
-
-
-@pytest.fixture
-def frozen():
-    with time_machine.travel(T0, tick=False) as traveller:
-        yield traveller
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from channels_app.placement.chains import Candidate, Need, ScoreMaximums, place
-from channels_app.target import Target
+from slotserve_base.target import Target
 
 GiB = 2**30
 WANT = Need(model="qwen", backend="llama.cpp", target=Target(1, 1), labels={}, need_bytes=20 * GiB)

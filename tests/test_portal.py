@@ -9,20 +9,14 @@ import time_machine
 from django.test import Client
 
 from channels_app.models import ChannelRuntime, ChannelTarget
-from channels_app.vocabulary import Phase
 from reservations.models import Profile, Reservation
 from reservations.profiles import profile_for
-from tests import factories
+from slotserve_base.vocabulary import Phase
+from tests import clock, factories
 
-T0 = datetime(2026, 12, 7, 5, 0, tzinfo=UTC)  # 13:00 in Shanghai
+T0 = clock.T0 - timedelta(hours=3)  # 13:00 in Shanghai
 HOUR = timedelta(hours=1)
 GiB = 2**30
-
-
-@pytest.fixture
-def frozen():
-    with time_machine.travel(T0, tick=False) as traveller:
-        yield traveller
 
 
 @pytest.fixture

@@ -4,26 +4,19 @@ admin's widgets (the browser flows are in ``test_browser``)."""
 from __future__ import annotations
 
 import html
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
-import time_machine
 from django.test import Client
 
 from reservations.models import Notification, Reservation
 from reservations.profiles import profile_for
 from tests import factories
+from tests.clock import T0
 
-T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)  # a Monday; 09:00 in Berlin
 HOUR = timedelta(hours=1)
-
-
-@pytest.fixture
-def frozen():
-    with time_machine.travel(T0, tick=False) as traveller:
-        yield traveller
 
 
 def client_for(user) -> Client:

@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from channels_app.models import ChannelRuntime
 from channels_app.node_agent import processes
 from channels_app.scheduling.services import decide_channels
-from channels_app.vocabulary import Phase
+from slotserve_base.vocabulary import Phase
 from tests import factories
 from tests.test_node_worker import converge
 

@@ -14,9 +14,9 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from channels_app.shared import redis_client
 from gateway.models import RequestLog
-from gateway.request_log import flush_request_log
+from gateway.usage.request_log import flush_request_log
+from slotserve_base.redis_client import redis_client
 from tests.conftest import snapshot_seen
 from tests.test_gateway_http import book, call
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def wait_for_records(count: int) -> None:
     """The gateway pushes a request's record right after the answer went out: wait for them."""
-    from channels_app.vocabulary import RedisKey, redis_key
+    from slotserve_base.vocabulary import RedisKey, redis_key
 
     deadline = time.monotonic() + 5
     while redis_client().llen(redis_key(RedisKey.REQUEST_LOG, "all")) < count:
@@ -164,7 +164,7 @@ def test_records_written_before_the_served_model_was_kept_still_flush(ana):
     """An upgrade finds the old records (13 fields) in Redis: they are written, served unknown."""
     import json
 
-    from channels_app.vocabulary import RedisKey, redis_key
+    from slotserve_base.vocabulary import RedisKey, redis_key
 
     old = json.dumps([time.time(), ana.pk, None, None, None, "qwen", "POST", "/v1/x", 200, None, 1.0, 1, 2])
     redis_client().rpush(redis_key(RedisKey.REQUEST_LOG, "all"), old)

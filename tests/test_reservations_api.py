@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
-import time_machine
 
 from channels_app.models import ChannelTarget
 from reservations.models import Notification, Reservation
 from tests import factories
+from tests.clock import T0
 from tests.factories import iso
 
-T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
-
-
-@pytest.fixture
-def frozen():
-    with time_machine.travel(T0, tick=False) as traveller:
-        yield traveller
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from django.test import Client
 from django.utils import timezone
 
 from reservations.models import Reservation
-from slotserve_site.env import secret_key_weakness
+from slotserve_base.env import secret_key_weakness
 from tests import factories
 from tests.factories import iso
 

@@ -9,7 +9,7 @@ the short gap before B is 100 + 300 + 2 * 60 = 520 s.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -22,10 +22,11 @@ from channels_app.scheduling.decision import (
     decide_at,
     plan,
 )
-from channels_app.target import Target
-from channels_app.vocabulary import Reason
+from slotserve_base.target import Target
+from slotserve_base.vocabulary import Reason
+from tests import clock
 
-T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+T0 = clock.T0 - timedelta(days=5) + timedelta(hours=4)  # Wednesday noon UTC
 A = Target(1, 10)
 B = Target(2, 20)
 C = Target(2, 21)

@@ -24,12 +24,12 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from channels_app.backends import Backend, effective_args
-from channels_app.shared import redis_client
-from channels_app.vocabulary import RedisKey
-from channels_app.vocabulary import redis_key as key
 from gateway.events import Usage
 from gateway.models import ApiKey, RequestLog, SharingLimits
-from gateway.request_log import flush_request_log
+from gateway.usage.request_log import flush_request_log
+from slotserve_base.redis_client import redis_client
+from slotserve_base.vocabulary import RedisKey
+from slotserve_base.vocabulary import redis_key as key
 from tests import factories
 from tests.conftest import running_llama_server, serve, snapshot_seen
 from tests.test_gateway_http import call, counted_out, error
@@ -222,7 +222,7 @@ def test_presets_cannot_open_llama_servers_admin_endpoints():
 
 @pytest.mark.django_db(transaction=True)
 def test_the_pinned_path_passes_a_process_admin_endpoints_to_staff_only(gateway_url, world, staff):
-    from gateway.services import api_key_create
+    from gateway.api_keys import api_key_create
 
     _, staff_key = api_key_create(user=staff, name="t")
     snapshot_seen(gateway_url)

@@ -13,8 +13,8 @@ import pytest
 from django.utils import timezone
 
 from channels_app.scheduling.services import decide_channels
-from channels_app.vocabulary import Phase
-from gateway.services import api_key_create
+from gateway.api_keys import api_key_create
+from slotserve_base.vocabulary import Phase
 from tests import factories
 from tests.test_node_worker import converge
 
@@ -56,9 +56,9 @@ def test_a_request_sent_as_a_channel_is_created_is_held_and_answered(gateway_url
 def test_at_a_back_to_back_boundary_the_booker_is_served_only_their_own_preset(
     gateway_url, node_env, tiny, ana, bo
 ):
-    from channels_app.shared import redis_client
     from gateway.models import RequestLog
-    from gateway.request_log import flush_request_log
+    from gateway.usage.request_log import flush_request_log
+    from slotserve_base.redis_client import redis_client
 
     _, ana_key = api_key_create(user=ana, name="t")
     _, bo_key = api_key_create(user=bo, name="t")

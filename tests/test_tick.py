@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
 import time_machine
@@ -11,13 +11,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django_celery_beat.models import PeriodicTask
 
-from channels_app.dispatch import SCHEDULER_TICK as TICK_TASK
 from channels_app.models import ChannelTarget
 from channels_app.scheduling.beat import TICK_TASK_NAME
 from channels_app.scheduling.services import decide_channels
+from slotserve_base.dispatch import SCHEDULER_TICK as TICK_TASK
 from tests import factories
+from tests.clock import T0
 
-T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 
 

@@ -14,15 +14,15 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from channels_app.shared import redis_client
 from gateway.models import RequestLog
-from gateway.request_log import flush_request_log
-from gateway.utilisation import Span, channel_shares, totals
-from tests import factories
+from gateway.usage.request_log import flush_request_log
+from gateway.usage.utilisation import Span, channel_shares, totals
+from slotserve_base.redis_client import redis_client
+from tests import clock, factories
 from tests.test_gateway_http import book, call
 from tests.test_request_log import wait_for_records
 
-T0 = datetime(2026, 12, 7, 10, 0, tzinfo=UTC)
+T0 = clock.T0 + timedelta(hours=2)  # 10:00 UTC
 MIN = timedelta(minutes=1)
 
 
@@ -127,7 +127,7 @@ def test_the_report_read_in_runs_and_sums_gives_what_every_request_read_alone_gi
 
     from django.contrib.auth.models import Group
 
-    from gateway.reports import share_rows, usage_rows
+    from gateway.usage.reports import share_rows, usage_rows
 
     rng = random.Random(11)
     lo = datetime(2026, 3, 2, tzinfo=UTC)
@@ -235,11 +235,11 @@ def _logged(
 
 @pytest.mark.django_db
 def test_the_report_reads_roll_ups_kept_as_the_log_is_written_and_counts_each_row_once(staff, ana):
-    """Usage reads hourly sums and merged runs of minutes (``gateway.rollups``), kept as the
+    """Usage reads hourly sums and merged runs of minutes (``gateway.usage.rollups``), kept as the
     log is written: a second report counts nothing twice, rows written later that bridge two
     runs merge them, and the numbers stay after the log's rows are dropped."""
     from gateway.models import RequestHour, RequestMinutes
-    from gateway.reports import usage_rows
+    from gateway.usage.reports import usage_rows
 
     channel = factories.channel("k")
     lo, hi = T0.replace(hour=0), T0.replace(hour=0) + timedelta(days=1)
@@ -282,7 +282,7 @@ def test_a_day_that_begins_on_the_half_hour_sums_its_ends_from_the_log(staff, an
     either end from the log; every request of the day counts, none of the days beside it."""
     from zoneinfo import ZoneInfo
 
-    from gateway.reports import period_bounds, usage_rows
+    from gateway.usage.reports import period_bounds, usage_rows
 
     channel = factories.channel("k")
     lo, hi = period_bounds(T0.date(), "day", ZoneInfo("Asia/Kolkata"))
@@ -309,7 +309,7 @@ def test_a_large_labs_usage_page_pages_its_table_and_charts_the_busiest(staff):
     the 25 with the most booked hours, the table 100 rows a page (the CSV has them all)."""
     import re
 
-    from gateway.usage_views import CHART_BARS, TABLE_PAGE
+    from gateway.usage.views import CHART_BARS, TABLE_PAGE
 
     channel = factories.channel("k")
     day = timezone.now().date() - timedelta(days=2)

@@ -23,9 +23,9 @@ from channels_app.models import (
     preset_args_error,
 )
 from channels_app.scheduling.decision import Decision, PlanSegment
-from channels_app.target import Target
-from channels_app.vocabulary import Phase, Reason
-from slotserve_site.api_fields import IdOrNameField
+from slotserve_base.api_fields import IdOrNameField
+from slotserve_base.target import Target
+from slotserve_base.vocabulary import Phase, Reason
 
 
 def _labels(value: Any) -> dict[str, str]:

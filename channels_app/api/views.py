@@ -32,7 +32,7 @@ from channels_app.node_agent.log_shipping import valid_cursor
 from channels_app.node_agent.run_logs import lines_since, recent_lines_with_cursor, whole_log
 from channels_app.scheduling import services
 from channels_app.scheduling.selectors import preset_load_estimates
-from slotserve_site.api_fields import (
+from slotserve_base.api_fields import (
     IdOrNameField,
     IsStaffOrReadOnly,
     MomentField,

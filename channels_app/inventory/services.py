@@ -9,9 +9,6 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from channels_app import dispatch
-from channels_app.dispatch import enqueue_redecide
-from channels_app.errors import InUse, InvalidInput
 from channels_app.models import (
     Channel,
     ChannelRuntime,
@@ -21,8 +18,11 @@ from channels_app.models import (
     Preset,
     channel_gpus_problem,
 )
-from channels_app.vocabulary import SERVING_PHASES, Phase
 from reservations.models import BLOCKING_STATUSES, Reservation
+from slotserve_base import dispatch
+from slotserve_base.dispatch import enqueue_redecide
+from slotserve_base.errors import InUse, InvalidInput
+from slotserve_base.vocabulary import SERVING_PHASES, Phase
 
 
 def _channels_using(*, model: LLMModel | None = None, preset: Preset | None = None) -> list[str]:
@@ -87,7 +87,7 @@ def channel_save(*, channel: Channel, allowed_groups: Iterable[Group] | None = N
 def targets_changed(*, model: LLMModel | None = None, preset: Preset | None = None) -> list[int]:
     """A model or preset was edited: every channel that runs it or is heading for it has its node
     look again at once (after the commit), as what runs may now be another target (a changed
-    path or arguments: drain, restart; ``channels_app.target``). Returns those channels.
+    path or arguments: drain, restart; ``slotserve_base.target``). Returns those channels.
 
     Every channel that may use it, running it, heading for it, defaulting to it or with a
     booking of it ahead, also re-decides at once (seed: "immediately after a reservation or

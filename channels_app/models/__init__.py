@@ -17,6 +17,7 @@ from channels_app.models.inventory import channel_gpus_problem as channel_gpus_p
 from channels_app.models.inventory import model_name_problem as model_name_problem
 from channels_app.models.inventory import preset_args_error as preset_args_error
 from channels_app.models.inventory import split_preset_args as split_preset_args
+from channels_app.models.inventory import validate_target as validate_target
 from channels_app.models.state import ChannelRuntime as ChannelRuntime
 from channels_app.models.state import ChannelTarget as ChannelTarget
 from channels_app.models.state import LoadRecord as LoadRecord

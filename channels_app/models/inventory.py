@@ -13,7 +13,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from channels_app.backends import Backend, effective_args
-from channels_app.target import Target
+from slotserve_base.errors import InvalidInput
+from slotserve_base.target import Target
 
 if TYPE_CHECKING:
     from channels_app.models.state import ChannelRuntime, ChannelTarget
@@ -408,3 +409,10 @@ def channel_gpus_problem(*, node: Node | None, gpu_indexes: object, channel_id: 
         if shared:
             return f"GPU {', '.join(map(str, shared))} of node {node.name} belongs to channel {other_name}"
     return ""
+
+
+def validate_target(*, model: LLMModel | None, preset: Preset | None) -> None:
+    """The one place of the rule that a preset belongs to its model."""
+    if preset is not None and (model is None or preset.model_id != model.pk):
+        owner = preset.model.name
+        raise InvalidInput("preset", f"preset {preset.name!r} belongs to model {owner!r}, not to this model")

@@ -8,8 +8,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from channels_app.models.inventory import Channel, LLMModel, Node, Preset
-from channels_app.target import Target
-from channels_app.vocabulary import Phase, Reason
+from slotserve_base.target import Target
+from slotserve_base.vocabulary import Phase, Reason
 
 
 class Override(models.Model):
@@ -151,7 +151,7 @@ class ChannelRuntime(models.Model):
     failing = models.BooleanField(default=False)
     reload_generation = models.PositiveIntegerField(default=0)
     # What the running process was started with (backend, path, effective arguments), digested:
-    # a preset or model edited since makes it another target (``channels_app.target``).
+    # a preset or model edited since makes it another target (``slotserve_base.target``).
     fingerprint = models.CharField(max_length=40, blank=True)
     # The last failed target and its retries (docs/scheduling.md "Retries").
     failed_model = models.ForeignKey(

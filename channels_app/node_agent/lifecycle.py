@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from channels_app.target import Target
-from channels_app.vocabulary import NotificationEvent, Phase
+from slotserve_base.target import Target
+from slotserve_base.vocabulary import NotificationEvent, Phase
 
 RETRY_FIRST_SECONDS = 30
 RETRY_MAX_SECONDS = 600

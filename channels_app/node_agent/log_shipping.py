@@ -19,8 +19,8 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from channels_app.shared import redis_client
-from channels_app.vocabulary import RedisKey, redis_key
+from slotserve_base.redis_client import redis_client
+from slotserve_base.vocabulary import RedisKey, redis_key
 
 log = logging.getLogger(__name__)
 

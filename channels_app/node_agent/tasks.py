@@ -7,11 +7,11 @@ import logging
 from celery import shared_task
 from django.utils import timezone
 
-from channels_app import dispatch
 from channels_app.models import Channel
 from channels_app.node_agent import worker
 from channels_app.node_agent.lifecycle import ProcessState
-from channels_app.vocabulary import Phase
+from slotserve_base import dispatch
+from slotserve_base.vocabulary import Phase
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from channels_app import shared
 from channels_app.backends import Backend
-from channels_app.inflight import in_flight_counts
 from channels_app.models import (
     HEARTBEAT_TICKS,
     Channel,
@@ -54,12 +52,14 @@ from channels_app.node_agent.lifecycle import (
     effective_target,
     step,
 )
-from channels_app.shared import redis_client
-from channels_app.target import Target, fingerprint_of
-from channels_app.vocabulary import NotificationEvent, Phase, Reason, RedisKey, redis_key
 from reservations.models import Reservation
 from reservations.notifications import notify
 from reservations.wording import slot_words
+from slotserve_base import overview
+from slotserve_base.inflight import in_flight_counts
+from slotserve_base.redis_client import redis_client
+from slotserve_base.target import Target, fingerprint_of
+from slotserve_base.vocabulary import NotificationEvent, Phase, Reason, RedisKey, redis_key
 
 log = logging.getLogger(__name__)
 
@@ -458,7 +458,7 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
     result = step(before, wanted, observe(runtime, channel, now), now)
     if result.state.phase != before.phase:
         log.info("channel %s: %s → %s", channel.name, before.phase, result.state.phase)
-        shared.announce([channel_id], result.state.phase.value)
+        overview.announce([channel_id], result.state.phase.value)
     act(result.actions, runtime, channel, target_row, now)
     after = result.state
     if any(isinstance(a, Start) for a in result.actions):

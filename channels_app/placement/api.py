@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 from channels_app.models import LLMModel, Preset
 from channels_app.placement.chains import Placement
 from channels_app.placement.selectors import FINDER_HORIZON, free_slots, placement_for
-from slotserve_site.api_fields import IdOrNameField, MomentField
+from slotserve_base.api_fields import IdOrNameField, MomentField
 
 
 class PlacementInput(serializers.Serializer[Any]):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from channels_app.target import Target
+from slotserve_base.target import Target
 
 GiB = 2**30
 

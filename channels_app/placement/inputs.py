@@ -12,9 +12,9 @@ from channels_app.models import Channel, LLMModel, ModelFile, Preset
 from channels_app.placement.chains import Candidate, Need
 from channels_app.placement.estimates import model_memory_estimate
 from channels_app.placement.memory import ShapeUnreadable
-from channels_app.target import Target
-from channels_app.vocabulary import Phase
 from reservations.models import Reservation
+from slotserve_base.target import Target
+from slotserve_base.vocabulary import Phase
 
 # Spread counts the bookings this far around the requested slot.
 AROUND = timedelta(hours=12)

@@ -12,10 +12,9 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from channels_app.models import LLMModel, Preset
+from channels_app.models import LLMModel, Preset, validate_target
 from channels_app.placement.chains import FreeSlot, Placement, ScoreMaximums, first_free, place
 from channels_app.placement.inputs import placement_inputs
-from channels_app.target import validate_target
 
 
 def maximums() -> ScoreMaximums:

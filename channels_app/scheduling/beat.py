@@ -6,8 +6,8 @@ from typing import Any
 
 from django.conf import settings
 
-from channels_app.dispatch import FLUSH_USAGE, IDLE_RULE, STARTING_SOON
-from channels_app.dispatch import SCHEDULER_TICK as TICK_TASK
+from slotserve_base.dispatch import FLUSH_USAGE, IDLE_RULE, STARTING_SOON
+from slotserve_base.dispatch import SCHEDULER_TICK as TICK_TASK
 
 TICK_TASK_NAME = "SlotServe scheduler tick"
 # The tick's other periodic jobs, each its own task: (beat entry name, task name).

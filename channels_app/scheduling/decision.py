@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from channels_app.target import Target
-from channels_app.vocabulary import Reason
+from slotserve_base.target import Target
+from slotserve_base.vocabulary import Reason
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from django.db.models.functions import RowNumber
 from channels_app.models import Channel, LLMModel, LoadRecord, Node, Override, Preset
 from channels_app.scheduling.decision import DecisionInput, OverrideFacts, SchedulingSettings, Slot
 from channels_app.scheduling.load_estimates import RECENT_LOADS, estimate_load_seconds
-from channels_app.target import Target
 from reservations.models import SCHEDULED_STATUSES, Reservation, ReservationStatus
+from slotserve_base.target import Target
 
 
 def scheduling_settings() -> SchedulingSettings:

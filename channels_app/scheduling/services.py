@@ -15,13 +15,20 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import F
 
-from channels_app import dispatch, shared
-from channels_app.dispatch import enqueue_redecide
-from channels_app.errors import InvalidInput
-from channels_app.models import Channel, ChannelTarget, LLMModel, Override, Preset, ReloadRequest
+from channels_app.models import (
+    Channel,
+    ChannelTarget,
+    LLMModel,
+    Override,
+    Preset,
+    ReloadRequest,
+    validate_target,
+)
 from channels_app.scheduling import selectors
 from channels_app.scheduling.decision import Decision, PlanSegment, decide, decide_at, plan
-from channels_app.target import validate_target
+from slotserve_base import dispatch, overview
+from slotserve_base.dispatch import enqueue_redecide
+from slotserve_base.errors import InvalidInput
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +94,7 @@ def decide_channels(*, now: datetime, channel_ids: Iterable[int] | None = None) 
             update_fields=["model", "preset", "reason", "valid_until", "reservation", "decided_at"],
         )
     changed = [row.channel_id for row in changed_rows]
-    shared.announce(changed, "target")
+    overview.announce(changed, "target")
     if changed:
         log.info("scheduler: %d of %d channels have a new target", len(changed), len(facts))
     return TickResult(channels=len(facts), changed=changed, valid_until=valid_until)

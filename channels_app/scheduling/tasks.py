@@ -9,9 +9,9 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from channels_app import dispatch
 from channels_app.models import HEARTBEAT_TICKS, Channel, Node
 from channels_app.scheduling import services
+from slotserve_base import dispatch
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from reservations.services.common import ReservationConflict as ReservationConfl
 from reservations.services.common import limits_of as limits_of
 from reservations.services.common import needs_approval as needs_approval
 from reservations.services.common import validate_slot as validate_slot
-from reservations.services.decisions import reservation_approve as reservation_approve
-from reservations.services.decisions import reservation_cancel as reservation_cancel
-from reservations.services.decisions import reservation_end as reservation_end
-from reservations.services.decisions import reservation_reject as reservation_reject
 from reservations.services.series import SeriesConflict as SeriesConflict
 from reservations.services.series import reservation_series_cancel as reservation_series_cancel
 from reservations.services.series import reservation_series_create as reservation_series_create
+from reservations.services.transitions import reservation_approve as reservation_approve
+from reservations.services.transitions import reservation_cancel as reservation_cancel
+from reservations.services.transitions import reservation_end as reservation_end
+from reservations.services.transitions import reservation_reject as reservation_reject
 from reservations.services.waitlist import waitlist_join as waitlist_join

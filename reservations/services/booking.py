@@ -7,8 +7,6 @@ from datetime import UTC, datetime
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
-from channels_app.dispatch import enqueue_redecide
-from channels_app.errors import InvalidInput
 from channels_app.models import Channel, LLMModel, Preset
 from reservations.models import Reservation
 from reservations.selectors import first_conflict
@@ -23,6 +21,8 @@ from reservations.services.common import (
     needs_approval,
     validate_slot,
 )
+from slotserve_base.dispatch import enqueue_redecide
+from slotserve_base.errors import InvalidInput
 
 
 def reservation_create(

@@ -9,11 +9,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
-from channels_app.dispatch import enqueue_redecide
-from channels_app.errors import InvalidInput
-from channels_app.models import LLMModel, Preset
-from channels_app.target import validate_target
-from channels_app.vocabulary import NotificationEvent
+from channels_app.models import LLMModel, Preset, validate_target
 from reservations.models import BLOCKING_STATUSES, Reservation, ReservationStatus
 from reservations.notifications import notify
 from reservations.selectors import first_conflict
@@ -30,8 +26,11 @@ from reservations.services.common import (
     needs_approval,
     slot_problems,
 )
-from reservations.waitlist import tell_waiting
+from reservations.services.waitlist import tell_waiting
 from reservations.wording import slot_words
+from slotserve_base.dispatch import enqueue_redecide
+from slotserve_base.errors import InvalidInput
+from slotserve_base.vocabulary import NotificationEvent
 
 
 def reservation_extend(*, reservation: Reservation, by: User, end: datetime, now: datetime) -> Reservation:
@@ -194,7 +193,7 @@ def reservation_change(
     if note is not None:
         changes["note"] = note
     if asks_again:
-        changes.update(status=ReservationStatus.PENDING, decided_at=None, decided_by=None)
+        changes.update(status=ReservationStatus.PENDING, reviewed_at=None, reviewed_by=None)
 
     def change() -> Reservation:
         _hold_channel(reservation.channel_id)

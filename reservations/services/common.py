@@ -13,15 +13,14 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
 from django.db import IntegrityError, OperationalError, connection, transaction
 
-from channels_app.errors import InvalidInput
-from channels_app.models import ApprovalPolicy, Channel, LLMModel, Preset
-from channels_app.target import validate_target
-from channels_app.vocabulary import NotificationEvent
+from channels_app.models import ApprovalPolicy, Channel, LLMModel, Preset, validate_target
 from reservations.models import BLOCKING_STATUSES, Reservation, ReservationSeries, ReservationStatus
 from reservations.notifications import notify
 from reservations.rules import BookingLimits, LimitBroken, check_length_and_horizon, check_quota
-from reservations.selectors import decidable_by, group_held_slots, held_slots
+from reservations.selectors import group_held_slots, held_slots, reviewable_by
 from reservations.wording import moment_words, slot_words
+from slotserve_base.errors import InvalidInput
+from slotserve_base.vocabulary import NotificationEvent
 
 # A booking may start this little in the past: a form sent "now" arrives late.
 START_GRACE = timedelta(minutes=1)
@@ -205,9 +204,9 @@ def group_problems(
     return []
 
 
-def may_decide(user: User, reservation: Reservation) -> bool:
+def may_review(user: User, reservation: Reservation) -> bool:
     """Staff, or an approver of a group the booker is in."""
-    return decidable_by(user).filter(pk=reservation.pk).exists()
+    return reviewable_by(user).filter(pk=reservation.pk).exists()
 
 
 def _check_limits(
@@ -288,8 +287,8 @@ def _new_reservation(
         status=ReservationStatus.PENDING if pending else ReservationStatus.APPROVED,
         note=note,
         created=now,
-        decided_at=None if pending else now,
-        decided_by=None if pending or by is None else by,
+        reviewed_at=None if pending else now,
+        reviewed_by=None if pending or by is None else by,
         series=series,
     )
 

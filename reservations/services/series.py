@@ -8,8 +8,6 @@ from datetime import UTC, date, datetime
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
-from channels_app.dispatch import enqueue_redecide
-from channels_app.errors import InvalidInput
 from channels_app.models import Channel, LLMModel, Preset
 from reservations.models import Reservation, ReservationSeries, ReservationStatus
 from reservations.recurrence import RecurrenceError, occurrences
@@ -26,8 +24,10 @@ from reservations.services.common import (
     slot_problems,
     validate_slot,
 )
-from reservations.services.decisions import reservation_cancel
+from reservations.services.transitions import reservation_cancel
 from reservations.wording import slot_words
+from slotserve_base.dispatch import enqueue_redecide
+from slotserve_base.errors import InvalidInput
 
 
 class SeriesConflict(Exception):

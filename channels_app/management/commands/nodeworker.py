@@ -16,9 +16,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from channels_app.dispatch import node_queue
 from channels_app.models import Channel
 from channels_app.node_agent import heartbeat, worker
+from slotserve_base.dispatch import node_queue
 
 
 class Command(BaseCommand):

@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from gateway.services import api_key_create
+from gateway.api_keys import api_key_create
 
 
 class Command(BaseCommand):

@@ -213,7 +213,7 @@ class Command(BaseCommand):
         """A channel on a fake 24 GiB GPU serving a tiny model with a real llama-server."""
         from channels_app.models import Channel, LLMModel, Node, Preset
         from devtools.tinymodel import write_tiny_llama
-        from gateway.services import api_key_create
+        from gateway.api_keys import api_key_create
 
         os.environ.setdefault("SLOTSERVE_FAKE_GPUS", "1x24GiB")
         if "SLOTSERVE_LLAMA_SERVER" not in os.environ:

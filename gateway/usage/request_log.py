@@ -1,6 +1,6 @@
 """The request log, from Redis into the database: the gateway pushes one record per request
 (``gateway.counters.LEAVE``, off the hot path's database), and the periodic flush writes them
-in batches, keeps the roll-ups usage reads (``gateway.rollups``) and drops rows older than
+in batches, keeps the roll-ups usage reads (``gateway.usage.rollups``) and drops rows older than
 ``SLOTSERVE_REQUEST_LOG_DAYS``."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from django.contrib.auth import get_user_model
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from channels_app.vocabulary import RedisKey
-from channels_app.vocabulary import redis_key as key
-from slotserve_site.json_text import is_unicode
+from slotserve_base.json_text import is_unicode
+from slotserve_base.vocabulary import RedisKey
+from slotserve_base.vocabulary import redis_key as key
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,8 @@ def flush_request_log(client: redis.Redis, *, now: datetime | None = None) -> in
     cannot be written whatever the database's state (one that does not parse, or holds text
     the database refuses) goes to the dead letters instead of holding up everyone's after it."""
     from gateway.models import RequestLog
-    from gateway.rollups import BATCH as ROLLUP_BATCH
-    from gateway.rollups import fold, lock_mark, roll_up
+    from gateway.usage.rollups import BATCH as ROLLUP_BATCH
+    from gateway.usage.rollups import fold, lock_mark, roll_up
 
     name = key(RedisKey.REQUEST_LOG, "all")
     written = 0
@@ -54,7 +54,7 @@ def flush_request_log(client: redis.Redis, *, now: datetime | None = None) -> in
         try:
             with transaction.atomic():
                 # The roll-ups' mark is locked before the rows get their ids, so that a report
-                # rolling up meanwhile cannot pass rows not yet committed (gateway.rollups).
+                # rolling up meanwhile cannot pass rows not yet committed (gateway.usage.rollups).
                 mark = lock_mark()
                 RequestLog.objects.bulk_create([row for row, _ in rows])
                 while fold(mark) == ROLLUP_BATCH:

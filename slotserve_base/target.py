@@ -3,12 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from channels_app.errors import InvalidInput
-
-if TYPE_CHECKING:
-    from channels_app.models import LLMModel, Preset
 
 
 @dataclass(frozen=True, order=True)
@@ -30,10 +24,3 @@ def fingerprint_of(*, backend: str, path: str, args: list[str]) -> str:
     import hashlib
 
     return hashlib.sha1("\0".join([backend, path, *args]).encode()).hexdigest()[:16]
-
-
-def validate_target(*, model: LLMModel | None, preset: Preset | None) -> None:
-    """The one place of the rule that a preset belongs to its model."""
-    if preset is not None and (model is None or preset.model_id != model.pk):
-        owner = preset.model.name
-        raise InvalidInput("preset", f"preset {preset.name!r} belongs to model {owner!r}, not to this model")

@@ -1,5 +1,5 @@
 """Usage and utilisation read from the database's roll-ups of the request log
-(``gateway.rollups``); ``gateway.utilisation`` does the counting.
+(``gateway.usage.rollups``); ``gateway.usage.utilisation`` does the counting.
 
 Shared by the portal's usage page, its CSV and ``GET /api/usage/``: the same numbers in each.
 Staff see everything; anyone else sees their own row and their groups'.
@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from channels_app.models import Channel, LoadRecord
 from gateway.models import RequestLog
-from gateway.rollups import asked_within, minutes_within, roll_up
-from gateway.utilisation import Asked, Minutes, Span, minutes, shares_of, totals_of, union
+from gateway.usage.rollups import asked_within, minutes_within, roll_up
+from gateway.usage.utilisation import Asked, Minutes, Span, minutes, shares_of, totals_of, union
 from reservations.models import Reservation, ReservationStatus
 
 BY = ("user", "group", "channel", "node")
@@ -53,7 +53,7 @@ Touched = dict[tuple[int | None, int | None], tuple[int | None, Minutes]]
 
 def request_minutes(lo: datetime, hi: datetime) -> Touched:
     """The minutes of ``[lo, hi)`` the requests touched, per channel and booking (with the
-    booker): read from the roll-ups (``gateway.rollups``), the log rolled up first."""
+    booker): read from the roll-ups (``gateway.usage.rollups``), the log rolled up first."""
     roll_up()
     return minutes_within(lo, hi)
 

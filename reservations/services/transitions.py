@@ -8,14 +8,14 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db import transaction
 
-from channels_app.dispatch import enqueue_redecide
-from channels_app.errors import InvalidInput
-from channels_app.vocabulary import NotificationEvent
 from reservations.models import Reservation, ReservationStatus
 from reservations.notifications import notify
 from reservations.services.common import InvalidTransition
-from reservations.waitlist import tell_waiting
+from reservations.services.waitlist import tell_waiting
 from reservations.wording import slot_words
+from slotserve_base.dispatch import enqueue_redecide
+from slotserve_base.errors import InvalidInput
+from slotserve_base.vocabulary import NotificationEvent
 
 
 def _transition(
@@ -37,8 +37,8 @@ def reservation_approve(*, reservation: Reservation, by: User, now: datetime) ->
             (ReservationStatus.PENDING,),
             "approve",
             status=ReservationStatus.APPROVED,
-            decided_by=by,
-            decided_at=now,
+            reviewed_by=by,
+            reviewed_at=now,
         )
         notify(
             user=reservation.user,
@@ -63,8 +63,8 @@ def reservation_reject(*, reservation: Reservation, by: User, reason: str, now: 
             "reject",
             status=ReservationStatus.REJECTED,
             reject_reason=reason.strip(),
-            decided_by=by,
-            decided_at=now,
+            reviewed_by=by,
+            reviewed_at=now,
         )
         notify(
             user=reservation.user,

@@ -19,7 +19,7 @@ from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, StreamingHttpResponse
 
-from slotserve_site.csv_cells import SafeWriter
+from slotserve_base.csv_cells import SafeWriter
 
 BATCH = 2000  # rows read and written at a time
 

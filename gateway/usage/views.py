@@ -1,4 +1,4 @@
-"""The usage page, its CSV and ``GET /api/usage/``: one set of numbers (``gateway.reports``).
+"""The usage page, its CSV and ``GET /api/usage/``: one set of numbers (``gateway.usage.reports``).
 
 Charts are SVG drawn here by pygal: nothing loads from elsewhere, nothing runs in the browser.
 """
@@ -22,9 +22,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gateway.reports import BY, PERIODS, NotYours, period_bounds, request_minutes, share_rows, usage_rows
-from gateway.utilisation import SHARES
-from slotserve_site.csv_cells import SafeWriter
+from gateway.usage.reports import (
+    BY,
+    PERIODS,
+    NotYours,
+    period_bounds,
+    request_minutes,
+    share_rows,
+    usage_rows,
+)
+from gateway.usage.utilisation import SHARES
+from slotserve_base.csv_cells import SafeWriter
 
 COLUMNS = [
     "name",

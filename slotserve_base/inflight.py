@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from channels_app.vocabulary import RedisKey, redis_key
+from slotserve_base.vocabulary import RedisKey, redis_key
 
 # Redis' own clock, which every gateway and node worker share.
 REDIS_NOW = """

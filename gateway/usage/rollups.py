@@ -2,7 +2,7 @@
 
 ``RequestHour``  per hour, user and channel: the requests, their tokens and times to first token.
 ``RequestMinutes`` per hour, channel and booking: the minutes the requests touched, as bits
-                 (``gateway.utilisation`` counts minutes). A booking's carry its booker; those
+                 (``gateway.usage.utilisation`` counts minutes). A booking's carry its booker; those
                  outside bookings carry nobody.
 
 ``roll_up`` folds in the log's rows past the mark (``RollupMark``), in the order they were
@@ -22,7 +22,7 @@ from django.db.models import Count, Sum
 from django.utils import timezone
 
 from gateway.models import RequestHour, RequestLog, RequestMinutes, RollupMark
-from gateway.utilisation import Asked, Minutes
+from gateway.usage.utilisation import Asked, Minutes
 
 BATCH = 20_000
 HOUR = timedelta(hours=1)
@@ -168,7 +168,7 @@ def minutes_within(
     lo: datetime, hi: datetime
 ) -> dict[tuple[int | None, int | None], tuple[int | None, Minutes]]:
     """The minutes of ``[lo, hi)`` the requests touched, per channel and booking: the booker (for
-    a booking's) and the minutes, as ``gateway.utilisation`` counts them (bit i: the i-th minute
+    a booking's) and the minutes, as ``gateway.usage.utilisation`` counts them (bit i: the i-th minute
     from ``lo``'s)."""
     base = int(lo.timestamp() // 60)
     period = (1 << (int(-(-hi.timestamp() // 60)) - base)) - 1

@@ -8,8 +8,8 @@ from django.contrib.auth import get_user_model
 from django.db.models import F
 from django.utils import timezone
 
-from channels_app.vocabulary import RedisKey
-from channels_app.vocabulary import redis_key as key
+from slotserve_base.vocabulary import RedisKey
+from slotserve_base.vocabulary import redis_key as key
 
 USAGE_RESERVATION, USAGE_USER, USAGE_KEY = RedisKey.USAGE_RESERVATION, RedisKey.USAGE_USER, RedisKey.USAGE_KEY
 
