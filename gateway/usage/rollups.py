@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Sum
+from django.db.models import Count, QuerySet, Sum
 from django.utils import timezone
 
 from gateway.models import RequestHour, RequestLog, RequestMinutes, RollupMark
@@ -191,46 +192,45 @@ def _hour_after(moment: datetime) -> datetime:
     return floor if floor == moment else floor + HOUR
 
 
+# What a sum of requests is made of, in the roll-ups and in the log itself.
+_HOURS_SUMS = {
+    "n": Sum("requests"),
+    "prompt": Sum("prompt_tokens"),
+    "completion": Sum("completion_tokens"),
+    "ttft": Sum("ttft_ms_sum"),
+    "ttft_n": Sum("ttft_count"),
+}
+_LOG_SUMS = {
+    "n": Count("pk"),
+    "prompt": Sum("prompt_tokens"),
+    "completion": Sum("completion_tokens"),
+    "ttft": Sum("ttft_ms"),
+    "ttft_n": Count("ttft_ms"),
+}
+
+
 def asked_within(lo: datetime, hi: datetime, per: str) -> dict[int | None, Asked]:
     """What the requests of ``[lo, hi)`` asked, per ``user_id`` or ``channel_id``: the whole
     hours from the roll-ups, the parts of an hour at either end (a zone whose midnight is not on
     the hour) from the log itself."""
     inner_lo = min(_hour_after(lo), hi)
     inner_hi = max(hi.astimezone(UTC).replace(minute=0, second=0, microsecond=0), inner_lo)
+    parts: list[QuerySet[Any]] = [
+        RequestHour.objects.filter(hour__gte=inner_lo, hour__lt=inner_hi).values(per).annotate(**_HOURS_SUMS)
+    ]
+    parts += [
+        RequestLog.objects.filter(at__gte=a, at__lt=b).values(per).annotate(**_LOG_SUMS)
+        for a, b in ((lo, inner_lo), (inner_hi, hi))
+        if a < b
+    ]
     found: dict[int | None, Asked] = defaultdict(Asked)
-    summed = (
-        RequestHour.objects.filter(hour__gte=inner_lo, hour__lt=inner_hi)
-        .values(per)
-        .annotate(
-            n=Sum("requests"),
-            prompt=Sum("prompt_tokens"),
-            completion=Sum("completion_tokens"),
-            ttft=Sum("ttft_ms_sum"),
-            ttft_n=Sum("ttft_count"),
-        )
-        .order_by()
-    )
-    for row in summed:
-        found[row[per]] += Asked(
-            row["n"] or 0, row["prompt"] or 0, row["completion"] or 0, row["ttft"] or 0.0, row["ttft_n"] or 0
-        )
-    for a, b in ((lo, inner_lo), (inner_hi, hi)):
-        if a >= b:
-            continue
-        edge = (
-            RequestLog.objects.filter(at__gte=a, at__lt=b)
-            .values(per)
-            .annotate(
-                n=Count("pk"),
-                prompt=Sum("prompt_tokens"),
-                completion=Sum("completion_tokens"),
-                ttft=Sum("ttft_ms"),
-                ttft_n=Count("ttft_ms"),
-            )
-            .order_by()
-        )
-        for row in edge:
+    for part in parts:
+        for row in part.order_by():
             found[row[per]] += Asked(
-                row["n"], row["prompt"] or 0, row["completion"] or 0, row["ttft"] or 0.0, row["ttft_n"]
+                row["n"] or 0,
+                row["prompt"] or 0,
+                row["completion"] or 0,
+                row["ttft"] or 0.0,
+                row["ttft_n"] or 0,
             )
     return found
