@@ -21,7 +21,8 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "slotserve_site.settings")
 django.setup()
 
-from gateway.proxy import HOP_BY_HOP, Gateway  # noqa: E402
+from gateway.outgoing import HOP_BY_HOP  # noqa: E402
+from gateway.proxy import Gateway  # noqa: E402
 from gateway.upstream import UpstreamTransport  # noqa: E402
 
 

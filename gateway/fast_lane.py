@@ -29,27 +29,21 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from gateway.access import ChannelView, Refusal, admit
+from gateway.answer import Answer
 from gateway.body import loads, parse_body
 from gateway.counters import OverLimit
 from gateway.events import Events, Usage
-from gateway.proxy import (
-    ROOT_PATHS,
-    Answer,
-    Gateway,
-    Outgoing,
-    _header,
-    _is_booker,
-    authenticate,
+from gateway.outgoing import Outgoing, passed_on
+from gateway.proxy import Gateway
+from gateway.refusals import (
     broke_off,
     did_not_answer,
-    flavour_of,
-    passed_on,
     process_failed_event,
     refusal_after_count_in,
     refusal_answer,
     unreachable,
-    wait_seconds,
 )
+from gateway.request import ROOT_PATHS, authenticate, flavour_of, header, is_booker, wait_seconds
 from gateway.snapshot import Caller
 from gateway.upstream import Connection, UpstreamTransport
 
@@ -66,7 +60,7 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
     path = scope["path"]
     if scope["method"] != "POST" or not (path.startswith("/v1/") or path in ROOT_PATHS):
         return False
-    if gateway.cors.enabled and _header(scope, b"origin"):
+    if gateway.cors.enabled and header(scope, b"origin"):
         return False
     snapshot = gateway.snapshots.fresh()
     if snapshot is None:
@@ -92,7 +86,7 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
     now = timezone.now()
     if admit(caller_id=caller.user_id, channel=channel, now=now) is not None:
         return False
-    limits = None if _is_booker(channel, caller) else caller.limits
+    limits = None if is_booker(channel, caller) else caller.limits
     if limits is not None and not gateway.counters.may_go_ahead(caller.user_id, caller.key_id):
         return False
     upstream = gateway.upstream_for(channel.upstream)
@@ -106,7 +100,7 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
         query=scope.get("query_string", b""),
         body=body,
         raw=raw,
-        content_type=_header(scope, b"content-type") or b"application/json",
+        content_type=header(scope, b"content-type") or b"application/json",
     )
     target, headers, content, streaming, strip_usage = outgoing.to(channel, upstream)
     exchange = Exchange(

@@ -41,7 +41,10 @@ from urllib.parse import unquote
 import httptools
 
 from gateway import fast_lane
-from gateway.proxy import ON_DISCONNECT, Gateway, error_body, flavour_of, is_gateway_path
+from gateway.proxy import Gateway
+from gateway.refusals import error_body
+from gateway.relay import ON_DISCONNECT
+from gateway.request import flavour_of, is_gateway_path
 from slotserve_base.vocabulary import ErrorCode
 
 log = logging.getLogger(__name__)

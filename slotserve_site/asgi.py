@@ -17,7 +17,8 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path  # noqa: E402
 
-from gateway.proxy import Gateway, is_gateway_path  # noqa: E402
+from gateway.proxy import Gateway  # noqa: E402
+from gateway.request import is_gateway_path  # noqa: E402
 from portal.live import OverviewConsumer  # noqa: E402
 
 gateway_app = Gateway()

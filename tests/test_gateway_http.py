@@ -409,6 +409,7 @@ def test_client_leaving_before_the_first_token_cancels_the_upstream(gateway_url,
                 timeout=httpx.Timeout(5, read=0.3),
             )
         assert eventually(lambda: in_flight(counter) == 0, timeout=3)
+
         def all_cancelled(wanted: int = 1 + streaming) -> bool:
             return bool(log.read_text().count("before the first token") >= wanted)
 

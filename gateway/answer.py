@@ -1,0 +1,67 @@
+"""Counting what was answered: what goes to the client, when its first bytes left, and the
+request's log record."""
+
+from __future__ import annotations
+
+import time
+
+from gateway.body import dumps
+from gateway.events import Usage
+from gateway.request import Message, Send
+from gateway.snapshot import Caller
+
+
+class Answer:
+    """Watches what is sent to the client: the status, and when the first body bytes went out."""
+
+    def __init__(self, send: Send | None = None) -> None:
+        self._send = send  # None: the gateway's server is written to directly (``gateway.fast_lane``)
+        self.started = time.perf_counter()
+        self.arrived = time.time()
+        self.status: int | None = None
+        self.first_byte: float | None = None
+        self.counted = False
+        # For the request log: who asked, for what, and where it went.
+        self.caller: Caller | None = None
+        self.method = ""
+        self.path = ""
+        self.model = ""  # as the client named it
+        self.served = ""  # the model that served it: the channel's
+        self.channel_id: int | None = None
+        self.reservation_id: int | None = None
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        elif self.first_byte is None and message.get("body"):
+            self.first_byte = time.perf_counter()
+        assert self._send is not None
+        await self._send(message)
+
+    @property
+    def ttft_seconds(self) -> float | None:
+        return None if self.first_byte is None else self.first_byte - self.started
+
+    def record(self, usage: Usage | None = None) -> bytes:
+        """The request's log record (``gateway.requestlog``), or b"" for a caller without a key."""
+        if self.caller is None or self.status is None:
+            return b""
+        ttft = self.ttft_seconds
+        return dumps(
+            [
+                round(self.arrived, 3),
+                self.caller.user_id,
+                self.caller.key_id,
+                self.channel_id,
+                self.reservation_id,
+                self.model[:200],
+                self.method,
+                self.path[:300],
+                self.status,
+                None if ttft is None else round(ttft * 1000, 2),
+                round((time.perf_counter() - self.started) * 1000, 2),
+                usage.prompt if usage else 0,
+                usage.completion if usage else 0,
+                self.served,
+            ]
+        )

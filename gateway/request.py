@@ -1,0 +1,151 @@
+"""Who is calling and what they ask: the gateway's paths, the caller's key, the pinned channel,
+how long they will wait. The first stage of every request, in the fast lane and the application."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import replace
+from typing import Any
+
+from gateway.access import ChannelView
+from gateway.snapshot import Caller, Snapshot
+
+Scope = MutableMapping[str, Any]
+
+
+Message = MutableMapping[str, Any]
+
+
+Receive = Callable[[], Awaitable[Message]]
+
+
+Send = Callable[[Message], Awaitable[None]]
+
+
+# Paths outside /v1/ that llama-server answers and the gateway routes by ``model``.
+ROOT_PATHS = frozenset(
+    {
+        "/completion",
+        "/completions",
+        "/embedding",
+        "/embeddings",
+        "/infill",
+        "/tokenize",
+        "/detokenize",
+        "/apply-template",
+        "/rerank",
+        "/reranking",
+    }
+)
+
+
+# A process's admin endpoints (llama-server, vLLM, SGLang): through the pinned path, staff
+# only. What they do reaches past the caller's own request: another caller's slot state saved
+# or restored, and in shared time the previous caller's sampling settings shown (``/slots``),
+# the process's settings or adapters changed, caches flushed, weights swapped, the process put
+# to sleep (docs/security.md). Reading ``/props`` stays open: it changes nothing.
+ADMIN_PATHS = frozenset(
+    {
+        "/props",
+        "/lora-adapters",
+        "/reset_prefix_cache",
+        "/sleep",
+        "/wake_up",
+        "/collective_rpc",
+        "/v1/load_lora_adapter",
+        "/v1/unload_lora_adapter",
+        "/load_lora_adapter",
+        "/unload_lora_adapter",
+        "/flush_cache",
+        "/update_weights_from_disk",
+        "/update_weights_from_tensor",
+        "/update_weights_from_distributed",
+        "/init_weights_update_group",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+        "/start_profile",
+        "/stop_profile",
+        "/configure_logging",
+        "/set_internal_state",
+        "/abort_request",
+        "/pause",
+        "/resume",
+    }
+)
+
+
+def is_admin_endpoint(method: str, path: str) -> bool:
+    """Whether ``method path`` (a process's own path, after ``/channels/<name>``) is one of its
+    admin endpoints: ``/slots`` whatever the method, the others but for reading."""
+    if path == "/slots" or path.startswith("/slots/"):
+        return True
+    return method not in ("GET", "HEAD") and path.rstrip("/") in ADMIN_PATHS
+
+
+def is_gateway_path(path: str) -> bool:
+    """Whether the ASGI router sends ``path`` here rather than to Django."""
+    return path.startswith(("/v1/", "/channels/")) or path in ROOT_PATHS
+
+
+def flavour_of(path: str) -> str:
+    """The API whose shape the answers to ``path`` take: Anthropic's for its Messages API."""
+    return "anthropic" if "/v1/messages" in path else "openai"
+
+
+def authenticate(scope: Scope, snapshot: Snapshot) -> Caller | None:
+    """The caller whose API key is in ``Authorization: Bearer <key>`` (OpenAI's clients) or in
+    ``x-api-key`` (Anthropic's), if it is usable."""
+    key = ""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, given = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer":
+                key = given.strip()
+                break
+        elif name == b"x-api-key":
+            key = value.decode("latin-1").strip()
+    if not key:
+        return None
+    return snapshot.callers.get(hashlib.sha256(key.encode()).hexdigest())
+
+
+def split_path(path: str) -> tuple[str | None, str]:
+    """``/channels/a100-0/v1/models`` → (``a100-0``, ``/v1/models``)."""
+    if path.startswith("/channels/"):
+        name, _, rest = path[len("/channels/") :].partition("/")
+        return name, "/" + rest
+    return None, path
+
+
+def is_booker(channel: ChannelView, caller: Caller) -> bool:
+    """Fair sharing's exemption: a booker in their own slot is not limited."""
+    return channel.booking is not None and channel.booking.user_id == caller.user_id
+
+
+def wait_seconds(scope: Scope, caller: Caller, most: float) -> tuple[float, str]:
+    """How long to hold this request if its model is not ready: ``X-SlotServe-Wait`` (seconds),
+    else the key's default; at most ``SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS``. And what is wrong
+    with the header, if anything."""
+    given = header(scope, b"x-slotserve-wait")
+    if not given:
+        return min(caller.wait_seconds, most), ""
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        return (
+            0.0,
+            f"X-SlotServe-Wait must be a number of seconds (0 or more), not {given.decode('latin-1')!r}",
+        )
+    return min(seconds, most), ""
+
+
+def header(scope: Scope, name: bytes) -> bytes:
+    return next((v for k, v in scope["headers"] if k == name), b"")
+
+
+def with_switching(channel: ChannelView, switching: bool) -> ChannelView:
+    """``channel`` as the gateway sees it with its gate shut (``switching``) or open."""
+    return replace(channel, switching=switching) if switching != channel.switching else channel
