@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable
 
 from gateway.access import Refusal
-from gateway.counters import OverLimit
+from gateway.counter_scripts import OverLimit
 from gateway.upstream import Cancel
 from slotserve_base.vocabulary import ErrorCode
 

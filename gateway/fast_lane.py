@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 from gateway.access import ChannelView, Refusal, admit
 from gateway.answer import Answer
 from gateway.body import loads, parse_body
-from gateway.counters import OverLimit
+from gateway.counter_scripts import OverLimit
 from gateway.events import Events, Usage
 from gateway.outgoing import Outgoing, passed_on
 from gateway.proxy import Gateway
@@ -48,7 +48,7 @@ from gateway.snapshot import Caller
 from gateway.upstream import Connection, UpstreamTransport
 
 if TYPE_CHECKING:
-    from gateway.server import Cycle
+    from gateway.http_cycle import Cycle
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,8 @@ from gateway.admission import Entry
 from gateway.answer import Answer
 from gateway.body import BodyTooLarge, parse_body
 from gateway.cors import CorsPolicy
-from gateway.counters import HELD_TTL_SECONDS, Counters, OverLimit
+from gateway.counter_scripts import OverLimit
+from gateway.counters import HELD_TTL_SECONDS, Counters
 from gateway.events import Usage
 from gateway.model_list import list_models
 from gateway.outgoing import Outgoing

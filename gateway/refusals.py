@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 from gateway.access import ChannelView, Refusal, admit
-from gateway.counters import OverLimit, week_start
+from gateway.counter_scripts import OverLimit, week_start
 from gateway.request import Send, with_switching
 from gateway.snapshot import Caller
 from slotserve_base.vocabulary import ErrorCode

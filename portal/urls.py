@@ -1,15 +1,17 @@
 from django.urls import path
 
 from gateway.usage import views as usage_views
+from portal import account, staff_actions
 from portal import actions as portal_actions
+from portal import calendar as portal_calendar
 from portal import views as portal
 
 app_name = "portal"
 
 urlpatterns = [
     path("", portal.overview, name="overview"),
-    path("calendar/", portal.calendar, name="calendar"),
-    path("calendar/<str:token>.ics", portal_actions.calendar_feed, name="calendar_feed"),
+    path("calendar/", portal_calendar.calendar, name="calendar"),
+    path("calendar/<str:token>.ics", account.calendar_feed, name="calendar_feed"),
     path("models/", portal.models_page, name="models"),
     path("models/files/<int:pk>/register", portal.register_model_file, name="register_model_file"),
     path("channel/<int:pk>/log", portal.run_log, name="run_log"),
@@ -20,17 +22,17 @@ urlpatterns = [
     path("reservations/<int:pk>/extend", portal_actions.extend, name="extend"),
     path("reservations/<int:pk>/change", portal_actions.change, name="change"),
     path("reservations/series/<int:pk>/cancel", portal_actions.cancel_series, name="cancel_series"),
-    path("approvals/", portal_actions.approvals, name="approvals"),
-    path("approvals/<int:pk>/approve", portal_actions.approve, name="approve"),
-    path("approvals/<int:pk>/reject", portal_actions.reject, name="reject"),
-    path("channel/<int:pk>/override", portal_actions.channel_override, name="override"),
-    path("channel/<int:pk>/reload", portal_actions.channel_reload_view, name="reload"),
-    path("notifications/", portal_actions.notifications, name="notifications"),
-    path("settings/", portal_actions.preferences, name="preferences"),
-    path("settings/time-zone", portal_actions.set_time_zone, name="set_time_zone"),
-    path("keys/", portal_actions.keys, name="keys"),
-    path("requests/", portal_actions.my_requests, name="requests"),
+    path("approvals/", staff_actions.approvals, name="approvals"),
+    path("approvals/<int:pk>/approve", staff_actions.approve, name="approve"),
+    path("approvals/<int:pk>/reject", staff_actions.reject, name="reject"),
+    path("channel/<int:pk>/override", staff_actions.channel_override, name="override"),
+    path("channel/<int:pk>/reload", staff_actions.channel_reload_view, name="reload"),
+    path("notifications/", account.notifications, name="notifications"),
+    path("settings/", account.preferences, name="preferences"),
+    path("settings/time-zone", account.set_time_zone, name="set_time_zone"),
+    path("keys/", account.keys, name="keys"),
+    path("requests/", account.my_requests, name="requests"),
     path("usage/", usage_views.usage_page, name="usage"),
     path("usage/csv", usage_views.usage_csv, name="usage_csv"),
-    path("keys/<int:pk>/revoke", portal_actions.revoke_key, name="revoke_key"),
+    path("keys/<int:pk>/revoke", account.revoke_key, name="revoke_key"),
 ]

@@ -15,7 +15,7 @@ from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from gateway.counters import TTFT_BUCKETS
+from gateway.counter_scripts import TTFT_BUCKETS
 from gateway.usage.request_log import dead_letters
 from slotserve_base.inflight import in_flight_counts
 from slotserve_base.vocabulary import Phase, RedisKey

@@ -9,7 +9,7 @@ from django.test import Client
 from django.utils import timezone
 
 from channels_app.models import LLMModel, ModelFile
-from channels_app.node_agent import worker
+from channels_app.node_agent import registration
 from devtools.tinymodel import write_tiny_llama
 from tests import factories
 
@@ -30,7 +30,7 @@ def model_dir(tmp_path, settings):
 @pytest.mark.django_db
 def test_heartbeat_reports_files_and_where_registered_models_are(model_dir, staff_api):
     registered = LLMModel.objects.create(name="tiny", backend="llama.cpp", path=str(model_dir / "tiny.gguf"))
-    node = worker.heartbeat(node_name="gpu1", now=timezone.now())
+    node = registration.heartbeat(node_name="gpu1", now=timezone.now())
     found = {(f.path, f.backend) for f in ModelFile.objects.filter(node=node)}
     assert found == {
         (str(model_dir / "tiny.gguf"), "llama.cpp"),
@@ -41,14 +41,14 @@ def test_heartbeat_reports_files_and_where_registered_models_are(model_dir, staf
     assert [(f["path"], f["size_bytes"]) for f in offered] == [(str(model_dir / "org" / "qwen-hf"), 1000)]
     # The file goes away: the node no longer holds the model.
     (model_dir / "tiny.gguf").unlink()
-    worker.heartbeat(node_name="gpu1", now=timezone.now())
+    registration.heartbeat(node_name="gpu1", now=timezone.now())
     assert registered.nodes.count() == 0
     assert not ModelFile.objects.filter(path=str(model_dir / "tiny.gguf")).exists()
 
 
 @pytest.mark.django_db
 def test_staff_register_a_found_file_from_the_models_page(model_dir, staff, ana):
-    worker.heartbeat(node_name="gpu1", now=timezone.now())
+    registration.heartbeat(node_name="gpu1", now=timezone.now())
     found = ModelFile.objects.get(backend="vllm")
     portal = Client()
     portal.force_login(ana)
@@ -91,7 +91,7 @@ def test_estimates_work_on_a_host_without_the_file_from_what_the_node_reported(
 
     path = str(model_dir / "tiny.gguf")
     model = LLMModel.objects.create(name="tiny", backend="llama.cpp", path=path)  # no size given
-    node = worker.heartbeat(node_name="gpu1", now=timezone.now())
+    node = registration.heartbeat(node_name="gpu1", now=timezone.now())
     reported = ModelFile.objects.get(node=node, path=path)
     assert reported.shape is not None and reported.shape["n_layers"] > 0 and reported.shape_error == ""
     broken = ModelFile.objects.get(node=node, path=str(model_dir / "org" / "qwen-hf"))

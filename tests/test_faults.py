@@ -158,7 +158,8 @@ def test_a_gateway_that_died_mid_request_leaves_no_count_behind(own_redis, slow_
     """An entry nobody refreshes expires: a gateway killed mid-stream cannot wedge a channel."""
     channel, _ = slow_channel
     client = redis.Redis.from_url(own_redis.url)
-    from gateway.counters import ENTER, INFLIGHT
+    from gateway.counter_scripts import ENTER
+    from gateway.counters import INFLIGHT
 
     assert client.eval(ENTER, 2, key(INFLIGHT, channel.pk), key(GATE, channel.pk), "orphan", "1.5") == 1
     assert worker.in_flight(channel.pk) == 1

@@ -285,7 +285,7 @@ def test_client_disconnect_cancels_the_upstream_and_releases_the_count(gateway_u
 def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, world, standins):
     """A slow stream is in flight when the target changes: it completes; new requests get 503."""
     from channels_app.models import ChannelTarget
-    from channels_app.node_agent import worker
+    from channels_app.node_agent import rows, worker
     from slotserve_base.vocabulary import Phase
 
     port, _ = standins("qwen2", "--standin-chunks", "60", "--standin-chunk-delay", "30")
@@ -316,11 +316,11 @@ def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, w
     assert in_flight(world["b"].pk) == 1
     # The scheduler now wants something else on ch-b; the node worker closes the gate first.
     ChannelTarget.objects.create(channel=world["b"], model=world["llama"], reason="manual_override")
-    state = worker.state_of(ChannelRuntime.objects.get(channel=world["b"]))
+    state = rows.state_of(ChannelRuntime.objects.get(channel=world["b"]))
     worker.publish_gate(
         world["b"].pk,
         state,
-        worker.wanted_of(world["b"], ChannelTarget.objects.get(channel=world["b"])),
+        rows.wanted_of(world["b"], ChannelTarget.objects.get(channel=world["b"])),
         timezone.now(),
     )
     assert state.phase == Phase.READY

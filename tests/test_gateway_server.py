@@ -12,8 +12,7 @@ from collections import deque
 import httptools
 import pytest
 
-from gateway import fast_lane
-from gateway import server as gateway_server
+from gateway import fast_lane, http_cycle
 from tests.conftest import serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -128,13 +127,13 @@ def request(method: str, path: str, key: str | None = None, body: bytes = b"", *
 def cycles(monkeypatch):
     """How many requests the gateway's own server has taken."""
     taken = [0]
-    original = gateway_server.Cycle.__init__
+    original = http_cycle.Cycle.__init__
 
     def counting(self, *args, **kwargs):
         taken[0] += 1
         original(self, *args, **kwargs)
 
-    monkeypatch.setattr(gateway_server.Cycle, "__init__", counting)
+    monkeypatch.setattr(http_cycle.Cycle, "__init__", counting)
     return taken
 
 

@@ -378,7 +378,7 @@ def test_a_caller_may_go_ahead_of_its_count_in_for_half_its_room_and_not_for_lon
     four at once), one request may go up before its count in is known; then none. Room noted
     over a second ago counts for nothing; a count in over a limit takes the room away."""
     from gateway import counters as counting
-    from gateway.counters import OverLimit
+    from gateway.counter_scripts import OverLimit
     from gateway.snapshot import Limits
 
     limits = Limits(

@@ -21,7 +21,7 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from channels_app.models import HEARTBEAT_TICKS, Node
-from channels_app.node_agent import worker
+from channels_app.node_agent import registration
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,30 +30,30 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_a_name_another_machine_heartbeats_with_is_refused_until_its_heartbeat_stops(settings):
     now = timezone.now()
     Node.objects.create(name="gpu-1", machine="gpu-a", last_heartbeat=now - timedelta(seconds=2))
-    with pytest.raises(worker.NodeNameTaken) as taken:
-        worker.claim(node_name="gpu-1", machine="gpu-b", now=now)
+    with pytest.raises(registration.NodeNameTaken) as taken:
+        registration.claim(node_name="gpu-1", machine="gpu-b", now=now)
     assert "'gpu-1' is in use by the machine 'gpu-a' (its last heartbeat 2 s ago)" in str(taken.value)
     assert "SLOTSERVE_NODE_NAME" in str(taken.value)
     # The same machine starting its worker again, at once.
-    worker.claim(node_name="gpu-1", machine="gpu-a", now=now)
+    registration.claim(node_name="gpu-1", machine="gpu-a", now=now)
     # The other machine once gpu-a's heartbeat is older than a node stays ready.
     later = now + timedelta(seconds=HEARTBEAT_TICKS * settings.SLOTSERVE_TICK_SECONDS + 1)
-    worker.claim(node_name="gpu-1", machine="gpu-b", now=later)
+    registration.claim(node_name="gpu-1", machine="gpu-b", now=later)
     # A new name, and a node row no worker has heartbeated under yet (made in the admin).
-    worker.claim(node_name="gpu-2", machine="gpu-b", now=now)
+    registration.claim(node_name="gpu-2", machine="gpu-b", now=now)
     Node.objects.create(name="gpu-3")
-    worker.claim(node_name="gpu-3", machine="gpu-b", now=now)
+    registration.claim(node_name="gpu-3", machine="gpu-b", now=now)
 
 
 @pytest.mark.django_db
 def test_the_heartbeat_records_the_machine_and_says_when_another_beats_under_its_name(node_env, caplog):
-    node = worker.heartbeat(node_name="gpu-9", now=timezone.now())
+    node = registration.heartbeat(node_name="gpu-9", now=timezone.now())
     assert node.machine == socket.gethostname()
     assert Node.objects.get(name="gpu-9").machine == socket.gethostname()
     assert "heartbeats under this name too" not in caplog.text
     # Another machine took the name while this one's heartbeat was away (a lost link).
     Node.objects.filter(name="gpu-9").update(machine="gpu-a", last_heartbeat=timezone.now())
-    worker.heartbeat(node_name="gpu-9", now=timezone.now())
+    registration.heartbeat(node_name="gpu-9", now=timezone.now())
     assert "node gpu-9: the machine 'gpu-a' heartbeats under this name too" in caplog.text
 
 

@@ -16,7 +16,7 @@ import pytest
 from django.utils import timezone
 
 from channels_app.models import ChannelRuntime, ChannelTarget, LoadRecord
-from channels_app.node_agent import processes, worker
+from channels_app.node_agent import processes, registration, worker
 from channels_app.scheduling.services import decide_channels
 from gateway.counters import INFLIGHT, key
 from reservations.models import Notification
@@ -307,7 +307,7 @@ def test_a_restarted_worker_adopts_its_processes_and_ignores_strangers(node_env,
 
 @pytest.mark.django_db(transaction=True)
 def test_heartbeat_registers_fake_gpus(node_env):
-    node = worker.heartbeat(node_name="laptop", now=timezone.now())
+    node = registration.heartbeat(node_name="laptop", now=timezone.now())
     assert [(g.index, g.memory_bytes) for g in node.gpus.all()] == [(0, 24 * 2**30)]
     assert "vllm" in node.backends and "llama.cpp" in node.backends
 

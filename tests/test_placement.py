@@ -501,11 +501,11 @@ def test_the_node_reports_its_ram_and_the_estimate_what_stays_in_it(tiny_gguf, s
     preset offloading fewer layers than the model has leaves the rest in RAM."""
     import os
 
-    from channels_app.node_agent import worker
+    from channels_app.node_agent import registration
     from channels_app.placement.memory import estimate_for
 
     settings.SLOTSERVE_MODEL_DIRS = []
-    node = worker.heartbeat(node_name="ram-node", now=timezone.now())
+    node = registration.heartbeat(node_name="ram-node", now=timezone.now())
     node.refresh_from_db()
     assert node.ram_bytes == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     whole = estimate_for(backend="llama.cpp", path=str(tiny_gguf), args=[])

@@ -306,7 +306,7 @@ def test_a_large_labs_calendar_shows_its_channels_a_page_at_a_time(ana):
     a page, in name order, and its links keep the page, the view and the filters."""
     import re
 
-    from portal.views import CALENDAR_CHANNELS
+    from portal.calendar import CALENDAR_CHANNELS
 
     node = factories.node("big", gpus=60)
     for n in range(60):

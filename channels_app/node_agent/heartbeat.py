@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
-from channels_app.node_agent import worker
+from channels_app.node_agent import registration
 from channels_app.node_agent.tasks import node_tick
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def one_round(node_name: str) -> bool:
 def beat_once(node_name: str) -> bool:
     """Register the node and its GPUs now (the database only); False when that failed."""
     try:
-        worker.heartbeat(node_name=node_name, now=timezone.now())
+        registration.heartbeat(node_name=node_name, now=timezone.now())
         return True
     except Exception:
         log.warning("node %s: the heartbeat failed; the next tick tries again", node_name, exc_info=True)

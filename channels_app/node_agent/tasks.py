@@ -8,7 +8,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from channels_app.models import Channel
-from channels_app.node_agent import worker
+from channels_app.node_agent import registration, worker
 from channels_app.node_agent.lifecycle import ProcessState
 from slotserve_base import dispatch
 from slotserve_base.vocabulary import Phase
@@ -21,7 +21,7 @@ def node_tick(node_name: str) -> int:
     """On the node: heartbeat with its GPUs, then reconcile each of its channels."""
     now = timezone.now()
     try:
-        worker.heartbeat(node_name=node_name, now=now)
+        registration.heartbeat(node_name=node_name, now=now)
     except Exception:  # the channels still need their reconcile; the next tick retries
         log.exception("node %s: the heartbeat failed", node_name)
     channel_ids = list(Channel.objects.filter(node__name=node_name).values_list("pk", flat=True))

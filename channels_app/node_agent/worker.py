@@ -10,37 +10,29 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shlex
-import shutil
 import signal
-import socket
 from collections.abc import Sequence
 from datetime import datetime, timedelta, tzinfo
 from pathlib import Path
-from typing import Any, assert_never
+from typing import assert_never
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import transaction
 
 from channels_app.backends import Backend
 from channels_app.models import (
-    HEARTBEAT_TICKS,
     Channel,
     ChannelRuntime,
     ChannelTarget,
-    Gpu,
     LLMModel,
     LoadRecord,
-    Node,
     Preset,
     ReloadRequest,
 )
-from channels_app.node_agent import discovery, gpus, locks, log_shipping, processes
+from channels_app.node_agent import gpus, locks, log_shipping, processes
 from channels_app.node_agent.lifecycle import (
     LAUNCH_FAILED,
     Action,
-    Failure,
     Kill,
     LoadFinished,
     Observed,
@@ -52,18 +44,19 @@ from channels_app.node_agent.lifecycle import (
     effective_target,
     step,
 )
+from channels_app.node_agent.registration import executable_for
+from channels_app.node_agent.rows import state_of, store, wanted_of
 from reservations.models import Reservation
 from reservations.notifications import notify
 from reservations.wording import slot_words
 from slotserve_base import overview
 from slotserve_base.inflight import in_flight_counts
 from slotserve_base.redis_client import redis_client
-from slotserve_base.target import Target, fingerprint_of
-from slotserve_base.vocabulary import NotificationEvent, Phase, Reason, RedisKey, redis_key
+from slotserve_base.target import Target
+from slotserve_base.vocabulary import NotificationEvent, Phase, RedisKey, redis_key
 
 log = logging.getLogger(__name__)
 
-SERVES_RESERVATION = {Reason.ACTIVE_RESERVATION, Reason.PRELOAD_NEXT, Reason.SKIP_DEFAULT_SHORT_GAP}
 # A reconcile holds its channel's lock for this long, renewed while it runs (channels_app.node_agent.locks):
 # a worker that dies holding it frees the channel within the lock time, less than a tick.
 LOCK_SECONDS = 2.0
@@ -98,176 +91,7 @@ def publish_gate(channel_id: int, state: ProcessState, wanted: Wanted, now: date
 # --- Heartbeat ------------------------------------------------------------------
 
 
-def executable_for(backend: Backend) -> str:
-    """The backend's program as configured (docs/api.md, "Backend programs")."""
-    return {
-        Backend.LLAMA_CPP: settings.SLOTSERVE_LLAMA_SERVER,
-        Backend.VLLM: settings.SLOTSERVE_VLLM,
-        Backend.SGLANG: settings.SLOTSERVE_SGLANG,
-    }[backend]
-
-
-def backends_available() -> list[str]:
-    return [b.value for b in Backend if shutil.which(shlex.split(executable_for(b))[0])]
-
-
-class NodeNameTaken(Exception):
-    """Another machine's node worker heartbeats under this node name."""
-
-
-def this_machine() -> str:
-    """The name the node worker records for the machine it runs on (its host name)."""
-    return socket.gethostname()
-
-
-def claim(*, node_name: str, machine: str, now: datetime) -> None:
-    """Refuse a node name that another machine's worker heartbeats with: two machines under one
-    name would each manage the node's channels' processes, starting what the other already runs.
-    The same machine starting its worker again goes ahead, and so does any machine once the other's
-    heartbeat is older than a ready node's."""
-    node = Node.objects.filter(name=node_name).first()
-    if node is None or not node.beating_elsewhere(machine, now):
-        return
-    assert node.last_heartbeat is not None  # a ready node has heartbeated
-    age = (now - node.last_heartbeat).total_seconds()
-    raise NodeNameTaken(
-        f"the node name {node_name!r} is in use by the machine {node.machine!r} (its last heartbeat "
-        f"{age:.0f} s ago): give each GPU machine a name of its own (SLOTSERVE_NODE_NAME or --name); "
-        f"if {node.machine!r} has stopped for good, this name is free "
-        f"{HEARTBEAT_TICKS * settings.SLOTSERVE_TICK_SECONDS:g} s after its last heartbeat"
-    )
-
-
-def heartbeat(*, node_name: str, now: datetime) -> Node:
-    """Register the node, the machine it runs on, its RAM and its GPUs (index, name, total and
-    free memory)."""
-    found = gpus.discover(settings.SLOTSERVE_FAKE_GPUS)
-    with transaction.atomic():
-        node, _ = Node.objects.get_or_create(name=node_name)
-        machine = this_machine()
-        if node.beating_elsewhere(machine, now):
-            # Both started while the other's heartbeat was away (claim lets one in then): say so.
-            log.error(
-                "node %s: the machine %r heartbeats under this name too; give each GPU machine a "
-                "name of its own (SLOTSERVE_NODE_NAME)",
-                node_name,
-                node.machine,
-            )
-        node.last_heartbeat = now
-        node.machine = machine
-        node.backends = backends_available()
-        node.ram_bytes = gpus.host_ram_bytes()
-        node.save(update_fields=["last_heartbeat", "machine", "backends", "ram_bytes"])
-        for gpu in found:
-            Gpu.objects.update_or_create(
-                node=node,
-                index=gpu.index,
-                defaults={"name": gpu.name, "memory_bytes": gpu.memory_bytes, "free_bytes": gpu.free_bytes},
-            )
-        Gpu.objects.filter(node=node).exclude(index__in=[g.index for g in found]).delete()
-    if settings.SLOTSERVE_MODEL_DIRS:
-        discovery.report(node=node, files=discovery.scan(settings.SLOTSERVE_MODEL_DIRS), now=now)
-    return node
-
-
 # --- State <-> row -----------------------------------------------------------------
-
-
-def _target(model_id: int | None, preset_id: int | None, fingerprint: str = "") -> Target | None:
-    return None if model_id is None else Target(model_id, preset_id, fingerprint)
-
-
-def with_fingerprint(target: Target | None) -> Target | None:
-    """The target with the digest of how it would be started now (its model's backend and path,
-    its preset's effective arguments): an edited preset gives another digest."""
-    if target is None:
-        return None
-    found = LLMModel.objects.filter(pk=target.model_id).values_list("backend", "path").first()
-    if found is None:
-        return target
-    backend, path = found
-    args: list[str] = []
-    if target.preset_id is not None:
-        preset = Preset.objects.filter(pk=target.preset_id).first()
-        if preset is not None:
-            args = list(preset.args_effective)
-    return dataclasses.replace(target, fingerprint=fingerprint_of(backend=backend, path=path, args=args))
-
-
-def state_of(runtime: ChannelRuntime) -> ProcessState:
-    failure = None
-    failed = _target(runtime.failed_model_id, runtime.failed_preset_id, runtime.failed_fingerprint)
-    if failed is not None and runtime.retry_at is not None:
-        failure = Failure(
-            failed,
-            runtime.attempts,
-            runtime.retry_at,
-            runtime.failure_error,
-            runtime.fallback_failed,
-            runtime.failure_purpose,
-            runtime.failure_began,
-        )
-    return ProcessState(
-        phase=Phase(runtime.phase),
-        running=_target(runtime.model_id, runtime.preset_id, runtime.fingerprint),
-        since=runtime.since,
-        pid=runtime.pid,
-        stop_sent_at=runtime.stop_sent_at,
-        kill_sent=runtime.kill_sent,
-        fallback=runtime.fallback,
-        failing=runtime.failing,
-        failure=failure,
-        error=runtime.error,
-        reload_generation=runtime.reload_generation,
-    )
-
-
-def store(runtime: ChannelRuntime, state: ProcessState) -> None:
-    running, failure = state.running, state.failure
-    runtime.phase = state.phase.value
-    runtime.model_id = running.model_id if running else None
-    runtime.preset_id = running.preset_id if running else None
-    runtime.fingerprint = running.fingerprint if running else ""
-    if state.since is not None:
-        runtime.since = state.since
-    runtime.pid = state.pid
-    runtime.stop_sent_at = state.stop_sent_at
-    runtime.kill_sent = state.kill_sent
-    runtime.fallback = state.fallback
-    runtime.failing = state.failing
-    runtime.error = state.error
-    runtime.reload_generation = state.reload_generation
-    runtime.failed_model_id = failure.target.model_id if failure else None
-    runtime.failed_preset_id = failure.target.preset_id if failure else None
-    runtime.failed_fingerprint = failure.target.fingerprint if failure else ""
-    runtime.attempts = failure.attempts if failure else 0
-    runtime.retry_at = failure.retry_at if failure else None
-    runtime.failure_error = failure.error if failure else ""
-    runtime.fallback_failed = failure.fallback_failed if failure else False
-    runtime.failure_purpose = failure.purpose if failure else ""
-    runtime.failure_began = failure.began if failure else None
-    if state.pid is None:
-        runtime.run_id, runtime.port, runtime.api_secret = "", None, ""
-    runtime.save()
-
-
-def wanted_of(channel: Channel, target_row: ChannelTarget | None, reload_generation: int = 0) -> Wanted:
-    common: dict[str, Any] = {
-        "default": with_fingerprint(channel.default_target),
-        "reload_generation": reload_generation,
-        "drain_seconds": settings.SLOTSERVE_DRAIN_SECONDS,
-        "stop_timeout_seconds": settings.SLOTSERVE_STOP_TIMEOUT_SECONDS,
-        "load_timeout_seconds": settings.SLOTSERVE_LOAD_TIMEOUT_SECONDS,
-    }
-    if target_row is None:
-        return Wanted(target=None, **common)
-    serves_reservation = target_row.reason in SERVES_RESERVATION and target_row.reservation_id is not None
-    return Wanted(
-        target=with_fingerprint(_target(target_row.model_id, target_row.preset_id)),
-        serves_reservation=serves_reservation,
-        purpose=f"reservation:{target_row.reservation_id}" if serves_reservation else target_row.reason,
-        **common,
-    )
 
 
 # --- Observe, act ------------------------------------------------------------------

@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from channels_app.models import Channel
-from channels_app.node_agent import heartbeat, worker
+from channels_app.node_agent import heartbeat, registration, worker
 from slotserve_base.dispatch import node_queue
 
 
@@ -33,10 +33,10 @@ class Command(BaseCommand):
         name = options["name"]
         now = timezone.now()
         try:
-            worker.claim(node_name=name, machine=worker.this_machine(), now=now)
-        except worker.NodeNameTaken as taken:
+            registration.claim(node_name=name, machine=registration.this_machine(), now=now)
+        except registration.NodeNameTaken as taken:
             raise CommandError(str(taken)) from None
-        node = worker.heartbeat(node_name=name, now=now)
+        node = registration.heartbeat(node_name=name, now=now)
         self.stdout.write(f"node {name}: {node.gpus.count()} GPU(s); queue {node_queue(name)}")
         for channel_id in Channel.objects.filter(node=node).values_list("pk", flat=True):
             worker.reconcile(channel_id=channel_id, now=timezone.now())

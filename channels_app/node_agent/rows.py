@@ -1,0 +1,123 @@
+"""The lifecycle's state and wants to and from their rows: ``ChannelRuntime`` becomes a
+``ProcessState`` and back, a ``ChannelTarget`` becomes what the channel is ``Wanted`` to run."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from django.conf import settings
+
+from channels_app.models import (
+    Channel,
+    ChannelRuntime,
+    ChannelTarget,
+    LLMModel,
+    Preset,
+)
+from channels_app.node_agent.lifecycle import (
+    Failure,
+    ProcessState,
+    Wanted,
+)
+from slotserve_base.target import Target, fingerprint_of
+from slotserve_base.vocabulary import Phase, Reason
+
+SERVES_RESERVATION = {Reason.ACTIVE_RESERVATION, Reason.PRELOAD_NEXT, Reason.SKIP_DEFAULT_SHORT_GAP}
+
+
+def target_of(model_id: int | None, preset_id: int | None, fingerprint: str = "") -> Target | None:
+    return None if model_id is None else Target(model_id, preset_id, fingerprint)
+
+
+def with_fingerprint(target: Target | None) -> Target | None:
+    """The target with the digest of how it would be started now (its model's backend and path,
+    its preset's effective arguments): an edited preset gives another digest."""
+    if target is None:
+        return None
+    found = LLMModel.objects.filter(pk=target.model_id).values_list("backend", "path").first()
+    if found is None:
+        return target
+    backend, path = found
+    args: list[str] = []
+    if target.preset_id is not None:
+        preset = Preset.objects.filter(pk=target.preset_id).first()
+        if preset is not None:
+            args = list(preset.args_effective)
+    return dataclasses.replace(target, fingerprint=fingerprint_of(backend=backend, path=path, args=args))
+
+
+def state_of(runtime: ChannelRuntime) -> ProcessState:
+    failure = None
+    failed = target_of(runtime.failed_model_id, runtime.failed_preset_id, runtime.failed_fingerprint)
+    if failed is not None and runtime.retry_at is not None:
+        failure = Failure(
+            failed,
+            runtime.attempts,
+            runtime.retry_at,
+            runtime.failure_error,
+            runtime.fallback_failed,
+            runtime.failure_purpose,
+            runtime.failure_began,
+        )
+    return ProcessState(
+        phase=Phase(runtime.phase),
+        running=target_of(runtime.model_id, runtime.preset_id, runtime.fingerprint),
+        since=runtime.since,
+        pid=runtime.pid,
+        stop_sent_at=runtime.stop_sent_at,
+        kill_sent=runtime.kill_sent,
+        fallback=runtime.fallback,
+        failing=runtime.failing,
+        failure=failure,
+        error=runtime.error,
+        reload_generation=runtime.reload_generation,
+    )
+
+
+def store(runtime: ChannelRuntime, state: ProcessState) -> None:
+    running, failure = state.running, state.failure
+    runtime.phase = state.phase.value
+    runtime.model_id = running.model_id if running else None
+    runtime.preset_id = running.preset_id if running else None
+    runtime.fingerprint = running.fingerprint if running else ""
+    if state.since is not None:
+        runtime.since = state.since
+    runtime.pid = state.pid
+    runtime.stop_sent_at = state.stop_sent_at
+    runtime.kill_sent = state.kill_sent
+    runtime.fallback = state.fallback
+    runtime.failing = state.failing
+    runtime.error = state.error
+    runtime.reload_generation = state.reload_generation
+    runtime.failed_model_id = failure.target.model_id if failure else None
+    runtime.failed_preset_id = failure.target.preset_id if failure else None
+    runtime.failed_fingerprint = failure.target.fingerprint if failure else ""
+    runtime.attempts = failure.attempts if failure else 0
+    runtime.retry_at = failure.retry_at if failure else None
+    runtime.failure_error = failure.error if failure else ""
+    runtime.fallback_failed = failure.fallback_failed if failure else False
+    runtime.failure_purpose = failure.purpose if failure else ""
+    runtime.failure_began = failure.began if failure else None
+    if state.pid is None:
+        runtime.run_id, runtime.port, runtime.api_secret = "", None, ""
+    runtime.save()
+
+
+def wanted_of(channel: Channel, target_row: ChannelTarget | None, reload_generation: int = 0) -> Wanted:
+    common: dict[str, Any] = {
+        "default": with_fingerprint(channel.default_target),
+        "reload_generation": reload_generation,
+        "drain_seconds": settings.SLOTSERVE_DRAIN_SECONDS,
+        "stop_timeout_seconds": settings.SLOTSERVE_STOP_TIMEOUT_SECONDS,
+        "load_timeout_seconds": settings.SLOTSERVE_LOAD_TIMEOUT_SECONDS,
+    }
+    if target_row is None:
+        return Wanted(target=None, **common)
+    serves_reservation = target_row.reason in SERVES_RESERVATION and target_row.reservation_id is not None
+    return Wanted(
+        target=with_fingerprint(target_of(target_row.model_id, target_row.preset_id)),
+        serves_reservation=serves_reservation,
+        purpose=f"reservation:{target_row.reservation_id}" if serves_reservation else target_row.reason,
+        **common,
+    )

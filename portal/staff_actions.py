@@ -1,0 +1,123 @@
+"""What approvers and staff do in the portal: approve and reject bookings, set a channel's
+override, reload its process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from channels_app.models import Channel
+from channels_app.scheduling.services import channel_reload, override_clear, override_set
+from portal.actions import PAGE, me, reservation_action
+from portal.forms import (
+    OverrideForm,
+    RejectForm,
+)
+from reservations import services
+from reservations.models import Reservation, ReservationStatus
+from reservations.selectors import reviewable_by
+from slotserve_base.errors import InvalidInput
+
+
+def _approver_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Staff, or a group's approver; others answer 403."""
+
+    @login_required
+    def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not (request.user.is_staff or me(request).approves_for.exists()):
+            raise PermissionDenied("only staff and group approvers decide bookings")
+        return view(request, *args, **kwargs)
+
+    return checked
+
+
+@_approver_required
+def approvals(request: HttpRequest) -> HttpResponse:
+    pending = (
+        reviewable_by(me(request))
+        .filter(status=ReservationStatus.PENDING)
+        .select_related("user", "channel", "model", "preset")
+    )
+    # The nearest first: what must be decided soonest.
+    page = Paginator(pending.order_by("start", "pk"), PAGE).get_page(request.GET.get("page"))
+    return render(
+        request, "portal/approvals.html", {"pending": page, "page": page, "reject_form": RejectForm()}
+    )
+
+
+@_approver_required
+@require_POST
+def approve(request: HttpRequest, pk: int) -> HttpResponse:
+    def act(r: Reservation) -> Reservation:
+        return services.reservation_approve(reservation=r, by=me(request), now=timezone.now())
+
+    return reservation_action(
+        request, pk, act, "Approved.", back="portal:approvals", among=reviewable_by(me(request))
+    )
+
+
+@_approver_required
+@require_POST
+def reject(request: HttpRequest, pk: int) -> HttpResponse:
+    form = RejectForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Say why the reservation is rejected.")
+        return redirect("portal:approvals")
+
+    def act(r: Reservation) -> Reservation:
+        return services.reservation_reject(
+            reservation=r, by=me(request), reason=form.cleaned_data["reason"], now=timezone.now()
+        )
+
+    return reservation_action(
+        request, pk, act, "Rejected.", back="portal:approvals", among=reviewable_by(me(request))
+    )
+
+
+@staff_member_required
+@require_POST
+def channel_override(request: HttpRequest, pk: int) -> HttpResponse:
+    channel = get_object_or_404(Channel, pk=pk)
+    if request.POST.get("clear"):
+        override_clear(channel=channel)
+        messages.success(request, f"Override of {channel} cleared.")
+        return redirect("portal:overview")
+    form = OverrideForm(request.POST, prefix=f"ch{pk}")
+    if not form.is_valid():
+        messages.error(request, f"Override of {channel}: give a model or unload, and until when.")
+        return redirect("portal:overview")
+    data = form.cleaned_data
+    try:
+        override_set(
+            channel=channel,
+            now=timezone.now(),
+            by=me(request),
+            model=data["model"],
+            preset=data["preset"],
+            unload=data["unload"],
+            until=data["until"],
+        )
+    except InvalidInput as exc:
+        messages.error(request, f"Override of {channel}: {exc.message}")
+    else:
+        messages.success(request, f"Override of {channel} set.")
+    return redirect("portal:overview")
+
+
+@staff_member_required
+@require_POST
+def channel_reload_view(request: HttpRequest, pk: int) -> HttpResponse:
+    channel = get_object_or_404(Channel, pk=pk)
+    channel_reload(channel=channel, now=timezone.now(), by=me(request))
+    messages.success(request, f"{channel} restarts its process now.")
+    return redirect("portal:overview")
