@@ -12,7 +12,7 @@ from typing import Any
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import Group, User
 from django.core.paginator import Paginator
-from django.db.models import Prefetch
+from django.db.models import Prefetch, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -54,6 +54,16 @@ def _place(start: datetime, end: datetime, origin: datetime, span: timedelta) ->
     return (lo - origin) / span * 100, (hi - lo) / span * 100
 
 
+def channels_listed(channel_id: int | None, node_id: int | None) -> QuerySet[Channel]:
+    """The channels the calendar shows, in name order: one, or a node's, or all."""
+    listed = Channel.objects.order_by("name")
+    if channel_id is not None:
+        listed = listed.filter(pk=channel_id)
+    if node_id is not None:
+        listed = listed.filter(node_id=node_id)
+    return listed
+
+
 def calendar_rows(
     *,
     lanes: list[tuple[datetime, timedelta]],
@@ -77,12 +87,7 @@ def calendar_rows(
         shown = shown.filter(model_id=model_id)
     if group_id is not None:
         shown = shown.filter(user__groups__id=group_id)
-    listed = Channel.objects.all()
-    if channel_id is not None:
-        listed = listed.filter(pk=channel_id)
-    if node_id is not None:
-        listed = listed.filter(node_id=node_id)
-    listed = listed.order_by("name")
+    listed = channels_listed(channel_id, node_id)
     if channel_slice is not None:
         listed = listed[channel_slice]
     channels = list(
@@ -219,12 +224,8 @@ def calendar(request: HttpRequest) -> HttpResponse:
         # Between local midnights: a daylight-saving day is 23 or 25 hours.
         lane_end = timezone.make_aware(datetime.combine(lane_day + timedelta(days=1), time()), tz)
         days_shown.append((lane_day, lane_origin, lane_end - lane_origin))
-    listed = Channel.objects.all()
-    if filters["channel"] is not None:
-        listed = listed.filter(pk=filters["channel"])
-    if filters["node"] is not None:
-        listed = listed.filter(node_id=filters["node"])
-    pages = Paginator(listed.order_by("name").values_list("pk", flat=True), CALENDAR_CHANNELS)
+    listed = channels_listed(filters["channel"], filters["node"]).values_list("pk", flat=True)
+    pages = Paginator(listed, CALENDAR_CHANNELS)
     page = pages.get_page(request.GET.get("page"))
     all_rows = calendar_rows(
         lanes=[(lane_origin, lane_span) for _, lane_origin, lane_span in days_shown],

@@ -200,30 +200,23 @@ def _tell(channel: Channel, target_row: ChannelTarget | None, action: Tell) -> N
     """The booker hears of their reservation's model; the admins of failures and fallbacks,
     a booking's or not. Each failure episode's news goes out once (its key names the episode)."""
     reservation = target_row.reservation if target_row is not None else None
-    episode = f":{action.episode:%Y%m%dT%H%M%S.%f}" if action.episode is not None else ""
     for_admins = action.event in {NotificationEvent.LOAD_FAILED, NotificationEvent.FALLBACK}
-    if reservation is None:
-        if not for_admins:
-            return
+    if reservation is None and not for_admins:
+        return
 
-        def text(zone: tzinfo) -> str:
-            return f"{channel.name}: {action.text}."
+    def text(zone: tzinfo) -> str:
+        words = f"{channel.name}: {action.text}."
+        return words if reservation is None else f"{words} {reservation_summary(reservation, zone)}"
 
-        key = f"{action.event}:channel:{channel.pk}{episode}"
-    else:
-        booking = reservation
-
-        def text(zone: tzinfo) -> str:
-            return f"{channel.name}: {action.text}. {reservation_summary(booking, zone)}"
-
-        key = f"{action.event}:{reservation.pk}{episode}"
+    about = f"channel:{channel.pk}" if reservation is None else str(reservation.pk)
+    episode = f":{action.episode:%Y%m%dT%H%M%S.%f}" if action.episode is not None else ""
+    key = f"{action.event}:{about}{episode}"
+    admins = get_user_model().objects.filter(is_staff=True, is_active=True) if for_admins else None
+    if reservation is not None:
         notify(user=reservation.user, event=action.event, text=text, link="/", key=key)
-    if for_admins:
-        admins = get_user_model().objects.filter(is_staff=True, is_active=True)
-        if reservation is not None:
-            admins = admins.exclude(pk=reservation.user_id)
-        for admin in admins:
-            notify(user=admin, event=action.event, text=text, link="/", key=key)
+        admins = admins.exclude(pk=reservation.user_id) if admins is not None else None
+    for admin in admins if admins is not None else ():
+        notify(user=admin, event=action.event, text=text, link="/", key=key)
 
 
 def reservation_summary(reservation: Reservation, zone: tzinfo | None = None) -> str:

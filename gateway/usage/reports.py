@@ -60,11 +60,11 @@ def request_minutes(lo: datetime, hi: datetime) -> Touched:
 
 def _asked(lo: datetime, hi: datetime, by: str) -> list[tuple[int | None, int | None, Asked]]:
     """What the requests of ``[lo, hi)`` asked, per user (``by`` user or group) or per channel
-    (channel or node): ``(user, channel, sums)`` with the other None, from the roll-ups. The
+    (channel or node): ``(user, channel, sums)`` with the other None, from the roll-ups (caught
+    up by ``request_minutes``, which every report reads first). The
     users or channels of the hour before come too, with nothing asked in the period: their
     minutes may reach into it."""
     per = "user_id" if by in ("user", "group") else "channel_id"
-    roll_up()
     sums = asked_within(lo, hi, per)
     for before in (
         RequestLog.objects.filter(at__gte=lo - timedelta(hours=1), at__lt=lo)
