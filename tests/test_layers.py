@@ -9,10 +9,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("slotserve_site", "portal", "gateway", "reservations", "channels_app", "devtools")
+# From the top of the flow to its bottom.
+PACKAGES = (
+    "slotserve_site",
+    "portal",
+    "gateway",
+    "reservations",
+    "channels_app",
+    "slotserve_base",
+    "devtools",
+)
+FLOW = PACKAGES[:-1]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
@@ -66,3 +77,18 @@ def test_a_forbidden_import_fails_the_check(tree_copy, module, source, complaint
     done = _lint(tree_copy)
     assert done.returncode != 0
     assert complaint in done.stdout, done.stdout[-3000:]
+
+
+def test_between_packages_one_arrow_runs_up_the_scheduler_reading_bookings():
+    """Each package imports only those below it in the flow, but for one arrow: the scheduler
+    reads the bookings it decides on (docs/architecture.md). Everything else of channels_app
+    that needs bookings asks the scheduler's selectors; the node worker's news reaches the
+    bookers through a signal the reservations app listens to."""
+    graph = grimp.build_graph(*FLOW, cache_dir=None, exclude_type_checking_imports=True)
+    direct = {
+        (i["importer"], i["imported"])
+        for lower_index, lower in enumerate(FLOW)
+        for higher in FLOW[:lower_index]
+        for i in graph.find_matching_direct_imports(import_expression=f"{lower}.** -> {higher}.**")
+    }
+    assert direct == {("channels_app.scheduling.selectors", "reservations.models")}, sorted(direct)

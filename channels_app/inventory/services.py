@@ -18,7 +18,7 @@ from channels_app.models import (
     Preset,
     channel_gpus_problem,
 )
-from reservations.models import BLOCKING_STATUSES, Reservation
+from channels_app.scheduling.selectors import channels_booked_with
 from slotserve_base import dispatch
 from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InUse, InvalidInput
@@ -101,13 +101,9 @@ def targets_changed(*, model: LLMModel | None = None, preset: Preset | None = No
     if not runs:
         return []
     found = list(Channel.objects.filter(runs).values_list("pk", "node__name").distinct())
-    ahead = Reservation.objects.filter(status__in=BLOCKING_STATUSES, end__gt=timezone.now())
-    booked = ahead.filter(preset=preset) if preset is not None else ahead.none()
-    if model is not None:
-        booked = booked | ahead.filter(model=model)
     deciding = {pk for pk, _ in found}
     deciding |= set(Channel.objects.filter(uses).values_list("pk", flat=True))
-    deciding |= set(booked.values_list("channel_id", flat=True))
+    deciding |= channels_booked_with(model=model, preset=preset, after=timezone.now())
 
     def tell_nodes() -> None:
         for channel_id, node_name in found:

@@ -12,12 +12,11 @@ import dataclasses
 import logging
 import signal
 from collections.abc import Sequence
-from datetime import datetime, timedelta, tzinfo
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import assert_never
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 
 from channels_app.backends import Backend
 from channels_app.models import (
@@ -44,11 +43,9 @@ from channels_app.node_agent.lifecycle import (
     effective_target,
     step,
 )
+from channels_app.node_agent.news import News, channel_news
 from channels_app.node_agent.registration import executable_for
 from channels_app.node_agent.rows import state_of, store, wanted_of
-from reservations.models import Reservation
-from reservations.notifications import notify
-from reservations.wording import slot_words
 from slotserve_base import overview
 from slotserve_base.inflight import in_flight_counts
 from slotserve_base.redis_client import redis_client
@@ -198,30 +195,23 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
 
 def _tell(channel: Channel, target_row: ChannelTarget | None, action: Tell) -> None:
     """The booker hears of their reservation's model; the admins of failures and fallbacks,
-    a booking's or not. Each failure episode's news goes out once (its key names the episode)."""
+    a booking's or not (``news``). Each failure episode's news goes out once: its key names
+    the episode."""
     reservation = target_row.reservation if target_row is not None else None
     for_admins = action.event in {NotificationEvent.LOAD_FAILED, NotificationEvent.FALLBACK}
     if reservation is None and not for_admins:
         return
-
-    def text(zone: tzinfo) -> str:
-        words = f"{channel.name}: {action.text}."
-        return words if reservation is None else f"{words} {reservation_summary(reservation, zone)}"
-
     about = f"channel:{channel.pk}" if reservation is None else str(reservation.pk)
     episode = f":{action.episode:%Y%m%dT%H%M%S.%f}" if action.episode is not None else ""
-    key = f"{action.event}:{about}{episode}"
-    admins = get_user_model().objects.filter(is_staff=True, is_active=True) if for_admins else None
-    if reservation is not None:
-        notify(user=reservation.user, event=action.event, text=text, link="/", key=key)
-        admins = admins.exclude(pk=reservation.user_id) if admins is not None else None
-    for admin in admins if admins is not None else ():
-        notify(user=admin, event=action.event, text=text, link="/", key=key)
-
-
-def reservation_summary(reservation: Reservation, zone: tzinfo | None = None) -> str:
-    slot = slot_words(reservation.start, reservation.end, zone)
-    return f"(reservation {reservation.pk} of {reservation.user}, {slot})"
+    told = News(
+        channel=channel,
+        reservation=reservation,
+        event=action.event,
+        text=f"{channel.name}: {action.text}.",
+        key=f"{action.event}:{about}{episode}",
+        for_admins=for_admins,
+    )
+    channel_news.send(sender=News, news=told)
 
 
 def act(

@@ -5,14 +5,12 @@ from __future__ import annotations
 from collections import Counter
 from datetime import datetime, timedelta
 
-from django.db.models import Q
-
 from channels_app.backends import draft_model_path
 from channels_app.models import Channel, LLMModel, ModelFile, Preset
 from channels_app.placement.chains import Candidate, Need
 from channels_app.placement.estimates import model_memory_estimate
 from channels_app.placement.memory import ShapeUnreadable
-from reservations.models import Reservation
+from channels_app.scheduling.selectors import booked_spans
 from slotserve_base.target import Target
 from slotserve_base.vocabulary import Phase
 
@@ -47,9 +45,7 @@ def placement_inputs(
         set(ModelFile.objects.filter(path=draft).values_list("node_id", flat=True)) if draft else set()
     )
     window_from, window_to = start - AROUND, end + AROUND
-    nearby = Reservation.objects.blocking().filter(
-        Q(start__lt=window_to, end__gt=window_from), channel__in=[c.pk for c in channels]
-    )
+    nearby = booked_spans(start=window_from, end=window_to, channel_ids=[c.pk for c in channels])
     busy: set[int] = set()
     adjacent: set[int] = set()
     # (channel or node, current model?) → instances: bookings around the slot, processes now.
@@ -62,13 +58,13 @@ def placement_inputs(
         on_channel[channel_id, current] += 1
         on_node[node_of[channel_id], current] += 1
 
-    for r in nearby.values("channel_id", "start", "end", "model_id", "preset_id", "exclusive"):
-        channel_id = r["channel_id"]
-        if r["start"] < end and r["end"] > start:
+    for r in nearby:
+        channel_id = r.channel_id
+        if r.start < end and r.end > start:
             busy.add(channel_id)
-        count(channel_id, r["model_id"])
-        same = not r["exclusive"] and Target(r["model_id"], r["preset_id"]) == target
-        if same and (r["end"] == start or r["start"] == end):
+        count(channel_id, r.model_id)
+        same = not r.exclusive and Target(r.model_id, r.preset_id) == target
+        if same and (r.end == start or r.start == end):
             adjacent.add(channel_id)
     runtimes = {c.pk: c.runtime_or_none() for c in channels}
     if window_from <= now < window_to:

@@ -15,6 +15,7 @@ from django.utils import timezone
 from channels_app.models import LLMModel, Preset, validate_target
 from channels_app.placement.chains import FreeSlot, Placement, ScoreMaximums, first_free, place
 from channels_app.placement.inputs import placement_inputs
+from channels_app.scheduling.selectors import booked_spans
 
 
 def maximums() -> ScoreMaximums:
@@ -59,8 +60,6 @@ def free_slots(
     """The next times some channel that fits ``model`` is free for ``length``, from ``after``
     (rounded up to the half hour) to two weeks on; and placement at ``after`` (its message says
     why nothing fits when nothing ever can)."""
-    from reservations.models import Reservation
-
     validate_target(model=model, preset=preset)
     policy = policy or model.placement_strategy
     first = _round_up(max(after, now), FINDER_STEP)
@@ -68,9 +67,8 @@ def free_slots(
         model=model, preset=preset, start=first, end=first + length, now=now
     )
     busy: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
-    booked = Reservation.objects.blocking().filter(end__gt=first, start__lt=first + FINDER_HORIZON + length)
-    for channel_id, start, end in booked.values_list("channel_id", "start", "end"):
-        busy[channel_id].append((start, end))
+    for booked in booked_spans(start=first, end=first + FINDER_HORIZON + length):
+        busy[booked.channel_id].append((booked.start, booked.end))
     starts = (first + i * FINDER_STEP for i in range(int(FINDER_HORIZON / FINDER_STEP)))
     found = first_free(
         candidates,

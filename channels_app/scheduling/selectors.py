@@ -219,3 +219,38 @@ def model_load_estimates() -> dict[int, float]:
     for (model_id, _, _), seconds in preset_load_estimates().items():
         result[model_id] = max(seconds, result.get(model_id, 0.0))
     return result
+
+
+@dataclass(frozen=True)
+class BookedSpan:
+    """A booking that holds its slot (pending or approved), as placement reads it."""
+
+    channel_id: int
+    start: datetime
+    end: datetime
+    model_id: int
+    preset_id: int | None
+    exclusive: bool
+
+
+def booked_spans(
+    *, start: datetime, end: datetime, channel_ids: Iterable[int] | None = None
+) -> list[BookedSpan]:
+    """The bookings holding their slot that overlap ``[start, end)``, on the given channels or all.
+
+    The scheduler is the one part of ``channels_app`` that reads bookings (docs/architecture.md):
+    placement and the inventory ask here."""
+    held = Reservation.objects.blocking().filter(start__lt=end, end__gt=start)
+    if channel_ids is not None:
+        held = held.filter(channel__in=list(channel_ids))
+    fields = ("channel_id", "start", "end", "model_id", "preset_id", "exclusive")
+    return [BookedSpan(*row) for row in held.values_list(*fields)]
+
+
+def channels_booked_with(*, model: LLMModel | None, preset: Preset | None, after: datetime) -> set[int]:
+    """Channels with a booking of ``model`` or ``preset`` that holds its slot and ends after ``after``."""
+    ahead = Reservation.objects.blocking().filter(end__gt=after)
+    uses = Q(preset=preset) if preset is not None else Q(pk__in=[])
+    if model is not None:
+        uses |= Q(model=model)
+    return set(ahead.filter(uses).values_list("channel_id", flat=True))
