@@ -1,15 +1,52 @@
-"""May it go now: a request's count in (``Counters.enter``), known before it goes upstream or
-settled while it goes up alongside, and the upstream's work cancelled unless it is counted in."""
+"""May it go now: the channel a request goes to and whether it goes at once (``going``), its
+count in (``Counters.enter``), known before it goes upstream or settled while it goes up
+alongside, and the upstream's work cancelled unless it is counted in."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 
-from gateway.access import Refusal
+from gateway.access import ChannelView, Refusal, admit
 from gateway.counter_scripts import OverLimit
+from gateway.counters import Counters
+from gateway.refusals import refusal_after_count_in
+from gateway.request import Asked, is_booker
+from gateway.snapshot import Caller, Limits, Snapshot
 from gateway.upstream import Cancel
 from slotserve_base.vocabulary import ErrorCode
+
+
+@dataclass(frozen=True, slots=True)
+class Go:
+    """A request's way onto its channel."""
+
+    channel: ChannelView
+    limits: Limits | None  # the caller's limits; none for the channel's booker in their slot
+    at_once: bool  # nothing to wait for and room under the limits: it goes up as it is counted in
+
+
+def going(channel: ChannelView, caller: Caller, counters: Counters, *, waiting: bool) -> Go:
+    """How a request the channel admits goes on: at once (counted in as it goes upstream) when
+    the caller will not wait and has no limits or room under them; else counted in first."""
+    limits = None if is_booker(channel, caller) else caller.limits
+    at_once = not waiting and (limits is None or counters.may_go_ahead(caller.user_id, caller.key_id))
+    return Go(channel, limits, at_once)
+
+
+def chosen_at_once(snapshot: Snapshot, asked: Asked, now: datetime) -> ChannelView | None:
+    """The channel ``access.route`` would choose and admit, where it needs no count of requests
+    in flight: the caller's own, or the one channel ready with the model. None leaves the
+    choice, or the refusal, to ``route`` (``Gateway.choose``)."""
+    if asked.pinned is not None:
+        return None
+    channel = snapshot.index.only_choice(asked.caller.user_id, asked.model)
+    if channel is None or admit(caller_id=asked.caller.user_id, channel=channel, now=now) is not None:
+        return None
+    return channel
 
 
 class Entry:
@@ -36,6 +73,16 @@ class Entry:
             except OverLimit as over:
                 self.over = over
         return self.request_id is not None
+
+    @classmethod
+    def soon(cls, counters: Counters, go: Go, caller: Caller, now: datetime) -> Entry:
+        """The count in of a request that goes upstream at once, on its way (``enter_soon``)."""
+        return cls(
+            pending=counters.enter_soon(
+                go.channel.id, go.limits, user_id=caller.user_id, key_id=caller.key_id
+            ),
+            why=functools.partial(refusal_after_count_in, go.channel, caller, now),
+        )
 
     def refused(self) -> Refusal:
         if self.why is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from gateway.access import ChannelView
 from gateway.body import dumps
 from gateway.events import Usage
 from gateway.request import Message, Send
@@ -29,6 +30,12 @@ class Answer:
         self.served = ""  # the model that served it: the channel's
         self.channel_id: int | None = None
         self.reservation_id: int | None = None
+
+    def goes_to(self, channel: ChannelView) -> None:
+        """The request goes to ``channel``: its log record names the channel, the model that
+        serves it and the booking it is served in."""
+        self.channel_id, self.served = channel.id, channel.model or ""
+        self.reservation_id = channel.booking.reservation_id if channel.booking else None
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Callable
@@ -28,9 +27,10 @@ import httpx
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from gateway.access import ChannelView, Refusal, admit
+from gateway.access import ChannelView, Refusal
+from gateway.admission import Entry, chosen_at_once, going
 from gateway.answer import Answer
-from gateway.body import loads, parse_body
+from gateway.body import loads
 from gateway.counter_scripts import OverLimit
 from gateway.events import Events, Usage
 from gateway.outgoing import Outgoing, passed_on
@@ -39,11 +39,10 @@ from gateway.refusals import (
     broke_off,
     did_not_answer,
     process_failed_event,
-    refusal_after_count_in,
     refusal_answer,
     unreachable,
 )
-from gateway.request import ROOT_PATHS, authenticate, flavour_of, header, is_booker, wait_seconds
+from gateway.request import ROOT_PATHS, asked, authenticate, flavour_of, header
 from gateway.snapshot import Caller
 from gateway.upstream import Connection, UpstreamTransport
 
@@ -68,54 +67,47 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
     caller = authenticate(scope, snapshot)
     if caller is None:
         return False
-    wait, problem = wait_seconds(scope, caller, gateway.max_wait)
-    if wait or problem or len(raw) > gateway.max_body:
-        return False
-    body, _ = parse_body(raw)
-    if body is None:
-        return False
-    asked = body.get("model")
-    if asked is not None and not isinstance(asked, str):
-        return False
-    model = snapshot.aliases.get(asked, asked) if asked is not None else None
-    # The channel route() would choose; none where it has to say why nothing serves, or to
-    # choose among channels by requests in flight (the application asks Redis).
-    channel = snapshot.index.only_choice(caller.user_id, model)
-    if channel is None or channel.upstream is None:
+    # The same stages as the application's, in the same order; where the application would
+    # refuse, hold or choose among channels by their requests in flight, the lane declines.
+    request = asked(
+        scope,
+        raw,
+        caller,
+        snapshot,
+        pinned=None,
+        path=path,
+        max_body=gateway.max_body,
+        max_wait=gateway.max_wait,
+    )
+    if isinstance(request, Refusal) or request.wait:
         return False
     now = timezone.now()
-    if admit(caller_id=caller.user_id, channel=channel, now=now) is not None:
+    channel = chosen_at_once(snapshot, request, now)
+    if channel is None or channel.upstream is None:
         return False
-    limits = None if is_booker(channel, caller) else caller.limits
-    if limits is not None and not gateway.counters.may_go_ahead(caller.user_id, caller.key_id):
+    go = going(channel, caller, gateway.counters, waiting=False)
+    if not go.at_once:
         return False
     upstream = gateway.upstream_for(channel.upstream)
     answer = Answer()
-    answer.caller, answer.method, answer.path, answer.model = caller, "POST", path, asked or ""
-    answer.channel_id, answer.served = channel.id, channel.model or ""
-    answer.reservation_id = channel.booking.reservation_id if channel.booking else None
-    outgoing = Outgoing(
-        method="POST",
-        path=path,
-        query=scope.get("query_string", b""),
-        body=body,
-        raw=raw,
-        content_type=header(scope, b"content-type") or b"application/json",
-    )
+    answer.caller, answer.method, answer.path, answer.model = caller, "POST", path, request.named
+    answer.goes_to(channel)
+    outgoing = Outgoing.of(request, "POST", scope.get("query_string", b""))
     target, headers, content, streaming, strip_usage = outgoing.to(channel, upstream)
     exchange = Exchange(
-        gateway, cycle, upstream, channel, caller, answer, streaming, strip_usage, Usage.asking(body)
+        gateway, cycle, upstream, channel, caller, answer, streaming, strip_usage, Usage.asking(request.body)
     )
     # Nothing comes back before the request is counted in: the process's answer waits for it.
-    entering = gateway.counters.enter_soon(channel.id, limits, user_id=caller.user_id, key_id=caller.key_id)
-    exchange.why = functools.partial(refusal_after_count_in, channel, caller, now)
+    entry = Entry.soon(gateway.counters, go, caller, now)
+    exchange.why = entry.why
     exchange.request = upstream.request_bytes(b"POST", target, headers, content)
     connection = upstream.idle_connection()
     if connection is not None:
         exchange.send(connection)
     else:
         exchange.connect()
-    entering.add_done_callback(exchange.entered)
+    assert entry.pending is not None
+    entry.pending.add_done_callback(exchange.entered)
     return True
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from gateway.access import ChannelView
 from gateway.body import dumps
 from gateway.cors import is_cors_header
+from gateway.request import Asked
 from gateway.upstream import UpstreamTransport
 
 # Where the gateway asks for usage in streams (to count tokens) when the caller did not: the
@@ -57,6 +58,11 @@ class Outgoing:
     body: dict[str, Any] | None
     raw: bytes
     content_type: bytes
+
+    @classmethod
+    def of(cls, request: Asked, method: str, query: bytes) -> Outgoing:
+        content_type = request.content_type or b"application/json"
+        return cls(method, request.path, query, request.body, request.raw, content_type)
 
     def to(
         self, channel: ChannelView, upstream: UpstreamTransport

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import uuid
 from datetime import datetime
@@ -30,9 +29,9 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from gateway.access import ChannelView, Refusal, route
-from gateway.admission import Entry
+from gateway.admission import Entry, Go, going
 from gateway.answer import Answer
-from gateway.body import BodyTooLarge, parse_body
+from gateway.body import BodyTooLarge
 from gateway.cors import CorsPolicy
 from gateway.counter_scripts import OverLimit
 from gateway.counters import HELD_TTL_SECONDS, Counters
@@ -44,7 +43,6 @@ from gateway.refusals import (
     error_flavour,
     held_cap,
     over_limit_refusal,
-    refusal_after_count_in,
     refuse,
     respond,
     send_event_error,
@@ -65,15 +63,15 @@ from gateway.request import (
     Receive,
     Scope,
     Send,
+    asked,
     authenticate,
     flavour_of,
     header,
     is_admin_endpoint,
-    is_booker,
     split_path,
-    wait_seconds,
+    too_large,
 )
-from gateway.snapshot import Caller, Limits, Snapshot, SnapshotCache
+from gateway.snapshot import Caller, Snapshot, SnapshotCache
 from gateway.upstream import UpstreamTransport
 from slotserve_base.vocabulary import ErrorCode, Phase
 
@@ -197,28 +195,25 @@ class Gateway:
         try:
             raw = await self.read_body(receive)
         except BodyTooLarge:
-            message = f"the request body is larger than {self.max_body} bytes"
-            await respond(send, 413, error_body(413, ErrorCode.REQUEST_TOO_LARGE, message))
+            await refuse(send, too_large(self.max_body))
             return
         if raw is None:
             return
-        content_type = header(scope, b"content-type")
-        body: dict[str, Any] | None = None
-        # Routed by model: a JSON object. Pinned: JSON when it says or looks so, else any bytes.
-        is_json = content_type.startswith(b"application/json") or raw.lstrip().startswith(b"{")
-        if pinned is None or (is_json and raw.strip()):
-            body, problem = parse_body(raw)
-            if body is None:
-                await respond(send, 400, error_body(400, ErrorCode.INVALID_REQUEST, problem))
-                return
-        wait, problem = wait_seconds(scope, caller, self.max_wait)
-        if problem:
-            await respond(send, 400, error_body(400, ErrorCode.INVALID_REQUEST, problem))
+        request = asked(
+            scope,
+            raw,
+            caller,
+            snapshot,
+            pinned=pinned,
+            path=path,
+            max_body=self.max_body,
+            max_wait=self.max_wait,
+        )
+        if isinstance(request, Refusal):
+            await refuse(send, request)
             return
-        model = body.get("model") if body is not None else None
-        answer.model = model or ""
-        if model is not None:
-            model = snapshot.aliases.get(model, model)  # an alias is routed as its model
+        body, model, wait = request.body, request.model, request.wait
+        answer.model = request.named
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         left: asyncio.Future[None] | None = None  # while held: the client hanging up
@@ -233,21 +228,14 @@ class Gateway:
                 now = timezone.now()
                 channel, refusal = await self.choose(snapshot, caller, model, pinned, now)
                 if channel is not None:
-                    limits = None if is_booker(channel, caller) else caller.limits
-                    if loop.time() >= deadline and (
-                        limits is None or self.counters.may_go_ahead(caller.user_id, caller.key_id)
-                    ):
+                    go = going(channel, caller, self.counters, waiting=loop.time() < deadline)
+                    if go.at_once:
                         # Nothing to wait for, and no limit to check or room under them: the
                         # request goes upstream while Redis counts it in (and checks the limits);
                         # nothing comes back before it is counted.
-                        entry = Entry(
-                            pending=self.counters.enter_soon(
-                                channel.id, limits, user_id=caller.user_id, key_id=caller.key_id
-                            ),
-                            why=functools.partial(refusal_after_count_in, channel, caller, now),
-                        )
+                        entry = Entry.soon(self.counters, go, caller, now)
                         break
-                    request_id, refusal = await self.count_in(channel, caller, limits, now)
+                    request_id, refusal = await self.count_in(go, caller, now)
                     if refusal is None:
                         entry = Entry(request_id)
                         break
@@ -302,17 +290,9 @@ class Gateway:
         if begun:
             send = continuing_stream(send)
         assert channel is not None
-        answer.channel_id, answer.served = channel.id, channel.model or ""
-        answer.reservation_id = channel.booking.reservation_id if channel.booking else None
+        answer.goes_to(channel)
         usage = Usage.asking(body)
-        outgoing = Outgoing(
-            method=scope["method"],
-            path=path,
-            query=scope.get("query_string", b""),
-            body=body,
-            raw=raw,
-            content_type=content_type or b"application/json",
-        )
+        outgoing = Outgoing.of(request, scope["method"], scope.get("query_string", b""))
         try:
             on_disconnect = (scope.get("extensions") or {}).get(ON_DISCONNECT)
             await forward(self, receive, send, channel, outgoing, usage, entry, on_disconnect)
@@ -360,19 +340,17 @@ class Gateway:
             return None, chosen.refusal or Refusal(404, ErrorCode.MODEL_NOT_LOADED, "no channel serves this")
         return chosen.channel, None
 
-    async def count_in(
-        self, channel: ChannelView, caller: Caller, limits: Limits | None, now: datetime
-    ) -> tuple[str | None, Refusal | None]:
-        """Count the request in on ``channel`` (fair sharing's ``limits`` checked in the same
-        step): its id, or why it may not go there now."""
+    async def count_in(self, go: Go, caller: Caller, now: datetime) -> tuple[str | None, Refusal | None]:
+        """Count the request in on its channel (the caller's limits checked in the same step):
+        its id, or why it may not go there now."""
         try:
             request_id = await self.counters.enter(
-                channel.id, limits, user_id=caller.user_id, key_id=caller.key_id
+                go.channel.id, go.limits, user_id=caller.user_id, key_id=caller.key_id
             )
         except OverLimit as over:
             return None, over_limit_refusal(over, caller, now)
         if request_id is None:
-            return None, switching_refusal(channel, caller, now)
+            return None, switching_refusal(go.channel, caller, now)
         return request_id, None
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from gateway.access import ChannelView
+from gateway.access import ChannelView, Refusal
+from gateway.body import parse_body
 from gateway.snapshot import Caller, Snapshot
+from slotserve_base.vocabulary import ErrorCode
 
 Scope = MutableMapping[str, Any]
 
@@ -149,3 +151,56 @@ def header(scope: Scope, name: bytes) -> bytes:
 def with_switching(channel: ChannelView, switching: bool) -> ChannelView:
     """``channel`` as the gateway sees it with its gate shut (``switching``) or open."""
     return replace(channel, switching=switching) if switching != channel.switching else channel
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """A request as the gateway routes it: who calls, what they ask, how long they will wait."""
+
+    caller: Caller
+    pinned: str | None  # the channel named in the path (``/channels/<name>/…``), if any
+    path: str  # the path the process sees
+    body: dict[str, Any] | None  # None: a pinned request's body that is not JSON, sent as it is
+    raw: bytes
+    content_type: bytes
+    named: str  # the model as the client named it ("" for none): the request log's
+    model: str | None  # what it is routed by: an alias is routed as its model
+    wait: float  # seconds to hold it while its model is not ready
+
+
+def asked(
+    scope: Scope,
+    raw: bytes,
+    caller: Caller,
+    snapshot: Snapshot,
+    *,
+    pinned: str | None,
+    path: str,
+    max_body: int,
+    max_wait: float,
+) -> Asked | Refusal:
+    """What ``caller`` asks in this request (``raw``: its whole body), or why it is refused
+    before any channel is looked at. The fast lane and the application both begin here; the
+    lane leaves a refusal to the application, which gives it."""
+    if len(raw) > max_body:
+        return too_large(max_body)
+    content_type = header(scope, b"content-type")
+    body: dict[str, Any] | None = None
+    # Routed by model: a JSON object. Pinned: JSON when it says or looks so, else any bytes.
+    if pinned is None or (
+        (content_type.startswith(b"application/json") or raw.lstrip().startswith(b"{")) and raw.strip()
+    ):
+        body, problem = parse_body(raw)
+        if body is None:
+            return Refusal(400, ErrorCode.INVALID_REQUEST, problem)
+    wait, problem = wait_seconds(scope, caller, max_wait)
+    if problem:
+        return Refusal(400, ErrorCode.INVALID_REQUEST, problem)
+    named = body.get("model") if body is not None else None
+    model = snapshot.aliases.get(named, named) if named is not None else None
+    return Asked(caller, pinned, path, body, raw, content_type, named or "", model, wait)
+
+
+def too_large(max_body: int) -> Refusal:
+    """A body past ``SLOTSERVE_GATEWAY_MAX_BODY_BYTES``: refused as soon as it is known."""
+    return Refusal(413, ErrorCode.REQUEST_TOO_LARGE, f"the request body is larger than {max_body} bytes")

@@ -317,6 +317,45 @@ def test_what_can_go_upstream_at_once_is_carried_by_the_fast_lane_and_the_rest_b
     assert carried == [False, True, True, False, False, False]
 
 
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "code"),
+    [
+        (b"x" * 300, {}, 413, "request_too_large"),
+        (json.dumps({"model": 5}).encode(), {}, 400, "invalid_request"),
+        (STREAM, {"x_slotserve_wait": "soon"}, 400, "invalid_request"),
+        (json.dumps({"model": "nowhere", "stream": True}).encode(), {}, 404, "model_not_loaded"),
+        (json.dumps({"messages": MESSAGES}).encode(), {}, 400, "invalid_request"),
+    ],
+    ids=["too-large", "model-not-text", "wait-not-a-number", "model-nowhere", "no-model"],
+)
+def test_the_lane_declines_what_the_application_refuses_and_the_application_refuses_it(
+    settings, transactional_db, world, monkeypatch, body, headers, status, code
+):
+    """Both run the same stages (``gateway.request.asked``, ``gateway.admission``): a request the
+    application refuses is never carried by the lane; the application gives the refusal."""
+    settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 30
+    settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES = 256
+    from gateway.proxy import Gateway
+
+    carried: list[bool] = []
+    take = fast_lane.take
+
+    def recording(gateway, cycle, raw):
+        carried.append(take(gateway, cycle, raw))
+        return carried[-1]
+
+    monkeypatch.setattr(fast_lane, "take", recording)
+    with serving(Gateway()) as url:
+        client = Client(url)
+        for _ in range(2):  # the first reads the snapshot; the second finds it fresh
+            client.send(request("POST", "/v1/chat/completions", world["ana"], STREAM))
+            assert client.answer().status == 200
+        client.send(request("POST", "/v1/chat/completions", world["ana"], body, **headers))
+        answer = client.answer()
+    assert (answer.status, json.loads(answer.body)["error"]["code"]) == (status, code)
+    assert carried[1] is True and True not in carried[2:]  # a body past the limit is not even offered
+
+
 def test_a_request_split_across_reads_is_put_together(gateway_url, world):
     client = Client(gateway_url)
     data = request("POST", "/v1/chat/completions", world["ana"], CHAT)
