@@ -3,7 +3,8 @@
 ``T0`` is a Monday, 08:00 UTC (09:00 in Berlin, 16:00 in Shanghai); a test module that needs
 another hour names it from ``T0``. ``eventually`` is the one way to wait for something another
 process or thread does: it looks again until the predicate holds or the time is up, and never
-sleeps longer than it must.
+sleeps longer than it must. ``throughout`` is its mirror, for what must not happen: the tests
+sleep in no other way to wait for another component.
 """
 
 from __future__ import annotations
@@ -23,4 +24,17 @@ def eventually(predicate: Callable[[], object], timeout: float = 10.0, every: fl
             return True
         if time.monotonic() >= deadline:
             return False
+        time.sleep(every)
+
+
+def throughout(predicate: Callable[[], object], seconds: float, every: float = 0.02) -> bool:
+    """Whether ``predicate`` holds at every look for ``seconds``: that something does *not*
+    happen (a refused request never reaches the process, a held one is never sent). Such a check
+    can only be made over a time; it says which time, and fails at the first look that breaks it."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if not predicate():
+            return False
+        if time.monotonic() >= deadline:
+            return True
         time.sleep(every)

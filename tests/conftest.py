@@ -23,6 +23,8 @@ from channels_app.models import ChannelRuntime
 from gateway.api_keys import api_key_create
 from slotserve_site.celery import app as celery_app
 from tests import factories
+from tests.clock import eventually
+from tests.world import World
 
 STANDIN = f"{sys.executable} -m devtools.standin"
 
@@ -204,6 +206,7 @@ def gateway_url(request, settings, transactional_db):
 # The event loop each live server of ``serving`` runs in, and the application it serves, by its URL.
 SERVING_LOOPS: dict[str, asyncio.AbstractEventLoop] = {}
 SERVING_APPS: dict[str, Any] = {}
+SERVING_SERVERS: dict[str, uvicorn.Server] = {}
 
 
 def snapshot_seen(url: str, timeout: float = 10.0) -> None:
@@ -227,6 +230,14 @@ def snapshot_seen(url: str, timeout: float = 10.0) -> None:
     raise AssertionError(f"the gateway did not read the database within {timeout:g} s")
 
 
+def healthy(port: int) -> bool:
+    """Whether the process on ``port`` answers its ``/health`` with 200."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 @contextlib.contextmanager
 def serving(app, **options) -> Iterator[str]:
     """``app`` under uvicorn in a thread, as ``./slotserve start`` serves it (the gateway's own
@@ -245,16 +256,17 @@ def serving(app, **options) -> Iterator[str]:
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    while not server.started:
-        time.sleep(0.01)
+    assert eventually(lambda: server.started, timeout=30, every=0.01), "the gateway did not start"
     url = f"http://127.0.0.1:{port}"
     SERVING_LOOPS[url] = server.servers[0].get_loop()
     SERVING_APPS[url] = app
+    SERVING_SERVERS[url] = server
     try:
         yield url
     finally:
         SERVING_LOOPS.pop(url, None)
         SERVING_APPS.pop(url, None)
+        SERVING_SERVERS.pop(url, None)
         server.should_exit = True
         thread.join(timeout=10)
         # A server still running would read the database while the test's is flushed.
@@ -292,14 +304,8 @@ def standins(tmp_path):
             stderr=subprocess.STDOUT,
         )
         started.append((child, log))
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
-                    return port, log
-            except httpx.HTTPError:
-                time.sleep(0.02)
-        raise AssertionError(f"stand-in did not start: {log.read_text()}")
+        assert eventually(lambda: healthy(port), timeout=10), f"stand-in did not start: {log.read_text()}"
+        return port, log
 
     yield start
     for child, _ in started:
@@ -336,17 +342,18 @@ def world(standins, ana, bo):
     serve(b, llama, port_b)
     _, ana_key = api_key_create(user=ana, name="t")
     _, bo_key = api_key_create(user=bo, name="t")
-    return {
-        "a": a,
-        "b": b,
-        "qwen": qwen,
-        "llama": llama,
-        "ana": ana_key,
-        "bo": bo_key,
-        "log_a": log_a,
-        "ana_user": ana,
-        "bo_user": bo,
-    }
+    return World(
+        channel=a,
+        other=b,
+        model=qwen,
+        other_model=llama,
+        node=node,
+        ana=ana,
+        bo=bo,
+        ana_key=ana_key,
+        bo_key=bo_key,
+        log=log_a,
+    )
 
 
 @contextlib.contextmanager
@@ -361,13 +368,7 @@ def running_llama_server(binary: str, model: Path, *args: str, secret: str = "")
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.05)
+        eventually(lambda: healthy(port), timeout=30, every=0.05)
         yield port
     finally:
         child.terminate()

@@ -18,6 +18,7 @@ from reservations.models import Reservation
 from tests import factories
 from tests.conftest import serve
 from tests.factories import iso
+from tests.world import World
 
 HUGE = "x" * 200_000
 
@@ -31,7 +32,9 @@ def world(db, ana, staff):
     booked = factories.reservation(
         owner=ana, on=channel, start=start, end=start + timedelta(hours=1), target=target
     )
-    return {"node": node, "target": target, "channel": channel, "booked": booked, "start": start}
+    return World(
+        channel=channel, model=target.model, preset=target, node=node, ana=ana, booked=booked, start=start
+    )
 
 
 def _rows() -> dict[str, object]:
@@ -49,10 +52,10 @@ def _rows() -> dict[str, object]:
 
 def _booking(world, **changes):
     body = {
-        "channel": world["channel"].pk,
-        "start": iso(world["start"] + timedelta(hours=3)),
-        "end": iso(world["start"] + timedelta(hours=4)),
-        "model": world["target"].model_id,
+        "channel": world.channel.pk,
+        "start": iso(world.start + timedelta(hours=3)),
+        "end": iso(world.start + timedelta(hours=4)),
+        "model": world.preset.model_id,
     }
     body.update(changes)
     return body
@@ -154,11 +157,11 @@ def _fill(path_or_value, world):
     if not isinstance(path_or_value, str):
         return path_or_value
     return path_or_value.format(
-        channel=world["channel"].pk,
-        booked=world["booked"].pk,
-        model=world["target"].model_id,
-        preset=world["target"].pk,
-        node=world["node"].pk,
+        channel=world.channel.pk,
+        booked=world.booked.pk,
+        model=world.preset.model_id,
+        preset=world.preset.pk,
+        node=world.node.pk,
     )
 
 
@@ -207,7 +210,7 @@ def test_calendar_days_at_the_ends_of_time(world, ana, day):
 @pytest.mark.django_db
 def test_deleting_the_model_a_channel_runs_is_refused_by_name(world, staff):
     runner = factories.llm("runner")
-    ChannelRuntime.objects.create(channel=world["channel"], phase="ready", model=runner, port=1, pid=1)
+    ChannelRuntime.objects.create(channel=world.channel, phase="ready", model=runner, port=1, pid=1)
     client = APIClient()
     client.force_authenticate(staff)
     answer = client.delete(f"/api/models/{runner.pk}/")
@@ -224,7 +227,7 @@ def test_a_usage_flush_for_a_deleted_user_drops_its_counts(world, bo):
     client = redis_client()
     client.hset(key(USAGE_USER, bo.pk), mapping={"requests": 2, "prompt_tokens": 5})
     client.hset(key(USAGE_RESERVATION, 987654), mapping={"requests": 1})
-    client.hset(key(USAGE_USER, world["booked"].user_id), mapping={"requests": 3})
+    client.hset(key(USAGE_USER, world.booked.user_id), mapping={"requests": 3})
     bo.delete()
     assert flush_usage(client) == 1  # the user still here
     assert not list(client.scan_iter(match=key("usage:*", "*")))

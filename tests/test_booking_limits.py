@@ -13,6 +13,7 @@ from reservations.rules import BookingLimits, check_length_and_horizon, check_qu
 from tests import factories
 from tests.clock import T0
 from tests.factories import iso
+from tests.world import World
 
 HOUR = timedelta(hours=1)
 
@@ -63,17 +64,17 @@ def limited(db):
         channel.weekly_quota_hours = Decimal(3)
         channel.max_booking_minutes = 120
         channel.save()
-        yield {"channel": channel, "target": target}
+        yield World(channel=channel, model=target.model, preset=target)
 
 
 def post(client, world, start, end):
     return client.post(
         "/api/reservations/",
         {
-            "channel": world["channel"].pk,
+            "channel": world.channel.pk,
             "start": iso(start),
             "end": iso(end),
-            "model": world["target"].model_id,
+            "model": world.preset.model_id,
         },
     )
 
@@ -88,7 +89,7 @@ def test_quota_through_the_api(limited, ana_api, staff_api):
     hints = ana_api.get(
         "/api/reservations/hints",
         {
-            "channel": limited["channel"].pk,
+            "channel": limited.channel.pk,
             "start": iso(T0 + 4 * HOUR),
             "end": iso(T0 + 5 * HOUR),
             "model": "qwen",
@@ -117,12 +118,12 @@ def test_extension_respects_quota_and_length(limited, ana_api):
 
 
 def test_whole_card_forbidden_on_a_channel(limited, ana_api):
-    limited["channel"].allow_whole_card = False
-    limited["channel"].save()
+    limited.channel.allow_whole_card = False
+    limited.channel.save()
     answer = ana_api.post(
         "/api/reservations/",
         {
-            "channel": limited["channel"].pk,
+            "channel": limited.channel.pk,
             "start": iso(T0 + HOUR),
             "end": iso(T0 + 2 * HOUR),
             "exclusive": True,
@@ -134,7 +135,7 @@ def test_whole_card_forbidden_on_a_channel(limited, ana_api):
 
 def test_past_reservations_cannot_be_extended(limited, ana):
     old = factories.reservation(
-        owner=ana, on=limited["channel"], start=T0 - 3 * HOUR, end=T0 - 2 * HOUR, target=limited["target"]
+        owner=ana, on=limited.channel, start=T0 - 3 * HOUR, end=T0 - 2 * HOUR, target=limited.preset
     )
     from rest_framework.test import APIClient
 
@@ -148,8 +149,8 @@ def test_past_reservations_cannot_be_extended(limited, ana):
 
 @pytest.fixture
 def needs_approval(limited):
-    limited["channel"].approval_policy = "all"
-    limited["channel"].save()
+    limited.channel.approval_policy = "all"
+    limited.channel.save()
     return limited
 
 
@@ -181,7 +182,7 @@ def test_extending_an_approved_booking_asks_for_the_added_time(
 
 
 def test_extending_respects_the_quota_when_it_asks(needs_approval, ana_api, staff_api):
-    channel = needs_approval["channel"]
+    channel = needs_approval.channel
     channel.weekly_quota_hours = Decimal(2)
     channel.max_booking_minutes = None
     channel.save()
@@ -201,9 +202,9 @@ def test_staff_extend_at_once_and_channels_without_approval_extend_in_place(limi
         assert (
             grown.status_code == 200 and grown.data["id"] == made["id"] and grown.data["status"] == "approved"
         )
-        limited["channel"].approval_policy = "all"
-        limited["channel"].max_booking_minutes = None
-        limited["channel"].save()
+        limited.channel.approval_policy = "all"
+        limited.channel.max_booking_minutes = None
+        limited.channel.save()
         by_staff = staff_api.post(
             f"/api/reservations/{made['id']}/extend", {"end": iso(T0 + 3 * HOUR + HOUR / 2)}
         )

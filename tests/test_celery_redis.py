@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
@@ -12,6 +11,7 @@ from channels_app.models import ChannelTarget
 from channels_app.scheduling.tasks import channel_redecide
 from slotserve_site.celery import app as celery_app
 from tests import factories
+from tests.clock import eventually
 
 
 @pytest.mark.django_db(transaction=True)
@@ -22,8 +22,6 @@ def test_redecide_task_travels_through_redis_to_a_worker():
     celery_app.conf.task_always_eager = False
     with start_worker(celery_app, pool="solo", perform_ping_check=False, queues=[queue], loglevel="WARNING"):
         channel_redecide.apply_async(args=(channel.pk,), queue=queue)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not ChannelTarget.objects.filter(channel=channel).exists():
-            time.sleep(0.05)
+        eventually(lambda: ChannelTarget.objects.filter(channel=channel).exists(), timeout=20, every=0.05)
     target = ChannelTarget.objects.get(channel=channel)
     assert (target.model_id, target.reason) == (channel.default_model_id, "default")

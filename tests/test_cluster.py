@@ -40,6 +40,7 @@ from channels_app.models import Channel, ChannelRuntime, ChannelTarget, LLMModel
 from devtools.cluster import Cluster, Forwarder, namespaces_work, redis_answers, redis_executable
 from gateway.api_keys import api_key_create
 from tests import factories
+from tests.clock import eventually, throughout
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -51,12 +52,7 @@ UNSHARE = ["unshare", "--mount", "--propagation", "private"]  # the node's own v
 
 
 def _wait(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    assert eventually(check, timeout=timeout, every=0.2), f"timed out waiting for {what}"
 
 
 @pytest.fixture
@@ -408,13 +404,14 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
     # The scheduler is killed: the nodes keep their own heartbeats (ready for more than three
     # ticks without it), the processes keep serving; `run` starts it again and it decides.
     os.kill(_part_of(control.pid, "--beat"), signal.SIGKILL)
-    without = time.monotonic() + 4 * settings.SLOTSERVE_TICK_SECONDS
-    while time.monotonic() < without:
+
+    def nodes_ready() -> bool:
         nodes = Node.objects.filter(name__in=["node-a", "node-b"])
-        assert all(n.is_ready(timezone.now()) for n in nodes), [
-            (n.name, timezone.now() - n.last_heartbeat) for n in nodes if n.last_heartbeat
-        ]
-        time.sleep(0.25)
+        return all(n.is_ready(timezone.now()) for n in nodes)
+
+    assert throughout(nodes_ready, 4 * settings.SLOTSERVE_TICK_SECONDS, every=0.25), [
+        (n.name, timezone.now() - n.last_heartbeat) for n in Node.objects.all() if n.last_heartbeat
+    ]
     assert chat(ana_key, "tiny-b").status_code == 200 and chat(bo_key, "tiny-a").status_code == 200
     _wait("the scheduler to be started again", lambda: "scheduler started again" in control_log.read_text())
     booked_a = factories.reservation(
@@ -473,8 +470,10 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
     # when it returns the nodes catch up by themselves and the gateway serves again.
     forwarder = cluster["forwarder"]
     forwarder.stop()
-    time.sleep(3 * settings.SLOTSERVE_TICK_SECONDS)
-    assert _health(runtime_b) == 200 and _health(ChannelRuntime.objects.get(channel=channel_a)) == 200
+    runtime_a = ChannelRuntime.objects.get(channel=channel_a)
+    assert throughout(
+        lambda: _health(runtime_b) == 200 and _health(runtime_a) == 200, 3 * settings.SLOTSERVE_TICK_SECONDS
+    )
     cluster["forwarder"] = Forwarder(forwarder.listen, forwarder.target)
     cluster["forwarder"].start()
     back = timezone.now()

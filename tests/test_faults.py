@@ -21,7 +21,7 @@ from channels_app.node_agent import worker
 from gateway.api_keys import api_key_create
 from gateway.counters import GATE, key
 from tests import factories
-from tests.clock import eventually
+from tests.clock import eventually, throughout
 from tests.conftest import free_port, serve
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -63,13 +63,14 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
         )
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
-        for _ in range(100):
+
+        def answers() -> bool:
             try:
-                client.ping()
-                return
+                return bool(client.ping())
             except redis.ConnectionError:
-                time.sleep(0.05)
-        raise AssertionError("redis-server did not start")
+                return False
+
+        assert eventually(answers, timeout=5, every=0.05), "redis-server did not start"
 
     def stop(self) -> None:
         if self.process is not None:
@@ -223,8 +224,9 @@ def test_a_worker_killed_holding_the_lock_frees_the_channel_within_two_ticks(set
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         # A live holder keeps its lock well past the lock's own time.
-        time.sleep(3 * ttl)
-        assert worker.reconcile(channel_id=channel.pk, now=timezone.now()) is None
+        assert throughout(
+            lambda: worker.reconcile(channel_id=channel.pk, now=timezone.now()) is None, 3 * ttl
+        )
     finally:
         holder.kill()  # SIGKILL: no release, no clean-up
         holder.wait()

@@ -19,7 +19,7 @@ from gateway.api_keys import api_key_revoke
 from gateway.counters import GATE, INFLIGHT, key
 from slotserve_base.redis_client import redis_client
 from tests import factories
-from tests.clock import eventually
+from tests.clock import eventually, throughout
 from tests.conftest import free_port, running_llama_server, serve, snapshot_seen
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,11 +39,14 @@ def assert_work_cancelled_or_never_begun(log) -> None:
     """The stand-in's work on a refused request is cancelled; or the request never reached it
     (the fast lane refuses it while its connection to the process is still opening, and the
     connection is closed unused)."""
-    time.sleep(0.3)  # whatever reached the process is in its log
-    deadline = time.monotonic() + 5
-    while "generating for" in log.read_text() and "generation cancelled" not in log.read_text():
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.05)
+    text = log.read_text
+
+    def settled() -> bool:
+        return "generating for" not in text() or "generation cancelled" in text()
+
+    # Work that reached the process is cancelled; any still on its way is, too, as it arrives.
+    assert eventually(settled, timeout=5), text()
+    assert throughout(lambda: eventually(settled, timeout=1), 0.3), text()
 
 
 def counted_out(*channels, timeout: float = 5.0) -> None:
@@ -59,38 +62,38 @@ def book(world, who: str, *, exclusive: bool = False):
     their own, which channel a runs (as the node worker would have made it by now); or whole-card."""
     now = timezone.now()
     booking = factories.reservation(
-        owner=world[f"{who}_user"],
-        on=world["a"],
+        owner=getattr(world, who),
+        on=world.channel,
         start=now - timedelta(minutes=5),
         end=now + timedelta(hours=1),
-        target=None if exclusive else factories.preset(world["qwen"], f"p{time.monotonic_ns()}"),
+        target=None if exclusive else factories.preset(world.model, f"p{time.monotonic_ns()}"),
     )
     if not exclusive:
-        ChannelRuntime.objects.filter(channel=world["a"]).update(preset=booking.preset)
+        ChannelRuntime.objects.filter(channel=world.channel).update(preset=booking.preset)
     return booking
 
 
 def test_unreserved_channel_serves_everyone_and_maps_the_model(gateway_url, world):
-    for who in ("ana", "bo"):
-        answer = call(gateway_url, world[who])
+    for caller in (world.ana_key, world.bo_key):
+        answer = call(gateway_url, caller)
         assert answer.status_code == 200, answer.text
         assert answer.json()["model"] == "qwen"
-    pinned = call(gateway_url + "/channels/ch-b", world["bo"], model="anything")
+    pinned = call(gateway_url + "/channels/ch-b", world.bo_key, model="anything")
     assert pinned.status_code == 200 and pinned.json()["model"] == "llama"
 
 
 def test_active_reservation_lets_only_the_booker_in(gateway_url, world):
     booking = book(world, "ana")
     snapshot_seen(gateway_url)
-    mine = call(gateway_url, world["ana"], model="whatever-i-like")
+    mine = call(gateway_url, world.ana_key, model="whatever-i-like")
     assert mine.status_code == 200 and mine.json()["model"] == "qwen"
-    theirs = call(gateway_url, world["bo"])
+    theirs = call(gateway_url, world.bo_key)
     assert error(theirs) == (403, "gpu_reserved")
-    assert call(gateway_url + "/channels/ch-a", world["bo"]).status_code == 403
+    assert call(gateway_url + "/channels/ch-a", world.bo_key).status_code == 403
     # Usage is counted per reservation and per user, and reaches the database with the tick.
     from gateway.usage.flush import flush_usage
 
-    counted_out(world["a"], world["b"])
+    counted_out(world.channel, world.other)
     flush_usage(redis_client())
     booking.refresh_from_db()
     assert (booking.requests, booking.prompt_tokens, booking.completion_tokens) == (1, 5, 8)
@@ -98,30 +101,30 @@ def test_active_reservation_lets_only_the_booker_in(gateway_url, world):
 
 def test_booker_waits_while_the_model_loads(gateway_url, world):
     book(world, "ana")
-    serve(world["a"], world["qwen"], None, phase="loading")
+    serve(world.channel, world.model, None, phase="loading")
     snapshot_seen(gateway_url)
-    answer = call(gateway_url, world["ana"])
+    answer = call(gateway_url, world.ana_key)
     assert error(answer) == (503, "model_loading")
     assert int(answer.headers["Retry-After"]) >= 1
-    assert error(call(gateway_url, world["bo"])) == (403, "gpu_reserved")
+    assert error(call(gateway_url, world.bo_key)) == (403, "gpu_reserved")
 
 
 def test_whole_card_reservation(gateway_url, world):
     book(world, "ana", exclusive=True)
-    serve(world["a"], None, None, phase="stopped")
+    serve(world.channel, None, None, phase="stopped")
     snapshot_seen(gateway_url)
-    answer = call(gateway_url + "/channels/ch-a", world["ana"])
+    answer = call(gateway_url + "/channels/ch-a", world.ana_key)
     assert error(answer) == (503, "gpu_exclusive") and int(answer.headers["Retry-After"]) > 3500
-    assert error(call(gateway_url + "/channels/ch-a", world["bo"])) == (403, "gpu_reserved")
+    assert error(call(gateway_url + "/channels/ch-a", world.bo_key)) == (403, "gpu_reserved")
 
 
 def test_switching_channel_answers_503_for_everyone(gateway_url, world):
-    redis_client().set(key(GATE, world["a"].pk), "1")
-    for who in ("ana", "bo"):
-        answer = call(gateway_url, world[who])
+    redis_client().set(key(GATE, world.channel.pk), "1")
+    for caller in (world.ana_key, world.bo_key):
+        answer = call(gateway_url, caller)
         assert error(answer) == (503, "model_switching")
         assert int(answer.headers["Retry-After"]) >= 30
-    assert in_flight(world["a"].pk) == 0
+    assert in_flight(world.channel.pk) == 0
 
 
 def test_a_request_refused_at_the_gate_gets_nothing_of_the_process_and_its_work_is_cancelled(
@@ -137,7 +140,7 @@ def test_a_request_refused_at_the_gate_gets_nothing_of_the_process_and_its_work_
     snapshot_seen(gateway_url)
     redis_client().set(key(GATE, channel.pk), "1")
     started = time.monotonic()
-    refused = call(gateway_url, world["bo"], model="slow")
+    refused = call(gateway_url, world.bo_key, model="slow")
     assert error(refused) == (503, "model_switching") and time.monotonic() - started < 1.5
     assert in_flight(channel.pk) == 0
     assert_work_cancelled_or_never_begun(log)
@@ -145,26 +148,25 @@ def test_a_request_refused_at_the_gate_gets_nothing_of_the_process_and_its_work_
     redis_client().delete(key(GATE, channel.pk))
     from gateway.models import ApiKey
 
-    ApiKey.objects.filter(user=world["bo_user"]).update(requests_per_minute=1)
+    ApiKey.objects.filter(user=world.bo).update(requests_per_minute=1)
     snapshot_seen(gateway_url)
-    assert call(gateway_url, world["bo"], model="llama").status_code == 200
+    assert call(gateway_url, world.bo_key, model="llama").status_code == 200
     started_work = log.read_text().count("generating for")
-    assert error(call(gateway_url, world["bo"], model="slow")) == (429, "rate_limit_exceeded")
-    time.sleep(0.3)
-    assert log.read_text().count("generating for") == started_work
+    assert error(call(gateway_url, world.bo_key, model="slow")) == (429, "rate_limit_exceeded")
+    assert throughout(lambda: log.read_text().count("generating for") == started_work, 0.3)
 
 
 def test_routing_by_model_prefers_the_channel_with_fewer_requests(gateway_url, world, standins):
     port, log_b = standins("qwen")
-    serve(world["b"], world["qwen"], port)
-    redis_client().zadd(key(INFLIGHT, world["a"].pk), {f"r{i}": time.time() + 3600 for i in range(5)})
-    time.sleep(0.1)
+    serve(world.other, world.model, port)
+    redis_client().zadd(key(INFLIGHT, world.channel.pk), {f"r{i}": time.time() + 3600 for i in range(5)})
+    snapshot_seen(gateway_url)
     # Both channels run qwen; ch-a has five requests in flight, so ch-b serves.
-    answer = call(gateway_url, world["bo"], stream=False)
+    answer = call(gateway_url, world.bo_key, stream=False)
     assert answer.status_code == 200
     assert "POST /v1/chat/completions" in log_b.read_text()
-    assert "POST /v1/chat/completions" not in world["log_a"].read_text()
-    missing = call(gateway_url, world["bo"], model="mistral")
+    assert "POST /v1/chat/completions" not in world.log.read_text()
+    missing = call(gateway_url, world.bo_key, model="mistral")
     assert error(missing) == (404, "model_not_loaded")
     assert "loaded now: qwen on ch-a, qwen on ch-b" in missing.json()["error"]["message"]
 
@@ -172,8 +174,8 @@ def test_routing_by_model_prefers_the_channel_with_fewer_requests(gateway_url, w
 def test_models_endpoint_lists_what_the_caller_can_use(gateway_url, world):
     book(world, "ana")
     snapshot_seen(gateway_url)
-    mine = httpx.get(gateway_url + "/v1/models", headers={"Authorization": f"Bearer {world['ana']}"}).json()
-    theirs = httpx.get(gateway_url + "/v1/models", headers={"Authorization": f"Bearer {world['bo']}"}).json()
+    mine = httpx.get(gateway_url + "/v1/models", headers={"Authorization": f"Bearer {world.ana_key}"}).json()
+    theirs = httpx.get(gateway_url + "/v1/models", headers={"Authorization": f"Bearer {world.bo_key}"}).json()
     assert sorted(m["id"] for m in mine["data"]) == ["llama", "qwen"]
     assert [m["id"] for m in theirs["data"]] == ["llama"]
 
@@ -182,7 +184,7 @@ def test_streaming_passes_chunks_through_and_counts_tokens(gateway_url, world):
     with httpx.stream(
         "POST",
         gateway_url + "/v1/chat/completions",
-        headers={"Authorization": f"Bearer {world['bo']}"},
+        headers={"Authorization": f"Bearer {world.bo_key}"},
         json={"model": "qwen", "messages": [], "stream": True},
         timeout=30,
     ) as answer:
@@ -196,18 +198,18 @@ def test_streaming_passes_chunks_through_and_counts_tokens(gateway_url, world):
     from gateway.usage.flush import flush_usage
     from reservations.models import Profile
 
-    counted_out(world["a"], world["b"])
+    counted_out(world.channel, world.other)
     flush_usage(redis_client())
-    assert Profile.objects.get(user=world["bo_user"]).completion_tokens == 8
+    assert Profile.objects.get(user=world.bo).completion_tokens == 8
 
 
 def test_a_large_answer_that_is_not_streamed_comes_whole(gateway_url, world, standins):
     # Past what the gateway buffers from a process before it pauses reading (HIGH_WATER).
     port, _ = standins("qwen", "--standin-chunks", "100000")
-    serve(world["a"], world["qwen"], port)
+    serve(world.channel, world.model, port)
     snapshot_seen(gateway_url)
     for _ in range(2):  # a new connection to the process, then one from the pool
-        answer = call(gateway_url, world["ana"])
+        answer = call(gateway_url, world.ana_key)
         assert answer.status_code == 200
         assert answer.json()["choices"][0]["message"]["content"].split() == [f"t{i}" for i in range(100000)]
         assert answer.json()["usage"]["completion_tokens"] == 100000
@@ -215,7 +217,7 @@ def test_a_large_answer_that_is_not_streamed_comes_whole(gateway_url, world, sta
 
 def test_bad_requests(gateway_url, world):
     url = gateway_url + "/v1/chat/completions"
-    auth = {"Authorization": f"Bearer {world['bo']}"}
+    auth = {"Authorization": f"Bearer {world.bo_key}"}
     assert error(httpx.post(url, content=b"{nope", headers=auth)) == (400, "invalid_request")
     assert error(httpx.post(url, content=b"[1, 2]", headers=auth)) == (400, "invalid_request")
     big = httpx.post(url, content=b"{" + b" " * (70 * 1024) + b"}", headers=auth)
@@ -224,19 +226,19 @@ def test_bad_requests(gateway_url, world):
     assert error(call(gateway_url, "ss-not-a-key")) == (401, "invalid_api_key")
     from gateway.models import ApiKey
 
-    api_key_revoke(api_key=ApiKey.objects.get(user=world["bo_user"]))
+    api_key_revoke(api_key=ApiKey.objects.get(user=world.bo))
     snapshot_seen(gateway_url)
-    assert error(call(gateway_url, world["bo"])) == (401, "invalid_api_key")
+    assert error(call(gateway_url, world.bo_key)) == (401, "invalid_api_key")
 
 
 def test_unreachable_upstream_is_502(gateway_url, world):
-    serve(world["b"], world["llama"], free_port())
+    serve(world.other, world.other_model, free_port())
     snapshot_seen(gateway_url)
-    answer = call(gateway_url, world["ana"], model="llama")
+    answer = call(gateway_url, world.ana_key, model="llama")
     assert error(answer) == (502, "upstream_unreachable")
     # Counted out right after the answer went to the client.
-    eventually(lambda: in_flight(world["b"].pk) == 0, timeout=5)
-    assert in_flight(world["b"].pk) == 0
+    eventually(lambda: in_flight(world.other.pk) == 0, timeout=5)
+    assert in_flight(world.other.pk) == 0
 
 
 def test_upstream_dying_mid_stream_ends_with_an_error_event(gateway_url, world, standins):
@@ -244,32 +246,32 @@ def test_upstream_dying_mid_stream_ends_with_an_error_event(gateway_url, world, 
         "dying", "--standin-chunks", "200", "--standin-chunk-delay", "20", "--standin-crash-after", "0.5"
     )
     model = factories.llm("dying")
-    serve(world["b"], model, port)
+    serve(world.other, model, port)
     snapshot_seen(gateway_url)
     with httpx.stream(
         "POST",
         gateway_url + "/v1/completions",
-        headers={"Authorization": f"Bearer {world['ana']}"},
+        headers={"Authorization": f"Bearer {world.ana_key}"},
         json={"model": "dying", "prompt": "x", "stream": True},
         timeout=30,
     ) as answer:
         lines = [line for line in answer.iter_lines() if line.startswith("data: ")]
     assert "upstream_failed" in lines[-1]
     # The gateway counts the request out just after the stream's last bytes leave.
-    eventually(lambda: in_flight(world["b"].pk) == 0, timeout=5)
-    assert in_flight(world["b"].pk) == 0
+    eventually(lambda: in_flight(world.other.pk) == 0, timeout=5)
+    assert in_flight(world.other.pk) == 0
 
 
 def test_client_disconnect_cancels_the_upstream_and_releases_the_count(gateway_url, world, standins):
     port, log = standins("slow", "--standin-chunks", "400", "--standin-chunk-delay", "20")
     model = factories.llm("slow")
-    serve(world["b"], model, port)
+    serve(world.other, model, port)
     snapshot_seen(gateway_url)
-    counter = world["b"].pk
+    counter = world.other.pk
     with httpx.stream(
         "POST",
         gateway_url + "/v1/completions",
-        headers={"Authorization": f"Bearer {world['ana']}"},
+        headers={"Authorization": f"Bearer {world.ana_key}"},
         json={"model": "slow", "prompt": "x", "stream": True},
         timeout=30,
     ) as answer:
@@ -290,8 +292,8 @@ def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, w
 
     port, _ = standins("qwen2", "--standin-chunks", "60", "--standin-chunk-delay", "30")
     model = factories.llm("qwen2")
-    runtime = ChannelRuntime.objects.get(channel=world["b"])
-    serve(world["b"], model, port)
+    runtime = ChannelRuntime.objects.get(channel=world.other)
+    serve(world.other, model, port)
     ChannelRuntime.objects.filter(pk=runtime.pk).update(run_id="r", pid=None)
     snapshot_seen(gateway_url)
     received: list[str] = []
@@ -301,7 +303,7 @@ def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, w
         with httpx.stream(
             "POST",
             gateway_url + "/v1/completions",
-            headers={"Authorization": f"Bearer {world['bo']}"},
+            headers={"Authorization": f"Bearer {world.bo_key}"},
             json={"model": "qwen2", "prompt": "x", "stream": True},
             timeout=30,
         ) as answer:
@@ -313,25 +315,25 @@ def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, w
     reader = threading.Thread(target=stream)
     reader.start()
     assert streaming.wait(timeout=10)  # the stream is admitted and flowing
-    assert in_flight(world["b"].pk) == 1
+    assert in_flight(world.other.pk) == 1
     # The scheduler now wants something else on ch-b; the node worker closes the gate first.
-    ChannelTarget.objects.create(channel=world["b"], model=world["llama"], reason="manual_override")
-    state = rows.state_of(ChannelRuntime.objects.get(channel=world["b"]))
+    ChannelTarget.objects.create(channel=world.other, model=world.other_model, reason="manual_override")
+    state = rows.state_of(ChannelRuntime.objects.get(channel=world.other))
     worker.publish_gate(
-        world["b"].pk,
+        world.other.pk,
         state,
-        rows.wanted_of(world["b"], ChannelTarget.objects.get(channel=world["b"])),
+        rows.wanted_of(world.other, ChannelTarget.objects.get(channel=world.other)),
         timezone.now(),
     )
     assert state.phase == Phase.READY
-    refused = call(gateway_url + "/channels/ch-b", world["ana"], model="qwen2")
+    refused = call(gateway_url + "/channels/ch-b", world.ana_key, model="qwen2")
     assert error(refused) == (503, "model_switching")
-    assert int(worker.in_flight(world["b"].pk)) == 1  # the node worker sees the stream and drains
+    assert int(worker.in_flight(world.other.pk)) == 1  # the node worker sees the stream and drains
     reader.join(timeout=30)
     assert received[-1] == "data: [DONE]" and len(received) == 61
     # Counted out right after the last bytes went to the client: now the switch can proceed.
-    eventually(lambda: worker.in_flight(world["b"].pk) == 0, timeout=5)
-    assert worker.in_flight(world["b"].pk) == 0
+    eventually(lambda: worker.in_flight(world.other.pk) == 0, timeout=5)
+    assert worker.in_flight(world.other.pk) == 0
 
 
 def test_openai_client_streams_from_a_real_llama_server(gateway_url, world, llama_server_bin, tiny_gguf):
@@ -339,9 +341,9 @@ def test_openai_client_streams_from_a_real_llama_server(gateway_url, world, llam
 
     with running_llama_server(llama_server_bin, tiny_gguf, "--alias", "tiny", "-c", "256", "-t", "1") as port:
         tiny = factories.llm("tiny")
-        serve(world["b"], tiny, port)
-        time.sleep(0.1)
-        client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=world["ana"])
+        serve(world.other, tiny, port)
+        snapshot_seen(gateway_url)
+        client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=world.ana_key)
         stream = client.chat.completions.create(
             model="tiny",
             messages=[{"role": "user", "content": "Hello"}],
@@ -363,17 +365,17 @@ def test_metrics_count_answers_phases_loads_and_reservations(gateway_url, world,
     from channels_app.models import LoadRecord
 
     LoadRecord.objects.create(
-        model=world["qwen"],
-        node=world["a"].node,
-        channel=world["a"],
+        model=world.model,
+        node=world.channel.node,
+        channel=world.channel,
         started=timezone.now() - timedelta(seconds=42),
         finished=timezone.now(),
         succeeded=True,
     )
     book(world, "ana")
     snapshot_seen(gateway_url)
-    assert call(gateway_url, world["ana"]).status_code == 200
-    assert call(gateway_url, world["bo"]).status_code == 403
+    assert call(gateway_url, world.ana_key).status_code == 200
+    assert call(gateway_url, world.bo_key).status_code == 403
     assert call(gateway_url, None).status_code == 401
     text = Client().get("/metrics").content.decode()
     assert 'slotserve_gateway_requests_total{code="200"} 1.0' in text
@@ -396,15 +398,15 @@ def test_client_leaving_before_the_first_token_cancels_the_upstream(gateway_url,
     closes the upstream request at once, streaming or not."""
     port, log = standins("thinker", "--standin-prefill-ms", "5000")
     model = factories.llm("thinker")
-    serve(world["b"], model, port)
+    serve(world.other, model, port)
     snapshot_seen(gateway_url)
-    counter = world["b"].pk
+    counter = world.other.pk
     for streaming in (False, True):
         started = time.monotonic()
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(
                 gateway_url + "/v1/chat/completions",
-                headers={"Authorization": f"Bearer {world['ana']}"},
+                headers={"Authorization": f"Bearer {world.ana_key}"},
                 json={"model": "thinker", "messages": [], "stream": streaming},
                 timeout=httpx.Timeout(5, read=0.3),
             )
@@ -433,16 +435,16 @@ def _ready_later(channel, model, port: int, after: float) -> threading.Thread:
 
 def test_a_caller_may_wait_for_the_model_instead_of_a_503(gateway_url, world):
     """llama-swap's behaviour, asked for: held until the model is ready, then answered."""
-    port = ChannelRuntime.objects.get(channel=world["a"]).port
-    serve(world["a"], world["qwen"], port, phase="loading")
+    port = ChannelRuntime.objects.get(channel=world.channel).port
+    serve(world.channel, world.model, port, phase="loading")
     snapshot_seen(gateway_url)
-    assert error(call(gateway_url, world["ana"])) == (503, "model_loading")  # the default stays
-    flipping = _ready_later(world["a"], world["qwen"], port, after=0.8)
+    assert error(call(gateway_url, world.ana_key)) == (503, "model_loading")  # the default stays
+    flipping = _ready_later(world.channel, world.model, port, after=0.8)
     started = time.monotonic()
     held = httpx.post(
         f"{gateway_url}/v1/chat/completions",
         json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}]},
-        headers={"Authorization": f"Bearer {world['ana']}", "X-SlotServe-Wait": "10"},
+        headers={"Authorization": f"Bearer {world.ana_key}", "X-SlotServe-Wait": "10"},
         timeout=30,
     )
     flipping.join()
@@ -453,14 +455,14 @@ def test_a_caller_may_wait_for_the_model_instead_of_a_503(gateway_url, world):
 def test_a_wait_is_bounded_and_a_key_may_wait_by_default(gateway_url, world, ana):
     from gateway.models import ApiKey
 
-    port = ChannelRuntime.objects.get(channel=world["a"]).port
-    serve(world["a"], world["qwen"], port, phase="loading")
+    port = ChannelRuntime.objects.get(channel=world.channel).port
+    serve(world.channel, world.model, port, phase="loading")
     snapshot_seen(gateway_url)
     started = time.monotonic()
     bounded = httpx.post(
         f"{gateway_url}/v1/chat/completions",
         json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}]},
-        headers={"Authorization": f"Bearer {world['ana']}", "X-SlotServe-Wait": "1"},
+        headers={"Authorization": f"Bearer {world.ana_key}", "X-SlotServe-Wait": "1"},
         timeout=30,
     )
     assert error(bounded) == (503, "model_loading") and int(bounded.headers["Retry-After"]) >= 1
@@ -468,7 +470,7 @@ def test_a_wait_is_bounded_and_a_key_may_wait_by_default(gateway_url, world, ana
     bad = httpx.post(
         f"{gateway_url}/v1/chat/completions",
         json={"model": "qwen"},
-        headers={"Authorization": f"Bearer {world['ana']}", "X-SlotServe-Wait": "soon"},
+        headers={"Authorization": f"Bearer {world.ana_key}", "X-SlotServe-Wait": "soon"},
     )
     assert error(bad) == (400, "invalid_request") and "X-SlotServe-Wait" in bad.json()["error"]["message"]
     # The key's own default, set through the API.
@@ -480,25 +482,25 @@ def test_a_wait_is_bounded_and_a_key_may_wait_by_default(gateway_url, world, ana
     )
     assert client.patch(f"/api/keys/{key_id}/", {"wait_seconds": 10**6}, format="json").status_code == 400
     snapshot_seen(gateway_url)
-    flipping = _ready_later(world["a"], world["qwen"], port, after=0.5)
-    assert call(gateway_url, world["ana"]).status_code == 200
+    flipping = _ready_later(world.channel, world.model, port, after=0.5)
+    assert call(gateway_url, world.ana_key).status_code == 200
     flipping.join()
 
 
 def _leave_while_held(gateway_url, world, *, after: float) -> None:
     """A request asks to wait for ch-a's loading model and its client leaves ``after`` seconds;
     then the model is ready."""
-    port = ChannelRuntime.objects.get(channel=world["a"]).port
-    serve(world["a"], world["qwen"], port, phase="loading")
+    port = ChannelRuntime.objects.get(channel=world.channel).port
+    serve(world.channel, world.model, port, phase="loading")
     snapshot_seen(gateway_url)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             f"{gateway_url}/v1/chat/completions",
             json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}]},
-            headers={"Authorization": f"Bearer {world['ana']}", "X-SlotServe-Wait": "30"},
+            headers={"Authorization": f"Bearer {world.ana_key}", "X-SlotServe-Wait": "30"},
             timeout=after,
         )
-    serve(world["a"], world["qwen"], port, phase="ready")
+    serve(world.channel, world.model, port, phase="ready")
 
 
 def test_a_client_that_leaves_while_the_gateway_looks_again_is_not_forwarded(gateway_url, world, monkeypatch):
@@ -519,16 +521,16 @@ def test_a_client_that_leaves_while_the_gateway_looks_again_is_not_forwarded(gat
 
     monkeypatch.setattr(SnapshotCache, "get", slow_get)
     _leave_while_held(gateway_url, world, after=0.35)
-    time.sleep(1.5)
-    assert len(looks) >= 2
-    assert "POST /v1/chat/completions" not in world["log_a"].read_text()
-    assert in_flight(world["a"].pk) == 0
+    assert eventually(lambda: len(looks) >= 2, timeout=5)
+    # Had the gateway sent it on after its slow look, it would reach the process within this.
+    assert throughout(lambda: "POST /v1/chat/completions" not in world.log.read_text(), 1.5)
+    assert in_flight(world.channel.pk) == 0
 
 
 def test_a_held_request_whose_client_leaves_never_reaches_the_process(gateway_url, world):
     _leave_while_held(gateway_url, world, after=0.5)
-    time.sleep(1.0)  # had the gateway kept holding it, the request would reach the process now
-    assert "POST /v1/chat/completions" not in world["log_a"].read_text()
+    # Had the gateway kept holding it, the request would reach the process within this.
+    assert throughout(lambda: "POST /v1/chat/completions" not in world.log.read_text(), 1.0)
 
 
 def _chat_in_thread(url: str, key: str, model: str) -> tuple[threading.Thread, list[httpx.Response]]:
@@ -542,20 +544,21 @@ def test_fair_sharing_limits_requests_at_once_atomically(gateway_url, world, sta
     settings.SLOTSERVE_LIMIT_CONCURRENT_REQUESTS = 1
     port, _ = standins("slow", "--standin-prefill-ms", "1500")
     slow = factories.llm("slow")
-    serve(factories.channel("ch-slow", on=factories.node("n2")), slow, port)
+    channel = factories.channel("ch-slow", on=factories.node("n2"))
+    serve(channel, slow, port)
     snapshot_seen(gateway_url)
-    first, answers = _chat_in_thread(gateway_url, world["bo"], "slow")
-    time.sleep(0.5)
-    second = call(gateway_url, world["bo"], model="llama")
+    first, answers = _chat_in_thread(gateway_url, world.bo_key, "slow")
+    assert eventually(lambda: in_flight(channel.pk) == 1)  # the first is counted in
+    second = call(gateway_url, world.bo_key, model="llama")
     assert error(second) == (429, "rate_limit_exceeded"), second.text
     assert second.json()["error"]["type"] == "requests" and second.headers["Retry-After"] == "1"
     assert "1 requests in flight" in second.json()["error"]["message"]
-    assert call(gateway_url, world["ana"], model="llama").status_code == 200  # ana has her own
+    assert call(gateway_url, world.ana_key, model="llama").status_code == 200  # ana has her own
     first.join()
     assert answers[0].status_code == 200
-    assert call(gateway_url, world["bo"], model="llama").status_code == 200  # the slot is free again
+    assert call(gateway_url, world.bo_key, model="llama").status_code == 200  # the slot is free again
     # Two racing for the last slot: exactly one gets it.
-    racers = [_chat_in_thread(gateway_url, world["bo"], "slow") for _ in range(2)]
+    racers = [_chat_in_thread(gateway_url, world.bo_key, "slow") for _ in range(2)]
     for thread, _ in racers:
         thread.join()
     assert sorted(answers[0].status_code for _, answers in racers) == [200, 429]
@@ -581,11 +584,11 @@ def test_a_caller_far_from_its_limits_goes_upstream_while_redis_counts_it_in(
 
     monkeypatch.setattr(Counters, "enter", enter)
     snapshot_seen(gateway_url)
-    assert [call(gateway_url, world["bo"], model="llama").status_code for _ in range(3)] == [200] * 3
+    assert [call(gateway_url, world.bo_key, model="llama").status_code for _ in range(3)] == [200] * 3
     assert checked_first == [True]  # only the first waited for its check
-    rate = redis_client().get(key(RedisKey.RATE, f"user-{world['bo_user'].pk}"))
+    rate = redis_client().get(key(RedisKey.RATE, f"user-{world.bo.pk}"))
     assert int(rate) == 3  # every request counted against the per-minute limit
-    flights = key(RedisKey.USER_FLIGHT, world["bo_user"].pk)
+    flights = key(RedisKey.USER_FLIGHT, world.bo.pk)
     # Counted out of the user's in-flight set (after the answer).
     assert eventually(lambda: not redis_client().zcard(flights), timeout=2)
 
@@ -604,17 +607,16 @@ def test_a_request_sent_ahead_that_meets_a_limit_is_refused_and_its_work_cancell
     channel = factories.channel("ch-slow", on=factories.node("n2"))
     serve(channel, slow, port)
     snapshot_seen(gateway_url)
-    assert call(gateway_url, world["bo"], model="llama").status_code == 200  # room: 99 requests
-    redis_client().set(key(RedisKey.RATE, f"user-{world['bo_user'].pk}"), 100, ex=60)
+    assert call(gateway_url, world.bo_key, model="llama").status_code == 200  # room: 99 requests
+    redis_client().set(key(RedisKey.RATE, f"user-{world.bo.pk}"), 100, ex=60)
     started = time.monotonic()
-    refused = call(gateway_url, world["bo"], model="slow")
+    refused = call(gateway_url, world.bo_key, model="slow")
     assert error(refused) == (429, "rate_limit_exceeded") and time.monotonic() - started < 1.5
     assert in_flight(channel.pk) == 0
     assert_work_cancelled_or_never_begun(log)
     started_work = log.read_text().count("generating for")
-    assert error(call(gateway_url, world["bo"], model="slow")) == (429, "rate_limit_exceeded")
-    time.sleep(0.3)
-    assert log.read_text().count("generating for") == started_work
+    assert error(call(gateway_url, world.bo_key, model="slow")) == (429, "rate_limit_exceeded")
+    assert throughout(lambda: log.read_text().count("generating for") == started_work, 0.3)
 
 
 def test_fair_sharing_per_minute_with_per_user_override_and_the_booker_exempt(gateway_url, world, settings):
@@ -622,17 +624,17 @@ def test_fair_sharing_per_minute_with_per_user_override_and_the_booker_exempt(ga
 
     settings.SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE = 2
     snapshot_seen(gateway_url)
-    assert [call(gateway_url, world["bo"], model="llama").status_code for _ in range(3)] == [200, 200, 429]
-    refused = call(gateway_url, world["bo"], model="llama")
+    assert [call(gateway_url, world.bo_key, model="llama").status_code for _ in range(3)] == [200, 200, 429]
+    refused = call(gateway_url, world.bo_key, model="llama")
     assert 1 <= int(refused.headers["Retry-After"]) <= 60
-    SharingLimits.objects.create(user=world["bo_user"], requests_per_minute=0)  # bo: no limit
+    SharingLimits.objects.create(user=world.bo, requests_per_minute=0)  # bo: no limit
     snapshot_seen(gateway_url)
-    assert call(gateway_url, world["bo"], model="llama").status_code == 200
+    assert call(gateway_url, world.bo_key, model="llama").status_code == 200
     # ana in her own slot is not limited there; outside it she is.
     book(world, "ana")
     snapshot_seen(gateway_url)
-    assert [call(gateway_url, world["ana"]).status_code for _ in range(4)] == [200] * 4
-    assert [call(gateway_url + "/channels/ch-b", world["ana"], model="x").status_code for _ in range(3)] == [
+    assert [call(gateway_url, world.ana_key).status_code for _ in range(4)] == [200] * 4
+    assert [call(gateway_url + "/channels/ch-b", world.ana_key, model="x").status_code for _ in range(3)] == [
         200,
         200,
         429,
@@ -644,7 +646,7 @@ def test_fair_sharing_weekly_token_budget(gateway_url, world, settings):
     snapshot_seen(gateway_url)
     spent = 0
     for _ in range(10):
-        answer = call(gateway_url, world["bo"], model="llama")
+        answer = call(gateway_url, world.bo_key, model="llama")
         if answer.status_code != 200:
             break
         usage = answer.json()["usage"]
@@ -658,10 +660,10 @@ def test_fair_sharing_weekly_token_budget(gateway_url, world, settings):
 def test_a_keys_own_limit(gateway_url, world, settings):
     from gateway.models import ApiKey
 
-    ApiKey.objects.filter(user=world["bo_user"]).update(requests_per_minute=1)
+    ApiKey.objects.filter(user=world.bo).update(requests_per_minute=1)
     snapshot_seen(gateway_url)
-    assert call(gateway_url, world["bo"], model="llama").status_code == 200
-    refused = call(gateway_url, world["bo"], model="llama")
+    assert call(gateway_url, world.bo_key, model="llama").status_code == 200
+    refused = call(gateway_url, world.bo_key, model="llama")
     assert error(refused) == (429, "rate_limit_exceeded") and "this key" in refused.json()["error"]["message"]
 
 
@@ -677,17 +679,17 @@ def test_model_aliases_route_as_their_model(gateway_url, world, staff):
     )
     assert taken.status_code == 400 and "is an alias of model qwen" in taken.data["message"]
     user_api = APIClient()
-    user_api.force_authenticate(world["bo_user"])
+    user_api.force_authenticate(world.bo)
     assert (
         user_api.post("/api/model-aliases/", {"name": "x", "model": "qwen"}, format="json").status_code == 403
     )
     snapshot_seen(gateway_url)
-    answer = call(gateway_url, world["bo"], model="gpt-4o-mini")
+    answer = call(gateway_url, world.bo_key, model="gpt-4o-mini")
     assert answer.status_code == 200 and answer.json()["model"] == "qwen"
-    listed = httpx.get(f"{gateway_url}/v1/models", headers={"Authorization": f"Bearer {world['bo']}"}).json()
+    listed = httpx.get(f"{gateway_url}/v1/models", headers={"Authorization": f"Bearer {world.bo_key}"}).json()
     assert {m["id"]: m["aliases"] for m in listed["data"]} == {"qwen": ["gpt-4o-mini"], "llama": []}
     one = httpx.get(
-        f"{gateway_url}/v1/models/gpt-4o-mini", headers={"Authorization": f"Bearer {world['bo']}"}
+        f"{gateway_url}/v1/models/gpt-4o-mini", headers={"Authorization": f"Bearer {world.bo_key}"}
     )
     assert one.status_code == 200 and one.json()["id"] == "qwen"
 
@@ -698,14 +700,14 @@ def test_a_held_stream_gets_sse_comments_then_the_answer(gateway_url, world, mon
     import openai
 
     monkeypatch.setattr("gateway.proxy.HOLD_COMMENT_SECONDS", 0.2)
-    port = ChannelRuntime.objects.get(channel=world["a"]).port
-    serve(world["a"], world["qwen"], port, phase="loading")
+    port = ChannelRuntime.objects.get(channel=world.channel).port
+    serve(world.channel, world.model, port, phase="loading")
     snapshot_seen(gateway_url)
-    flipping = _ready_later(world["a"], world["qwen"], port, after=1.0)
+    flipping = _ready_later(world.channel, world.model, port, after=1.0)
     raw = httpx.post(
         f"{gateway_url}/v1/chat/completions",
         json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "stream": True},
-        headers={"Authorization": f"Bearer {world['ana']}", "X-SlotServe-Wait": "10"},
+        headers={"Authorization": f"Bearer {world.ana_key}", "X-SlotServe-Wait": "10"},
         timeout=30,
     )
     flipping.join()
@@ -713,11 +715,11 @@ def test_a_held_stream_gets_sse_comments_then_the_answer(gateway_url, world, mon
     assert raw.text.startswith(": waiting for qwen: channel ch-a is loading qwen")
     assert raw.text.count(": waiting") >= 2 and raw.text.rstrip().endswith("data: [DONE]")
     # The SDK reads it as any stream.
-    serve(world["a"], world["qwen"], port, phase="loading")
+    serve(world.channel, world.model, port, phase="loading")
     snapshot_seen(gateway_url)
-    flipping = _ready_later(world["a"], world["qwen"], port, after=0.6)
+    flipping = _ready_later(world.channel, world.model, port, after=0.6)
     client = openai.OpenAI(
-        base_url=f"{gateway_url}/v1", api_key=world["ana"], default_headers={"X-SlotServe-Wait": "10"}
+        base_url=f"{gateway_url}/v1", api_key=world.ana_key, default_headers={"X-SlotServe-Wait": "10"}
     )
     chunks = list(
         client.chat.completions.create(
@@ -730,13 +732,13 @@ def test_a_held_stream_gets_sse_comments_then_the_answer(gateway_url, world, mon
 
 def test_a_held_stream_that_times_out_ends_with_an_error_event(gateway_url, world, monkeypatch):
     monkeypatch.setattr("gateway.proxy.HOLD_COMMENT_SECONDS", 0.2)
-    port = ChannelRuntime.objects.get(channel=world["a"]).port
-    serve(world["a"], world["qwen"], port, phase="loading")
+    port = ChannelRuntime.objects.get(channel=world.channel).port
+    serve(world.channel, world.model, port, phase="loading")
     snapshot_seen(gateway_url)
     raw = httpx.post(
         f"{gateway_url}/v1/chat/completions",
         json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "stream": True},
-        headers={"Authorization": f"Bearer {world['ana']}", "X-SlotServe-Wait": "1"},
+        headers={"Authorization": f"Bearer {world.ana_key}", "X-SlotServe-Wait": "1"},
         timeout=30,
     )
     assert raw.status_code == 200 and raw.text.startswith(": waiting")
@@ -753,12 +755,12 @@ def test_a_model_the_decision_names_is_loading_and_a_waiting_caller_is_answered_
     from channels_app.models import ChannelTarget
     from slotserve_base.vocabulary import Reason
 
-    serve(world["a"], None, None, phase="stopped")
+    serve(world.channel, None, None, phase="stopped")
     ChannelTarget.objects.update_or_create(
-        channel=world["a"], defaults={"model": world["qwen"], "reason": Reason.DEFAULT}
+        channel=world.channel, defaults={"model": world.model, "reason": Reason.DEFAULT}
     )
     snapshot_seen(gateway_url)
-    refused = call(gateway_url, world["ana"])
+    refused = call(gateway_url, world.ana_key)
     assert error(refused) == (503, "model_loading"), refused.text
     assert int(refused.headers["Retry-After"]) >= 1
     answers: list[httpx.Response] = []
@@ -767,16 +769,19 @@ def test_a_model_the_decision_names_is_loading_and_a_waiting_caller_is_answered_
             httpx.post(
                 gateway_url + "/v1/chat/completions",
                 json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}]},
-                headers={"Authorization": f"Bearer {world['ana']}", "X-SlotServe-Wait": "20"},
+                headers={"Authorization": f"Bearer {world.ana_key}", "X-SlotServe-Wait": "20"},
                 timeout=30,
             )
         ),
         daemon=True,
     )
     waiting.start()
-    time.sleep(1.0)
+    from slotserve_base.vocabulary import RedisKey
+
+    held = key(RedisKey.HELD, world.ana.pk)
+    assert eventually(lambda: redis_client().zcard(held) == 1)  # the gateway holds it
     port, _ = standins("qwen-again", "--standin-chunks", "4")
-    serve(world["a"], world["qwen"], port)
+    serve(world.channel, world.model, port)
     waiting.join(timeout=25)
     assert answers and answers[0].status_code == 200, answers[0].text if answers else "no answer"
 
@@ -786,11 +791,11 @@ def test_at_a_back_to_back_boundary_the_booker_is_not_served_the_last_bookings_m
     target (qwen with no preset). She is told it switches, not served it; once her own model
     and preset run she is served."""
     booking = book(world, "ana")
-    ChannelRuntime.objects.filter(channel=world["a"]).update(preset=None)  # the last target still runs
+    ChannelRuntime.objects.filter(channel=world.channel).update(preset=None)  # the last target still runs
     snapshot_seen(gateway_url)
-    early = call(gateway_url, world["ana"])
+    early = call(gateway_url, world.ana_key)
     assert error(early) == (503, "model_switching"), early.text
     assert int(early.headers["Retry-After"]) >= 1
-    ChannelRuntime.objects.filter(channel=world["a"]).update(preset=booking.preset)
+    ChannelRuntime.objects.filter(channel=world.channel).update(preset=booking.preset)
     snapshot_seen(gateway_url)
-    assert call(gateway_url, world["ana"]).status_code == 200
+    assert call(gateway_url, world.ana_key).status_code == 200

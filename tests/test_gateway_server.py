@@ -13,7 +13,8 @@ import httptools
 import pytest
 
 from gateway import fast_lane, http_cycle
-from tests.conftest import serving
+from tests.clock import eventually
+from tests.conftest import SERVING_SERVERS, serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -212,7 +213,7 @@ def test_a_stream_is_chunked_with_one_date_and_server_header_and_the_connection_
 ):
     client = Client(gateway_url)
     for _ in range(2):
-        client.send(request("POST", "/v1/chat/completions", world["ana"], STREAM))
+        client.send(request("POST", "/v1/chat/completions", world.ana_key, STREAM))
         answer = client.answer()
         assert answer.status == 200
         assert answer.header(b"transfer-encoding") == [b"chunked"]
@@ -228,19 +229,19 @@ def test_a_stream_is_chunked_with_one_date_and_server_header_and_the_connection_
 def test_pipelined_requests_are_answered_in_order_and_head_has_no_body(gateway_url, world):
     client = Client(gateway_url)
     client.send(
-        request("POST", "/v1/chat/completions", world["ana"], CHAT)
-        + request("GET", "/v1/models", world["ana"])
-        + request("POST", "/v1/chat/completions", world["bo"], CHAT)
+        request("POST", "/v1/chat/completions", world.ana_key, CHAT)
+        + request("GET", "/v1/models", world.ana_key)
+        + request("POST", "/v1/chat/completions", world.bo_key, CHAT)
     )
     first, second, third = client.answer(), client.answer(), client.answer()
     assert first.status == 200 and json.loads(first.body)["object"] == "chat.completion"
     assert second.status == 200 and json.loads(second.body)["object"] == "list"
     assert third.status == 200 and json.loads(third.body)["model"] == "qwen"
-    client.send(request("HEAD", "/v1/models", world["ana"]))
+    client.send(request("HEAD", "/v1/models", world.ana_key))
     head = client.answer(head=True)
     assert head.status == 200 and head.body == b""
     assert int(head.header(b"content-length")[0]) == len(second.body)
-    client.send(request("GET", "/v1/models", world["ana"]))  # nothing of HEAD's body is in the way
+    client.send(request("GET", "/v1/models", world.ana_key))  # nothing of HEAD's body is in the way
     assert json.loads(client.answer().body)["object"] == "list"
 
 
@@ -250,18 +251,18 @@ def test_a_pipelined_request_cut_across_reads_is_still_answered(gateway_url, wor
     (a request line cut in two, a head cut in two, a body short of its end): the rest goes on
     where the parser stopped, it is not judged as a request of its own."""
     client = Client(gateway_url)
-    second = request("POST", "/v1/chat/completions", world["bo"], CHAT)
-    client.send(request("POST", "/v1/chat/completions", world["ana"], CHAT) + second[:cut])
-    time.sleep(0.2)  # the first answer has gone out before the rest arrives
+    second = request("POST", "/v1/chat/completions", world.bo_key, CHAT)
+    client.send(request("POST", "/v1/chat/completions", world.ana_key, CHAT) + second[:cut])
+    first = client.answer()  # the first answer has gone out before the rest arrives
     client.send(second[cut:])
-    first, then = client.answer(), client.answer()
+    then = client.answer()
     assert first.status == 200 and json.loads(first.body)["object"] == "chat.completion"
     assert then.status == 200 and json.loads(then.body)["model"] == "qwen"
 
 
 def test_expect_100_continue_gets_its_go_ahead_before_the_body(gateway_url, world):
     client = Client(gateway_url)
-    head = request("POST", "/v1/chat/completions", world["ana"], CHAT, expect="100-continue")
+    head = request("POST", "/v1/chat/completions", world.ana_key, CHAT, expect="100-continue")
     client.send(head[: -len(CHAT)])  # the head only, as curl does for a large body
     assert client.sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
     client.send(CHAT)
@@ -296,23 +297,23 @@ def test_what_can_go_upstream_at_once_is_carried_by_the_fast_lane_and_the_rest_b
     with serving(Gateway()) as url:
         client = Client(url)
         for _ in range(2):  # the first reads the snapshot: the application's; the second goes at once
-            client.send(request("POST", "/v1/chat/completions", world["ana"], STREAM))
+            client.send(request("POST", "/v1/chat/completions", world.ana_key, STREAM))
             answer = client.answer()
             assert answer.status == 200 and answer.body.rstrip().endswith(b"data: [DONE]")
         # A body that comes in a read after its head (as httpx, and so the openai SDK, send it).
-        whole = request("POST", "/v1/chat/completions", world["ana"], STREAM)
+        whole = request("POST", "/v1/chat/completions", world.ana_key, STREAM)
         client.send(whole[: -len(STREAM)])
         time.sleep(0.05)
         client.send(STREAM)
         assert client.answer().status == 200
         # Asking to wait, an unknown key, a body that is not JSON: the application answers.
-        client.send(request("POST", "/v1/chat/completions", world["ana"], STREAM, x_slotserve_wait="5"))
+        client.send(request("POST", "/v1/chat/completions", world.ana_key, STREAM, x_slotserve_wait="5"))
         assert client.answer().status == 200
         client.send(request("POST", "/v1/chat/completions", "sk-nobody", STREAM))
         assert client.answer().status == 401
-        client.send(request("POST", "/v1/chat/completions", world["ana"], b"{not json"))
+        client.send(request("POST", "/v1/chat/completions", world.ana_key, b"{not json"))
         assert client.answer().status == 400
-        client.send(request("GET", "/v1/models", world["ana"]))  # not a POST: not offered to the lane
+        client.send(request("GET", "/v1/models", world.ana_key))  # not a POST: not offered to the lane
         assert client.answer().status == 200
     assert carried == [False, True, True, False, False, False]
 
@@ -348,9 +349,9 @@ def test_the_lane_declines_what_the_application_refuses_and_the_application_refu
     with serving(Gateway()) as url:
         client = Client(url)
         for _ in range(2):  # the first reads the snapshot; the second finds it fresh
-            client.send(request("POST", "/v1/chat/completions", world["ana"], STREAM))
+            client.send(request("POST", "/v1/chat/completions", world.ana_key, STREAM))
             assert client.answer().status == 200
-        client.send(request("POST", "/v1/chat/completions", world["ana"], body, **headers))
+        client.send(request("POST", "/v1/chat/completions", world.ana_key, body, **headers))
         answer = client.answer()
     assert (answer.status, json.loads(answer.body)["error"]["code"]) == (status, code)
     assert carried[1] is True and True not in carried[2:]  # a body past the limit is not even offered
@@ -358,7 +359,7 @@ def test_the_lane_declines_what_the_application_refuses_and_the_application_refu
 
 def test_a_request_split_across_reads_is_put_together(gateway_url, world):
     client = Client(gateway_url)
-    data = request("POST", "/v1/chat/completions", world["ana"], CHAT)
+    data = request("POST", "/v1/chat/completions", world.ana_key, CHAT)
     for at in range(0, len(data), 7):  # the request line and head arrive in pieces
         client.send(data[at : at + 7])
         time.sleep(0.002)
@@ -375,21 +376,22 @@ def test_a_redis_that_forgot_the_scripts_still_counts_requests_in_and_out(gatewa
     from slotserve_base.vocabulary import RedisKey
 
     client = Client(gateway_url)
-    client.send(request("POST", "/v1/chat/completions", world["ana"], CHAT))
+    client.send(request("POST", "/v1/chat/completions", world.ana_key, CHAT))
     assert client.answer().status == 200  # the gateway's Redis connection is open now
-    usage = key(RedisKey.USAGE_USER, world["ana_user"].id)
+    usage = key(RedisKey.USAGE_USER, world.ana.id)
 
     def counted(requests: int) -> bool:  # counted out (with its usage) and nothing in flight
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            if int(redis_client().hget(usage, "requests") or 0) == requests and not in_flight(world["a"].id):
-                return True
-            time.sleep(0.02)
-        return False
+        return eventually(
+            lambda: (
+                int(redis_client().hget(usage, "requests") or 0) == requests
+                and not in_flight(world.channel.id)
+            ),
+            timeout=5,
+        )
 
     assert counted(1)
     redis_client().script_flush()
-    client.send(request("POST", "/v1/chat/completions", world["ana"], STREAM))
+    client.send(request("POST", "/v1/chat/completions", world.ana_key, STREAM))
     answer = client.answer()
     assert answer.status == 200 and answer.body.rstrip().endswith(b"data: [DONE]")
     assert counted(2)
@@ -414,7 +416,7 @@ def test_a_204_has_neither_length_nor_body(cors_anywhere, gateway_url, world):
     assert preflight.status == 204 and preflight.body == b""
     assert not preflight.header(b"content-length") and not preflight.header(b"transfer-encoding")
     assert preflight.header(b"access-control-allow-origin")
-    client.send(request("GET", "/v1/models", world["ana"]))  # the connection goes on cleanly
+    client.send(request("GET", "/v1/models", world.ana_key))  # the connection goes on cleanly
     assert json.loads(client.answer().body)["object"] == "list"
 
 
@@ -426,14 +428,15 @@ def test_uvicorns_concurrency_limit_refuses_gateway_requests_past_it(settings, t
     settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.05
     with serving(Gateway(), limit_concurrency=2) as url:
         busy, other = Client(url), Client(url)  # two connections open: the limit is reached
-        time.sleep(0.3)  # both accepted by the server (connected is not yet accepted)
-        busy.send(request("POST", "/v1/chat/completions", world["ana"], CHAT))
+        connections = SERVING_SERVERS[url].server_state.connections
+        assert eventually(lambda: len(connections) == 2)  # both accepted (connected is not yet accepted)
+        busy.send(request("POST", "/v1/chat/completions", world.ana_key, CHAT))
         refused = busy.answer()
         assert refused.status == 503 and refused.header(b"retry-after")
         assert json.loads(refused.body)["error"]["code"] == "service_unavailable"
         assert busy.closed()
         other.sock.close()
-        time.sleep(0.1)
+        assert eventually(lambda: not connections)
         alone = Client(url)
-        alone.send(request("POST", "/v1/chat/completions", world["ana"], CHAT))
+        alone.send(request("POST", "/v1/chat/completions", world.ana_key, CHAT))
         assert alone.answer().status == 200

@@ -23,7 +23,8 @@ from django.utils import timezone
 from channels_app.models import ChannelRuntime
 from gateway.api_keys import api_key_create
 from tests import factories
-from tests.conftest import free_port, running_llama_server
+from tests.conftest import free_port, running_llama_server, snapshot_seen
+from tests.world import World
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,7 +42,7 @@ def tiny_server(llama_server_bin, tiny_gguf) -> Iterator[dict[str, Any]]:
 
 
 @pytest.fixture
-def world(tiny_server, ana, bo) -> dict[str, Any]:
+def world(tiny_server, ana, bo) -> World:
     model = factories.llm("tiny")
     channel = factories.channel("cpu-0")
     ChannelRuntime.objects.create(
@@ -56,23 +57,23 @@ def world(tiny_server, ana, bo) -> dict[str, Any]:
     )
     _, ana_key = api_key_create(user=ana, name="t")
     _, bo_key = api_key_create(user=bo, name="t")
-    time.sleep(0.1)  # the gateway's snapshot
-    return {"channel": channel, "model": model, "ana": ana_key, "bo": bo_key, **tiny_server}
+    # Built before the gateway starts (``gateway_url``), which reads it first.
+    return World(channel=channel, model=model, ana=ana, bo=bo, ana_key=ana_key, bo_key=bo_key)
 
 
-def book_now(user, world: dict[str, Any]) -> None:
+def book_now(user, world: World, gateway_url: str) -> None:
     """``user`` books the channel for the next hour, with a model (not the whole card)."""
     now = timezone.now()
     booking = factories.reservation(
         owner=user,
-        on=world["channel"],
+        on=world.channel,
         start=now - timedelta(minutes=1),
         end=now + timedelta(hours=1),
-        target=factories.preset(world["model"], f"p{user.pk}"),
+        target=factories.preset(world.model, f"p{user.pk}"),
     )
     # The channel runs the booked model and preset, as the node worker would have made it.
-    ChannelRuntime.objects.filter(channel=world["channel"]).update(preset=booking.preset)
-    time.sleep(0.15)  # the gateway's snapshot
+    ChannelRuntime.objects.filter(channel=world.channel).update(preset=booking.preset)
+    snapshot_seen(gateway_url)
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -85,7 +86,7 @@ def test_answers_carry_each_header_once(gateway_url, world):
         answer = httpx.post(
             f"{gateway_url}/v1/chat/completions",
             json={**body, "stream": stream},
-            headers=bearer(world["ana"]),
+            headers=bearer(world.ana_key),
         )
         assert answer.status_code == 200
         names = [name.lower() for name, _ in answer.headers.multi_items()]
@@ -98,7 +99,7 @@ def _events(text: str) -> list[dict[str, Any]]:
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
 
 
-def test_streams_keep_llama_servers_timings_while_the_gateway_counts_usage(gateway_url, world):
+def test_streams_keep_llama_servers_timings_while_the_gateway_counts_usage(gateway_url, world, tiny_server):
     """The gateway asks for usage to count tokens; llama-server then moves its ``timings`` into
     the usage event the gateway hides. The client still gets them, on the finishing event."""
     body = {
@@ -108,9 +109,9 @@ def test_streams_keep_llama_servers_timings_while_the_gateway_counts_usage(gatew
         "stream": True,
     }
     direct = httpx.post(
-        f"{world['direct']}/v1/chat/completions", json=body, headers=bearer(world["secret"])
+        f"{tiny_server['direct']}/v1/chat/completions", json=body, headers=bearer(tiny_server["secret"])
     ).text
-    through = httpx.post(f"{gateway_url}/v1/chat/completions", json=body, headers=bearer(world["ana"])).text
+    through = httpx.post(f"{gateway_url}/v1/chat/completions", json=body, headers=bearer(world.ana_key)).text
     direct_events, through_events = _events(direct), _events(through)
     assert "timings" in direct_events[-1] and direct_events[-1]["choices"][0]["finish_reason"]
     last = through_events[-1]
@@ -121,49 +122,51 @@ def test_streams_keep_llama_servers_timings_while_the_gateway_counts_usage(gatew
     assert all(event["choices"] for event in through_events)  # no usage-only event added
 
 
-def test_the_responses_api_and_tokenize_are_routed_by_model(gateway_url, world):
+def test_the_responses_api_and_tokenize_are_routed_by_model(gateway_url, world, tiny_server):
     import openai
 
-    client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=world["ana"], max_retries=0)
+    client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=world.ana_key, max_retries=0)
     response = client.responses.create(model="tiny", input="Hello", max_output_tokens=4)
     assert response.output and response.usage is not None and response.usage.output_tokens > 0
     tokens = httpx.post(
         f"{gateway_url}/tokenize",
         json={"model": "tiny", "content": "hello world"},
-        headers=bearer(world["ana"]),
+        headers=bearer(world.ana_key),
     )
     assert tokens.status_code == 200 and tokens.json()["tokens"]
     direct = httpx.post(
-        f"{world['direct']}/tokenize", json={"content": "hello world"}, headers=bearer(world["secret"])
+        f"{tiny_server['direct']}/tokenize",
+        json={"content": "hello world"},
+        headers=bearer(tiny_server["secret"]),
     )
     assert tokens.json() == direct.json()
-    nameless = httpx.post(f"{gateway_url}/tokenize", json={"content": "x"}, headers=bearer(world["ana"]))
+    nameless = httpx.post(f"{gateway_url}/tokenize", json={"content": "x"}, headers=bearer(world.ana_key))
     assert nameless.status_code == 400 and "names no model" in nameless.json()["error"]["message"]
 
 
 def test_a_pinned_channel_passes_every_path_through_after_the_access_check(gateway_url, world, ana):
-    props = httpx.get(f"{gateway_url}/channels/cpu-0/props", headers=bearer(world["bo"]))
+    props = httpx.get(f"{gateway_url}/channels/cpu-0/props", headers=bearer(world.bo_key))
     assert props.status_code == 200 and "default_generation_settings" in props.json()
     tokens = httpx.post(
-        f"{gateway_url}/channels/cpu-0/tokenize", json={"content": "hi"}, headers=bearer(world["bo"])
+        f"{gateway_url}/channels/cpu-0/tokenize", json={"content": "hi"}, headers=bearer(world.bo_key)
     )
     back = httpx.post(
         f"{gateway_url}/channels/cpu-0/detokenize",
         json={"tokens": tokens.json()["tokens"]},
-        headers=bearer(world["bo"]),
+        headers=bearer(world.bo_key),
     )
     assert back.status_code == 200 and "hi" in back.json()["content"]
     assert httpx.get(f"{gateway_url}/channels/cpu-0/props").status_code == 401
-    book_now(ana, world)
-    refused = httpx.get(f"{gateway_url}/channels/cpu-0/props", headers=bearer(world["bo"]))
+    book_now(ana, world, gateway_url)
+    refused = httpx.get(f"{gateway_url}/channels/cpu-0/props", headers=bearer(world.bo_key))
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "gpu_reserved"
-    assert httpx.get(f"{gateway_url}/channels/cpu-0/props", headers=bearer(world["ana"])).status_code == 200
+    assert httpx.get(f"{gateway_url}/channels/cpu-0/props", headers=bearer(world.ana_key)).status_code == 200
 
 
-def test_anthropic_clients_use_v1_messages_and_get_anthropic_errors(gateway_url, world, ana):
+def test_anthropic_clients_use_v1_messages_and_get_anthropic_errors(gateway_url, world, tiny_server, ana):
     import anthropic
 
-    client = anthropic.Anthropic(base_url=gateway_url, api_key=world["ana"], max_retries=0)
+    client = anthropic.Anthropic(base_url=gateway_url, api_key=world.ana_key, max_retries=0)
     message = client.messages.create(
         model="tiny", max_tokens=4, messages=[{"role": "user", "content": "Hello"}]
     )
@@ -178,7 +181,9 @@ def test_anthropic_clients_use_v1_messages_and_get_anthropic_errors(gateway_url,
         "messages": [{"role": "user", "content": "Hello"}],
     }
     direct = httpx.post(
-        f"{world['direct']}/v1/messages", json={**ask, "stream": True}, headers=bearer(world["secret"])
+        f"{tiny_server['direct']}/v1/messages",
+        json={**ask, "stream": True},
+        headers=bearer(tiny_server["secret"]),
     )
     direct_types = [line[7:] for line in direct.text.splitlines() if line.startswith("event: ")]
     events = list(
@@ -193,8 +198,8 @@ def test_anthropic_clients_use_v1_messages_and_get_anthropic_errors(gateway_url,
     assert [event.type for event in events] == direct_types
     assert events[-1].type == "message_stop"
     assert next(e for e in events if e.type == "message_delta").usage.output_tokens > 0
-    book_now(ana, world)
-    other = anthropic.Anthropic(base_url=gateway_url, api_key=world["bo"], max_retries=0)
+    book_now(ana, world, gateway_url)
+    other = anthropic.Anthropic(base_url=gateway_url, api_key=world.bo_key, max_retries=0)
     with pytest.raises(anthropic.PermissionDeniedError) as refused:
         other.messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
     body = refused.value.body
@@ -209,7 +214,7 @@ def test_anthropic_clients_use_v1_messages_and_get_anthropic_errors(gateway_url,
 def test_models_one_entry_each_retrieve_and_head(gateway_url, world):
     import openai
 
-    client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=world["ana"], max_retries=0)
+    client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=world.ana_key, max_retries=0)
     listed = client.models.list().data
     assert [m.id for m in listed] == ["tiny"]
     entry = listed[0].model_dump()
@@ -218,8 +223,8 @@ def test_models_one_entry_each_retrieve_and_head(gateway_url, world):
     assert client.models.retrieve("tiny").id == "tiny"
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4o")
-    head = httpx.head(f"{gateway_url}/v1/models", headers=bearer(world["ana"]))
-    got = httpx.get(f"{gateway_url}/v1/models", headers=bearer(world["ana"]))
+    head = httpx.head(f"{gateway_url}/v1/models", headers=bearer(world.ana_key))
+    got = httpx.get(f"{gateway_url}/v1/models", headers=bearer(world.ana_key))
     assert head.status_code == 200 and head.content == b""
     assert head.headers["content-length"] == got.headers["content-length"]
 
@@ -243,10 +248,10 @@ def test_cors_preflight_before_authentication_and_only_for_allowed_origins(cors,
     assert preflight.headers["access-control-allow-origin"] == origin
     assert "POST" in preflight.headers["access-control-allow-methods"]
     assert preflight.headers["access-control-allow-headers"] == "authorization, content-type"
-    answer = httpx.get(f"{gateway_url}/v1/models", headers={**bearer(world["ana"]), "Origin": origin})
+    answer = httpx.get(f"{gateway_url}/v1/models", headers={**bearer(world.ana_key), "Origin": origin})
     assert answer.headers.get_list("access-control-allow-origin") == [origin]  # ours, once
     stranger = httpx.get(
-        f"{gateway_url}/v1/models", headers={**bearer(world["ana"]), "Origin": "http://evil.example"}
+        f"{gateway_url}/v1/models", headers={**bearer(world.ana_key), "Origin": "http://evil.example"}
     )
     assert "access-control-allow-origin" not in stranger.headers
     refused = httpx.post(
@@ -297,7 +302,7 @@ def test_a_page_on_another_origin_streams_from_the_gateway_in_chromium(cors, gat
                 "console", lambda message: errors.append(message.text) if message.type == "error" else None
             )
             page.goto(f"http://127.0.0.1:{PAGE_ORIGIN_PORT}/")
-            page.evaluate(f"go({json.dumps(gateway_url)}, {json.dumps(world['ana'])})")
+            page.evaluate(f"go({json.dumps(gateway_url)}, {json.dumps(world.ana_key)})")
             page.wait_for_function("document.getElementById('out').textContent !== ''", timeout=15000)
             assert page.text_content("#out") == "200 true", errors
             browser.close()
@@ -312,7 +317,7 @@ def test_the_async_sdk_streams_twenty_at_once_and_raw_headers_come_once(gateway_
     import openai
 
     async def run() -> list[str]:
-        client = openai.AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key=world["ana"], max_retries=0)
+        client = openai.AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key=world.ana_key, max_retries=0)
 
         async def one(i: int) -> str:
             stream = await client.chat.completions.create(
@@ -332,7 +337,7 @@ def test_the_async_sdk_streams_twenty_at_once_and_raw_headers_come_once(gateway_
     assert len(texts) == 20 and all(isinstance(t, str) for t in texts)
 
     raw = openai.OpenAI(
-        base_url=f"{gateway_url}/v1", api_key=world["ana"]
+        base_url=f"{gateway_url}/v1", api_key=world.ana_key
     ).chat.completions.with_raw_response.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2
     )
@@ -350,20 +355,20 @@ def test_the_sdk_retries_after_the_retry_after_of_a_drain(gateway_url, world, se
 
     settings.SLOTSERVE_DRAIN_SECONDS = 0.3
     settings.SLOTSERVE_STOP_TIMEOUT_SECONDS = 0.3
-    gate = redis_key(RedisKey.GATE, world["channel"].pk)
+    gate = redis_key(RedisKey.GATE, world.channel.pk)
     redis_client().set(gate, "1")
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     refused = httpx.post(
         f"{gateway_url}/v1/chat/completions",
         json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
-        headers=bearer(world["ana"]),
+        headers=bearer(world.ana_key),
     )
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_switching"
     retry_after = int(refused.headers["retry-after"])
     assert 1 <= retry_after <= 3
     threading.Timer(0.8, lambda: redis_client().delete(gate)).start()
     started = time.monotonic()
-    client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=world["ana"], max_retries=2)
+    client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=world.ana_key, max_retries=2)
     answer = client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2
     )
@@ -387,7 +392,7 @@ def test_embeddings_through_an_embeddings_preset(gateway_url, llama_server_bin, 
             api_secret=secret,
         )
         _, key = api_key_create(user=ana, name="e")
-        time.sleep(0.15)
+        snapshot_seen(gateway_url)
         import openai
 
         client = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=key, max_retries=0)

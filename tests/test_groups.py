@@ -45,7 +45,8 @@ def lab(db):
     ana.groups.add(vision)
     bo.groups.add(vision)
     carl.groups.add(nlp)
-    start = (timezone.now() + timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
+    # Tomorrow at 10:00: the day's bookings three hours on stay on that day whenever the tests run.
+    start = (timezone.now() + timedelta(days=1)).replace(hour=10, minute=0, second=0, microsecond=0)
     return {"chat": chat, "vision": vision, "nlp": nlp, "ana": ana, "bo": bo, "carl": carl, "start": start}
 
 
@@ -141,7 +142,8 @@ def test_two_members_racing_for_the_groups_last_hour_one_wins():
     channel = factories.channel("shared-0")
     channel.group_weekly_quota_hours = Decimal(2)
     channel.save()
-    start = (timezone.now() + timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
+    # Tomorrow at 10:00: the day's bookings three hours on stay on that day whenever the tests run.
+    start = (timezone.now() + timedelta(days=1)).replace(hour=10, minute=0, second=0, microsecond=0)
     factories.reservation(owner=members[0], on=channel, start=start, end=start + HOUR, target=chat)
 
     def book(member, at):

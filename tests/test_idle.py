@@ -12,6 +12,7 @@ from reservations.idle import apply_idle_rule
 from reservations.models import Notification, Reservation, WaitlistEntry
 from reservations.rules import IdleFacts, idle_step
 from tests import clock, factories
+from tests.world import World
 
 T0 = clock.T0 + timedelta(hours=1)  # 09:00 UTC
 MIN = timedelta(minutes=1)
@@ -58,13 +59,19 @@ def world(db, ana, bo):
     other = factories.channel("a100-1")
     other.idle_warn_minutes, other.idle_release_minutes = 15, 30
     other.save()
-    busy = factories.reservation(owner=bo, on=other, start=T0, end=T0 + 120 * MIN, target=chat)
+    factories.reservation(owner=bo, on=other, start=T0, end=T0 + 120 * MIN, target=chat)
     whole = factories.reservation(
         owner=bo, on=factories.channel("a100-2", policy="none"), start=T0, end=T0 + 120 * MIN
     )
     whole.channel.idle_warn_minutes = 15
     whole.channel.save()
-    return {"idle": idle, "busy": busy, "whole": whole, "channel": channel}
+    return World(channel=channel, model=chat.model, preset=chat, ana=ana, bo=bo, booked=idle)
+
+
+@pytest.fixture
+def others(world):
+    """Bo's bookings beside ana's idle one: on a100-1 with a model, and a100-2 whole-card."""
+    return tuple(Reservation.objects.filter(user=world.bo).order_by("channel__name"))
 
 
 def count_a_request(reservation: Reservation) -> None:
@@ -87,11 +94,11 @@ def count_a_request(reservation: Reservation) -> None:
     asyncio.run(once())
 
 
-def test_an_unused_booking_is_warned_then_released_and_the_waitlist_told(world, ana, bo):
-    idle, busy = world["idle"], world["busy"]
+def test_an_unused_booking_is_warned_then_released_and_the_waitlist_told(world, others, ana, bo):
+    idle, (busy, whole) = world.booked, others
     count_a_request(busy)  # bo's booking was used, in Redis (not flushed yet)
     later = T0 + 60 * MIN
-    WaitlistEntry.objects.create(user=bo, channel=world["channel"], start=later, end=later + 30 * MIN)
+    WaitlistEntry.objects.create(user=bo, channel=world.channel, start=later, end=later + 30 * MIN)
     assert apply_idle_rule(now=T0 + 14 * MIN) == {"warned": 0, "released": 0}
     assert apply_idle_rule(now=T0 + 15 * MIN) == {"warned": 1, "released": 0}
     warning = Notification.objects.get(user=ana, event="idle_warning")
@@ -105,13 +112,14 @@ def test_an_unused_booking_is_warned_then_released_and_the_waitlist_told(world, 
     assert Notification.objects.filter(user=bo, event="slot_freed").count() == 1
     busy.refresh_from_db()
     assert busy.status == "approved" and busy.idle_warned_at is None
-    assert world["whole"].status == "approved" and not Reservation.objects.filter(
+    whole.refresh_from_db()
+    assert whole.status == "approved" and not Reservation.objects.filter(
         idle_warned_at__isnull=False
     ).exclude(pk=idle.pk)
 
 
 def test_a_request_before_the_release_keeps_the_booking(world, ana):
-    idle = world["idle"]
+    idle = world.booked
     apply_idle_rule(now=T0 + 15 * MIN)
     Reservation.objects.filter(pk=idle.pk).update(requests=1)  # flushed from Redis by the tick
     apply_idle_rule(now=T0 + 50 * MIN)  # (bo's unused booking on a100-1 goes)
@@ -127,10 +135,10 @@ def test_the_rule_is_shown_with_the_booking_and_in_the_hints(world, ana):
     client.force_login(ana)
     future = factories.reservation(
         owner=ana,
-        on=world["channel"],
+        on=world.channel,
         start=datetime.now(UTC) + timedelta(days=1),
         end=datetime.now(UTC) + timedelta(days=1, hours=1),
-        target=world["idle"].preset,
+        target=world.booked.preset,
     )
     page = client.get("/reservations/").content.decode()
     row = page.split(f'data-reservation="{future.pk}"')[1].split("</tr>")[0]
@@ -139,7 +147,7 @@ def test_the_rule_is_shown_with_the_booking_and_in_the_hints(world, ana):
     hints = client.get(
         "/api/reservations/hints",
         {
-            "channel": world["channel"].pk,
+            "channel": world.channel.pk,
             "start": start,
             "end": start[:-5] + "11:00",
             "model": future.model_id,

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_run import ROOT, _free_port, _run_env, healthy, log_text, start_run
+from tests.test_one_command_start import ROOT, _free_port, _run_env, healthy, log_text, start_run
 
 NOBODY = 65534
 

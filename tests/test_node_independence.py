@@ -20,6 +20,7 @@ from channels_app.node_agent import tasks as node_tasks
 from channels_app.scheduling.tasks import fan_out_node_ticks
 from slotserve_base import dispatch
 from tests import factories
+from tests.clock import eventually
 
 
 def test_queues_carry_the_installations_prefix(settings):
@@ -66,12 +67,12 @@ def test_a_node_worker_beats_and_reconciles_without_the_scheduler(settings, tmp_
     stop = threading.Event()
     beating = threading.Thread(target=heartbeat.keep_beating, args=("solo", stop, 0.1), daemon=True)
     beating.start()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def reported() -> bool:
         node.refresh_from_db()
-        if node.last_heartbeat is not None and node.gpus.count() == 2 and calls["n"] >= 2:
-            break
-        time.sleep(0.05)
+        return node.last_heartbeat is not None and node.gpus.count() == 2 and calls["n"] >= 2
+
+    eventually(reported, timeout=10, every=0.05)
     stop.set()
     beating.join(timeout=5)
     assert calls["n"] >= 2, "the loop went on after a failed round"

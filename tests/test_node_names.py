@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +21,7 @@ from django.utils import timezone
 
 from channels_app.models import HEARTBEAT_TICKS, Node
 from channels_app.node_agent import registration
+from tests.clock import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,10 +90,12 @@ def test_a_second_machine_with_the_same_node_name_stops_at_once_naming_the_first
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and "node gpu-1:" not in (tmp_path / "first.log").read_text():
+
+        def started() -> bool:
             assert first.poll() is None, (tmp_path / "first.log").read_text()[-2000:]
-            time.sleep(0.2)
+            return "node gpu-1:" in (tmp_path / "first.log").read_text()
+
+        eventually(started, timeout=60, every=0.2)
         python = sys.executable
         second = subprocess.run(
             ["unshare", "-u", "sh", "-c", f"hostname gpu-clone && exec {python} manage.py nodeworker"],

@@ -23,6 +23,7 @@ from reservations.models import Notification
 from slotserve_base.redis_client import redis_client
 from slotserve_base.vocabulary import Phase
 from tests import factories
+from tests.clock import eventually, throughout
 
 STANDIN = f"{sys.executable} -m devtools.standin"
 
@@ -31,16 +32,16 @@ def converge(
     channel, *, until: set[Phase], now: datetime | None = None, timeout: float = 30
 ) -> ChannelRuntime:
     """Reconcile the channel until its phase is one of ``until`` (real seconds pass for the process)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def arrived() -> bool:
         state = worker.reconcile(channel_id=channel.pk, now=now or timezone.now())
-        if state is not None and state.phase in until:
-            return ChannelRuntime.objects.get(channel=channel)
-        if time.monotonic() > deadline:
-            runtime = ChannelRuntime.objects.get(channel=channel)
-            log = Path(runtime.log_path).read_text() if runtime.log_path else ""
-            raise AssertionError(f"channel stuck in {runtime.phase}: {runtime.error}\n{log[-2000:]}")
-        time.sleep(0.05)
+        return state is not None and state.phase in until
+
+    if not eventually(arrived, timeout=timeout, every=0.05):
+        runtime = ChannelRuntime.objects.get(channel=channel)
+        log = Path(runtime.log_path).read_text() if runtime.log_path else ""
+        raise AssertionError(f"channel stuck in {runtime.phase}: {runtime.error}\n{log[-2000:]}")
+    return ChannelRuntime.objects.get(channel=channel)
 
 
 def phase_after(channel, now: datetime) -> Phase:
@@ -257,8 +258,8 @@ def test_a_load_that_never_becomes_healthy_fails_at_the_load_timeout(node_env, t
     decide_channels(now=now)
     loading = converge(channel, until={Phase.LOADING}, now=now)
     pid = loading.pid
-    time.sleep(0.5)
-    assert phase_after(channel, now + timedelta(seconds=599)) == Phase.LOADING
+    # The hanging process never gets ready by itself: loading, up to the load timeout.
+    assert throughout(lambda: phase_after(channel, now + timedelta(seconds=599)) == Phase.LOADING, 0.5)
     timeout = now + timedelta(seconds=settings.SLOTSERVE_LOAD_TIMEOUT_SECONDS)
     assert phase_after(channel, timeout) == Phase.STOPPING
     failed = converge(channel, until={Phase.FAILED}, now=timeout)
@@ -282,8 +283,7 @@ def test_sigkill_after_the_stop_timeout(node_env, tiny, settings):
     channel.save()
     decide_channels(now=now)
     assert converge(channel, until={Phase.STOPPING}).pid == ready.pid
-    time.sleep(0.3)
-    assert phase_after(channel, now + timedelta(seconds=5)) == Phase.STOPPING
+    assert throughout(lambda: phase_after(channel, now + timedelta(seconds=5)) == Phase.STOPPING, 0.3)
     later = now + timedelta(seconds=settings.SLOTSERVE_STOP_TIMEOUT_SECONDS + 1)
     worker.reconcile(channel_id=channel.pk, now=later)  # SIGKILL
     assert converge(channel, until={Phase.STOPPED}, now=later).pid is None
@@ -336,12 +336,11 @@ def test_tick_reaches_the_node_worker_through_redis(node_env, tiny, real_node_qu
         loglevel="WARNING",
     ):
         scheduler_tick.apply_async(queue=scheduler_queue)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            runtime = ChannelRuntime.objects.filter(channel=channel).first()
-            if runtime is not None and runtime.phase == Phase.READY:
-                break
-            time.sleep(0.1)
+        eventually(
+            lambda: ChannelRuntime.objects.filter(channel=channel, phase=Phase.READY).exists(),
+            timeout=60,
+            every=0.1,
+        )
     runtime = ChannelRuntime.objects.get(channel=channel)
     assert runtime.phase == Phase.READY, runtime.error
     assert (runtime.model_id, runtime.preset_id) == (tiny["model"].pk, tiny["small"].pk)
@@ -389,13 +388,13 @@ def test_the_run_log_reaches_hosts_that_do_not_have_the_file(node_env, tiny, ana
     monkeypatch.setattr("channels_app.node_agent.run_logs.run_log_of", lambda c: (None, runtime.api_secret))
     api = APIClient()
     api.force_authenticate(ana)
-    deadline = time.monotonic() + 10
     lines: list[str] = []
-    while time.monotonic() < deadline:
-        lines = api.get(f"/api/channels/{channel.pk}/log", {"lines": 5000}).data["lines"]
-        if any("listening" in line for line in lines):
-            break
-        time.sleep(0.05)
+
+    def listening() -> bool:
+        lines[:] = api.get(f"/api/channels/{channel.pk}/log", {"lines": 5000}).data["lines"]
+        return any("listening" in line for line in lines)
+
+    eventually(listening, timeout=10, every=0.05)
     assert lines[0].startswith("$ ") and "--alias tiny" in lines[0], lines[:3]
     assert any("listening" in line for line in lines)
     portal = Client()

@@ -14,6 +14,7 @@ from reservations.tasks import send_starting_soon_reminders
 from tests import factories
 from tests.clock import T0
 from tests.factories import iso
+from tests.world import World
 
 HOUR = timedelta(hours=1)
 
@@ -22,18 +23,18 @@ HOUR = timedelta(hours=1)
 def world(db, frozen):
     target = factories.preset(factories.llm("qwen"), "chat")
     channel = factories.channel("ch", policy="all")
-    return {"channel": channel, "target": target}
+    return World(channel=channel, model=target.model, preset=target)
 
 
 def book(client, world, start, end):
     answer = client.post(
         "/api/reservations/",
         {
-            "channel": world["channel"].pk,
+            "channel": world.channel.pk,
             "start": iso(start),
             "end": iso(end),
-            "model": world["target"].model_id,
-            "preset": world["target"].pk,
+            "model": world.preset.model_id,
+            "preset": world.preset.pk,
         },
     )
     assert answer.status_code == 201, answer.data
@@ -86,10 +87,10 @@ def test_email_preference_off_keeps_the_inbox(world, ana, django_capture_on_comm
 def test_starting_soon_is_sent_once_however_often_the_tick_runs(
     world, ana, frozen, django_capture_on_commit_callbacks
 ):
-    world["channel"].approval_policy = "none"
-    world["channel"].save()
+    world.channel.approval_policy = "none"
+    world.channel.save()
     factories.reservation(
-        owner=ana, on=world["channel"], start=T0 + HOUR, end=T0 + 2 * HOUR, target=world["target"]
+        owner=ana, on=world.channel, start=T0 + HOUR, end=T0 + 2 * HOUR, target=world.preset
     )
     with django_capture_on_commit_callbacks(execute=True):
         frozen.move_to(T0 + HOUR - timedelta(minutes=16))
@@ -104,10 +105,10 @@ def test_starting_soon_is_sent_once_however_often_the_tick_runs(
 
 
 def test_ended_early_by_staff_is_told_to_the_booker(world, ana, staff, staff_api, frozen):
-    world["channel"].approval_policy = "none"
-    world["channel"].save()
+    world.channel.approval_policy = "none"
+    world.channel.save()
     active = factories.reservation(
-        owner=ana, on=world["channel"], start=T0 - HOUR, end=T0 + HOUR, target=world["target"]
+        owner=ana, on=world.channel, start=T0 - HOUR, end=T0 + HOUR, target=world.preset
     )
     assert staff_api.post(f"/api/reservations/{active.pk}/end").data["status"] == "ended"
     assert list(Notification.objects.filter(user=ana).values_list("event", flat=True)) == ["ended_early"]

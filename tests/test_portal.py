@@ -13,6 +13,7 @@ from reservations.models import Profile, Reservation
 from reservations.profiles import profile_for
 from slotserve_base.vocabulary import Phase
 from tests import clock, factories
+from tests.world import World
 
 T0 = clock.T0 - timedelta(hours=3)  # 13:00 in Shanghai
 HOUR = timedelta(hours=1)
@@ -27,7 +28,7 @@ def world(db, frozen, ana, bo, staff):
     factories.preset(big, "long")
     channel = factories.channel("a100-0", default=chat, on=factories.node("gpu-a", memory=24 * GiB))
     booked = factories.reservation(owner=ana, on=channel, start=T0 - HOUR, end=T0 + HOUR, target=chat)
-    return {"channel": channel, "qwen": qwen, "chat": chat, "big": big, "booked": booked}
+    return World(channel=channel, model=qwen, preset=chat, other_model=big, ana=ana, bo=bo, booked=booked)
 
 
 def client_for(user, *, csrf: bool = False) -> Client:
@@ -45,15 +46,15 @@ def test_pages_need_login(db):
 
 def test_overview_says_what_runs_and_why(world, ana):
     ChannelTarget.objects.create(
-        channel=world["channel"],
-        model=world["qwen"],
-        preset=world["chat"],
+        channel=world.channel,
+        model=world.model,
+        preset=world.preset,
         reason="active_reservation",
         valid_until=T0 + HOUR,
-        reservation=world["booked"],
+        reservation=world.booked,
     )
     ChannelRuntime.objects.create(
-        channel=world["channel"], phase=Phase.READY, model=world["qwen"], preset=world["chat"]
+        channel=world.channel, phase=Phase.READY, model=world.model, preset=world.preset
     )
     profile = profile_for(ana)
     profile.time_zone = "Asia/Shanghai"
@@ -71,10 +72,10 @@ def test_overview_says_what_runs_and_why(world, ana):
 
 def test_overview_shows_failure_and_fallback(world, staff):
     ChannelRuntime.objects.create(
-        channel=world["channel"],
+        channel=world.channel,
         phase=Phase.READY,
-        model=world["qwen"],
-        preset=world["chat"],
+        model=world.model,
+        preset=world.preset,
         fallback=True,
         error="CUDA out of memory: lower -ngl or -c",
         retry_at=T0 + timedelta(minutes=2),
@@ -86,18 +87,18 @@ def test_overview_shows_failure_and_fallback(world, staff):
 
 
 def test_calendar_shows_reservations_pending_and_preloads(world, ana, bo):
-    world["channel"].approval_policy = "all"
-    world["channel"].save()
+    world.channel.approval_policy = "all"
+    world.channel.save()
     factories.reservation(
         owner=bo,
-        on=world["channel"],
+        on=world.channel,
         start=T0 + 3 * HOUR,
         end=T0 + 4 * HOUR,
-        target=world["chat"],
+        target=world.preset,
         status="pending",
     )
-    other = factories.preset(world["big"], "b2")
-    factories.reservation(owner=bo, on=world["channel"], start=T0 + HOUR, end=T0 + 2 * HOUR, target=other)
+    other = factories.preset(world.other_model, "b2")
+    factories.reservation(owner=bo, on=world.channel, start=T0 + HOUR, end=T0 + 2 * HOUR, target=other)
     page = client_for(ana).get("/calendar/", {"day": "2026-12-07"}).content.decode()
     assert "ana: qwen-7b / chat" in page
     assert "res approved mine" in page
@@ -133,11 +134,11 @@ def test_booking_form_in_shanghai_time_stores_utc(world, bo):
     answer = client_for(bo).post(
         "/book/",
         {
-            "channel": world["channel"].pk,
+            "channel": world.channel.pk,
             "start": "2026-12-08T14:00",
             "end": "2026-12-08T16:00",
-            "model": world["qwen"].pk,
-            "preset": world["chat"].pk,
+            "model": world.model.pk,
+            "preset": world.preset.pk,
         },
     )
     assert answer.status_code == 302, answer.content.decode()[:2000]
@@ -153,22 +154,22 @@ def test_daylight_saving_change_inside_a_reservation(world, bo):
     profile = profile_for(bo)
     profile.time_zone = "Europe/Berlin"
     profile.save()
-    world["channel"].max_booking_minutes = 270
-    world["channel"].save()
+    world.channel.max_booking_minutes = 270
+    world.channel.save()
     form = {
-        "channel": world["channel"].pk,
+        "channel": world.channel.pk,
         "start": "2026-10-25T01:00",
         "end": "2026-10-25T05:00",
-        "model": world["qwen"].pk,
-        "preset": world["chat"].pk,
+        "model": world.model.pk,
+        "preset": world.preset.pk,
         "note": "night run",
     }
     with time_machine.travel(datetime(2026, 10, 20, tzinfo=UTC), tick=False):
         refused = client_for(bo).post("/book/", form)
         assert refused.status_code == 200
         assert "a booking on this channel lasts at most 270 minutes" in refused.content.decode()
-        world["channel"].max_booking_minutes = 300
-        world["channel"].save()
+        world.channel.max_booking_minutes = 300
+        world.channel.save()
         assert client_for(bo).post("/book/", form).status_code == 302
     made = Reservation.objects.get(user=bo)
     assert made.end - made.start == timedelta(hours=5)
@@ -186,10 +187,10 @@ def test_a_time_that_does_not_exist_is_named(world, bo):
         answer = client_for(bo).post(
             "/book/",
             {
-                "channel": world["channel"].pk,
+                "channel": world.channel.pk,
                 "start": "2027-03-28T02:30",
                 "end": "2027-03-28T04:00",
-                "model": world["qwen"].pk,
+                "model": world.model.pk,
             },
         )
     assert answer.status_code == 200
@@ -203,58 +204,58 @@ def test_refused_booking_keeps_what_was_typed(world, bo):
     answer = client_for(bo).post(
         "/book/",
         {
-            "channel": world["channel"].pk,
+            "channel": world.channel.pk,
             "start": "2026-12-07T05:30",
             "end": "2026-12-07T07:00",
-            "model": world["qwen"].pk,
+            "model": world.model.pk,
             "note": "my careful note",
         },
     )
     page = answer.content.decode()
     assert answer.status_code == 200
-    assert f"overlaps reservation {world['booked'].pk}" in page
+    assert f"overlaps reservation {world.booked.pk}" in page
     assert "my careful note" in page
     assert 'value="2026-12-07T05:30"' in page
 
 
 def test_csrf_is_enforced(world, ana):
-    answer = client_for(ana, csrf=True).post(f"/reservations/{world['booked'].pk}/end")
+    answer = client_for(ana, csrf=True).post(f"/reservations/{world.booked.pk}/end")
     assert answer.status_code == 403
-    assert Reservation.objects.get(pk=world["booked"].pk).status == "approved"
+    assert Reservation.objects.get(pk=world.booked.pk).status == "approved"
 
 
 def test_other_users_reservations_answer_404(world, bo):
     for action in ("end", "cancel", "extend"):
-        assert client_for(bo).post(f"/reservations/{world['booked'].pk}/{action}").status_code == 404
-    assert Reservation.objects.get(pk=world["booked"].pk).status == "approved"
+        assert client_for(bo).post(f"/reservations/{world.booked.pk}/{action}").status_code == 404
+    assert Reservation.objects.get(pk=world.booked.pk).status == "approved"
 
 
 def test_end_and_extend_from_the_portal(world, ana, bo):
-    extended = client_for(ana).post(f"/reservations/{world['booked'].pk}/extend", {"end": "2026-12-07T07:00"})
+    extended = client_for(ana).post(f"/reservations/{world.booked.pk}/extend", {"end": "2026-12-07T07:00"})
     assert extended.status_code == 302
-    assert Reservation.objects.get(pk=world["booked"].pk).end == T0 + 2 * HOUR
+    assert Reservation.objects.get(pk=world.booked.pk).end == T0 + 2 * HOUR
     factories.reservation(
-        owner=bo, on=world["channel"], start=T0 + 2 * HOUR, end=T0 + 3 * HOUR, target=world["chat"]
+        owner=bo, on=world.channel, start=T0 + 2 * HOUR, end=T0 + 3 * HOUR, target=world.preset
     )
     blocked = client_for(ana).post(
-        f"/reservations/{world['booked'].pk}/extend", {"end": "2026-12-07T09:00"}, follow=True
+        f"/reservations/{world.booked.pk}/extend", {"end": "2026-12-07T09:00"}, follow=True
     )
     assert "overlaps reservation" in blocked.content.decode()
-    assert Reservation.objects.get(pk=world["booked"].pk).end == T0 + 2 * HOUR
-    ended = client_for(ana).post(f"/reservations/{world['booked'].pk}/end", follow=True)
+    assert Reservation.objects.get(pk=world.booked.pk).end == T0 + 2 * HOUR
+    ended = client_for(ana).post(f"/reservations/{world.booked.pk}/end", follow=True)
     assert "Reservation ended" in ended.content.decode()
-    assert Reservation.objects.get(pk=world["booked"].pk).status == "ended"
+    assert Reservation.objects.get(pk=world.booked.pk).status == "ended"
 
 
 def test_approvals_page_is_for_staff(world, ana, bo, staff):
-    world["channel"].approval_policy = "all"
-    world["channel"].save()
+    world.channel.approval_policy = "all"
+    world.channel.save()
     pending = factories.reservation(
         owner=bo,
-        on=world["channel"],
+        on=world.channel,
         start=T0 + 2 * HOUR,
         end=T0 + 3 * HOUR,
-        target=world["chat"],
+        target=world.preset,
         status="pending",
     )
     assert client_for(ana).get("/approvals/").status_code == 403  # staff and group approvers only
@@ -267,14 +268,14 @@ def test_approvals_page_is_for_staff(world, ana, bo, staff):
 
 
 def test_staff_sets_an_override_from_the_overview(world, staff, django_capture_on_commit_callbacks):
-    world["booked"].delete()
+    world.booked.delete()
     with django_capture_on_commit_callbacks(execute=True):
         answer = client_for(staff).post(
-            f"/channel/{world['channel'].pk}/override",
-            {f"ch{world['channel'].pk}-unload": "on", f"ch{world['channel'].pk}-until": "2026-12-07T07:00"},
+            f"/channel/{world.channel.pk}/override",
+            {f"ch{world.channel.pk}-unload": "on", f"ch{world.channel.pk}-until": "2026-12-07T07:00"},
         )
     assert answer.status_code == 302
-    assert ChannelTarget.objects.get(channel=world["channel"]).reason == "manual_unload"
+    assert ChannelTarget.objects.get(channel=world.channel).reason == "manual_unload"
 
 
 def test_preferences_and_keys_pages(world, ana):

@@ -5,7 +5,6 @@ secrets; owned options cannot be smuggled in by abbreviation (docs/security.md).
 from __future__ import annotations
 
 import stat
-import time
 from pathlib import Path
 
 import httpx
@@ -18,6 +17,7 @@ from channels_app.node_agent import processes
 from channels_app.scheduling.services import decide_channels
 from slotserve_base.vocabulary import Phase
 from tests import factories
+from tests.clock import eventually
 from tests.test_node_worker import converge
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -80,12 +80,13 @@ def test_a_real_llama_server_refuses_callers_without_the_runs_secret(node_env, t
     # Should a backend ever print its key, the log is shown with it redacted.
     with Path(runtime.log_path).open("a") as log:
         log.write(f"main: api key {secret} set\n")
-    deadline = time.monotonic() + 5  # the node worker ships new lines as they are written
-    while time.monotonic() < deadline:
-        shown = api.get(f"/api/channels/{channel.pk}/log", {"lines": 5}).data["lines"]
-        if "main: api key [redacted] set" in shown:
-            break
-        time.sleep(0.05)
+    shown: list[str] = []
+
+    def shipped() -> bool:  # the node worker ships new lines as they are written
+        shown[:] = api.get(f"/api/channels/{channel.pk}/log", {"lines": 5}).data["lines"]
+        return "main: api key [redacted] set" in shown
+
+    eventually(shipped, timeout=5, every=0.05)
     assert "main: api key [redacted] set" in shown
     assert not any(secret in line for line in shown)
     staff = factories.user("boss", staff=True)

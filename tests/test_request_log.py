@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 from gateway.models import RequestLog
 from gateway.usage.request_log import flush_request_log
 from slotserve_base.redis_client import redis_client
+from tests.clock import eventually
 from tests.conftest import snapshot_seen
 from tests.test_gateway_http import book, call
 
@@ -27,10 +28,10 @@ def wait_for_records(count: int) -> None:
     """The gateway pushes a request's record right after the answer went out: wait for them."""
     from slotserve_base.vocabulary import RedisKey, redis_key
 
-    deadline = time.monotonic() + 5
-    while redis_client().llen(redis_key(RedisKey.REQUEST_LOG, "all")) < count:
-        assert time.monotonic() < deadline, "the gateway did not push its records"
-        time.sleep(0.02)
+    pushed = redis_key(RedisKey.REQUEST_LOG, "all")
+    assert eventually(lambda: redis_client().llen(pushed) >= count, timeout=5), (
+        "the gateway did not push its records"
+    )
 
 
 def api_for(user) -> APIClient:
@@ -40,14 +41,14 @@ def api_for(user) -> APIClient:
 
 
 def test_every_request_is_one_row_written_off_the_hot_path(gateway_url, world, staff):
-    assert call(gateway_url, world["ana"], max_tokens=4).status_code == 200
-    streamed = call(gateway_url, world["ana"], model="llama", stream=True)
+    assert call(gateway_url, world.ana_key, max_tokens=4).status_code == 200
+    streamed = call(gateway_url, world.ana_key, model="llama", stream=True)
     assert streamed.status_code == 200
-    assert call(gateway_url, world["bo"], model="mistral").status_code == 404
+    assert call(gateway_url, world.bo_key, model="mistral").status_code == 404
     assert call(gateway_url, "ss-not-a-key").status_code == 401  # nobody to log it for
     book(world, "ana")
-    time.sleep(0.15)
-    assert call(gateway_url + "/channels/ch-a", world["bo"]).status_code == 403
+    snapshot_seen(gateway_url)
+    assert call(gateway_url + "/channels/ch-a", world.bo_key).status_code == 403
     wait_for_records(4)
     assert RequestLog.objects.count() == 0  # nothing written while answering
     assert flush_request_log(redis_client()) == 4
@@ -56,19 +57,19 @@ def test_every_request_is_one_row_written_off_the_hot_path(gateway_url, world, s
     rows = list(RequestLog.objects.order_by("at", "pk"))
     first, second, missing, refused = rows
     assert (first.user, first.channel, first.model, first.path, first.status) == (
-        world["ana_user"],
-        world["a"],
+        world.ana,
+        world.channel,
         "qwen",
         "/v1/chat/completions",
         200,
     )
-    assert first.key is not None and first.key.user == world["ana_user"]
+    assert first.key is not None and first.key.user == world.ana
     assert first.prompt_tokens > 0 and first.completion_tokens > 0
     assert first.ttft_ms is not None and first.duration_ms >= first.ttft_ms > 0
-    assert (second.channel, second.model, second.status) == (world["b"], "llama", 200)
+    assert (second.channel, second.model, second.status) == (world.other, "llama", 200)
     assert second.completion_tokens > 0  # counted from the stream's usage
     assert (missing.user, missing.channel, missing.status, missing.model) == (
-        world["bo_user"],
+        world.bo,
         None,
         404,
         "mistral",
@@ -81,15 +82,15 @@ def test_every_request_is_one_row_written_off_the_hot_path(gateway_url, world, s
 
 
 def test_owners_see_their_rows_staff_see_all_with_filters_and_csv(gateway_url, world, staff):
-    call(gateway_url, world["ana"])
-    call(gateway_url, world["bo"], model="llama")
-    call(gateway_url, world["bo"], model="nothing")
+    call(gateway_url, world.ana_key)
+    call(gateway_url, world.bo_key, model="llama")
+    call(gateway_url, world.bo_key, model="nothing")
     wait_for_records(3)
     flush_request_log(redis_client())
 
-    mine = api_for(world["bo_user"]).get("/api/requests/").data
+    mine = api_for(world.bo).get("/api/requests/").data
     assert mine["count"] == 2 and {r["user"] for r in mine["results"]} == {"bo"}
-    assert api_for(world["bo_user"]).get("/api/requests/", {"user": "ana"}).data["count"] == 0
+    assert api_for(world.bo).get("/api/requests/", {"user": "ana"}).data["count"] == 0
     everyone = api_for(staff)
     assert everyone.get("/api/requests/").data["count"] == 3
     assert everyone.get("/api/requests/", {"user": "ana"}).data["results"][0]["channel"] == "ch-a"
@@ -104,7 +105,7 @@ def test_owners_see_their_rows_staff_see_all_with_filters_and_csv(gateway_url, w
     assert {row["status"] for row in table} == {"200", "404"}
 
     portal = Client()
-    portal.force_login(world["bo_user"])
+    portal.force_login(world.bo)
     page = portal.get("/requests/").content.decode()
     assert "nothing" in page and "qwen" not in page  # bo's own rows only
 
@@ -121,20 +122,20 @@ def test_rows_older_than_the_retention_go_at_the_next_flush(settings, ana):
 
 
 def test_records_of_deleted_users_and_keys_are_kept_as_far_as_they_exist(gateway_url, world):
-    call(gateway_url, world["bo"], model="llama")
-    call(gateway_url, world["ana"])
+    call(gateway_url, world.bo_key, model="llama")
+    call(gateway_url, world.ana_key)
     wait_for_records(2)
     from gateway.models import ApiKey
 
-    ApiKey.objects.filter(user=world["ana_user"]).delete()
-    world["bo_user"].delete()
+    ApiKey.objects.filter(user=world.ana).delete()
+    world.bo.delete()
     assert flush_request_log(redis_client()) == 1
     row = RequestLog.objects.get()
-    assert row.user == world["ana_user"] and row.key is None
+    assert row.user == world.ana and row.key is None
 
 
 def test_a_database_that_fails_keeps_the_records_for_the_next_flush(gateway_url, world, monkeypatch):
-    call(gateway_url, world["ana"])
+    call(gateway_url, world.ana_key)
     wait_for_records(1)
     from django.db import DatabaseError
 
@@ -152,8 +153,8 @@ def test_the_log_records_the_model_that_served_beside_the_name_sent(gateway_url,
     """A booker's request naming any model is served by their booking's; the log says both."""
     book(world, "ana")
     snapshot_seen(gateway_url)
-    assert call(gateway_url, world["ana"], model="llama-70b").status_code == 200
-    assert call(gateway_url, world["bo"], model="llama").status_code == 200
+    assert call(gateway_url, world.ana_key, model="llama-70b").status_code == 200
+    assert call(gateway_url, world.bo_key, model="llama").status_code == 200
     wait_for_records(2)
     flush_request_log(redis_client())
     rows = set(RequestLog.objects.values_list("user__username", "model", "served_model"))

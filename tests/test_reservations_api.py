@@ -11,6 +11,7 @@ from reservations.models import Notification, Reservation
 from tests import factories
 from tests.clock import T0
 from tests.factories import iso
+from tests.world import World
 
 HOUR = timedelta(hours=1)
 
@@ -22,16 +23,16 @@ def world(db, frozen):
     llama = factories.llm("llama")
     fast = factories.preset(llama, "fast")
     channel = factories.channel("ch-a", default=fast)
-    return {"channel": channel, "qwen": qwen, "chat": chat, "llama": llama, "fast": fast}
+    return World(channel=channel, model=qwen, preset=chat, other_model=llama, other_preset=fast)
 
 
 def body(world, start, end, **extra):
     data = {
-        "channel": world["channel"].pk,
+        "channel": world.channel.pk,
         "start": iso(start),
         "end": iso(end),
-        "model": world["qwen"].pk,
-        "preset": world["chat"].pk,
+        "model": world.model.pk,
+        "preset": world.preset.pk,
     }
     data.update(extra)
     return data
@@ -44,10 +45,10 @@ def test_booking_is_approved_and_redecides_the_channel(world, ana_api, django_ca
     assert answer.data["status"] == "approved"
     assert answer.data["user"] == "ana"
     # Starting in a minute: inside the preload window, so the channel preloads now.
-    target = ChannelTarget.objects.get(channel=world["channel"])
+    target = ChannelTarget.objects.get(channel=world.channel)
     assert (target.model_id, target.preset_id, target.reason) == (
-        world["qwen"].pk,
-        world["chat"].pk,
+        world.model.pk,
+        world.preset.pk,
         "preload_next",
     )
 
@@ -59,7 +60,7 @@ def test_channel_and_model_by_name(world, ana_api):
         format="json",
     )
     assert answer.status_code == 201, answer.data
-    assert answer.data["channel"] == world["channel"].pk
+    assert answer.data["channel"] == world.channel.pk
 
 
 @pytest.mark.parametrize(
@@ -92,7 +93,7 @@ def test_channel_and_model_by_name(world, ana_api):
 def test_bad_input_names_the_field_and_saves_nothing(world, ana_api, change, field):
     data = body(world, T0 + HOUR, T0 + 2 * HOUR)
     if change.get("preset") == "fast-of-llama":
-        change = {"preset": world["fast"].pk}
+        change = {"preset": world.other_preset.pk}
     data.update(change)
     answer = ana_api.post("/api/reservations/", data, format="json")
     assert answer.status_code == 400, answer.data
@@ -123,8 +124,8 @@ def test_back_to_back_is_not_an_overlap(world, ana_api, bo_api):
 
 
 def test_pending_holds_the_slot_cancelled_frees_it(world, ana_api, bo_api):
-    world["channel"].approval_policy = "all"
-    world["channel"].save()
+    world.channel.approval_policy = "all"
+    world.channel.save()
     pending = ana_api.post("/api/reservations/", body(world, T0 + HOUR, T0 + 2 * HOUR)).data
     assert pending["status"] == "pending"
     assert bo_api.post("/api/reservations/", body(world, T0 + HOUR, T0 + 2 * HOUR)).status_code == 409
@@ -143,19 +144,19 @@ def test_pending_holds_the_slot_cancelled_frees_it(world, ana_api, bo_api):
     ],
 )
 def test_approval_policy(world, ana_api, policy, exclusive, status):
-    world["channel"].approval_policy = policy
-    world["channel"].save()
+    world.channel.approval_policy = policy
+    world.channel.save()
     data = body(world, T0 + HOUR, T0 + 2 * HOUR)
     if exclusive:
-        data = {"channel": world["channel"].pk, "start": data["start"], "end": data["end"], "exclusive": True}
+        data = {"channel": world.channel.pk, "start": data["start"], "end": data["end"], "exclusive": True}
     answer = ana_api.post("/api/reservations/", data, format="json")
     assert answer.status_code == 201, answer.data
     assert answer.data["status"] == status
 
 
 def test_staff_bookings_are_approved_at_once(world, staff_api):
-    world["channel"].approval_policy = "all"
-    world["channel"].save()
+    world.channel.approval_policy = "all"
+    world.channel.save()
     assert (
         staff_api.post("/api/reservations/", body(world, T0 + HOUR, T0 + 2 * HOUR)).data["status"]
         == "approved"
@@ -163,8 +164,8 @@ def test_staff_bookings_are_approved_at_once(world, staff_api):
 
 
 def test_approve_and_reject(world, staff, staff_api, ana_api, django_capture_on_commit_callbacks):
-    world["channel"].approval_policy = "all"
-    world["channel"].save()
+    world.channel.approval_policy = "all"
+    world.channel.save()
     first = ana_api.post("/api/reservations/", body(world, T0 + 60 * timedelta(seconds=1), T0 + HOUR)).data
     second = ana_api.post("/api/reservations/", body(world, T0 + 2 * HOUR, T0 + 3 * HOUR)).data
     assert Notification.objects.filter(user=staff, event="submitted").count() == 2
@@ -173,7 +174,7 @@ def test_approve_and_reject(world, staff, staff_api, ana_api, django_capture_on_
     with django_capture_on_commit_callbacks(execute=True):
         approved = staff_api.post(f"/api/reservations/{first['id']}/approve")
     assert approved.data["status"] == "approved"
-    assert ChannelTarget.objects.get(channel=world["channel"]).reason == "preload_next"
+    assert ChannelTarget.objects.get(channel=world.channel).reason == "preload_next"
 
     no_reason = staff_api.post(f"/api/reservations/{second['id']}/reject", {"reason": ""})
     assert no_reason.status_code == 400 and "reason" in no_reason.data
@@ -201,7 +202,7 @@ def test_cancel_and_end(world, ana_api, frozen, django_capture_on_commit_callbac
     assert ended.data["status"] == "ended"
     assert ended.data["end"] == iso(T0 + 90 * timedelta(minutes=1))
     # The channel re-decided at once: back to its default.
-    assert ChannelTarget.objects.get(channel=world["channel"]).reason == "default"
+    assert ChannelTarget.objects.get(channel=world.channel).reason == "default"
 
     assert ana_api.post(f"/api/reservations/{future['id']}/cancel").data["status"] == "cancelled"
     assert ana_api.post(f"/api/reservations/{future['id']}/cancel").status_code == 409
@@ -219,16 +220,16 @@ def test_other_users_reservations_are_invisible(world, ana_api, bo_api, staff_ap
 
 def test_hints_warn_about_a_model_switch_and_vram(world, ana_api, bo_api):
     ana_api.post("/api/reservations/", body(world, T0 + HOUR, T0 + 2 * HOUR))
-    world["llama"].size_bytes = 30 * 2**30  # larger than the channel's 24 GiB
-    world["llama"].save()
+    world.other_model.size_bytes = 30 * 2**30  # larger than the channel's 24 GiB
+    world.other_model.save()
     answer = bo_api.get(
         "/api/reservations/hints",
         {
-            "channel": world["channel"].pk,
+            "channel": world.channel.pk,
             "start": iso(T0 + 2 * HOUR),
             "end": iso(T0 + 3 * HOUR),
-            "model": world["llama"].pk,
-            "preset": world["fast"].pk,
+            "model": world.other_model.pk,
+            "preset": world.other_preset.pk,
         },
     )
     assert answer.status_code == 200, answer.data
@@ -261,42 +262,42 @@ def test_channel_validation(db, staff_api):
 
 
 def test_override_endpoint(world, staff_api, ana_api, django_capture_on_commit_callbacks):
-    url = f"/api/channels/{world['channel'].pk}/override"
+    url = f"/api/channels/{world.channel.pk}/override"
     assert ana_api.post(url, {"unload": True, "until": iso(T0 + HOUR)}).status_code == 403
     past = staff_api.post(url, {"unload": True, "until": iso(T0 - HOUR)})
     assert past.status_code == 400 and "until" in past.data
-    both = staff_api.post(url, {"unload": True, "model": world["qwen"].pk, "until": iso(T0 + HOUR)})
+    both = staff_api.post(url, {"unload": True, "model": world.model.pk, "until": iso(T0 + HOUR)})
     assert both.status_code == 400
     with django_capture_on_commit_callbacks(execute=True):
         made = staff_api.post(
-            url, {"model": world["qwen"].pk, "preset": world["chat"].pk, "until": iso(T0 + HOUR)}
+            url, {"model": world.model.pk, "preset": world.preset.pk, "until": iso(T0 + HOUR)}
         )
     assert made.status_code == 201, made.data
-    assert ChannelTarget.objects.get(channel=world["channel"]).reason == "manual_override"
+    assert ChannelTarget.objects.get(channel=world.channel).reason == "manual_override"
     with django_capture_on_commit_callbacks(execute=True):
         assert staff_api.delete(url).status_code == 204
-    assert ChannelTarget.objects.get(channel=world["channel"]).reason == "default"
+    assert ChannelTarget.objects.get(channel=world.channel).reason == "default"
 
 
 def test_reload_endpoint(world, staff_api, ana_api, node_queue_sends, django_capture_on_commit_callbacks):
-    url = f"/api/channels/{world['channel'].pk}/reload"
+    url = f"/api/channels/{world.channel.pk}/reload"
     assert ana_api.post(url).status_code == 403
     with django_capture_on_commit_callbacks(execute=True):
         assert staff_api.post(url).data["reload_generation"] == 1
     # It reaches the node at once, not at its next tick.
-    node = world["channel"].node.name
+    node = world.channel.node.name
     assert (
         "channels_app.node_agent.tasks.channel_reconcile",
-        (world["channel"].pk,),
+        (world.channel.pk,),
         node,
     ) in node_queue_sends
     assert staff_api.post(url).data["reload_generation"] == 2
     # A reload is its own fact: the scheduler's target is not written by a web request.
     from channels_app.models import ReloadRequest
 
-    asked = ReloadRequest.objects.get(channel=world["channel"])
+    asked = ReloadRequest.objects.get(channel=world.channel)
     assert asked.generation == 2 and asked.requested_by is not None
-    assert not ChannelTarget.objects.filter(channel=world["channel"]).exists()
+    assert not ChannelTarget.objects.filter(channel=world.channel).exists()
 
 
 def test_lists_filter_with_named_errors_and_paginate_when_asked(world, ana_api, staff_api):
@@ -304,8 +305,8 @@ def test_lists_filter_with_named_errors_and_paginate_when_asked(world, ana_api, 
     assert listed.status_code == 200 and isinstance(listed.data, list)
     bad = ana_api.get("/api/reservations/", {"status": "maybe"})
     assert bad.status_code == 400 and "status" in bad.data["message"]
-    by_name = staff_api.get("/api/reservations/", {"channel": world["channel"].name}).data
-    by_id = staff_api.get("/api/reservations/", {"channel": world["channel"].pk}).data
+    by_name = staff_api.get("/api/reservations/", {"channel": world.channel.name}).data
+    by_id = staff_api.get("/api/reservations/", {"channel": world.channel.pk}).data
     assert by_name == by_id
     page = staff_api.get("/api/reservations/", {"limit": 1})
     assert set(page.data) == {"count", "next", "previous", "results"} and len(page.data["results"]) <= 1

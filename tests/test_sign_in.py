@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from tests import factories
+from tests.clock import eventually
 from tests.conftest import free_port
 from tests.test_browser import CHROMIUM
 
@@ -29,13 +29,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _wait_port(port: int, seconds: float = 15) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"nothing listens on port {port}")
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    if not eventually(listening, timeout=seconds, every=0.1):
+        raise RuntimeError(f"nothing listens on port {port}")
 
 
 DIRECTORY = f"""dn: {BASE}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import io
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,6 +18,7 @@ from gateway.usage.request_log import flush_request_log
 from gateway.usage.utilisation import Span, channel_shares, totals
 from slotserve_base.redis_client import redis_client
 from tests import clock, factories
+from tests.conftest import snapshot_seen
 from tests.test_gateway_http import book, call
 from tests.test_request_log import wait_for_records
 
@@ -68,16 +68,16 @@ def test_totals_count_used_minutes_per_booking_and_the_requests():
 @pytest.mark.django_db(transaction=True)
 def test_usage_numbers_match_the_request_log_after_real_traffic(gateway_url, world, staff):
     booking = book(world, "ana")
-    time.sleep(0.15)
+    snapshot_seen(gateway_url)
     for _ in range(3):
-        assert call(gateway_url, world["ana"], max_tokens=4).status_code == 200  # in her booking
-    assert call(gateway_url, world["bo"], model="llama").status_code == 200  # on ch-b's default
+        assert call(gateway_url, world.ana_key, max_tokens=4).status_code == 200  # in her booking
+    assert call(gateway_url, world.bo_key, model="llama").status_code == 200  # on ch-b's default
     wait_for_records(4)
     flush_request_log(redis_client())
-    logged = RequestLog.objects.filter(user=world["ana_user"])
+    logged = RequestLog.objects.filter(user=world.ana)
     today = timezone.localdate()
     ana = APIClient()
-    ana.force_authenticate(world["ana_user"])
+    ana.force_authenticate(world.ana)
     answer = ana.get("/api/usage/", {"by": "user", "period": "day", "day": today.isoformat()})
     assert answer.status_code == 200, answer.data
     (mine,) = answer.data["rows"]  # she sees herself only
@@ -103,7 +103,7 @@ def test_usage_numbers_match_the_request_log_after_real_traffic(gateway_url, wor
     assert shares["ch-a"]["served_booker"] > 0 and shares["ch-b"]["served_default"] > 0
     assert abs(sum(v for k, v in shares["ch-a"].items() if k not in ("id", "name")) - 24) < 0.1
     page = Client()
-    page.force_login(world["ana_user"])
+    page.force_login(world.ana)
     html = page.get("/usage/", {"period": "day", "day": today.isoformat()}).content.decode()
     figure = html.split('<figure class="chart">')[1].split("</figure>")[0]
     assert (

@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING
 
 from django.dispatch import Signal
 
-from slotserve_base.vocabulary import NotificationEvent
-
 if TYPE_CHECKING:
     from channels_app.models import Channel
     from reservations.models import Reservation
@@ -28,7 +26,7 @@ class News:
 
     channel: Channel
     reservation: Reservation | None
-    event: NotificationEvent
+    event: str  # a NotificationEvent
     text: str
     key: str
     for_admins: bool

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from gateway.api_keys import api_key_create
 from tests import factories
-from tests.test_run import _free_port, _run_env, healthy, log_text, start_run
+from tests.test_one_command_start import _free_port, _run_env, healthy, log_text, start_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

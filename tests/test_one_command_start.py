@@ -11,6 +11,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.clock import eventually
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -37,14 +39,14 @@ def log_text(data_dir: Path) -> str:
 
 def healthy(base: str, deadline: float) -> bool:
     """Whether the web server at ``base`` answers its health check before ``deadline``."""
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                return True
+            return httpx.get(f"{base}/health", timeout=1).status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    return False
+            return False
+
+    return eventually(answers, timeout=max(deadline - time.monotonic(), 0), every=0.2)
 
 
 def _is_part(pid: int, parent: int, flag: bytes) -> bool:
@@ -72,24 +74,27 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
     run = start_run(tmp_path, env, "--port", str(port), "--demo")
     base = f"http://127.0.0.1:{port}"
     try:
-        key = None
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and key is None:
+
+        def key_shown() -> str | None:
             text = (tmp_path / "run.log").read_text()
-            for line in text.splitlines():
-                if "API key for admin: " in line:
-                    key = line.rsplit(": ", 1)[1].strip()
             assert run.poll() is None, text[-3000:]
-            time.sleep(0.2)
-        assert key, (tmp_path / "run.log").read_text()[-3000:]
+            shown = [line for line in text.splitlines() if "API key for admin: " in line]
+            return shown[-1].rsplit(": ", 1)[1].strip() if shown else None
+
+        assert eventually(key_shown, timeout=120, every=0.2), (tmp_path / "run.log").read_text()[-3000:]
+        key = key_shown()
         assert healthy(base, deadline), log_text(tmp_path)[-3000:]
         assert httpx.get(f"{base}/accounts/login/").status_code == 200
         # The scheduler and the node worker bring the demo model up on its fake GPU.
         listed: list[str] = []
-        while time.monotonic() < deadline and "tiny" not in listed:
+
+        def tiny_listed() -> bool:
             answer = httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {key}"})
-            listed = [m["id"] for m in answer.json()["data"]] if answer.status_code == 200 else []
-            time.sleep(0.5)
+            listed[:] = [m["id"] for m in answer.json()["data"]] if answer.status_code == 200 else []
+            return "tiny" in listed
+
+        eventually(tiny_listed, timeout=max(deadline - time.monotonic(), 0), every=0.5)
         assert "tiny" in listed, (tmp_path / "run.log").read_text()[-3000:]
         client = openai.OpenAI(base_url=f"{base}/v1", api_key=key)
         chunks = list(
@@ -119,8 +124,7 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
         scheduler = next(pid for pid in processes_of(tmp_path) if _is_part(pid, run.pid, b"--beat"))
         os.kill(scheduler, signal.SIGKILL)
         assert client.models.list().data[0].id == "tiny"
-        while time.monotonic() < deadline and "scheduler started again" not in log_text(tmp_path):
-            time.sleep(0.2)
+        eventually(lambda: "scheduler started again" in log_text(tmp_path), timeout=60, every=0.2)
         assert "scheduler exited with status -9; starting it again in 1 s" in log_text(tmp_path)
         assert "scheduler started again" in log_text(tmp_path)
         assert run.poll() is None, log_text(tmp_path)[-3000:]
@@ -130,9 +134,7 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
     assert code == 0, (tmp_path / "run.log").read_text()[-3000:]
     text = (tmp_path / "run.log").read_text()
     assert "Stopped 1 inference process(es)." in text and "SlotServe stopped." in text, text[-3000:]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and processes_of(tmp_path):
-        time.sleep(0.2)
+    eventually(lambda: not processes_of(tmp_path), timeout=10, every=0.2)
     assert processes_of(tmp_path) == []
 
 

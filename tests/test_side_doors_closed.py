@@ -31,6 +31,7 @@ from slotserve_base.redis_client import redis_client
 from slotserve_base.vocabulary import RedisKey
 from slotserve_base.vocabulary import redis_key as key
 from tests import factories
+from tests.clock import eventually
 from tests.conftest import running_llama_server, serve, snapshot_seen
 from tests.test_gateway_http import call, counted_out, error
 
@@ -52,15 +53,15 @@ def _post_raw(url: str, key_: str, body: bytes, path: str = "/v1/chat/completion
 
 @pytest.mark.django_db(transaction=True)
 def test_a_model_name_with_a_lone_surrogate_is_refused_400_at_the_gateway(gateway_url, world):
-    answer = _post_raw(gateway_url, world["ana"], LONE_SURROGATE)
+    answer = _post_raw(gateway_url, world.ana_key, LONE_SURROGATE)
     assert error(answer) == (400, "invalid_request"), answer.text
     assert "model" in answer.json()["error"]["message"]
-    anthropic = _post_raw(gateway_url, world["ana"], LONE_SURROGATE, path="/v1/messages")
+    anthropic = _post_raw(gateway_url, world.ana_key, LONE_SURROGATE, path="/v1/messages")
     assert anthropic.status_code == 400 and anthropic.json()["type"] == "error"
     # Elsewhere in the body too: a prompt the process would choke on, refused before it goes.
     elsewhere = b'{"model": "qwen", "messages": [{"role": "user", "content": "a\\udc00b"}]}'
-    assert error(_post_raw(gateway_url, world["ana"], elsewhere)) == (400, "invalid_request")
-    assert call(gateway_url, world["ana"]).status_code == 200  # the gateway goes on
+    assert error(_post_raw(gateway_url, world.ana_key, elsewhere)) == (400, "invalid_request")
+    assert call(gateway_url, world.ana_key).status_code == 200  # the gateway goes on
 
 
 @pytest.mark.django_db
@@ -115,12 +116,15 @@ def test_tokens_through_llama_servers_native_routes_are_counted(
     gateway_url, world, llama_server_bin, tiny_gguf
 ):
     with running_llama_server(llama_server_bin, tiny_gguf, "--alias", "tiny", "-c", "256", "-t", "1") as port:
-        serve(world["b"], factories.llm("tiny"), port)
+        serve(world.other, factories.llm("tiny"), port)
         snapshot_seen(gateway_url)
         asked = {"model": "tiny", "prompt": "Hello", "n_predict": 4, "temperature": 0, "ignore_eos": True}
         for path in ("/completion", "/completions"):
             plain = httpx.post(
-                gateway_url + path, json=asked, headers={"Authorization": f"Bearer {world['bo']}"}, timeout=30
+                gateway_url + path,
+                json=asked,
+                headers={"Authorization": f"Bearer {world.bo_key}"},
+                timeout=30,
             )
             assert plain.status_code == 200, plain.text
             assert plain.json()["tokens_predicted"] == 4
@@ -128,12 +132,12 @@ def test_tokens_through_llama_servers_native_routes_are_counted(
                 "POST",
                 gateway_url + path,
                 json={**asked, "stream": True},
-                headers={"Authorization": f"Bearer {world['bo']}"},
+                headers={"Authorization": f"Bearer {world.bo_key}"},
                 timeout=30,
             ) as streamed:
                 events = [line for line in streamed.iter_lines() if line.startswith("data: ")]
             assert streamed.status_code == 200 and json.loads(events[-1][6:])["stop"] is True
-    counted_out(world["b"])
+    counted_out(world.other)
     flush_request_log(redis_client())
     rows = list(
         RequestLog.objects.filter(path__in=["/completion", "/completions"]).values_list(
@@ -228,30 +232,30 @@ def test_the_pinned_path_passes_a_process_admin_endpoints_to_staff_only(gateway_
     snapshot_seen(gateway_url)
     base = gateway_url + "/channels/ch-a"
     refused = [
-        httpx.get(base + "/slots", headers={"Authorization": f"Bearer {world['ana']}"}, timeout=10),
+        httpx.get(base + "/slots", headers={"Authorization": f"Bearer {world.ana_key}"}, timeout=10),
         httpx.post(
             base + "/slots/0?action=save",
             json={"filename": "x"},
-            headers={"Authorization": f"Bearer {world['ana']}"},
+            headers={"Authorization": f"Bearer {world.ana_key}"},
             timeout=10,
         ),
         httpx.post(
             base + "/props",
             json={"n_ctx": 1},
-            headers={"Authorization": f"Bearer {world['ana']}"},
+            headers={"Authorization": f"Bearer {world.ana_key}"},
             timeout=10,
         ),
         httpx.post(
-            base + "/lora-adapters", json=[], headers={"Authorization": f"Bearer {world['ana']}"}, timeout=10
+            base + "/lora-adapters", json=[], headers={"Authorization": f"Bearer {world.ana_key}"}, timeout=10
         ),
     ]
     for answer in refused:
         assert error(answer) == (403, "admin_only"), answer.text
-    assert "POST /props" not in world["log_a"].read_text() and "/slots" not in world["log_a"].read_text()
+    assert "POST /props" not in world.log.read_text() and "/slots" not in world.log.read_text()
     # Reading the settings is harmless; staff reach the endpoints (the stand-in has none: 404).
     assert (
         httpx.get(
-            base + "/props", headers={"Authorization": f"Bearer {world['ana']}"}, timeout=10
+            base + "/props", headers={"Authorization": f"Bearer {world.ana_key}"}, timeout=10
         ).status_code
         != 403
     )
@@ -265,8 +269,8 @@ def test_the_pinned_path_passes_a_process_admin_endpoints_to_staff_only(gateway_
 @pytest.mark.django_db(transaction=True)
 def test_a_caller_cannot_hold_more_requests_than_their_limit(gateway_url, world, settings):
     settings.SLOTSERVE_GATEWAY_MAX_HELD_PER_USER = 3
-    serve(world["a"], world["qwen"], None, phase="loading")
-    SharingLimits.objects.create(user=world["bo_user"], max_concurrent=2)
+    serve(world.channel, world.model, None, phase="loading")
+    SharingLimits.objects.create(user=world.bo, max_concurrent=2)
     snapshot_seen(gateway_url)
     answers: list[httpx.Response] = []
 
@@ -274,7 +278,7 @@ def test_a_caller_cannot_hold_more_requests_than_their_limit(gateway_url, world,
         return httpx.post(
             gateway_url + "/v1/chat/completions",
             json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}]},
-            headers={"Authorization": f"Bearer {world[who]}", "X-SlotServe-Wait": seconds},
+            headers={"Authorization": f"Bearer {getattr(world, f'{who}_key')}", "X-SlotServe-Wait": seconds},
             timeout=30,
         )
 
@@ -285,8 +289,8 @@ def test_a_caller_cannot_hold_more_requests_than_their_limit(gateway_url, world,
     threads += [threading.Thread(target=held, args=("ana",)) for _ in range(3)]
     for thread in threads:
         thread.start()
-        time.sleep(0.15)
-    time.sleep(0.3)
+    held_of = {who: key(RedisKey.HELD, getattr(world, who).pk) for who in ("ana", "bo")}
+    assert eventually(lambda: [redis_client().zcard(held_of[who]) for who in ("bo", "ana")] == [2, 3])
     # bo's limit is 2 at once, held requests included; ana has none of her own: the cap of 3.
     third, fourth = hold("bo"), hold("ana")
     assert error(third) == (429, "too_many_held"), third.text
@@ -316,10 +320,10 @@ def test_run_gives_the_web_server_a_connection_limit(monkeypatch):
 @pytest.mark.parametrize("depth", [600, 1000, 5000, 30_000])
 def test_a_body_nested_deep_is_refused_400_in_the_callers_shape(gateway_url, world, depth):
     nested = b'{"model": "qwen", "x": ' + b"[" * depth + b"]" * depth + b"}"
-    answer = _post_raw(gateway_url, world["ana"], nested)
+    answer = _post_raw(gateway_url, world.ana_key, nested)
     assert error(answer) == (400, "invalid_request"), answer.text[:300]
     assert "nested" in answer.json()["error"]["message"]
-    anthropic = _post_raw(gateway_url, world["ana"], nested, path="/v1/messages")
+    anthropic = _post_raw(gateway_url, world.ana_key, nested, path="/v1/messages")
     assert anthropic.status_code == 400 and anthropic.json()["error"]["type"] == "invalid_request_error"
 
 
@@ -328,13 +332,13 @@ def test_a_body_nested_deep_is_refused_400_in_the_callers_shape(gateway_url, wor
 
 @pytest.mark.django_db(transaction=True)
 def test_the_per_minute_retry_after_is_never_shorter_than_the_wait(gateway_url, world):
-    ApiKey.objects.filter(user=world["bo_user"]).update(requests_per_minute=1)
+    ApiKey.objects.filter(user=world.bo).update(requests_per_minute=1)
     snapshot_seen(gateway_url)
-    assert call(gateway_url, world["bo"]).status_code == 200
-    key_id = ApiKey.objects.get(user=world["bo_user"]).pk
+    assert call(gateway_url, world.bo_key).status_code == 200
+    key_id = ApiKey.objects.get(user=world.bo).pk
     rate = key(RedisKey.RATE, f"key-{key_id}")
     redis_client().pexpire(rate, 1400)  # the window's edge: 1.4 s left
-    refused = call(gateway_url, world["bo"])
+    refused = call(gateway_url, world.bo_key)
     assert error(refused) == (429, "rate_limit_exceeded")
     assert int(refused.headers["Retry-After"]) >= 1.4
 
