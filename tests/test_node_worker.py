@@ -487,3 +487,28 @@ def test_a_process_from_before_fingerprints_is_not_restarted_by_the_upgrade(node
     assert phase_after(channel, timezone.now()) == Phase.READY
     assert ChannelRuntime.objects.get(pk=first.pk).fingerprint != ""  # adopted, same process
     assert ChannelRuntime.objects.get(pk=first.pk).pid == first.pid
+
+
+def test_a_runs_exit_code_is_known_to_every_look_not_only_the_first(tmp_path):
+    """The log shipper asks whether the run is alive as often as the reconcile does; whichever
+    looks first after a kill, the reconcile still learns the signal (it once heard "gone"
+    whenever the shipper had looked first)."""
+    from channels_app.backends import Backend
+    from channels_app.node_agent import processes
+
+    started = processes.start(
+        processes.Launch(
+            backend=Backend.VLLM,
+            executable=STANDIN,
+            model_path="qwen",
+            alias="qwen",
+            preset_args=[],
+            gpu_indexes=[],
+            host="127.0.0.1",
+            log_dir=tmp_path,
+        )
+    )
+    os.killpg(started.pid, signal.SIGKILL)
+    assert eventually(lambda: not processes.alive(started.pid, started.run_id)[0])
+    assert processes.alive(started.pid, started.run_id) == (False, -signal.SIGKILL)
+    assert processes.alive(started.pid, started.run_id) == (False, -signal.SIGKILL)

@@ -26,6 +26,8 @@ from channels_app.backends import API_KEY_ENV, Backend, effective_args
 
 # Popen objects of the processes this worker started, by run id, for their exit codes.
 _children: dict[str, subprocess.Popen[bytes]] = {}
+# The exit codes of those that ended, kept (an int a run) for every look after the first.
+_exit_codes: dict[str, int] = {}
 LOG_TAIL_BYTES = 16_384
 
 
@@ -216,10 +218,14 @@ def _run_id_of(pid: int) -> str | None:
 
 def alive(pid: int, run_id: str) -> tuple[bool, int | None]:
     """Whether run ``run_id`` still runs as ``pid``; else its exit code if this worker knows it."""
+    if run_id in _exit_codes:
+        return False, _exit_codes[run_id]
     child = _children.get(run_id)
     if child is not None:
         code = child.poll()
         if code is not None:
+            # Every later look learns it too: the log shipper looks as often as the reconcile.
+            _exit_codes[run_id] = code
             _children.pop(run_id, None)
             return False, code
         return True, None
