@@ -6,7 +6,10 @@ rather than surfacing later as a confusing failure deep in a request.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import secrets
+from pathlib import Path
 
 
 class SettingError(Exception):
@@ -77,6 +80,20 @@ def env_list(name: str, default: list[str]) -> list[str]:
 _PLACEHOLDERS = ("change", "secret", "example", "placeholder", "insecure", "your-", "xxxx", "password")
 
 
+def env_networks(name: str, default: list[str]) -> list[str]:
+    """A comma-separated list of addresses or networks (``10.0.0.5,10.1.0.0/16``); "none" for
+    none. Anything else stops start-up naming it."""
+    found = [item for item in env_list(name, default) if item.lower() != "none"]
+    for item in found:
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError as exc:
+            raise SettingError(
+                f"{name}: {exc} (name addresses or networks, e.g. 10.0.0.5,10.1.0.0/16)"
+            ) from None
+    return found
+
+
 def secret_key_weakness(key: str) -> str:
     """Why ``key`` is too weak to sign sessions with, or "" when it will do."""
     if len(key) < 32:
@@ -88,3 +105,24 @@ def secret_key_weakness(key: str) -> str:
         if word in lowered:
             return f"a placeholder (it contains {word!r})"
     return ""
+
+
+def secret_key(data_dir: Path) -> str:
+    """``SLOTSERVE_SECRET_KEY`` (a weak one stops start-up), else a key kept in ``data_dir``'s
+    ``secret_key`` (0600), made at the first start."""
+    from_env = env_str("SLOTSERVE_SECRET_KEY", "")
+    if from_env:
+        weakness = secret_key_weakness(from_env)
+        if weakness:
+            raise SettingError(
+                f"SLOTSERVE_SECRET_KEY is {weakness}: use a long random string, e.g. the output of "
+                "python3 -c 'import secrets; print(secrets.token_urlsafe(50))'"
+            )
+        return from_env
+    key_file = data_dir / "secret_key"
+    if not key_file.exists():
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(50))
+    key_file.chmod(0o600)
+    return key_file.read_text().strip()

@@ -6,27 +6,23 @@ bad value stops start-up naming the variable (see ``slotserve_base.env``).
 
 from __future__ import annotations
 
-import ipaddress
-import os
-import secrets
 import socket
 from pathlib import Path
-from typing import Any
 
-import dj_database_url
 import django_stubs_ext
 from csp.constants import NONCE
 
 from slotserve_base.env import (
-    SettingError,
     env_bool,
     env_choice,
     env_float,
     env_int,
     env_list,
+    env_networks,
     env_str,
-    secret_key_weakness,
+    secret_key,
 )
+from slotserve_site.database_settings import databases
 
 # Lets Django's classes be written with their type parameters (``ModelAdmin[Node]``).
 django_stubs_ext.monkeypatch()
@@ -40,27 +36,7 @@ DATA_DIR.chmod(0o700)
 DEBUG = env_bool("SLOTSERVE_DEBUG", False)
 
 
-def _secret_key() -> str:
-    """The key from the environment, else one kept in the data directory."""
-    from_env = env_str("SLOTSERVE_SECRET_KEY", "")
-    if from_env:
-        weakness = secret_key_weakness(from_env)
-        if weakness:
-            raise SettingError(
-                f"SLOTSERVE_SECRET_KEY is {weakness}: use a long random string, e.g. the output of "
-                "python3 -c 'import secrets; print(secrets.token_urlsafe(50))'"
-            )
-        return from_env
-    key_file = DATA_DIR / "secret_key"
-    if not key_file.exists():
-        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(secrets.token_urlsafe(50))
-    key_file.chmod(0o600)
-    return key_file.read_text().strip()
-
-
-SECRET_KEY = _secret_key()
+SECRET_KEY = secret_key(DATA_DIR)
 ALLOWED_HOSTS = env_list("SLOTSERVE_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("SLOTSERVE_CSRF_TRUSTED_ORIGINS", [])
 
@@ -150,18 +126,9 @@ AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 # The address a failure counts against is the socket's, unless it is a proxy named here
 # (addresses or networks); then the one that proxy says it was called from. None by default;
 # behind HTTPS, the documented nginx on this machine (docs/deploy.md); "none" for none.
-SLOTSERVE_TRUSTED_PROXIES = [
-    name
-    for name in env_list("SLOTSERVE_TRUSTED_PROXIES", ["127.0.0.1", "::1"] if SLOTSERVE_HTTPS else [])
-    if name.lower() != "none"
-]
-for _proxy in SLOTSERVE_TRUSTED_PROXIES:
-    try:
-        ipaddress.ip_network(_proxy, strict=False)
-    except ValueError as exc:
-        raise SettingError(
-            f"SLOTSERVE_TRUSTED_PROXIES: {exc} (name addresses or networks, e.g. 10.0.0.5,10.1.0.0/16)"
-        ) from None
+SLOTSERVE_TRUSTED_PROXIES = env_networks(
+    "SLOTSERVE_TRUSTED_PROXIES", ["127.0.0.1", "::1"] if SLOTSERVE_HTTPS else []
+)
 AXES_CLIENT_IP_CALLABLE = "slotserve_site.client_address.client_address"
 
 ROOT_URLCONF = "slotserve_site.urls"
@@ -185,73 +152,9 @@ TEMPLATES = [
 ]
 
 # --- Database -------------------------------------------------------------
-# SQLite in the data directory by default; PostgreSQL when DATABASE_URL says so.
-
-
-def _sqlite(name: str) -> dict[str, Any]:
-    """SQLite as SlotServe needs it, wherever the file is (the default, or a ``sqlite:///`` URL).
-
-    BEGIN IMMEDIATE takes the write lock at the start of every transaction, so the overlap
-    check and the insert of a reservation cannot interleave with another writer's
-    (docs/scheduling.md, "Booking"); a writer waits up to 20 s for the lock instead of failing
-    at once; WAL lets readers go on while one writes."""
-    return {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": name,
-        "CONN_MAX_AGE": 0,
-        "OPTIONS": {
-            "transaction_mode": "IMMEDIATE",
-            "timeout": 20,
-            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-        },
-    }
-
-
-_database_url = env_str("DATABASE_URL", "")
-if _database_url:
-    try:
-        DATABASES: dict[str, Any] = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
-    except ValueError as exc:
-        raise SettingError(f"DATABASE_URL is not a database URL: {exc}") from None
-    if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-        named = Path(str(DATABASES["default"]["NAME"]))
-        # The tests' database beside it, a file too (threads need SQLite's real locking).
-        DATABASES["default"] = {
-            **_sqlite(str(named)),
-            "TEST": {"NAME": str(named.with_name(f"test_{named.name}"))},
-        }
-    elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-        # A database behind a network that goes silent must not hang a node worker or the
-        # gateway's snapshot for minutes: give up connecting after 5 s, and notice a dead
-        # connection within about 25 s (TCP keepalives). The URL's own options win.
-        # Connections come from a pool of at most SLOTSERVE_DB_POOL_SIZE per process: under
-        # ASGI every request runs in a thread of its own, and a connection kept per thread ran
-        # PostgreSQL out of connections with 20 colleagues browsing (docs/deploy.md, "Database
-        # connections"). A request that finds the pool busy waits up to SLOTSERVE_DB_POOL_TIMEOUT
-        # (20 s) for a connection, then answers 503 with Retry-After (slotserve_site.busy).
-        DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them
-        DATABASES["default"]["OPTIONS"] = {
-            "connect_timeout": 5,
-            "keepalives": 1,
-            "keepalives_idle": 10,
-            "keepalives_interval": 5,
-            "keepalives_count": 3,
-            "pool": {
-                "min_size": 1,
-                "max_size": env_int("SLOTSERVE_DB_POOL_SIZE", 10, minimum=1),
-                "timeout": 20,
-            },
-            **DATABASES["default"].get("OPTIONS", {}),
-        }
-else:
-    DATABASES = {
-        "default": {
-            **_sqlite(str(DATA_DIR / "slotserve.sqlite3")),
-            # A file, not shared-cache memory: threads in the concurrency tests
-            # need SQLite's real locking, which shared cache does not provide.
-            "TEST": {"NAME": str(DATA_DIR / "test.sqlite3")},
-        }
-    }
+# SQLite in the data directory by default; PostgreSQL when DATABASE_URL says so
+# (slotserve_site/database_settings.py).
+DATABASES = databases(env_str("DATABASE_URL", ""), DATA_DIR)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -314,23 +217,16 @@ OIDC_RP_SCOPES = env_str("SLOTSERVE_OIDC_SCOPES", "openid email profile")
 OIDC_AUTHENTICATION_CALLBACK_URL = "oidc_authentication_callback"
 LOGIN_REDIRECT_URL_FAILURE = "/accounts/login/?sign_in_failed=1"
 if SLOTSERVE_OIDC_CLIENT_ID:
-    missing = [
-        name
-        for name, value in {
+    from slotserve_site.sign_in_settings import require_oidc_endpoints
+
+    require_oidc_endpoints(
+        {
             "SLOTSERVE_OIDC_AUTHORIZATION_ENDPOINT": OIDC_OP_AUTHORIZATION_ENDPOINT,
             "SLOTSERVE_OIDC_TOKEN_ENDPOINT": OIDC_OP_TOKEN_ENDPOINT,
             "SLOTSERVE_OIDC_USERINFO_ENDPOINT": OIDC_OP_USER_ENDPOINT,
             "SLOTSERVE_OIDC_JWKS_ENDPOINT": OIDC_OP_JWKS_ENDPOINT,
-        }.items()
-        if not value
-    ]
-    if missing:
-        from django.core.exceptions import ImproperlyConfigured
-
-        raise ImproperlyConfigured(
-            f"SLOTSERVE_OIDC_CLIENT_ID is set, so OpenID Connect sign-in needs {', '.join(missing)} "
-            "(the provider's discovery document, /.well-known/openid-configuration, lists them)"
-        )
+        }
+    )
     AUTHENTICATION_BACKENDS.append("slotserve_site.sign_in.DirectoryOIDCBackend")
 
 # --- Email: printed to the console unless an SMTP server is configured ------

@@ -56,3 +56,15 @@ def ldap_settings(
         if staff_group:
             found["AUTH_LDAP_USER_FLAGS_BY_GROUP"] = {"is_staff": staff_group}
     return found
+
+
+def require_oidc_endpoints(endpoints: dict[str, str]) -> None:
+    """OpenID Connect sign-in is on: every endpoint must be named (by its setting)."""
+    missing = [name for name, value in endpoints.items() if not value]
+    if missing:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            f"SLOTSERVE_OIDC_CLIENT_ID is set, so OpenID Connect sign-in needs {', '.join(missing)} "
+            "(the provider's discovery document, /.well-known/openid-configuration, lists them)"
+        )

@@ -7,7 +7,9 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from channels_app.models.inventory import Channel, LLMModel, Node, Preset
+from channels_app.models.catalog import LLMModel, Preset
+from channels_app.models.channel import Channel
+from channels_app.models.machines import Node
 from slotserve_base.target import Target
 from slotserve_base.vocabulary import Phase, Reason
 
