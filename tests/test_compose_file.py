@@ -14,9 +14,18 @@ SERVICES = COMPOSE["services"]
 SLOTSERVE_SERVICES = ("web", "scheduler", "node-worker")
 
 
+# The settings module and the functions it calls to read the environment.
+SETTINGS_SOURCES = (
+    "slotserve_site/settings.py",
+    "slotserve_site/database_settings.py",
+    "slotserve_site/sign_in_settings.py",
+    "slotserve_base/env.py",
+)
+
+
 def settings_read() -> set[str]:
-    """Every environment variable the settings module reads."""
-    source = (ROOT / "slotserve_site" / "settings.py").read_text()
+    """Every environment variable the settings read."""
+    source = "\n".join((ROOT / path).read_text() for path in SETTINGS_SOURCES)
     return set(re.findall(r'env_\w+\(\s*"([A-Z_]+)"', source))
 
 
