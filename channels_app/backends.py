@@ -159,3 +159,28 @@ def draft_model_path(backend: str, args: Sequence[str]) -> str | None:
         return model if isinstance(model, str) and model else None
     names = DRAFT_OPTIONS.get(backend)
     return option_value(args, names) if names else None
+
+
+# How many requests each backend's process serves at once (its *places*, docs/gateway.md "Fair
+# sharing under contention"): the option that sets it, and the program's default where a preset
+# gives none. llama-server's own answer (``/props`` ``total_slots``) is read when it is ready;
+# its default (-np -1: "auto") is known only then.
+PLACES_OPTIONS: dict[str, tuple[set[str], int | None]] = {
+    Backend.LLAMA_CPP: ({"-np", "--parallel"}, None),
+    Backend.VLLM: ({"--max-num-seqs"}, 256),
+    Backend.SGLANG: ({"--max-running-requests"}, None),
+}
+
+
+def places_asked(backend: str, args: Sequence[str]) -> int | None:
+    """The requests a process started with ``args`` serves at once, as far as its command line
+    tells: the option's value, else the backend's default; None when only the process knows."""
+    names, default = PLACES_OPTIONS.get(backend, (set(), None))
+    value = option_value(args, names)
+    if value is not None:
+        try:
+            places = int(value)
+        except ValueError:
+            return default
+        return places if places > 0 else default
+    return default

@@ -44,6 +44,7 @@ class ChannelView:
     retry_at: datetime | None = None  # when a failed channel tries its target again
     running: tuple[int, int | None] | None = None  # the model and preset (ids) that run or load
     fallback: bool = False  # the default serves a booking whose model failed (docs/scheduling.md)
+    places: int | None = None  # requests its process serves at once; None: no fair queue
 
     @cached_property
     def upstream_auth(self) -> bytes:

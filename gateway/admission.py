@@ -13,6 +13,7 @@ from datetime import datetime
 from gateway.access import ChannelView, Refusal, admit
 from gateway.counter_scripts import OverLimit
 from gateway.counters import Counters
+from gateway.places import Places
 from gateway.refusals import refusal_after_count_in
 from gateway.request import Asked, is_booker
 from gateway.snapshot import Caller, Limits, Snapshot
@@ -27,14 +28,23 @@ class Go:
     channel: ChannelView
     limits: Limits | None  # the caller's limits; none for the channel's booker in their slot
     at_once: bool  # nothing to wait for and room under the limits: it goes up as it is counted in
+    queued: bool = False  # it takes one of the channel's places, or waits its turn (gateway.places)
 
 
-def going(channel: ChannelView, caller: Caller, counters: Counters, *, waiting: bool) -> Go:
+def going(channel: ChannelView, caller: Caller, counters: Counters, places: Places, *, waiting: bool) -> Go:
     """How a request the channel admits goes on: at once (counted in as it goes upstream) when
-    the caller will not wait and has no limits or room under them; else counted in first."""
-    limits = None if is_booker(channel, caller) else caller.limits
-    at_once = not waiting and (limits is None or counters.may_go_ahead(caller.user_id, caller.key_id))
-    return Go(channel, limits, at_once)
+    the caller will not wait, has no limits or room under them, and the channel's places are
+    not counted or had room at the last look; else counted in first. The channel's booker in
+    their slot is alone on it and never queued."""
+    booker = is_booker(channel, caller)
+    limits = None if booker else caller.limits
+    queued = channel.places is not None and not booker
+    at_once = (
+        not waiting
+        and (not queued or places.may_take(channel.id))
+        and (limits is None or counters.may_go_ahead(caller.user_id, caller.key_id))
+    )
+    return Go(channel, limits, at_once, queued)
 
 
 def chosen_at_once(snapshot: Snapshot, asked: Asked, now: datetime) -> ChannelView | None:

@@ -30,6 +30,7 @@ class Answer:
         self.served = ""  # the model that served it: the channel's
         self.channel_id: int | None = None
         self.reservation_id: int | None = None
+        self.queued_seconds: float | None = None  # how long it waited its turn (gateway.places)
 
     def goes_to(self, channel: ChannelView) -> None:
         """The request goes to ``channel``: its log record names the channel, the model that
@@ -70,5 +71,6 @@ class Answer:
                 usage.prompt if usage else 0,
                 usage.completion if usage else 0,
                 self.served,
+                None if self.queued_seconds is None else round(self.queued_seconds * 1000, 2),
             ]
         )

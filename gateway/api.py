@@ -101,6 +101,7 @@ class RequestLogOutput(serializers.ModelSerializer[RequestLog]):
             "status",
             "ttft_ms",
             "duration_ms",
+            "queued_ms",
             "prompt_tokens",
             "completion_tokens",
         ]

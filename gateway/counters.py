@@ -28,7 +28,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.conf import settings
@@ -114,6 +114,8 @@ class Counters:
         self._key_cache: dict[tuple[str, object], str] = {}
         # (user, key) → (until when, requests that may still go ahead of their count in).
         self.room: dict[tuple[int, int], tuple[float, int]] = {}
+        # Told of each request counted out, by channel (``gateway.places``: a place freed).
+        self.on_leave: Callable[[int], None] | None = None
 
     def _keys(self) -> dict[tuple[str, object], str]:
         """Keys made once (the prefix is read once per request): a request names up to ten."""
@@ -130,17 +132,28 @@ class Counters:
     def close(self) -> None:
         self.pipe.close()
 
+    def new_id(self) -> str:
+        """A request id no other request of any gateway process has."""
+        return next(self._ids)
+
     async def enter(
-        self, channel_id: int, limits: Limits | None = None, *, user_id: int = 0, key_id: int = 0
+        self,
+        channel_id: int,
+        limits: Limits | None = None,
+        *,
+        user_id: int = 0,
+        key_id: int = 0,
+        request_id: str | None = None,
     ) -> str | None:
         """Count a request in: its id, or None (not counted) if the channel is switching;
         ``OverLimit`` when the caller's ``limits`` (fair sharing) refuse it.
 
         The checks and the count are one atomic step in Redis, so a node worker
         that closes the gate and then reads the count sees every request admitted,
-        and two requests racing for a user's last slot cannot both get it.
+        and two requests racing for a user's last slot cannot both get it. A request that took a
+        place on the channel (``gateway.places``) is counted in under the id it took it with.
         """
-        request_id = next(self._ids)
+        request_id = request_id or next(self._ids)
         script, keys, args, sets = self._entering(channel_id, limits, user_id, key_id, request_id)
         return self._entered(await self._run(script, keys, args), request_id, sets, limits, user_id, key_id)
 
@@ -283,6 +296,8 @@ class Counters:
         in one round trip (``counted``: as ``_leaving`` takes it)."""
         keys, args = self._leaving(channel_id, request_id, **counted)
         await self._run(LEAVE, keys, args, defer=LEAVE_DEFER_SECONDS)
+        if self.on_leave is not None:
+            self.on_leave(channel_id)
 
     def leave_soon(self, channel_id: int, request_id: str, **counted: Any) -> None:
         """``leave`` with nobody waiting for it: queued now (a failure is logged; the request's
@@ -306,6 +321,8 @@ class Counters:
         """Redis' answer to a count out nobody waits for: a failure is logged; Redis that has
         forgotten the script (a restart) loads it and counts again."""
         error = None if reply.cancelled() else reply.exception()
+        if error is None and self.on_leave is not None:
+            self.on_leave(channel_id)
         if isinstance(error, NoScriptError):
             again = asyncio.ensure_future(self._run(LEAVE, keys, args))
             again.add_done_callback(functools.partial(self._left, request_id, channel_id, keys, args))

@@ -85,7 +85,7 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
     channel = chosen_at_once(snapshot, request, now)
     if channel is None or channel.upstream is None:
         return False
-    go = going(channel, caller, gateway.counters, waiting=False)
+    go = going(channel, caller, gateway.counters, gateway.places, waiting=False)
     if not go.at_once:
         return False
     upstream = gateway.upstream_for(channel.upstream)

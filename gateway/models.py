@@ -84,6 +84,9 @@ class RequestLog(models.Model):
     status = models.PositiveSmallIntegerField()
     ttft_ms = models.FloatField(null=True, blank=True, help_text="Time to the first byte of the answer.")
     duration_ms = models.FloatField()
+    queued_ms = models.FloatField(
+        null=True, blank=True, help_text="Time it waited in the channel's fair queue (empty: no wait)."
+    )
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
 

@@ -36,13 +36,17 @@ from gateway.cors import CorsPolicy
 from gateway.counter_scripts import OverLimit
 from gateway.counters import HELD_TTL_SECONDS, Counters
 from gateway.events import Usage
+from gateway.fair_queue import cost_of
+from gateway.holding import Holding
 from gateway.model_list import list_models
 from gateway.outgoing import Outgoing
+from gateway.places import POLL_SECONDS, Places
 from gateway.refusals import (
     error_body,
     error_flavour,
     held_cap,
     over_limit_refusal,
+    queue_full,
     refuse,
     respond,
     send_event_error,
@@ -55,11 +59,11 @@ from gateway.relay import (
     adding_headers,
     continuing_stream,
     forward,
-    until_disconnect,
     without_body,
 )
 from gateway.request import (
     ROOT_PATHS,
+    Asked,
     Receive,
     Scope,
     Send,
@@ -86,6 +90,7 @@ class Gateway:
     def __init__(self) -> None:
         self.snapshots = SnapshotCache(settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS)
         self.counters = Counters(settings.REDIS_URL)
+        self.places = Places(self.counters)
         self.upstreams: dict[str, UpstreamTransport] = {}
         self.max_body = settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES
         self.max_wait = settings.SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS
@@ -216,32 +221,33 @@ class Gateway:
         answer.model = request.named
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        left: asyncio.Future[None] | None = None  # while held: the client hanging up
-        # A held stream gets SSE comments every HOLD_COMMENT_SECONDS, so that nothing between
-        # the client and the gateway closes a quiet connection; its answer has begun then.
-        held_stream = body is not None and body.get("stream") is True
-        comment_at = loop.time() + HOLD_COMMENT_SECONDS
-        begun = False
+        holding = Holding(receive, send, stream=body is not None and body.get("stream") is True)
         held, hold_token, hold_refresh_at = False, uuid.uuid4().hex, 0.0
         try:
             while True:
                 now = timezone.now()
                 channel, refusal = await self.choose(snapshot, caller, model, pinned, now)
                 if channel is not None:
-                    go = going(channel, caller, self.counters, waiting=loop.time() < deadline)
+                    go = going(channel, caller, self.counters, self.places, waiting=loop.time() < deadline)
                     if go.at_once:
                         # Nothing to wait for, and no limit to check or room under them: the
                         # request goes upstream while Redis counts it in (and checks the limits);
                         # nothing comes back before it is counted.
                         entry = Entry.soon(self.counters, go, caller, now)
                         break
-                    request_id, refusal = await self.count_in(go, caller, now)
+                    place = None
+                    if go.queued:
+                        place, refusal = await self.wait_turn(go, caller, request, holding, answer)
+                        if place is None and refusal is None:
+                            return  # the client left while it waited its turn: nothing went upstream
                     if refusal is None:
-                        entry = Entry(request_id)
-                        break
+                        request_id, refusal = await self.count_in(go, caller, now, place)
+                        if refusal is None:
+                            entry = Entry(request_id)
+                            break
                 assert refusal is not None
                 if refusal.status != 503 or refusal.code not in WAITABLE or loop.time() >= deadline:
-                    if begun:  # the stream has begun: the refusal is its last event
+                    if holding.begun:  # the stream has begun: the refusal is its last event
                         await send_event_error(send, refusal)
                     else:
                         await refuse(send, refusal)
@@ -254,24 +260,13 @@ class Gateway:
                         return
                     held = True
                     hold_refresh_at = loop.time() + HELD_TTL_SECONDS / 3
-                if left is None:
-                    left = asyncio.ensure_future(until_disconnect(receive))
-                if held_stream and loop.time() >= comment_at:
-                    if not begun:
-                        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-                        begun = True
-                    note = f": waiting for {model}: {refusal.message}\n\n".encode(errors="replace")
-                    await send({"type": "http.response.body", "body": note, "more_body": True})
-                    comment_at = loop.time() + HOLD_COMMENT_SECONDS
-                done, _ = await asyncio.wait({left}, timeout=min(HOLD_POLL_SECONDS, deadline - loop.time()))
-                if done:
+                await holding.comment(f"waiting for {model}: {refusal.message}")
+                if await holding.pause(min(HOLD_POLL_SECONDS, deadline - loop.time())):
                     return  # the client left: nothing goes upstream
                 snapshot = await self.snapshots.get()
         finally:
             # The client may have left while the gateway looked again (outside the wait).
-            gone = left is not None and left.done() and not left.cancelled()
-            if left is not None:
-                left.cancel()
+            gone = holding.close()
             if held:
                 with contextlib.suppress(RedisError):  # the entry expires by itself anyway
                     await self.counters.unhold(caller.user_id, hold_token)
@@ -287,7 +282,7 @@ class Gateway:
                     completion=0,
                 )
             return  # nothing goes upstream
-        if begun:
+        if holding.begun:
             send = continuing_stream(send)
         assert channel is not None
         answer.goes_to(channel)
@@ -340,18 +335,59 @@ class Gateway:
             return None, chosen.refusal or Refusal(404, ErrorCode.MODEL_NOT_LOADED, "no channel serves this")
         return chosen.channel, None
 
-    async def count_in(self, go: Go, caller: Caller, now: datetime) -> tuple[str | None, Refusal | None]:
+    async def count_in(
+        self, go: Go, caller: Caller, now: datetime, place: str | None = None
+    ) -> tuple[str | None, Refusal | None]:
         """Count the request in on its channel (the caller's limits checked in the same step):
-        its id, or why it may not go there now."""
+        its id, or why it may not go there now. A request that took a place (``place``, its id)
+        gives it back when it is refused."""
         try:
             request_id = await self.counters.enter(
-                go.channel.id, go.limits, user_id=caller.user_id, key_id=caller.key_id
+                go.channel.id, go.limits, user_id=caller.user_id, key_id=caller.key_id, request_id=place
             )
         except OverLimit as over:
-            return None, over_limit_refusal(over, caller, now)
-        if request_id is None:
-            return None, switching_refusal(go.channel, caller, now)
-        return request_id, None
+            refusal = over_limit_refusal(over, caller, now)
+        else:
+            if request_id is not None:
+                return request_id, None
+            refusal = switching_refusal(go.channel, caller, now)
+        if place is not None:
+            await self.places.leave(go.channel.id, place, caller.user_id)
+        return None, refusal
+
+    async def wait_turn(
+        self, go: Go, caller: Caller, request: Asked, holding: Holding, answer: Answer
+    ) -> tuple[str | None, Refusal | None]:
+        """A place on the channel, waiting for it in the channel's fair queue (``gateway.places``):
+        the id the request took it with; or why it may not wait (the queue is full, the channel
+        switches); or neither when the client left (it is no longer held)."""
+        channel = go.channel
+        assert channel.places is not None
+        request_id = self.counters.new_id()
+        cost = cost_of(request.body) / max(caller.weight, 1)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            while True:
+                turn = await self.places.turn(channel.id, channel.places, request_id, caller.user_id, cost)
+                if turn.taken:
+                    if loop.time() - started > 0.001 or turn.held:
+                        answer.queued_seconds = loop.time() - started
+                    return request_id, None
+                if turn.switching:
+                    return None, switching_refusal(channel, caller, timezone.now())
+                if turn.full:
+                    return None, queue_full(turn.full, turn.retry_after, channel)
+                await holding.comment(
+                    f"waiting for a place on {channel.name}: {turn.ahead} requests before this one"
+                )
+                if await holding.pause(POLL_SECONDS, self.places.until_freed(channel.id, POLL_SECONDS)):
+                    await self.places.leave(channel.id, request_id, caller.user_id)
+                    return None, None
+        except BaseException:
+            with contextlib.suppress(RedisError):  # its turn expires by itself anyway
+                await asyncio.shield(self.places.leave(channel.id, request_id, caller.user_id))
+            raise
 
 
 # Refusals a caller may ask to wait out (X-SlotServe-Wait): the model will be ready.
@@ -359,13 +395,3 @@ WAITABLE = frozenset({ErrorCode.MODEL_LOADING, ErrorCode.MODEL_SWITCHING})
 
 
 HOLD_POLL_SECONDS = 0.2
-
-
-HOLD_COMMENT_SECONDS = 5.0
-
-
-SSE_HEADERS = [
-    (b"content-type", b"text/event-stream"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]

@@ -113,6 +113,22 @@ def too_many_held(caller: Caller) -> Refusal:
     return Refusal(429, ErrorCode.TOO_MANY_HELD, message, HELD_RETRY_AFTER)
 
 
+def queue_full(whose: str, retry_after: int, channel: ChannelView) -> Refusal:
+    """The answer when a request may not wait for a place on ``channel`` (``gateway.places``):
+    the caller has as many waiting as they may (429), or the channel's queue is full (503)."""
+    if whose == "user":
+        message = (
+            f"you already have {settings.SLOTSERVE_QUEUE_PER_USER} requests waiting for a place on "
+            f"channel {channel.name}, as many as you may; try again when some are answered"
+        )
+        return Refusal(429, ErrorCode.QUEUE_FULL, message, retry_after)
+    message = (
+        f"channel {channel.name} is busy: {settings.SLOTSERVE_QUEUE_PER_CHANNEL} requests are waiting "
+        "for a place, as many as may"
+    )
+    return Refusal(503, ErrorCode.CHANNEL_QUEUE_FULL, message, retry_after)
+
+
 def did_not_answer(channel: ChannelView, exc: Exception) -> Refusal:
     """The answer when ``channel``'s process cannot be reached, or closes before it answers."""
     message = f"channel {channel.name}'s process did not answer: {exc!r}"

@@ -46,6 +46,7 @@ class Caller:
     wait_seconds: int = 0  # the key's default hold (X-SlotServe-Wait overrides it)
     limits: Limits | None = None  # None: nothing to check
     is_staff: bool = False  # may reach a process's admin endpoints through the pinned path
+    weight: int = 1  # the user's share in a channel's fair queue (their groups' largest)
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ def _read_snapshot() -> Snapshot:
         if target is not None and target.model_id is not None:
             wanted.add((channel.node_id, Target(target.model_id, target.preset_id)))
     estimates = selectors.load_estimates(wanted)
+    queueing = settings.SLOTSERVE_FAIR_QUEUE
     views = []
     for channel in channels:
         runtime, target = channel.runtime_or_none(), channel.target_or_none()
@@ -169,6 +171,7 @@ def _read_snapshot() -> Snapshot:
                 booking=active.get(channel.pk),
                 targets_model=target.model.name if target and target.model else None,
                 upstream_key=runtime.api_secret if upstream is not None and runtime else "",
+                places=runtime.places if upstream is not None and runtime and queueing else None,
             )
         )
     aliases = dict(ModelAlias.objects.values_list("name", "model__name"))

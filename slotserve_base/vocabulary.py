@@ -85,6 +85,8 @@ class ErrorCode(models.TextChoices):
     INSUFFICIENT_QUOTA = "insufficient_quota"  # the week's token budget is used up
     TOO_MANY_HELD = "too_many_held"  # the caller has as many requests held as they may
     ADMIN_ONLY = "admin_only"  # a process's admin endpoint, through the pinned path: staff only
+    QUEUE_FULL = "queue_full"  # the caller has as many requests waiting for a channel as they may
+    CHANNEL_QUEUE_FULL = "channel_queue_full"  # the channel's queue holds as many as it may
 
 
 class RedisKey(models.TextChoices):
@@ -106,6 +108,10 @@ class RedisKey(models.TextChoices):
     RATE = "rate", "requests started in the current minute, per user or key"
     WEEK_TOKENS = "weektokens", "a user's tokens this week (Monday 00:00 UTC on), for their budget"
     RUN_LOG = "runlog", "the last lines of a channel's run log, shipped by its node worker"
+    QUEUE = "queue", "a channel's held requests by finish tag (its fair queue)"
+    QUEUE_ALIVE = "queue:alive", "a channel's held requests by when they expire unless looked after"
+    QUEUE_STATE = "queue:state", "a channel's fair queue: virtual time, users' tags, waits"
+    QUEUE_SERVED = "queue:served", "when requests were taken from a channel's queue (last minute)"
 
 
 def redis_key(kind: RedisKey | str, ident: object) -> str:

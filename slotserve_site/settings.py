@@ -354,6 +354,11 @@ SLOTSERVE_GATEWAY_MAX_CONNECTIONS = env_int("SLOTSERVE_GATEWAY_MAX_CONNECTIONS",
 # Requests one user may have held at once (X-SlotServe-Wait), all gateway processes together;
 # a user with a concurrency limit of their own may hold at most that many. Past it, a 429.
 SLOTSERVE_GATEWAY_MAX_HELD_PER_USER = env_int("SLOTSERVE_GATEWAY_MAX_HELD_PER_USER", 16, minimum=1)
+# The fair queue of each channel whose process's places are known (docs/gateway.md, "Fair
+# sharing under contention"): on, and how many requests may wait, per user and per channel.
+SLOTSERVE_FAIR_QUEUE = env_bool("SLOTSERVE_FAIR_QUEUE", True)
+SLOTSERVE_QUEUE_PER_USER = env_int("SLOTSERVE_QUEUE_PER_USER", 64, minimum=1)
+SLOTSERVE_QUEUE_PER_CHANNEL = env_int("SLOTSERVE_QUEUE_PER_CHANNEL", 512, minimum=1)
 SLOTSERVE_GATEWAY_MAX_BODY_BYTES = env_int("SLOTSERVE_GATEWAY_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
 
 # Backend executables (docs/api.md, "Backend programs").

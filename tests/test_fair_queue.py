@@ -8,7 +8,7 @@ import pytest
 from gateway.fair_queue import DEFAULT_COST, MAX_COST, Arrival, FairQueue, cost_of, order_served
 
 
-def flood(user: str, count: int, *, at: float = 0.0, cost: int = 2000, seconds: float = 10.0) -> list[Arrival]:
+def flood(user: str, count: int, *, at: float = 0.0, cost: int = 2000, seconds: float = 10) -> list[Arrival]:
     return [Arrival(f"{user}{n}", user, at, cost, seconds) for n in range(1, count + 1)]
 
 

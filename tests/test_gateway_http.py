@@ -699,7 +699,7 @@ def test_a_held_stream_gets_sse_comments_then_the_answer(gateway_url, world, mon
     clients skip them); then the answer's events follow in the same stream."""
     import openai
 
-    monkeypatch.setattr("gateway.proxy.HOLD_COMMENT_SECONDS", 0.2)
+    monkeypatch.setattr("gateway.holding.COMMENT_SECONDS", 0.2)
     port = ChannelRuntime.objects.get(channel=world.channel).port
     serve(world.channel, world.model, port, phase="loading")
     snapshot_seen(gateway_url)
@@ -731,7 +731,7 @@ def test_a_held_stream_gets_sse_comments_then_the_answer(gateway_url, world, mon
 
 
 def test_a_held_stream_that_times_out_ends_with_an_error_event(gateway_url, world, monkeypatch):
-    monkeypatch.setattr("gateway.proxy.HOLD_COMMENT_SECONDS", 0.2)
+    monkeypatch.setattr("gateway.holding.COMMENT_SECONDS", 0.2)
     port = ChannelRuntime.objects.get(channel=world.channel).port
     serve(world.channel, world.model, port, phase="loading")
     snapshot_seen(gateway_url)

@@ -6,6 +6,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -95,11 +96,22 @@ class Preset(models.Model):
     model = models.ForeignKey(LLMModel, on_delete=models.CASCADE, related_name="presets")
     name = models.CharField(max_length=100)
     args = models.TextField(blank=True, help_text="Split like a shell would, never run by one.")
+    places = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Requests the process serves at once, for the gateway's fair queue (empty: what "
+        "the process says when it is ready, or its arguments' -np, --max-num-seqs, "
+        "--max-running-requests).",
+    )
 
     class Meta:
         ordering = ["model__name", "name"]
         constraints = [
             models.UniqueConstraint(fields=["model", "name"], name="preset_unique_name_per_model"),
+            models.CheckConstraint(
+                condition=Q(places__isnull=True) | Q(places__gte=1), name="preset_places_at_least_one"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -169,6 +169,9 @@ class ChannelRuntime(models.Model):
     # The failure episode: what its target was wanted for, and since when it fails.
     failure_purpose = models.CharField(max_length=60, blank=True)
     failure_began = models.DateTimeField(null=True, blank=True)
+    # Requests the ready process serves at once (docs/gateway.md "Fair sharing under contention");
+    # None while it is not ready, or when nothing tells.
+    places = models.PositiveIntegerField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.channel_id}: {self.phase}"

@@ -253,6 +253,18 @@ def healthy(host: str, port: int, secret: str = "", timeout: float = 1.0) -> boo
         return False
 
 
+def slots(host: str, port: int, secret: str = "", timeout: float = 1.0) -> int | None:
+    """The requests a ready llama-server serves at once (``GET /props``' ``total_slots``), or
+    None when it does not say."""
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    try:
+        answer = httpx.get(f"http://{url_host(host)}:{port}/props", headers=headers, timeout=timeout)
+        total = answer.json().get("total_slots") if answer.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else None
+
+
 def url_host(host: str) -> str:
     """How to write ``host`` in a URL that reaches it (a wildcard bind means this machine)."""
     if host in {"0.0.0.0", ""}:

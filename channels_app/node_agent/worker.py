@@ -18,7 +18,7 @@ from typing import assert_never
 
 from django.conf import settings
 
-from channels_app.backends import Backend
+from channels_app.backends import Backend, places_asked
 from channels_app.models import (
     Channel,
     ChannelRuntime,
@@ -270,8 +270,35 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
     after = result.state
     if any(isinstance(a, Start) for a in result.actions):
         after = dataclasses.replace(after, pid=runtime.pid)  # known once the process runs
+    if after.phase not in (Phase.READY, Phase.DRAINING):
+        runtime.places = None
+    elif after.phase == Phase.READY and (before.phase != Phase.READY or runtime.places is None):
+        runtime.places = places_of(runtime)
     store(runtime, after)
     return after
+
+
+def places_of(runtime: ChannelRuntime) -> int | None:
+    """The requests the ready process serves at once (docs/gateway.md "Fair sharing under
+    contention"): its preset's ``places``, else what llama-server says (``/props``), else what
+    its arguments ask for or its backend's default."""
+    preset = Preset.objects.filter(pk=runtime.preset_id).first() if runtime.preset_id else None
+    if preset is not None and preset.places:
+        return preset.places
+    if runtime.model_id is None:
+        return None
+    backend = LLMModel.objects.filter(pk=runtime.model_id).values_list("backend", flat=True).first()
+    if backend is None:
+        return None
+    if backend == Backend.LLAMA_CPP and runtime.port is not None:
+        told = processes.slots(runtime.host, runtime.port, runtime.api_secret)
+        if told is not None:
+            return told
+    try:
+        args = preset.args_list if preset is not None else []
+    except ValueError:
+        args = []
+    return places_asked(backend, args)
 
 
 def _adopt_unknown_fingerprints(state: ProcessState, wanted: Wanted) -> ProcessState:

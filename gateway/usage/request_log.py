@@ -116,6 +116,7 @@ class _Record(NamedTuple):
     prompt: int
     completion: int
     served: str
+    queued: float | None
     item: bytes
 
 
@@ -134,6 +135,8 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
             fields = json.loads(item)
             if isinstance(fields, list) and len(fields) == 13:  # written before the served model was kept
                 fields.append("")
+            if isinstance(fields, list) and len(fields) == 14:  # written before waits were kept
+                fields.append(None)
             (
                 at,
                 user,
@@ -149,6 +152,7 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 i,
                 o,
                 served,
+                queued,
             ) = fields
             record = _Record(
                 datetime.fromtimestamp(float(at), tz=UTC),
@@ -165,6 +169,7 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 int(i),
                 int(o),
                 str(served),
+                None if queued is None else float(queued),
                 item,
             )
             if not all(_storable(text) for text in (record.model, record.method, record.path, record.served)):
@@ -202,6 +207,7 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 prompt_tokens=max(r.prompt, 0),
                 completion_tokens=max(r.completion, 0),
                 served_model=r.served[:200],
+                queued_ms=r.queued,
             ),
             r.item,
         )

@@ -1,0 +1,63 @@
+"""A request the application holds before it goes upstream: while its model loads (it asked to
+wait, ``X-SlotServe-Wait``) or while it waits its turn for a place on a busy channel
+(``gateway.places``). Its client's leaving is watched, so that nothing goes upstream for a
+client that is gone; a stream gets an SSE comment every ``COMMENT_SECONDS``, so that nothing
+between the client and the gateway closes a quiet connection (its answer has begun then)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+
+from gateway.relay import until_disconnect
+from gateway.request import Receive, Send
+
+COMMENT_SECONDS = 5.0
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class Holding:
+    def __init__(self, receive: Receive, send: Send, *, stream: bool) -> None:
+        self.receive, self.send, self.stream = receive, send, stream
+        self.begun = False  # the held stream's answer has begun (200, SSE comments)
+        self.left: asyncio.Future[None] | None = None  # the client hanging up
+        self.comment_at = asyncio.get_running_loop().time() + COMMENT_SECONDS
+
+    async def comment(self, note: str) -> None:
+        """Tell a held stream why it waits, when a comment is due."""
+        loop = asyncio.get_running_loop()
+        if not self.stream or loop.time() < self.comment_at:
+            return
+        if not self.begun:
+            await self.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            self.begun = True
+        body = f": {note}\n\n".encode(errors="replace")
+        await self.send({"type": "http.response.body", "body": body, "more_body": True})
+        self.comment_at = loop.time() + COMMENT_SECONDS
+
+    async def pause(self, seconds: float, wake: Awaitable[None] | None = None) -> bool:
+        """Wait ``seconds`` (less if ``wake`` is done first); True when the client left meanwhile."""
+        if self.left is None:
+            self.left = asyncio.ensure_future(until_disconnect(self.receive))
+        waits: set[asyncio.Future[None]] = {self.left}
+        woken = None if wake is None else asyncio.ensure_future(wake)
+        if woken is not None:
+            waits.add(woken)
+        try:
+            await asyncio.wait(waits, timeout=max(seconds, 0), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if woken is not None:
+                woken.cancel()
+        return self.left.done()
+
+    def close(self) -> bool:
+        """Stop watching; whether the client left (it may have, outside ``pause``)."""
+        gone = self.left is not None and self.left.done() and not self.left.cancelled()
+        if self.left is not None:
+            self.left.cancel()
+        return gone
