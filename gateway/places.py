@@ -48,8 +48,6 @@ class Places:
 
     def __init__(self, counters: Counters) -> None:
         self.counters = counters
-        self.per_user = settings.SLOTSERVE_QUEUE_PER_USER
-        self.per_channel = settings.SLOTSERVE_QUEUE_PER_CHANNEL
         # channel → the futures of this gateway's requests waiting for a place there.
         self.waiting: dict[int, set[asyncio.Future[None]]] = {}
         # channel → (until when, requests that may still take a place without asking).
@@ -77,8 +75,8 @@ class Places:
             places,
             repr(INFLIGHT_TTL_SECONDS),
             repr(HELD_SECONDS),
-            self.per_user,
-            self.per_channel,
+            settings.SLOTSERVE_QUEUE_PER_USER,
+            settings.SLOTSERVE_QUEUE_PER_CHANNEL,
             STATE_SECONDS,
         ]
         answer = await self.counters.pipe.evalsha(TURN, script_sha(TURN), self._keys(channel_id), args)

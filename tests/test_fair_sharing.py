@@ -1,0 +1,263 @@
+"""Fair sharing under contention (docs/gateway.md): a channel's places, shared by every gateway
+process in the real Redis, and its fair queue; then the whole gateway in front of stand-ins and
+a real llama-server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+from django.conf import settings as django_settings
+
+from channels_app.models import ChannelRuntime
+from channels_app.node_agent.worker import in_flight
+from gateway.api_keys import api_key_create
+from gateway.counters import Counters
+from gateway.places import Places
+from gateway.queue_scripts import queue_stats
+from slotserve_base.redis_client import redis_client
+from slotserve_base.vocabulary import RedisKey, redis_key
+from tests import factories
+from tests.clock import eventually, throughout
+from tests.conftest import serve, serving, snapshot_seen
+
+# The channel the Redis-level tests share, as two gateway processes would.
+CHANNEL = 7
+
+
+def two_gateways() -> tuple[Places, Places]:
+    return Places(Counters(django_settings.REDIS_URL)), Places(Counters(django_settings.REDIS_URL))
+
+
+def test_two_gateway_processes_share_one_channels_places_and_serve_its_queue_in_turn():
+    async def run() -> None:
+        one, two = two_gateways()
+        # ana's batch fills both places through gateway one; her third request waits.
+        assert (await one.turn(CHANNEL, 2, "a1", 1, 2000)).taken
+        assert (await one.turn(CHANNEL, 2, "a2", 1, 2000)).taken
+        waiting = await one.turn(CHANNEL, 2, "a3", 1, 2000)
+        assert not waiting.taken and waiting.ahead == 0 and waiting.held == 1
+        # bo's short request through gateway two waits too, but goes before ana's third.
+        bos = await two.turn(CHANNEL, 2, "b1", 2, 16)
+        assert not bos.taken and bos.ahead == 0 and bos.held == 2
+        assert (await one.turn(CHANNEL, 2, "a3", 1, 2000)).ahead == 1
+        # One of ana's requests ends: the freed place is bo's, not ana's next.
+        await asyncio.sleep(0.05)
+        await one.leave(CHANNEL, "a1", 1)
+        assert not (await one.turn(CHANNEL, 2, "a3", 1, 2000)).taken
+        assert (await two.turn(CHANNEL, 2, "b1", 2, 16)).taken
+        await one.leave(CHANNEL, "a2", 1)
+        assert (await one.turn(CHANNEL, 2, "a3", 1, 2000)).taken
+        held, taken, waited = queue_stats(redis_client(), [CHANNEL])[CHANNEL]
+        assert (held, taken) == (0, 4) and waited >= 0.1  # four places taken, two after a wait
+        one.counters.close()
+        two.counters.close()
+
+    asyncio.run(run())
+
+
+def test_one_user_alone_fills_every_place():
+    async def run() -> None:
+        one, _ = two_gateways()
+        turns = [await one.turn(CHANNEL, 3, f"a{n}", 1, 100) for n in range(4)]
+        assert [t.taken for t in turns] == [True, True, True, False]
+        one.counters.close()
+
+    asyncio.run(run())
+
+
+def test_the_queues_bounds_answer_with_a_retry_after_from_the_drain_rate(settings):
+    settings.SLOTSERVE_QUEUE_PER_USER = 2
+    settings.SLOTSERVE_QUEUE_PER_CHANNEL = 3
+
+    async def run() -> None:
+        one, _ = two_gateways()
+        assert (await one.turn(CHANNEL, 1, "a0", 1, 100)).taken
+        for n in (1, 2):
+            assert not (await one.turn(CHANNEL, 1, f"a{n}", 1, 100)).taken
+        # One request taken in the last second: a turn a second, and the queue's length to wait.
+        mine = await one.turn(CHANNEL, 1, "a3", 1, 100)
+        assert (mine.full, mine.retry_after) == ("user", 3)
+        assert not (await one.turn(CHANNEL, 1, "b1", 2, 100)).taken
+        theirs = await one.turn(CHANNEL, 1, "c1", 3, 100)
+        assert (theirs.full, theirs.retry_after) == ("channel", 4)
+        # Refused requests were never held: the queue holds the three it took.
+        assert queue_stats(redis_client(), [CHANNEL])[CHANNEL][0] == 3
+        one.counters.close()
+
+    asyncio.run(run())
+
+
+def test_a_closed_gate_sends_held_requests_away_and_a_turn_not_looked_after_expires(monkeypatch):
+    monkeypatch.setattr("gateway.places.HELD_SECONDS", 0.3)
+
+    async def run() -> None:
+        one, _ = two_gateways()
+        assert (await one.turn(CHANNEL, 1, "a0", 1, 100)).taken
+        assert not (await one.turn(CHANNEL, 1, "gone", 2, 100)).taken  # its gateway then dies
+        assert not (await one.turn(CHANNEL, 1, "b1", 3, 100)).taken
+        await asyncio.sleep(0.2)
+        assert (await one.turn(CHANNEL, 1, "b1", 3, 100)).ahead == 1
+        await asyncio.sleep(0.2)
+        assert (await one.turn(CHANNEL, 1, "b1", 3, 100)).ahead == 0  # "gone" expired
+        redis_client().set(redis_key(RedisKey.GATE, CHANNEL), "1")
+        assert (await one.turn(CHANNEL, 1, "b1", 3, 100)).switching
+        redis_client().delete(redis_key(RedisKey.GATE, CHANNEL))
+        assert queue_stats(redis_client(), [CHANNEL])[CHANNEL][0] == 0
+        one.counters.close()
+
+    asyncio.run(run())
+
+
+# Through the gateway, in front of stand-ins: a slow one streams for about a second.
+SLOW = ("--standin-chunks", "40", "--standin-chunk-delay", "25")
+
+
+class Stream(threading.Thread):
+    """A streamed chat request in a thread: when its first data and its end arrived."""
+
+    def __init__(
+        self, url: str, key: str, model: str, *, path: str = "/v1/chat/completions", **extra
+    ) -> None:
+        super().__init__(daemon=True)
+        self.url, self.key, self.model, self.path, self.extra = url, key, model, path, extra
+        self.status: int | None = None
+        self.first: float | None = None  # monotonic time of the first data line
+        self.ended: float | None = None
+        self.start()
+
+    def run(self) -> None:
+        body = {"model": self.model, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        with httpx.stream(
+            "POST",
+            self.url + self.path,
+            json={**body, **self.extra},
+            headers={"Authorization": f"Bearer {self.key}"},
+            timeout=60,
+        ) as answer:
+            self.status = answer.status_code
+            for line in answer.iter_lines():
+                if line.startswith("data:") and self.first is None:
+                    self.first = time.monotonic()
+        self.ended = time.monotonic()
+
+
+def busy_channel(world, standins, places: int, *options: str):
+    """Channel b serves a slow stand-in with ``places`` places, as its node worker found them."""
+    port, log = standins("slow", *(options or SLOW))
+    model = factories.llm("slow")
+    serve(world.other, model, port)
+    ChannelRuntime.objects.filter(channel=world.other).update(places=places)
+    return log
+
+
+def waiting_on(channel) -> int:
+    return queue_stats(redis_client(), [channel.pk])[channel.pk][0]
+
+
+def test_a_colleagues_request_takes_the_next_place_not_the_end_of_a_batch(gateway_url, world, standins):
+    busy_channel(world, standins, 1)
+    snapshot_seen(gateway_url)
+    batch = [Stream(gateway_url, world.ana_key, "slow", max_tokens=2000)]
+    assert eventually(lambda: in_flight(world.other.pk) == 1)
+    batch += [Stream(gateway_url, world.ana_key, "slow", max_tokens=2000) for _ in range(3)]
+    assert eventually(lambda: waiting_on(world.other) == 3)
+    colleague = Stream(gateway_url, world.bo_key, "slow", max_tokens=16)
+    for stream in [*batch, colleague]:
+        stream.join(timeout=30)
+    assert [s.status for s in batch] + [colleague.status] == [200] * 5
+    assert all(s.first is not None for s in [*batch, colleague])
+    # bo's request arrived after ana's three waiting ones and went at the first freed place.
+    assert colleague.first < min(s.first for s in batch[1:])
+    # The place was never shared: each of ana's waiting requests began after the one before ended.
+    starts = sorted(s.first for s in batch[1:])
+    assert starts[0] > batch[0].ended - 0.05
+
+
+def test_a_request_whose_client_leaves_while_it_waits_its_turn_never_reaches_the_process(
+    gateway_url, world, standins
+):
+    log = busy_channel(world, standins, 1)
+    snapshot_seen(gateway_url)
+    first = Stream(gateway_url, world.ana_key, "slow")
+    assert eventually(lambda: in_flight(world.other.pk) == 1)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            gateway_url + "/v1/chat/completions",
+            json={"model": "slow", "messages": [], "stream": True},
+            headers={"Authorization": f"Bearer {world.bo_key}"},
+            timeout=httpx.Timeout(5, read=0.5),
+        )
+    assert eventually(lambda: waiting_on(world.other) == 0, timeout=3)  # it left the queue
+    first.join(timeout=30)
+    assert first.status == 200
+    assert throughout(lambda: log.read_text().count("generating for") == 1, 0.5), log.read_text()
+
+
+def test_past_its_bounds_the_queue_answers_429_or_503_with_retry_after(
+    gateway_url, world, standins, settings
+):
+    settings.SLOTSERVE_QUEUE_PER_USER = 1
+    settings.SLOTSERVE_QUEUE_PER_CHANNEL = 2
+    busy_channel(world, standins, 1)
+    _, third = api_key_create(user=factories.user("cy"), name="t")
+    snapshot_seen(gateway_url)
+    streams = [Stream(gateway_url, world.ana_key, "slow")]
+    assert eventually(lambda: in_flight(world.other.pk) == 1)
+    streams.append(Stream(gateway_url, world.ana_key, "slow"))
+    assert eventually(lambda: waiting_on(world.other) == 1)
+    headers = {"Authorization": f"Bearer {world.ana_key}"}
+    body = {"model": "slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    mine = httpx.post(gateway_url + "/v1/chat/completions", json=body, headers=headers, timeout=10)
+    assert mine.status_code == 429 and mine.json()["error"]["code"] == "queue_full", mine.text
+    assert int(mine.headers["Retry-After"]) >= 1
+    streams.append(Stream(gateway_url, world.bo_key, "slow"))
+    assert eventually(lambda: waiting_on(world.other) == 2)
+    # The channel's queue is full: the third colleague is told so in their own API's shape.
+    theirs = httpx.post(
+        gateway_url + "/v1/messages",
+        json={**body, "max_tokens": 8},
+        headers={"x-api-key": third, "anthropic-version": "2023-06-01"},
+        timeout=10,
+    )
+    assert theirs.status_code == 503 and theirs.json()["type"] == "error", theirs.text
+    assert "is busy" in theirs.json()["error"]["message"] and int(theirs.headers["Retry-After"]) >= 1
+    for stream in streams:
+        stream.join(timeout=30)
+    assert [s.status for s in streams] == [200, 200, 200]
+
+
+def test_the_booker_in_their_slot_is_never_queued(gateway_url, world, standins):
+    from tests.test_gateway_http import book
+
+    ChannelRuntime.objects.filter(channel=world.channel).update(places=1)
+    port, _ = standins("qwen", *SLOW)
+    ChannelRuntime.objects.filter(channel=world.channel).update(port=port)
+    book(world, "ana")
+    snapshot_seen(gateway_url)
+    streams = [Stream(gateway_url, world.ana_key, "qwen") for _ in range(2)]
+    for stream in streams:
+        stream.join(timeout=30)
+    assert [s.status for s in streams] == [200, 200]
+    # Both streamed side by side: the second began long before the first ended.
+    assert max(s.first for s in streams) < min(s.ended for s in streams) - 0.3
+    assert waiting_on(world.channel) == 0
+
+
+def test_two_gateway_processes_share_a_channels_places(gateway_url, world, standins):
+    from gateway.proxy import Gateway
+
+    busy_channel(world, standins, 1)
+    snapshot_seen(gateway_url)
+    with serving(Gateway()) as other_url:
+        first = Stream(gateway_url, world.ana_key, "slow")
+        assert eventually(lambda: in_flight(world.other.pk) == 1)
+        second = Stream(other_url, world.bo_key, "slow")
+        assert eventually(lambda: waiting_on(world.other) == 1)
+        first.join(timeout=30)
+        second.join(timeout=30)
+    assert (first.status, second.status) == (200, 200)
+    assert second.first > first.ended - 0.05  # it waited for the one place, across processes
