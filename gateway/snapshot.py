@@ -105,14 +105,29 @@ def _read_snapshot() -> Snapshot:
     from channels_app.models import Channel, ModelAlias
     from channels_app.scheduling import selectors
     from gateway.models import ApiKey
-    from reservations.models import Reservation
+    from reservations.models import GroupPolicy, Reservation
     from slotserve_base.target import Target
 
     now = timezone.now()
     _limits = _limits_reader()
     keys = ApiKey.objects.usable()
+    # Each user's share in a busy channel's fair queue: their groups' largest weight.
+    weights: dict[int, int] = {}
+    for user_id, weight in GroupPolicy.objects.filter(share_weight__gt=1).values_list(
+        "group__user", "share_weight"
+    ):
+        if user_id is not None:
+            weights[user_id] = max(weight, weights.get(user_id, 1))
     callers = {
-        hashed: Caller(user_id, username, key_id, wait, _limits(user_id, key_conc, key_rpm), staff)
+        hashed: Caller(
+            user_id,
+            username,
+            key_id,
+            wait,
+            _limits(user_id, key_conc, key_rpm),
+            staff,
+            weights.get(user_id, 1),
+        )
         for key_id, hashed, user_id, username, wait, key_conc, key_rpm, staff in keys.values_list(
             "pk",
             "hashed",

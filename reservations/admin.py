@@ -184,7 +184,7 @@ class ReservationAdmin(SavedByServicesAdmin[Reservation]):
 
 @admin.register(GroupPolicy)
 class GroupPolicyAdmin(admin.ModelAdmin[GroupPolicy]):
-    list_display = ["group"]
+    list_display = ["group", "share_weight"]
     filter_horizontal = ["approvers"]
 
 

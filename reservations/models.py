@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.postgres.constraints import ExclusionConstraint
 from django.contrib.postgres.fields import RangeOperators
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Func, Q
 from django.utils import timezone
@@ -191,9 +192,20 @@ class GroupPolicy(models.Model):
         related_name="approves_for",
         help_text="They receive and decide the group's booking requests (staff always may).",
     )
+    share_weight = models.PositiveSmallIntegerField(
+        default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="Members' share when a channel is busy: a weight of 2 gets twice the tokens of a "
+        "weight of 1 from the channel's fair queue (a member of several groups has the largest).",
+    )
 
     class Meta:
         verbose_name_plural = "group policies"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(share_weight__range=(1, 100)), name="group_share_weight_in_range"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"policy of {self.group}"

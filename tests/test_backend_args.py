@@ -2,7 +2,7 @@
 
 import pytest
 
-from channels_app.backends import Backend, effective_args
+from channels_app.backends import Backend, effective_args, places_asked
 
 CASES = [
     (Backend.LLAMA_CPP, ["-c", "8192", "-ngl", "99"], ["-c", "8192", "-ngl", "99"]),
@@ -45,3 +45,20 @@ CASES = [
 @pytest.mark.parametrize(("backend", "args", "expected"), CASES)
 def test_owned_arguments_removed(backend, args, expected):
     assert effective_args(backend, args) == expected
+
+
+@pytest.mark.parametrize(
+    ("backend", "args", "places"),
+    [
+        (Backend.LLAMA_CPP, ["-np", "4", "-c", "2048"], 4),
+        (Backend.LLAMA_CPP, ["--parallel=3"], 3),
+        (Backend.LLAMA_CPP, ["-np", "-1"], None),  # "auto": only the process knows
+        (Backend.LLAMA_CPP, [], None),
+        (Backend.VLLM, ["--max-num-seqs", "64"], 64),
+        (Backend.VLLM, ["--dtype", "half"], 256),  # vLLM's default
+        (Backend.SGLANG, ["--max-running-requests", "32"], 32),
+        (Backend.SGLANG, ["--max-running-requests", "many"], None),
+    ],
+)
+def test_the_places_a_process_serves_at_once_as_its_arguments_tell(backend, args, places):
+    assert places_asked(backend, args) == places

@@ -5,6 +5,7 @@ a real llama-server."""
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 
@@ -125,8 +126,9 @@ class Stream(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.key, self.model, self.path, self.extra = url, key, model, path, extra
         self.status: int | None = None
-        self.first: float | None = None  # monotonic time of the first data line
-        self.ended: float | None = None
+        # Monotonic times of the first data line and of the end (NaN, which no comparison
+        # holds, until they come).
+        self.first = self.ended = math.nan
         self.start()
 
     def run(self) -> None:
@@ -140,7 +142,7 @@ class Stream(threading.Thread):
         ) as answer:
             self.status = answer.status_code
             for line in answer.iter_lines():
-                if line.startswith("data:") and self.first is None:
+                if line.startswith("data:") and math.isnan(self.first):
                     self.first = time.monotonic()
         self.ended = time.monotonic()
 
@@ -169,7 +171,6 @@ def test_a_colleagues_request_takes_the_next_place_not_the_end_of_a_batch(gatewa
     for stream in [*batch, colleague]:
         stream.join(timeout=30)
     assert [s.status for s in batch] + [colleague.status] == [200] * 5
-    assert all(s.first is not None for s in [*batch, colleague])
     # bo's request arrived after ana's three waiting ones and went at the first freed place.
     assert colleague.first < min(s.first for s in batch[1:])
     # The place was never shared: each of ana's waiting requests began after the one before ended.
@@ -261,3 +262,20 @@ def test_two_gateway_processes_share_a_channels_places(gateway_url, world, stand
         second.join(timeout=30)
     assert (first.status, second.status) == (200, 200)
     assert second.first > first.ended - 0.05  # it waited for the one place, across processes
+
+
+@pytest.mark.django_db
+def test_a_groups_share_weight_is_its_members_weight_in_the_queue(ana, bo):
+    from django.contrib.auth.models import Group
+
+    from gateway.snapshot import read_snapshot
+    from reservations.models import GroupPolicy
+
+    for name, weight in (("vision", 3), ("speech", 2)):
+        group = Group.objects.create(name=name)
+        GroupPolicy.objects.create(group=group, share_weight=weight)
+        ana.groups.add(group)
+    for user in (ana, bo):
+        api_key_create(user=user, name="t")
+    weights = {caller.username: caller.weight for caller in read_snapshot().callers.values()}
+    assert weights == {"ana": 3, "bo": 1}  # a member of several groups has the largest

@@ -512,3 +512,21 @@ def test_a_runs_exit_code_is_known_to_every_look_not_only_the_first(tmp_path):
     assert eventually(lambda: not processes.alive(started.pid, started.run_id)[0])
     assert processes.alive(started.pid, started.run_id) == (False, -signal.SIGKILL)
     assert processes.alive(started.pid, started.run_id) == (False, -signal.SIGKILL)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_places_of_a_real_llama_server_are_read_when_it_is_ready(node_env, tiny):
+    """The gateway's fair queue needs the requests a process serves at once: llama-server's own
+    ``/props`` tells (``-np 2``); a preset's ``places`` overrides it; a stopped channel has none."""
+    parallel = factories.preset(tiny["model"], "two", "-c 512 -t 1 -np 2")
+    channel = factories.channel("cpu-0", default=parallel)
+    decide_channels(now=timezone.now())
+    assert converge(channel, until={Phase.READY}).places == 2
+    parallel.places = 3
+    parallel.save()
+    ChannelRuntime.objects.filter(channel=channel).update(places=None)
+    assert converge(channel, until={Phase.READY}).places == 3
+    channel.default_model, channel.default_preset = None, None
+    channel.save()
+    decide_channels(now=timezone.now())
+    assert converge(channel, until={Phase.STOPPED}).places is None
