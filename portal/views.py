@@ -15,6 +15,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
+from redis.exceptions import RedisError
 
 from channels_app.models import Channel, LLMModel, ModelFile, Node, Preset
 from channels_app.scheduling import selectors
@@ -45,6 +46,7 @@ class ChannelCard:
     loading_estimate: int | None = None
     override_form: OverrideForm | None = None
     override_selects: tuple[SafeString, SafeString] | None = None  # its model and preset lists
+    busy: str = ""  # its places in use and its fair queue, e.g. "2 of 2 places in use · 3 waiting"
 
 
 def target_label(model: LLMModel | None, preset: Preset | None) -> str:
@@ -93,11 +95,36 @@ def channel_cards(*, now: datetime, staff: bool) -> list[ChannelCard]:
             card.loading_elapsed = int((now - runtime.since).total_seconds())
             loading.append((card, Target(runtime.model_id, runtime.preset_id)))
         cards.append(card)
+    _tell_how_busy([c for c in cards if c.phase in (Phase.READY, Phase.DRAINING)])
     if loading:
         estimates = selectors.load_estimates((c.channel.node_id, t) for c, t in loading)
         for card, target_ in loading:
             card.loading_estimate = int(estimates[(card.channel.node_id, target_)])
     return cards
+
+
+def _tell_how_busy(cards: list[ChannelCard]) -> None:
+    """Each card's places in use and fair queue (docs/gateway.md, "Fair sharing under
+    contention"), read from Redis; nothing said while Redis is away."""
+    from gateway.queue_scripts import queue_stats
+    from slotserve_base.inflight import in_flight_counts
+    from slotserve_base.redis_client import redis_client
+
+    ids = [card.channel.pk for card in cards]
+    try:
+        counts, queues = in_flight_counts(redis_client(), ids), queue_stats(redis_client(), ids)
+    except RedisError:
+        return
+    for card in cards:
+        runtime = card.channel.runtime_or_none()
+        places = runtime.places if runtime is not None else None
+        if places is None:
+            continue
+        held, taken, waited = queues[card.channel.pk]
+        parts = [f"{counts[card.channel.pk]} of {places} places in use", f"{held} waiting"]
+        if taken:
+            parts.append(f"{waited / taken:.1f} s average wait")
+        card.busy = " · ".join(parts)
 
 
 def viewer_of(request: HttpRequest) -> User:

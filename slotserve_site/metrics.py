@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from gateway.counter_scripts import TTFT_BUCKETS
+from gateway.queue_scripts import queue_stats
 from gateway.usage.request_log import dead_letters
 from slotserve_base.inflight import in_flight_counts
 from slotserve_base.vocabulary import Phase, RedisKey
@@ -49,8 +50,29 @@ class SlotServeCollector:
         in_flight = GaugeMetricFamily(
             "slotserve_gateway_in_flight", "Requests in flight per channel", labels=["channel"]
         )
+        places = GaugeMetricFamily(
+            "slotserve_channel_places",
+            "Requests each channel's ready process serves at once (its fair queue's places)",
+            labels=["channel"],
+        )
+        waiting = GaugeMetricFamily(
+            "slotserve_channel_queue_waiting",
+            "Requests waiting in each channel's fair queue",
+            labels=["channel"],
+        )
+        placed = CounterMetricFamily(
+            "slotserve_channel_queue_placed",
+            "Requests given a place by each channel's fair queue (at once or after a wait)",
+            labels=["channel"],
+        )
+        waited = CounterMetricFamily(
+            "slotserve_channel_queue_wait_seconds",
+            "Seconds the requests given a place by each channel's fair queue waited for it, in all",
+            labels=["channel"],
+        )
         redis = redis_client()
         counts = in_flight_counts(redis, [c.pk for c in channels])
+        queues = queue_stats(redis, [c.pk for c in channels])
         for channel in channels:
             count = counts[channel.pk]
             runtime = channel.runtime_or_none()
@@ -64,7 +86,13 @@ class SlotServeCollector:
             fallback.add_metric([channel.name], 1.0 if runtime and runtime.fallback else 0.0)
             retries.add_metric([channel.name], float(runtime.attempts if runtime else 0))
             in_flight.add_metric([channel.name], float(int(count or 0)))
-        yield from (phase, model, fallback, retries, in_flight)
+            if runtime is not None and runtime.places is not None:
+                places.add_metric([channel.name], float(runtime.places))
+            held, taken, seconds = queues[channel.pk]
+            waiting.add_metric([channel.name], float(held))
+            placed.add_metric([channel.name], float(taken))
+            waited.add_metric([channel.name], seconds)
+        yield from (phase, model, fallback, retries, in_flight, places, waiting, placed, waited)
 
         loads = CounterMetricFamily(
             "slotserve_loads", "Model loads by outcome", labels=["channel", "model", "outcome"]

@@ -279,3 +279,32 @@ def test_a_groups_share_weight_is_its_members_weight_in_the_queue(ana, bo):
         api_key_create(user=user, name="t")
     weights = {caller.username: caller.weight for caller in read_snapshot().callers.values()}
     assert weights == {"ana": 3, "bo": 1}  # a member of several groups has the largest
+
+
+def test_the_queue_is_seen_in_metrics_on_the_overview_and_in_the_request_log(gateway_url, world, standins):
+    from django.test import Client
+
+    from gateway.models import RequestLog
+    from gateway.usage.request_log import flush_request_log
+
+    busy_channel(world, standins, 1)
+    snapshot_seen(gateway_url)
+    first = Stream(gateway_url, world.ana_key, "slow")
+    assert eventually(lambda: in_flight(world.other.pk) == 1)
+    second = Stream(gateway_url, world.bo_key, "slow")
+    assert eventually(lambda: waiting_on(world.other) == 1)
+    text = Client().get("/metrics").content.decode()
+    assert 'slotserve_channel_places{channel="ch-b"} 1.0' in text
+    assert 'slotserve_channel_queue_waiting{channel="ch-b"} 1.0' in text
+    viewer = Client()
+    viewer.force_login(world.bo)
+    page = viewer.get("/").content.decode()
+    assert "1 of 1 places in use · 1 waiting" in page
+    first.join(timeout=30)
+    second.join(timeout=30)
+    text = Client().get("/metrics").content.decode()
+    assert 'slotserve_channel_queue_placed_total{channel="ch-b"} 2.0' in text
+    assert eventually(lambda: flush_request_log(redis_client()) == 0 and RequestLog.objects.count() == 2)
+    queued = dict(RequestLog.objects.values_list("user__username", "queued_ms"))
+    assert queued["ana"] is None  # a free place: no wait
+    assert queued["bo"] is not None and queued["bo"] > 300  # it waited for ana's stream (about 1 s)
