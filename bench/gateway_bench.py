@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/gateway_bench.py [--server gateway|uvicorn|daphne] [--seconds 5]
         [--delay-ms 20] [--upstream raw|uvicorn|fastapi] [--levels 1,16,64] [--litellm PATH]
-        [--bare] [--no-lane] [--against CHECKOUT] [--channels 12] [--limits] [--rounds 3]
+        [--bare] [--no-lane] [--against CHECKOUT] [--channels 12] [--limits] [--places N] [--rounds 3]
 
 A fast upstream (16 SSE chunks per request, back to back or --delay-ms apart;
 in raw asyncio, as a bare ASGI app under uvicorn, or as a FastAPI streaming
@@ -24,7 +24,8 @@ request through the gateway's ASGI application) in the same run: what the lane s
 --against CHECKOUT, the gateway of another checkout (``git worktree add /tmp/before HEAD~1``)
 in the same run: what a change saves, apart from the noise between runs. With
 --limits, fair sharing's limits are set (high enough never to refuse), so every request is
-checked against them before it goes upstream. Needs Redis.
+checked against them before it goes upstream. With --places N, the serving channel's fair queue is
+on (docs/gateway.md): what counting its places costs. Needs Redis.
 """
 
 from __future__ import annotations
@@ -252,9 +253,12 @@ def wait_http(port: int, path: str = "/health", timeout: float = 60) -> None:
     raise RuntimeError(f"nothing answers on port {port}")
 
 
-def prepare_gateway(upstream_port: int, channels: int = 1) -> tuple[dict[str, str], str]:
-    """A SlotServe database with one channel running the upstream, ``channels - 1`` more running
-    other models (never called: what the gateway looks through for each request), and an API key."""
+def prepare_gateway(
+    upstream_port: int, channels: int = 1, places: int | None = None
+) -> tuple[dict[str, str], str]:
+    """A SlotServe database with one channel running the upstream (with ``places``: its fair
+    queue on), ``channels - 1`` more running other models (never called: what the gateway looks
+    through for each request), and an API key."""
     data = tempfile.mkdtemp(prefix="slotserve-gwbench-")
     env = {
         **os.environ,
@@ -280,7 +284,13 @@ def prepare_gateway(upstream_port: int, channels: int = 1) -> tuple[dict[str, st
     model = LLMModel.objects.create(name="m", backend="vllm", path="/m")
     channel = Channel.objects.create(name="bench-0", node=node, gpu_indexes=[0])
     ChannelRuntime.objects.create(
-        channel=channel, phase="ready", model=model, host="127.0.0.1", port=upstream_port, pid=1
+        channel=channel,
+        phase="ready",
+        model=model,
+        host="127.0.0.1",
+        port=upstream_port,
+        pid=1,
+        places=places,
     )
     for n in range(1, channels):
         other = Channel.objects.create(name=f"bench-{n}", node=node, gpu_indexes=[n])
@@ -367,6 +377,12 @@ def main() -> None:
         "between runs",
     )
     parser.add_argument(
+        "--places",
+        type=int,
+        help="the serving channel's places (docs/gateway.md, fair sharing): its fair queue is on, "
+        "and with more places than workers never holds a request",
+    )
+    parser.add_argument(
         "--limits",
         action="store_true",
         help="set fair sharing's limits (never reached): each request is checked before it goes up",
@@ -389,7 +405,7 @@ def main() -> None:
             str(args.delay_ms / 1000),
         ]
     )
-    env, key = prepare_gateway(upstream_port, args.channels)
+    env, key = prepare_gateway(upstream_port, args.channels, args.places)
     venv_bin = Path(sys.executable).parent
     if args.server in ("gateway", "uvicorn"):
         argv = uvicorn_argv(
