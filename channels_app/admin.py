@@ -89,7 +89,7 @@ class LLMModelAdmin(admin.ModelAdmin[LLMModel]):
 
 @admin.register(Preset)
 class PresetAdmin(admin.ModelAdmin[Preset]):
-    list_display = ["name", "model", "args"]
+    list_display = ["name", "model", "args", "places"]
     search_fields = ["name", "model__name"]
     readonly_fields = ["args_effective"]
 

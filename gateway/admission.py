@@ -31,14 +31,23 @@ class Go:
     queued: bool = False  # it takes one of the channel's places, or waits its turn (gateway.places)
 
 
-def going(channel: ChannelView, caller: Caller, counters: Counters, places: Places, *, waiting: bool) -> Go:
+def going(
+    channel: ChannelView,
+    caller: Caller,
+    counters: Counters,
+    places: Places,
+    *,
+    waiting: bool,
+    takes_place: bool = True,
+) -> Go:
     """How a request the channel admits goes on: at once (counted in as it goes upstream) when
     the caller will not wait, has no limits or room under them, and the channel's places are
     not counted or had room at the last look; else counted in first. The channel's booker in
-    their slot is alone on it and never queued."""
+    their slot is alone on it and never queued, and a request that ``takes_place`` not
+    (``gateway.places.takes_place``) never waits for one."""
     booker = is_booker(channel, caller)
     limits = None if booker else caller.limits
-    queued = channel.places is not None and not booker
+    queued = takes_place and channel.places is not None and not booker
     at_once = (
         not waiting
         and (not queued or places.may_take(channel.id))

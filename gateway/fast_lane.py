@@ -34,6 +34,7 @@ from gateway.body import loads
 from gateway.counter_scripts import OverLimit
 from gateway.events import Events, Usage
 from gateway.outgoing import Outgoing, passed_on
+from gateway.places import takes_place
 from gateway.proxy import Gateway
 from gateway.refusals import (
     broke_off,
@@ -85,7 +86,10 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
     channel = chosen_at_once(snapshot, request, now)
     if channel is None or channel.upstream is None:
         return False
-    go = going(channel, caller, gateway.counters, gateway.places, waiting=False)
+    places = gateway.places
+    go = going(
+        channel, caller, gateway.counters, places, waiting=False, takes_place=takes_place("POST", path)
+    )
     if not go.at_once:
         return False
     upstream = gateway.upstream_for(channel.upstream)

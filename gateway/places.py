@@ -12,15 +12,29 @@ looks again when a request of this gateway leaves the channel, and every ``POLL_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.conf import settings
+from django.utils import timezone
+from redis.exceptions import RedisError
 
 from gateway.counter_scripts import cached_key, script_sha
 from gateway.counters import INFLIGHT_TTL_SECONDS, Counters
+from gateway.fair_queue import cost_of
 from gateway.queue_scripts import LEAVE_QUEUE, STATE_SECONDS, TURN
+from gateway.refusals import queue_full, switching_refusal
 from slotserve_base.vocabulary import RedisKey
+
+if TYPE_CHECKING:
+    from gateway.access import Refusal
+    from gateway.admission import Go
+    from gateway.answer import Answer
+    from gateway.holding import Holding
+    from gateway.request import Asked
+    from gateway.snapshot import Caller
 
 # A waiting request looks again this often at the latest.
 POLL_SECONDS = 0.1
@@ -29,6 +43,16 @@ HELD_SECONDS = 10.0
 # What the last place taken told of the channel is good for this long: while it left free
 # places and nobody waiting, half of them go to new requests at once, with no turn asked.
 ROOM_SECONDS = 1.0
+
+
+# llama-server answers these at once, outside its slots: they never wait for a place.
+SLOTLESS_PATHS = frozenset({"/tokenize", "/detokenize", "/apply-template"})
+
+
+def takes_place(method: str, path: str) -> bool:
+    """Whether a request takes one of its channel's places: a ``POST`` that makes the process
+    work (a completion, an embedding …); not a look at its state (``GET /props``, ``/health``)."""
+    return method == "POST" and path not in SLOTLESS_PATHS
 
 
 @dataclass(frozen=True)
@@ -134,3 +158,39 @@ class Places:
             waiters.discard(waiter)
             if not waiters:
                 self.waiting.pop(channel_id, None)
+
+
+async def wait_turn(
+    places: Places, go: Go, caller: Caller, request: Asked, holding: Holding, answer: Answer
+) -> tuple[str | None, Refusal | None]:
+    """A place on the channel, waiting for it in the channel's fair queue (``gateway.places``):
+    the id the request took it with; or why it may not wait (the queue is full, the channel
+    switches); or neither when the client left (it is no longer held)."""
+    channel = go.channel
+    assert channel.places is not None
+    request_id = places.counters.new_id()
+    cost = cost_of(request.body) / max(caller.weight, 1)
+    loop = asyncio.get_running_loop()
+    started, waited = loop.time(), False
+    try:
+        while True:
+            turn = await places.turn(channel.id, channel.places, request_id, caller.user_id, cost)
+            if turn.taken:
+                if waited:  # the log keeps the time it waited its turn
+                    answer.queued_seconds = loop.time() - started
+                return request_id, None
+            if turn.switching:
+                return None, switching_refusal(channel, caller, timezone.now())
+            if turn.full:
+                return None, queue_full(turn.full, turn.retry_after, channel)
+            waited = True
+            await holding.comment(
+                f"waiting for a place on {channel.name}: {turn.ahead} requests before this one"
+            )
+            if await holding.pause(POLL_SECONDS, places.until_freed(channel.id, POLL_SECONDS)):
+                await places.leave(channel.id, request_id, caller.user_id)
+                return None, None
+    except BaseException:
+        with contextlib.suppress(RedisError):  # its turn expires by itself anyway
+            await asyncio.shield(places.leave(channel.id, request_id, caller.user_id))
+        raise

@@ -36,17 +36,15 @@ from gateway.cors import CorsPolicy
 from gateway.counter_scripts import OverLimit
 from gateway.counters import HELD_TTL_SECONDS, Counters
 from gateway.events import Usage
-from gateway.fair_queue import cost_of
 from gateway.holding import Holding
 from gateway.model_list import list_models
 from gateway.outgoing import Outgoing
-from gateway.places import POLL_SECONDS, Places
+from gateway.places import Places, takes_place, wait_turn
 from gateway.refusals import (
     error_body,
     error_flavour,
     held_cap,
     over_limit_refusal,
-    queue_full,
     refuse,
     respond,
     send_event_error,
@@ -63,7 +61,6 @@ from gateway.relay import (
 )
 from gateway.request import (
     ROOT_PATHS,
-    Asked,
     Receive,
     Scope,
     Send,
@@ -228,7 +225,14 @@ class Gateway:
                 now = timezone.now()
                 channel, refusal = await self.choose(snapshot, caller, model, pinned, now)
                 if channel is not None:
-                    go = going(channel, caller, self.counters, self.places, waiting=loop.time() < deadline)
+                    go = going(
+                        channel,
+                        caller,
+                        self.counters,
+                        self.places,
+                        waiting=loop.time() < deadline,
+                        takes_place=takes_place(scope["method"], path),
+                    )
                     if go.at_once:
                         # Nothing to wait for, and no limit to check or room under them: the
                         # request goes upstream while Redis counts it in (and checks the limits);
@@ -237,7 +241,7 @@ class Gateway:
                         break
                     place = None
                     if go.queued:
-                        place, refusal = await self.wait_turn(go, caller, request, holding, answer)
+                        place, refusal = await wait_turn(self.places, go, caller, request, holding, answer)
                         if place is None and refusal is None:
                             return  # the client left while it waited its turn: nothing went upstream
                     if refusal is None:
@@ -354,41 +358,6 @@ class Gateway:
         if place is not None:
             await self.places.leave(go.channel.id, place, caller.user_id)
         return None, refusal
-
-    async def wait_turn(
-        self, go: Go, caller: Caller, request: Asked, holding: Holding, answer: Answer
-    ) -> tuple[str | None, Refusal | None]:
-        """A place on the channel, waiting for it in the channel's fair queue (``gateway.places``):
-        the id the request took it with; or why it may not wait (the queue is full, the channel
-        switches); or neither when the client left (it is no longer held)."""
-        channel = go.channel
-        assert channel.places is not None
-        request_id = self.counters.new_id()
-        cost = cost_of(request.body) / max(caller.weight, 1)
-        loop = asyncio.get_running_loop()
-        started, waited = loop.time(), False
-        try:
-            while True:
-                turn = await self.places.turn(channel.id, channel.places, request_id, caller.user_id, cost)
-                if turn.taken:
-                    if waited:  # the log keeps the time it waited its turn
-                        answer.queued_seconds = loop.time() - started
-                    return request_id, None
-                if turn.switching:
-                    return None, switching_refusal(channel, caller, timezone.now())
-                if turn.full:
-                    return None, queue_full(turn.full, turn.retry_after, channel)
-                waited = True
-                await holding.comment(
-                    f"waiting for a place on {channel.name}: {turn.ahead} requests before this one"
-                )
-                if await holding.pause(POLL_SECONDS, self.places.until_freed(channel.id, POLL_SECONDS)):
-                    await self.places.leave(channel.id, request_id, caller.user_id)
-                    return None, None
-        except BaseException:
-            with contextlib.suppress(RedisError):  # its turn expires by itself anyway
-                await asyncio.shield(self.places.leave(channel.id, request_id, caller.user_id))
-            raise
 
 
 # Refusals a caller may ask to wait out (X-SlotServe-Wait): the model will be ready.

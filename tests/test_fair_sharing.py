@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import signal
+import subprocess
 import threading
 import time
 
@@ -308,3 +310,79 @@ def test_the_queue_is_seen_in_metrics_on_the_overview_and_in_the_request_log(gat
     queued = dict(RequestLog.objects.values_list("user__username", "queued_ms"))
     assert queued["ana"] is None  # a free place: no wait
     assert queued["bo"] is not None and queued["bo"] > 300  # it waited for ana's stream (about 1 s)
+
+
+@pytest.mark.django_db
+def test_a_presets_places_are_set_through_the_api_and_checked(staff_api):
+    factories.llm("qwen")
+    refused = staff_api.post("/api/presets/", {"model": "qwen", "name": "chat", "places": 0}, format="json")
+    assert refused.status_code == 400 and "places" in refused.json()
+    made = staff_api.post("/api/presets/", {"model": "qwen", "name": "chat", "places": 4}, format="json")
+    assert made.status_code == 201 and made.json()["places"] == 4
+    cleared = staff_api.patch(f"/api/presets/{made.json()['id']}/", {"places": None}, format="json")
+    assert cleared.status_code == 200 and cleared.json()["places"] is None
+
+
+def test_a_look_at_the_process_never_waits_for_a_place(gateway_url, world, standins):
+    busy_channel(world, standins, 1)
+    snapshot_seen(gateway_url)
+    first = Stream(gateway_url, world.ana_key, "slow")
+    assert eventually(lambda: in_flight(world.other.pk) == 1)
+    started = time.monotonic()
+    look = httpx.get(
+        gateway_url + "/channels/ch-b/health", headers={"Authorization": f"Bearer {world.bo_key}"}, timeout=10
+    )
+    assert look.status_code == 200 and time.monotonic() - started < 0.5  # not after ana's stream
+    assert math.isnan(first.ended)
+    first.join(timeout=30)
+
+
+def test_under_a_flood_on_a_real_llama_server_a_colleague_goes_before_the_batch(
+    gateway_url, world, llama_server_bin, tiny_gguf
+):
+    """ana keeps ten long streams going on a real llama-server with two slots; bo's short request
+    takes the next slot that frees, before the rest of ana's batch. The server is paused while bo
+    joins the queue, so what is waiting when he does is known exactly."""
+    from tests.conftest import free_port, healthy
+
+    port = free_port()
+    llama = subprocess.Popen(
+        [
+            llama_server_bin,
+            "-m",
+            str(tiny_gguf),
+            "--port",
+            str(port),
+            "-np",
+            "2",
+            "-c",
+            "1024",
+            "--alias",
+            "tiny",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert eventually(lambda: healthy(port), timeout=30)
+        tiny = factories.llm("tiny")
+        serve(world.other, tiny, port)
+        ChannelRuntime.objects.filter(channel=world.other).update(places=2)
+        snapshot_seen(gateway_url)
+        long = {"max_tokens": 480, "ignore_eos": True}
+        llama.send_signal(signal.SIGSTOP)
+        batch = [Stream(gateway_url, world.ana_key, "tiny", **long) for _ in range(10)]
+        assert eventually(lambda: waiting_on(world.other) == 8)
+        colleague = Stream(gateway_url, world.bo_key, "tiny", max_tokens=8)
+        assert eventually(lambda: waiting_on(world.other) == 9)
+        llama.send_signal(signal.SIGCONT)
+        for stream in [*batch, colleague]:
+            stream.join(timeout=60)
+        assert [s.status for s in [*batch, colleague]] == [200] * 11
+        # Of ana's eight waiting requests, at most one (taking the other place freed at the same
+        # moment) began before bo's; first come first served would have begun all eight.
+        assert sum(s.first < colleague.first for s in batch) <= 3, sorted(s.first for s in batch)
+    finally:
+        llama.send_signal(signal.SIGCONT)
+        llama.terminate()
+        llama.wait()

@@ -522,10 +522,14 @@ def test_the_places_of_a_real_llama_server_are_read_when_it_is_ready(node_env, t
     channel = factories.channel("cpu-0", default=parallel)
     decide_channels(now=timezone.now())
     assert converge(channel, until={Phase.READY}).places == 2
-    parallel.places = 3
+    parallel.places = 3  # an admin's edit counts at the next look, with no restart
     parallel.save()
-    ChannelRuntime.objects.filter(channel=channel).update(places=None)
+    pid = ChannelRuntime.objects.get(channel=channel).pid
     assert converge(channel, until={Phase.READY}).places == 3
+    parallel.places = None
+    parallel.save()
+    runtime = converge(channel, until={Phase.READY})
+    assert (runtime.places, runtime.pid) == (2, pid)
     channel.default_model, channel.default_preset = None, None
     channel.save()
     decide_channels(now=timezone.now())

@@ -162,6 +162,8 @@ class ChannelSerializer(serializers.ModelSerializer[Channel]):
             "error": runtime.error if runtime else "",
             "retry_at": field.to_representation(runtime.retry_at) if runtime and runtime.retry_at else None,
             "fallback": runtime.fallback if runtime else False,
+            # Requests its ready process serves at once (the gateway's fair queue).
+            "places": runtime.places if runtime else None,
             "reservation": target.reservation_id if target else None,
             "target": None
             if target is None
@@ -328,7 +330,7 @@ class PresetSerializer(serializers.ModelSerializer[Preset]):
 
     class Meta:
         model = Preset
-        fields = ["id", "model", "name", "args", "args_effective", "args_error", "memory"]
+        fields = ["id", "model", "name", "args", "places", "args_effective", "args_error", "memory"]
 
     def get_memory(self, preset: Preset) -> dict[str, Any]:
         """The GPU memory estimate in bytes, or why there is none (the file is not on this machine)."""

@@ -272,16 +272,21 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
         after = dataclasses.replace(after, pid=runtime.pid)  # known once the process runs
     if after.phase not in (Phase.READY, Phase.DRAINING):
         runtime.places = None
-    elif after.phase == Phase.READY and (before.phase != Phase.READY or runtime.places is None):
+    elif after.phase == Phase.READY:
         runtime.places = places_of(runtime)
     store(runtime, after)
     return after
 
 
+# What each run's llama-server said of its slots (``/props``), by run.
+_slots_told: dict[str, int | None] = {}
+
+
 def places_of(runtime: ChannelRuntime) -> int | None:
     """The requests the ready process serves at once (docs/gateway.md "Fair sharing under
-    contention"): its preset's ``places``, else what llama-server says (``/props``), else what
-    its arguments ask for or its backend's default."""
+    contention"): its preset's ``places`` (read at each look, so an edit counts at once), else
+    what llama-server said when it was ready (``/props``), else what its arguments ask for or
+    its backend's default."""
     preset = Preset.objects.filter(pk=runtime.preset_id).first() if runtime.preset_id else None
     if preset is not None and preset.places:
         return preset.places
@@ -290,8 +295,12 @@ def places_of(runtime: ChannelRuntime) -> int | None:
     backend = LLMModel.objects.filter(pk=runtime.model_id).values_list("backend", flat=True).first()
     if backend is None:
         return None
-    if backend == Backend.LLAMA_CPP and runtime.port is not None:
-        told = processes.slots(runtime.host, runtime.port, runtime.api_secret)
+    if backend == Backend.LLAMA_CPP and runtime.port is not None and runtime.run_id:
+        if runtime.run_id not in _slots_told:  # asked once per run
+            if len(_slots_told) > 256:
+                _slots_told.clear()
+            _slots_told[runtime.run_id] = processes.slots(runtime.host, runtime.port, runtime.api_secret)
+        told = _slots_told[runtime.run_id]
         if told is not None:
             return told
     try:
