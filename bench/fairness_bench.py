@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
@@ -37,13 +38,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gateway_bench import forget_redis_keys, free_port, uvicorn_argv, wait_http  # noqa: E402
+from gateway_bench import bench_database, forget_redis_keys, free_port, uvicorn_argv, wait_http  # noqa: E402
 
 LONG = {"max_tokens": 480, "ignore_eos": True}
 SHORT = {"max_tokens": 8}
 
 
-async def stream(client: httpx.AsyncClient, url: str, key: str, extra: dict) -> tuple[float, float, int]:
+async def stream(
+    client: httpx.AsyncClient, url: str, key: str, extra: Mapping[str, object]
+) -> tuple[float, float, int]:
     """One streamed completion: its time to the first token, its whole time, its tokens."""
     body = {"model": "tiny", "prompt": "Once upon a time", "stream": True, **extra}
     started = time.perf_counter()
@@ -125,28 +128,13 @@ async def run_mode(url: str, keys: dict[str, str], streams: int, seconds: float)
 
 def prepare(llama_port: int, places: int) -> tuple[dict[str, str], dict[str, str]]:
     """A SlotServe database with one channel running the llama-server, and a key for A and B."""
-    import tempfile
-
-    data = tempfile.mkdtemp(prefix="slotserve-fairbench-")
-    env = {
-        **os.environ,
-        "SLOTSERVE_DATA_DIR": data,
-        "DJANGO_SETTINGS_MODULE": "slotserve_site.settings",
-        "SLOTSERVE_REDIS_PREFIX": f"fairbench-{os.getpid()}",
-    }
-    env.pop("DATABASE_URL", None)
-    os.environ.update(env)
-    import django
-
-    django.setup()
+    env = bench_database("fairbench")
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.utils import timezone
 
     from channels_app.models import Channel, ChannelRuntime, LLMModel, Node
     from gateway.api_keys import api_key_create
 
-    call_command("migrate", verbosity=0)
     node = Node.objects.create(name="bench", last_heartbeat=timezone.now())
     model = LLMModel.objects.create(name="tiny", backend="llama.cpp", path="/tiny.gguf")
     channel = Channel.objects.create(name="bench-0", node=node, gpu_indexes=[0])

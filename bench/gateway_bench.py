@@ -253,32 +253,39 @@ def wait_http(port: int, path: str = "/health", timeout: float = 60) -> None:
     raise RuntimeError(f"nothing answers on port {port}")
 
 
+def bench_database(name: str) -> dict[str, str]:
+    """A fresh SlotServe database (SQLite, in a folder of its own) and Redis prefix for a
+    benchmark named ``name``, set up in this process: the environment its servers run with."""
+    data = tempfile.mkdtemp(prefix=f"slotserve-{name}-")
+    env = {
+        **os.environ,
+        "SLOTSERVE_DATA_DIR": data,
+        "DJANGO_SETTINGS_MODULE": "slotserve_site.settings",
+        "SLOTSERVE_REDIS_PREFIX": f"{name}-{os.getpid()}",
+    }
+    env.pop("DATABASE_URL", None)
+    os.environ.update(env)
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    return env
+
+
 def prepare_gateway(
     upstream_port: int, channels: int = 1, places: int | None = None
 ) -> tuple[dict[str, str], str]:
     """A SlotServe database with one channel running the upstream (with ``places``: its fair
     queue on), ``channels - 1`` more running other models (never called: what the gateway looks
     through for each request), and an API key."""
-    data = tempfile.mkdtemp(prefix="slotserve-gwbench-")
-    env = {
-        **os.environ,
-        "SLOTSERVE_DATA_DIR": data,
-        "DJANGO_SETTINGS_MODULE": "slotserve_site.settings",
-        "SLOTSERVE_REDIS_PREFIX": f"gwbench-{os.getpid()}",
-    }
-    env.pop("DATABASE_URL", None)
-    os.environ.update(env)
-    import django
-
-    django.setup()
+    env = bench_database("gwbench")
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.utils import timezone
 
     from channels_app.models import Channel, ChannelRuntime, LLMModel, Node
     from gateway.api_keys import api_key_create
 
-    call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_user("bench")
     node = Node.objects.create(name="bench", last_heartbeat=timezone.now())
     model = LLMModel.objects.create(name="m", backend="vllm", path="/m")
