@@ -58,15 +58,21 @@ def parse_fake_gpus(spec: str) -> list[GpuInfo]:
     return gpus
 
 
-def _nvml_gpus() -> list[GpuInfo] | None:
+class NvmlUnavailable(Exception):
+    """NVML cannot be asked: no driver, no library, or it failed; the message is NVML's reason."""
+
+
+def nvml_gpus() -> list[GpuInfo]:
+    """The NVIDIA GPUs NVML reports, with their memory free now (memory other programs hold is
+    not free); ``NvmlUnavailable`` when NVML cannot be asked."""
     try:
         import pynvml
-    except ImportError:
-        return None
+    except ImportError as exc:
+        raise NvmlUnavailable("nvidia-ml-py is not installed") from exc
     try:
         pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return None
+    except pynvml.NVMLError as exc:
+        raise NvmlUnavailable(str(exc)) from exc
     try:
         found = []
         for index in range(pynvml.nvmlDeviceGetCount()):
@@ -82,33 +88,52 @@ def _nvml_gpus() -> list[GpuInfo] | None:
 
 
 def discover(fake_spec: str) -> list[GpuInfo]:
-    """The node's GPUs. Without NVIDIA GPUs: say so once, and use the fake ones if set."""
+    """The node's GPUs. Without NVIDIA GPUs: say so once, with NVML's reason, and use the fake
+    ones if set."""
     global _warned_no_nvml
-    real = _nvml_gpus()
+    reason = "it reports none"
+    try:
+        real = nvml_gpus()
+    except NvmlUnavailable as exc:
+        real, reason = [], str(exc)
     if real:
         return real
     if not _warned_no_nvml:
-        log.warning("no NVIDIA GPUs found through NVML%s", "; using SLOTSERVE_FAKE_GPUS" if fake_spec else "")
+        log.warning(
+            "no NVIDIA GPUs found through NVML (%s)%s",
+            reason,
+            "; using SLOTSERVE_FAKE_GPUS" if fake_spec else "",
+        )
         _warned_no_nvml = True
     return parse_fake_gpus(fake_spec) if fake_spec else []
+
+
+def memory_holders(indexes: list[int]) -> dict[int, list[tuple[int, int | None]]]:
+    """Per GPU, the processes holding its memory and how much (None where the driver will not
+    say); ``NvmlUnavailable`` when NVML cannot be asked."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise NvmlUnavailable("nvidia-ml-py is not installed") from exc
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise NvmlUnavailable(str(exc)) from exc
+    try:
+        holders: dict[int, list[tuple[int, int | None]]] = {}
+        for index in indexes:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            running = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            holders[index] = [(proc.pid, proc.usedGpuMemory) for proc in running]
+        return holders
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def pids_on(indexes: list[int]) -> set[int] | None:
     """Processes using the given GPUs, or None when NVML cannot tell (fake GPUs)."""
     try:
-        import pynvml
-    except ImportError:
+        holders = memory_holders(indexes)
+    except NvmlUnavailable:
         return None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:  # no driver: cannot tell
-        return None
-    try:
-        pids: set[int] = set()
-        for index in indexes:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                pids.add(proc.pid)
-        return pids
-    finally:
-        pynvml.nvmlShutdown()
+    return {pid for held in holders.values() for pid, _ in held}
