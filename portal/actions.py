@@ -28,7 +28,7 @@ from portal.forms import (
     ExtendForm,
 )
 from reservations import services
-from reservations.models import Reservation, ReservationStatus
+from reservations.models import Reservation, ReservationStatus, WaitlistEntry
 from reservations.services import InvalidTransition, ReservationConflict, SeriesConflict
 from slotserve_base.api_fields import in_range
 from slotserve_base.errors import InvalidInput
@@ -159,6 +159,9 @@ def my_reservations(request: HttpRequest) -> HttpResponse:
     ).order_by("start", "pk")
     page = Paginator(upcoming, PAGE).get_page(request.GET.get("page"))
     context = {
+        "waiting": WaitlistEntry.objects.filter(user=me(request), notified_at__isnull=True, end__gt=now)
+        .select_related("channel")
+        .order_by("start"),
         "active": mine.filter(status=ReservationStatus.APPROVED, start__lte=now, end__gt=now),
         "upcoming": page,
         "page": page,
@@ -168,6 +171,16 @@ def my_reservations(request: HttpRequest) -> HttpResponse:
         "now": now,
     }
     return render(request, "portal/my_reservations.html", context)
+
+
+@login_required
+@require_POST
+def leave_waitlist(request: HttpRequest, pk: int) -> HttpResponse:
+    """Stop waiting for a slot (one's own wish only: another's is not found)."""
+    entry = get_object_or_404(WaitlistEntry.objects.select_related("channel"), pk=pk, user=me(request))
+    services.waitlist_leave(entry=entry, by=me(request))
+    messages.success(request, f"You no longer wait for {entry.channel.name}.")
+    return redirect("portal:my_reservations")
 
 
 def me(request: HttpRequest) -> User:
@@ -243,14 +256,19 @@ def change(request: HttpRequest, pk: int) -> HttpResponse:
         form = ChangeForm(request.POST)
         if form.is_valid():
             data = form.cleaned_data
+            start_same = _same_minute(data["start"], reservation.start)
+            end = None if _same_minute(data["end"], reservation.end) else data["end"]
+            if not start_same and end is None:
+                # A moved start with the end left as it was: the end follows, keeping the length.
+                end = data["start"] + (reservation.end - reservation.start)
             try:
                 changed = services.reservation_change(
                     reservation=reservation,
                     by=me(request),
                     now=timezone.now(),
                     # The form shows minutes: a time it shows unchanged is the time as it was.
-                    start=None if _same_minute(data["start"], reservation.start) else data["start"],
-                    end=None if _same_minute(data["end"], reservation.end) else data["end"],
+                    start=None if start_same else data["start"],
+                    end=end,
                     model=None if reservation.exclusive else data["model"],
                     preset=None if reservation.exclusive else data["preset"],
                     note=data["note"],

@@ -22,6 +22,7 @@ urlpatterns = [
     path("reservations/<int:pk>/extend", portal_actions.extend, name="extend"),
     path("reservations/<int:pk>/change", portal_actions.change, name="change"),
     path("reservations/series/<int:pk>/cancel", portal_actions.cancel_series, name="cancel_series"),
+    path("waitlist/<int:pk>/leave", portal_actions.leave_waitlist, name="leave_waitlist"),
     path("approvals/", staff_actions.approvals, name="approvals"),
     path("approvals/<int:pk>/approve", staff_actions.approve, name="approve"),
     path("approvals/<int:pk>/reject", staff_actions.reject, name="reject"),

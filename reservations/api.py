@@ -379,3 +379,6 @@ class WaitlistViewSet(
         data.is_valid(raise_exception=True)
         entry = services.waitlist_join(user=current_user(request), now=timezone.now(), **data.validated_data)
         return Response(WaitlistEntryOutput(entry).data, status=status.HTTP_201_CREATED)
+
+    def perform_destroy(self, instance: WaitlistEntry) -> None:
+        services.waitlist_leave(entry=instance, by=current_user(self.request))

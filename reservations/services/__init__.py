@@ -29,3 +29,4 @@ from reservations.services.transitions import reservation_cancel as reservation_
 from reservations.services.transitions import reservation_end as reservation_end
 from reservations.services.transitions import reservation_reject as reservation_reject
 from reservations.services.waitlist import waitlist_join as waitlist_join
+from reservations.services.waitlist import waitlist_leave as waitlist_leave

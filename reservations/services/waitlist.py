@@ -45,6 +45,13 @@ def waitlist_join(
         )
 
 
+def waitlist_leave(*, entry: WaitlistEntry, by: User) -> None:
+    """``by`` no longer waits for the slot (their own wish; staff may remove anyone's)."""
+    if entry.user_id != by.pk and not by.is_staff:
+        raise InvalidInput("waitlist", "this is someone else's wish")
+    entry.delete()
+
+
 def tell_waiting(*, channel_id: int, now: datetime) -> int:
     """Notify those waiting on the channel whose slot (what is left of it) is wholly free now;
     returns how many were told."""
