@@ -35,13 +35,14 @@ def test_a_channels_hours_are_shared_out_and_add_up():
         Span(T0 + 90 * MIN, T0 + 95 * MIN, 1),  # not the booker's, inside the booking: still unused by it
     ]
     loads = [Span(T0 + 55 * MIN, T0 + 62 * MIN, 1)]  # loading into the booking
-    shares = channel_shares(bookings=bookings, requests=requests, loads=loads, lo=lo, hi=hi)
+    shares = channel_shares(bookings=bookings, requests=requests, loads=loads, lo=lo, hi=hi, now=hi)
     assert shares == {
         "switching": round(7 / 60, 2),
         "served_booker": round(10 / 60, 2),
         "booked_idle": round(48 / 60, 2),  # 60 booked − 2 loading − 10 served
         "served_default": 0.25,
         "idle": round((240 - 7 - 10 - 48 - 15) / 60, 2),
+        "booked_to_come": 0.0,
     }
     assert abs(sum(shares.values()) - 4) < 0.03
 
@@ -53,11 +54,12 @@ def test_totals_count_used_minutes_per_booking_and_the_requests():
         Span(T0 + 6 * MIN, T0 + 9 * MIN, 1, 1, 7, prompt=5, completion=5, ttft_ms=300),
         Span(T0 + 90 * MIN, T0 + 91 * MIN, 1, 1, None, prompt=1, completion=1),
     ]
-    found = totals(bookings=bookings, requests=requests, lo=T0, hi=T0 + 120 * MIN)
+    found = totals(bookings=bookings, requests=requests, lo=T0, hi=T0 + 120 * MIN, now=T0 + 120 * MIN)
     assert found.as_dict() == {
         "booked_hours": 1.0,
         "used_hours": round(4 / 60, 2),  # minutes 5–8 touched
         "idle_booked_hours": round(56 / 60, 2),
+        "to_come_hours": 0.0,
         "requests": 3,
         "prompt_tokens": 16,
         "completion_tokens": 26,
@@ -101,7 +103,11 @@ def test_usage_numbers_match_the_request_log_after_real_traffic(gateway_url, wor
     assert by_name["ch-a"]["requests"] == 3 and by_name["ch-b"]["requests"] == 1
     shares = {r["name"]: r for r in channels["shares"]}
     assert shares["ch-a"]["served_booker"] > 0 and shares["ch-b"]["served_default"] > 0
-    assert abs(sum(v for k, v in shares["ch-a"].items() if k not in ("id", "name")) - 24) < 0.1
+    # The day's hours that passed are shared out; its bookings still to come are counted apart.
+    midnight = timezone.localtime().replace(hour=0, minute=0, second=0, microsecond=0)
+    passed = (timezone.now() - midnight).total_seconds() / 3600
+    counted = sum(v for k, v in shares["ch-a"].items() if k not in ("id", "name", "booked_to_come"))
+    assert abs(counted - passed) < 0.1 and shares["ch-a"]["booked_to_come"] > 0
     page = Client()
     page.force_login(world.ana)
     html = page.get("/usage/", {"period": "day", "day": today.isoformat()}).content.decode()
@@ -115,7 +121,7 @@ def test_usage_numbers_match_the_request_log_after_real_traffic(gateway_url, wor
             io.StringIO(page.get("/usage/csv", {"period": "day", "day": today.isoformat()}).content.decode())
         )
     )
-    assert table[0][0] == "user" and table[1][0] == "ana" and int(table[1][4]) == 3
+    assert table[0][0] == "user" and table[1][0] == "ana" and int(table[1][table[0].index("requests")]) == 3
 
 
 @pytest.mark.django_db
@@ -188,12 +194,16 @@ def test_the_report_read_in_runs_and_sums_gives_what_every_request_read_alone_gi
     def alone(which: Any) -> dict[str, Any]:
         """``totals`` over the bookings and every request ``which`` picks, each on its own."""
         chosen = totals(
-            bookings=[b for b in held if which(b)], requests=[s for s in spans if which(s)], lo=lo, hi=hi
+            bookings=[b for b in held if which(b)],
+            requests=[s for s in spans if which(s)],
+            lo=lo,
+            hi=hi,
+            now=hi,
         )
         return chosen.as_dict()
 
     def row(by: str, key: int) -> dict[str, Any]:
-        return next(r for r in usage_rows(by=by, lo=lo, hi=hi, viewer=staff) if r["id"] == key)
+        return next(r for r in usage_rows(by=by, lo=lo, hi=hi, now=hi, viewer=staff) if r["id"] == key)
 
     for person in people:
         expected = alone(lambda s, pk=person.pk: s.user_id == pk)
@@ -207,8 +217,11 @@ def test_the_report_read_in_runs_and_sums_gives_what_every_request_read_alone_gi
             loads=[],
             lo=lo,
             hi=hi,
+            now=hi,
         )
-        found_shares = next(r for r in share_rows(lo=lo, hi=hi, viewer=staff) if r["id"] == channel.pk)
+        found_shares = next(
+            r for r in share_rows(lo=lo, hi=hi, now=hi, viewer=staff) if r["id"] == channel.pk
+        )
         assert {k: found_shares[k] for k in shares} == shares, channel.name
     grouped = alone(lambda s: s.user_id in (people[0].pk, people[1].pk))
     assert {k: row("group", team.pk)[k] for k in grouped} == grouped
@@ -253,7 +266,7 @@ def test_the_report_reads_roll_ups_kept_as_the_log_is_written_and_counts_each_ro
     )
 
     def ana_row() -> dict[str, Any]:
-        return next(r for r in usage_rows(by="user", lo=lo, hi=hi, viewer=staff) if r["id"] == ana.pk)
+        return next(r for r in usage_rows(by="user", lo=lo, hi=hi, now=hi, viewer=staff) if r["id"] == ana.pk)
 
     first = ana_row()
     assert (first["requests"], first["prompt_tokens"], first["used_hours"]) == (3, 30, round(3 / 60, 2))
@@ -299,7 +312,7 @@ def test_a_day_that_begins_on_the_half_hour_sums_its_ends_from_the_log(staff, an
     RequestLog.objects.bulk_create(
         [_logged(at, user=ana, channel=channel, tokens=n + 1) for n, at in enumerate(moments)]
     )
-    row = next(r for r in usage_rows(by="user", lo=lo, hi=hi, viewer=staff) if r["id"] == ana.pk)
+    row = next(r for r in usage_rows(by="user", lo=lo, hi=hi, now=hi, viewer=staff) if r["id"] == ana.pk)
     assert (row["requests"], row["prompt_tokens"]) == (5, 2 + 3 + 4 + 5 + 6)
 
 
@@ -334,3 +347,22 @@ def test_a_large_labs_usage_page_pages_its_table_and_charts_the_busiest(staff):
     assert second.count('<tr data-row="') == 30
     rows = list(csv.reader(io.StringIO(page.get("/usage/csv", asked).content.decode())))
     assert len(rows) == 1 + 130
+
+
+def test_time_still_to_come_is_neither_booked_nor_idle_yet():
+    """A booking from 10:00 to 13:00 read at 11:00: one hour booked (and idle: no requests), two
+    still to come; the channel's shares count only the hour that passed, and the booked future."""
+    bookings = [Span(T0, T0 + 180 * MIN, 1, user_id=1, reservation_id=7)]
+    requests = [Span(T0 + 5 * MIN, T0 + 7 * MIN, 1, 1, 7)]
+    now = T0 + 60 * MIN
+    found = totals(bookings=bookings, requests=requests, lo=T0, hi=T0 + 240 * MIN, now=now)
+    assert (found.booked_hours, found.used_hours, found.idle_booked_hours, found.to_come_hours) == (
+        1.0,
+        round(2 / 60, 2),
+        round(58 / 60, 2),
+        2.0,
+    )
+    shares = channel_shares(bookings=bookings, requests=requests, loads=[], lo=T0, hi=T0 + 240 * MIN, now=now)
+    assert shares["booked_idle"] == round(58 / 60, 2) and shares["booked_to_come"] == 2.0
+    assert shares["idle"] == 0.0  # the hour after the booking has not come yet either
+    assert abs(sum(shares.values()) - 3) < 0.03  # the hour that passed and the booked two to come

@@ -12,7 +12,6 @@ from datetime import date, datetime, time, timedelta, tzinfo
 from typing import Any
 
 from django.contrib.auth.models import Group, User
-from django.utils import timezone
 
 from channels_app.models import Channel, LoadRecord
 from gateway.models import RequestLog
@@ -80,10 +79,11 @@ def _asked(lo: datetime, hi: datetime, by: str) -> list[tuple[int | None, int | 
 
 
 def usage_rows(
-    *, by: str, lo: datetime, hi: datetime, viewer: User, touched: Touched | None = None
+    *, by: str, lo: datetime, hi: datetime, now: datetime, viewer: User, touched: Touched | None = None
 ) -> list[dict[str, Any]]:
-    """One row per user, group, channel or node: booked, used and idle booked hours, requests,
-    tokens and mean time to first token in ``[lo, hi)``."""
+    """One row per user, group, channel or node: booked, used and idle booked hours until
+    ``now``, booked hours still to come, requests, tokens and mean time to first token in
+    ``[lo, hi)``."""
     if by not in BY:
         raise ValueError(f"by={by!r}: use one of {', '.join(BY)}")
     if by in ("channel", "node") and not viewer.is_staff:
@@ -131,16 +131,19 @@ def usage_rows(
         visible &= {viewer.pk} if by == "user" else groups_of.get(viewer.pk, set())
     rows = []
     for key in sorted(visible, key=lambda k: names.get(k, "")):
-        counted = totals_of(bookings=held.get(key, []), ran=ran, asked=asked.get(key, Asked()), lo=lo, hi=hi)
+        counted = totals_of(
+            bookings=held.get(key, []), ran=ran, asked=asked.get(key, Asked()), lo=lo, hi=hi, now=now
+        )
         rows.append({"id": key, "name": names.get(key, f"#{key}"), **counted.as_dict()})
     return rows
 
 
 def share_rows(
-    *, lo: datetime, hi: datetime, viewer: User, touched: Touched | None = None
+    *, lo: datetime, hi: datetime, now: datetime, viewer: User, touched: Touched | None = None
 ) -> list[dict[str, Any]]:
-    """How each channel's time went in ``[lo, hi)`` (staff): hours switching, serving its
-    bookers, booked but idle, serving everyone on the default, idle."""
+    """How each channel's time went in ``[lo, hi)`` until ``now`` (staff): hours switching,
+    serving its bookers, booked but idle, serving everyone on the default, idle; and its
+    booked hours still to come."""
     if not viewer.is_staff:
         raise NotYours("how channels' time went is for staff")
     touched = request_minutes(lo, hi) if touched is None else touched
@@ -151,7 +154,7 @@ def share_rows(
     for loaded_on, started, finished in LoadRecord.objects.filter(
         started__lt=hi, started__gte=lo - timedelta(hours=1)
     ).values_list("channel_id", "started", "finished"):
-        switching[loaded_on] |= minutes(started, finished or timezone.now(), lo, hi)
+        switching[loaded_on] |= minutes(started, finished or now, lo, hi)
     for booking, _ in _bookings(lo, hi):
         booked[booking.channel_id] |= union([booking], lo, hi)
     for (served_on, reservation_id), (_, bits) in touched.items():
@@ -167,6 +170,7 @@ def share_rows(
                 default=default[channel_id],
                 lo=lo,
                 hi=hi,
+                now=now,
             ),
         }
         for channel_id, name in Channel.objects.values_list("pk", "name")

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-SHARES = ("switching", "served_booker", "booked_idle", "served_default", "idle")
+SHARES = ("switching", "served_booker", "booked_idle", "served_default", "idle", "booked_to_come")
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,16 @@ def union(spans: Iterable[Span], lo: datetime, hi: datetime) -> Minutes:
 
 
 def channel_shares(
-    *, bookings: list[Span], requests: list[Span], loads: list[Span], lo: datetime, hi: datetime
+    *,
+    bookings: list[Span],
+    requests: list[Span],
+    loads: list[Span],
+    lo: datetime,
+    hi: datetime,
+    now: datetime,
 ) -> dict[str, float]:
-    """How one channel's ``[lo, hi)`` went, in hours per share (they add up to the period)."""
+    """How one channel's ``[lo, hi)`` went until ``now``, in hours per share, and its booked hours
+    still to come (together they add up to the period's past and its booked future)."""
     return shares_of(
         switching=union(loads, lo, hi),
         booked=union(bookings, lo, hi),
@@ -64,15 +71,25 @@ def channel_shares(
         default=union((r for r in requests if r.reservation_id is None), lo, hi),
         lo=lo,
         hi=hi,
+        now=now,
     )
 
 
 def shares_of(
-    *, switching: Minutes, booked: Minutes, booker: Minutes, default: Minutes, lo: datetime, hi: datetime
+    *,
+    switching: Minutes,
+    booked: Minutes,
+    booker: Minutes,
+    default: Minutes,
+    lo: datetime,
+    hi: datetime,
+    now: datetime,
 ) -> dict[str, float]:
     """``channel_shares`` from the minutes of loads, bookings, bookers' requests and requests
-    outside bookings (the report reads the last two from the roll-ups as minutes)."""
-    total = minutes(lo, hi, lo, hi)
+    outside bookings (the report reads the last two from the roll-ups as minutes). Time after
+    ``now`` is not idle yet: only its booked minutes count, as still to come."""
+    total = minutes(lo, min(max(now, lo), hi), lo, hi)
+    to_come = booked & minutes(max(now, lo), hi, lo, hi) & ~total
     switching &= total
     served_booker = booker & total & ~switching
     booked_idle = booked & total & ~switching & ~served_booker
@@ -84,15 +101,17 @@ def shares_of(
         "booked_idle": booked_idle.bit_count(),
         "served_default": served_default.bit_count(),
         "idle": idle.bit_count(),
+        "booked_to_come": to_come.bit_count(),
     }
     return {name: round(counts[name] / 60, 2) for name in SHARES}
 
 
 @dataclass(frozen=True)
 class Totals:
-    booked_hours: float
+    booked_hours: float  # until now: time still to come is neither used nor idle yet
     used_hours: float  # booked minutes in which the booking's own requests ran
     idle_booked_hours: float
+    to_come_hours: float  # booked after now, within the period
     requests: int
     prompt_tokens: int
     completion_tokens: int
@@ -103,6 +122,7 @@ class Totals:
             "booked_hours": self.booked_hours,
             "used_hours": self.used_hours,
             "idle_booked_hours": self.idle_booked_hours,
+            "to_come_hours": self.to_come_hours,
             "requests": self.requests,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
@@ -138,29 +158,39 @@ class Asked:
         return total
 
 
-def totals(*, bookings: list[Span], requests: list[Span], lo: datetime, hi: datetime) -> Totals:
-    """What ``bookings`` held and ``requests`` asked within ``[lo, hi)``: booked hours (exact),
-    used hours (the booked minutes its own requests touched), idle booked hours, and the
-    requests' counts, tokens and mean TTFT."""
+def totals(
+    *, bookings: list[Span], requests: list[Span], lo: datetime, hi: datetime, now: datetime
+) -> Totals:
+    """What ``bookings`` held and ``requests`` asked within ``[lo, hi)`` until ``now``: booked
+    hours (exact), used hours (the booked minutes its own requests touched), idle booked hours,
+    booked hours still to come, and the requests' counts, tokens and mean TTFT."""
     asked = Asked.of(r for r in requests if lo <= r.start < hi)
     ran: dict[int, Minutes] = {}
     for r in requests:
         if r.reservation_id is not None:
             ran[r.reservation_id] = ran.get(r.reservation_id, 0) | minutes(r.start, r.end, lo, hi)
-    return totals_of(bookings=bookings, ran=ran, asked=asked, lo=lo, hi=hi)
+    return totals_of(bookings=bookings, ran=ran, asked=asked, lo=lo, hi=hi, now=now)
 
 
 def totals_of(
-    *, bookings: list[Span], ran: Mapping[int, Minutes], asked: Asked, lo: datetime, hi: datetime
+    *,
+    bookings: list[Span],
+    ran: Mapping[int, Minutes],
+    asked: Asked,
+    lo: datetime,
+    hi: datetime,
+    now: datetime,
 ) -> Totals:
     """``totals`` from the minutes each booking's own requests touched (``ran``, by booking; the
     report reads them from the roll-ups) and what the requests ``asked``, summed apart."""
-    booked_seconds = 0.0
+    booked_seconds = to_come_seconds = 0.0
     used = 0
+    passed = min(max(now, lo), hi)  # the period's end, or now within it
     for booking in bookings:
-        first, last = max(booking.start, lo), min(booking.end, hi)
+        first, last = max(booking.start, lo), min(booking.end, passed)
         booked_seconds += max((last - first).total_seconds(), 0.0)
-        held = minutes(booking.start, booking.end, lo, hi)
+        to_come_seconds += max((min(booking.end, hi) - max(booking.start, passed)).total_seconds(), 0.0)
+        held = minutes(booking.start, min(booking.end, passed), lo, hi)
         used += (ran.get(booking.reservation_id or 0, 0) & held).bit_count()
     booked_hours = round(booked_seconds / 3600, 2)
     used_hours = min(round(used / 60, 2), booked_hours)
@@ -168,6 +198,7 @@ def totals_of(
         booked_hours=booked_hours,
         used_hours=used_hours,
         idle_booked_hours=round(booked_hours - used_hours, 2),
+        to_come_hours=round(to_come_seconds / 3600, 2),
         requests=asked.requests,
         prompt_tokens=asked.prompt,
         completion_tokens=asked.completion,

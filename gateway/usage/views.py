@@ -39,6 +39,7 @@ COLUMNS = [
     "booked_hours",
     "used_hours",
     "idle_booked_hours",
+    "to_come_hours",
     "requests",
     "prompt_tokens",
     "completion_tokens",
@@ -50,6 +51,7 @@ SHARE_LABELS = {
     "booked_idle": "booked, unused",
     "served_default": "serving everyone (default)",
     "idle": "idle",
+    "booked_to_come": "booked, still to come",
 }
 
 
@@ -62,9 +64,10 @@ def _style(*colors: str) -> Style:
     )
 
 
-HOURS_STYLE = _style("#2457c5", "#1e7b45")
-# switching, serving the booker, booked unused, serving everyone, idle
-SHARES_STYLE = _style("#f0a33a", "#1e7b45", "#b3261e", "#2457c5", "#c9ced6")
+# booked (passed), used, booked still to come
+HOURS_STYLE = _style("#2457c5", "#1e7b45", "#9aa7c2")
+# switching, serving the booker, booked unused, serving everyone, idle, booked still to come
+SHARES_STYLE = _style("#f0a33a", "#1e7b45", "#b3261e", "#2457c5", "#c9ced6", "#9aa7c2")
 
 
 def _question(params: Any, viewer: User) -> dict[str, Any]:
@@ -89,10 +92,9 @@ def _question(params: Any, viewer: User) -> dict[str, Any]:
 def report(params: Any, viewer: User) -> dict[str, Any]:
     asked = _question(params, viewer)
     touched = request_minutes(asked["lo"], asked["hi"])  # read once for both
-    rows = usage_rows(by=asked["by"], lo=asked["lo"], hi=asked["hi"], viewer=viewer, touched=touched)
-    shares = (
-        share_rows(lo=asked["lo"], hi=asked["hi"], viewer=viewer, touched=touched) if viewer.is_staff else []
-    )
+    lo, hi, now = asked["lo"], asked["hi"], timezone.now()
+    rows = usage_rows(by=asked["by"], lo=lo, hi=hi, now=now, viewer=viewer, touched=touched)
+    shares = share_rows(lo=lo, hi=hi, now=now, viewer=viewer, touched=touched) if viewer.is_staff else []
     return {**asked, "rows": rows, "shares": shares}
 
 
@@ -116,12 +118,15 @@ def hours_chart(rows: list[dict[str, Any]], by: str) -> str:
     chart = pygal.Bar(
         js=[], style=HOURS_STYLE, explicit_size=False, height=320, x_label_rotation=20, legend_at_bottom=True
     )
-    busiest = sorted(rows, key=lambda r: (-r["booked_hours"], -r["requests"], r["name"]))[:CHART_BARS]
+    busiest = sorted(
+        rows, key=lambda r: (-r["booked_hours"] - r["to_come_hours"], -r["requests"], r["name"])
+    )[:CHART_BARS]
     shown = sorted(busiest, key=lambda r: r["name"])
     chart.title = f"Booked and used hours, by {by}{_of(len(shown), len(rows))}"
     chart.x_labels = [r["name"] for r in shown]
-    chart.add("booked", [r["booked_hours"] for r in shown])
+    chart.add("booked, passed", [r["booked_hours"] for r in shown])
     chart.add("used by the booker's requests", [r["used_hours"] for r in shown])
+    chart.add("booked, still to come", [r["to_come_hours"] for r in shown])
     return _svg(chart)
 
 
