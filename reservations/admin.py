@@ -21,7 +21,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from reservations import services
+from reservations import people_admin, services  # noqa: F401  (people_admin: the User admin)
 from reservations.models import GroupPolicy, Notification, Reservation
 from slotserve_base.admin_services import SavedByServicesAdmin
 from slotserve_base.errors import InvalidInput

@@ -115,3 +115,51 @@ def test_a_moved_start_with_the_end_left_as_it_was_keeps_the_length_without_a_br
     assert answer.status_code == 302, answer.content.decode()[:2000]
     booking = Reservation.objects.get(pk=booking.pk)
     assert (booking.start, booking.end) == (later, later + timedelta(hours=3))
+
+
+def test_adding_a_person_in_the_admin_asks_their_email_and_groups_and_a_user_without_one_is_flagged():
+    from django.contrib.auth.models import Group, User
+
+    root = factories.user("root", staff=True, is_superuser=True)
+    vision = Group.objects.create(name="vision")
+    admin = Client()
+    admin.force_login(root)
+    form = admin.get("/admin/auth/user/add/").content.decode()
+    assert 'name="email"' in form and 'name="groups"' in form
+    answer = admin.post(
+        "/admin/auth/user/add/",
+        {
+            "username": "cy",
+            "email": "cy@lab.example",
+            "groups": [vision.pk],
+            "password1": "a-long-pass-phrase-9",
+            "password2": "a-long-pass-phrase-9",
+            "usable_password": "true",
+        },
+    )
+    assert answer.status_code == 302, answer.content.decode()[:3000]
+    cy = User.objects.get(username="cy")
+    assert cy.email == "cy@lab.example" and list(cy.groups.all()) == [vision]
+    silent = factories.user("dee")
+    silent.email = ""
+    silent.save()
+    page = admin.get(f"/admin/auth/user/{silent.pk}/change/").content.decode()
+    assert "has no email" in page
+    assert "has no email" not in admin.get(f"/admin/auth/user/{cy.pk}/change/").content.decode()
+
+
+def test_staff_are_shown_where_nodes_channels_models_and_presets_are_added():
+    root = factories.user("root", staff=True, is_superuser=True)
+    ana = factories.user("ana")
+    staff, member = Client(), Client()
+    staff.force_login(root)
+    member.force_login(ana)
+    for page in ("/", "/models/"):
+        html = staff.get(page).content.decode()
+        for where in (
+            "/admin/channels_app/node/",
+            "/admin/channels_app/channel/add/",
+            "/admin/channels_app/llmmodel/add/",
+        ):
+            assert where in html, (page, where)
+        assert "/admin/channels_app/" not in member.get(page).content.decode()
