@@ -32,11 +32,16 @@ from slotserve_base.vocabulary import NotificationEvent
 
 @login_required
 def notifications(request: HttpRequest) -> HttpResponse:
+    """The user's notifications, newest first; opening the page marks them read (the new ones
+    still show as new this once)."""
     mine = Notification.objects.filter(user=me(request))
-    if request.method == "POST":
+    if request.method == "POST":  # "mark all read" from older pages and scripts
         mine.filter(read=False).update(read=True)
         return redirect("portal:notifications")
-    return render(request, "portal/notifications.html", {"notifications": mine[:200]})
+    shown = list(mine[:200])
+    response = render(request, "portal/notifications.html", {"notifications": shown})
+    mine.filter(read=False, pk__in=[n.pk for n in shown]).update(read=True)
+    return response
 
 
 @login_required

@@ -33,4 +33,4 @@ def tell(sender: type[News], news: News, **_: Any) -> None:
 
 def reservation_summary(reservation: Reservation, zone: tzinfo | None = None) -> str:
     slot = slot_words(reservation.start, reservation.end, zone)
-    return f"(reservation {reservation.pk} of {reservation.user}, {slot})"
+    return f"({reservation.user}'s booking of {reservation.channel}, {slot})"

@@ -170,7 +170,9 @@ def test_extending_an_approved_booking_asks_for_the_added_time(
         kept = Reservation.objects.get(pk=made["id"])
         assert kept.status == "approved" and kept.end == T0 + 2 * HOUR
         told = staff.notifications.get(key=f"submitted:{asked.data['id']}")
-        assert f"extend reservation {made['id']}" in told.text
+        # Named by what people know it by: its channel and its time, not a number.
+        assert f"reservation {made['id']}" not in told.text
+        assert f"to extend their booking of {needs_approval.channel.name} (now until" in told.text
         # The added time is held: nobody else can book it meanwhile.
         assert post(staff_api, needs_approval, T0 + 2 * HOUR, T0 + 3 * HOUR).status_code == 409
         # Asking again moves the pending extension; limits still count the whole booking.

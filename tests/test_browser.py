@@ -136,8 +136,7 @@ def test_book_approve_watch_cancel_and_read(browser, live_server, settings):
     page.goto(f"{live_server.url}/notifications/")
     assert "is approved" in page.content()
     shot(page, "notifications")
-    page.click("text=Mark all read")
-    page.wait_for_url(f"{live_server.url}/notifications/")
+    page.reload()  # opening the page marked them read
     assert page.query_selector("#unread-count") is None
     assert staff.is_staff
 

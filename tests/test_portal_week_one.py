@@ -163,3 +163,30 @@ def test_staff_are_shown_where_nodes_channels_models_and_presets_are_added():
         ):
             assert where in html, (page, where)
         assert "/admin/channels_app/" not in member.get(page).content.decode()
+
+
+def test_opening_notifications_marks_them_read_and_shows_which_were_new():
+    from reservations.models import Notification
+    from reservations.notifications import notify
+
+    ana = factories.user("ana")
+    notify(user=ana, event="approved", text="a100-0: your booking is approved.", link="/", key="k1")
+    client = Client()
+    client.force_login(ana)
+    assert Notification.objects.filter(user=ana, read=False).count() == 1
+    first = client.get("/notifications/").content.decode()
+    assert "your booking is approved" in first and 'class="new"' in first
+    assert not Notification.objects.filter(user=ana, read=False).exists()
+    assert 'class="new"' not in client.get("/notifications/").content.decode()
+
+
+def test_a_channels_news_names_the_booking_by_its_channel_and_time_not_its_number():
+    from reservations.channel_news import reservation_summary
+
+    ana = factories.user("ana")
+    channel = factories.channel("a100-0")
+    start = tomorrow_at(10)
+    booking = factories.reservation(owner=ana, on=channel, start=start, end=start + timedelta(hours=2))
+    said = reservation_summary(booking, timezone.get_default_timezone())
+    assert f"reservation {booking.pk}" not in said
+    assert "ana's booking" in said and "10:00" in said

@@ -302,9 +302,9 @@ def _tell_approvers(reservation: Reservation, also: int = 0) -> None:
     def text(zone: tzinfo) -> str:
         if reservation.extends_id is not None:
             return (
-                f"{reservation.user} asks to extend reservation {reservation.extends_id} of "
-                f"{reservation.channel} until {moment_words(reservation.end, zone)} (the added time: "
-                f"{slot_words(reservation.start, reservation.end, zone)})."
+                f"{reservation.user} asks to extend their booking of {reservation.channel} (now until "
+                f"{moment_words(reservation.start, zone)}) until {moment_words(reservation.end, zone)} "
+                f"(the added time: {slot_words(reservation.start, reservation.end, zone)})."
             )
         more = f" and {also} more occurrences of the series" if also else ""
         return (
