@@ -16,6 +16,7 @@ from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_POST
 from icalendar import Calendar, Event
 
+from channels_app.models import LLMModel
 from gateway.api_keys import api_key_create, api_key_revoke
 from gateway.models import ApiKey
 from portal.actions import FEED_DAYS_BACK, me
@@ -27,6 +28,7 @@ from reservations.models import Notification, Profile, Reservation, ReservationS
 from reservations.profiles import profile_for, profile_set_time_zone
 from reservations.wording import zone_of
 from slotserve_base.errors import InvalidInput
+from slotserve_base.public_url import public_url
 from slotserve_base.vocabulary import NotificationEvent
 
 
@@ -60,7 +62,7 @@ def preferences(request: HttpRequest) -> HttpResponse:
         initial: dict[str, Any] = {"time_zone": profile.time_zone}
         initial.update({f"email_{e.value}": profile.wants_email(e.value) for e in NotificationEvent})
         form = PreferencesForm(initial=initial)
-    feed = request.build_absolute_uri(f"/calendar/{profile.calendar_token}.ics")
+    feed = public_url(f"/calendar/{profile.calendar_token}.ics", request)
     return render(request, "portal/preferences.html", {"form": form, "feed": feed})
 
 
@@ -92,7 +94,14 @@ def keys(request: HttpRequest) -> HttpResponse:
         )
         form = ApiKeyForm()
     mine = ApiKey.objects.filter(user=me(request), revoked_at__isnull=True)
-    page = render(request, "portal/keys.html", {"form": form, "keys": mine, "new_key": new_key})
+    context = {
+        "form": form,
+        "keys": mine,
+        "new_key": new_key,
+        "base_url": public_url("/v1", request),
+        "a_model": LLMModel.objects.order_by("name").values_list("name", flat=True).first() or "MODEL",
+    }
+    page = render(request, "portal/keys.html", context)
     # The page may show a new key: no browser or proxy may keep a copy of it.
     add_never_cache_headers(page)
     page["Cache-Control"] = "no-store, no-cache, must-revalidate, private, max-age=0"

@@ -20,6 +20,7 @@ from reservations.models import Notification, Profile, Reservation, WaitlistEntr
 from reservations.profiles import profile_for
 from reservations.selectors import reviewable_by
 from slotserve_base.api_fields import IdOrNameField, MomentField, current_user, moment_param
+from slotserve_base.public_url import public_url
 from slotserve_base.vocabulary import NotificationEvent
 
 
@@ -295,7 +296,7 @@ class MeOutput(serializers.ModelSerializer[Profile]):
 
     def get_calendar_url(self, profile: Profile) -> str:
         request = self.context["request"]
-        return str(request.build_absolute_uri(f"/calendar/{profile.calendar_token}.ics"))
+        return str(public_url(f"/calendar/{profile.calendar_token}.ics", request))
 
     def validate_time_zone(self, value: str) -> str:
         if value not in zoneinfo.available_timezones():

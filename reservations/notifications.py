@@ -13,12 +13,26 @@ from reservations.models import Notification
 from reservations.profiles import profile_for
 from reservations.wording import zone_of
 from slotserve_base import dispatch
+from slotserve_base.public_url import public_url
+from slotserve_base.vocabulary import NotificationEvent
 
 log = logging.getLogger(__name__)
 
 
 # A notification's words: fixed, or written for the recipient's time zone.
 Text = str | Callable[[tzinfo], str]
+
+# Where a notification of a booking's own events leads, when its sender names no page.
+EVENT_LINKS: dict[str, str] = {
+    event.value: "/reservations/"
+    for event in (
+        NotificationEvent.APPROVED,
+        NotificationEvent.REJECTED,
+        NotificationEvent.CANCELLED,
+        NotificationEvent.ENDED_EARLY,
+        NotificationEvent.CHANGED,
+    )
+}
 
 
 def notify(
@@ -32,6 +46,7 @@ def notify(
     """
     if callable(text):
         text = text(zone_of(user))
+    link = link or EVENT_LINKS.get(event, "")
     try:
         with transaction.atomic():
             notification = Notification.objects.create(user=user, event=event, text=text, link=link, key=key)
@@ -50,6 +65,8 @@ def notify(
 
 
 def email_of(event: str, text: str, link: str) -> tuple[str, str]:
-    """The subject and body of a notification's email."""
+    """The subject and body of a notification's email: its text, and its link made whole with
+    the portal's public address (``SLOTSERVE_PUBLIC_URL``; without one, no link)."""
     subject = f"[SlotServe] {event.replace('_', ' ')}"
-    return subject, f"{text}\n\n{link}" if link else text
+    whole = public_url(link) if link else None
+    return subject, f"{text}\n\n{whole}" if whole else text

@@ -20,6 +20,16 @@ def env_str(name: str, default: str) -> str:
     return os.environ.get(name, default)
 
 
+def env_url(name: str, default: str = "") -> str:
+    """An http(s) address without its trailing slash, or ``default``."""
+    raw = os.environ.get(name, "").strip().rstrip("/")
+    if not raw:
+        return default
+    if not raw.startswith(("http://", "https://")) or not raw.split("://", 1)[1]:
+        raise SettingError(f"{name}={raw!r}: write the address people open, e.g. https://gpu.lab.example")
+    return raw
+
+
 def env_bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None or raw == "":

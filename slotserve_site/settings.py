@@ -20,6 +20,7 @@ from slotserve_base.env import (
     env_list,
     env_networks,
     env_str,
+    env_url,
     secret_key,
 )
 from slotserve_site.database_settings import databases
@@ -38,6 +39,10 @@ DEBUG = env_bool("SLOTSERVE_DEBUG", False)
 
 SECRET_KEY = secret_key(DATA_DIR)
 ALLOWED_HOSTS = env_list("SLOTSERVE_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+# The address people open the portal at (e.g. https://gpu.lab.example): links in emails, the
+# calendar feed's address and the gateway's base URL on the keys page. Empty: emails carry no
+# link, and pages use the address they were opened at.
+SLOTSERVE_PUBLIC_URL = env_url("SLOTSERVE_PUBLIC_URL")
 CSRF_TRUSTED_ORIGINS = env_list("SLOTSERVE_CSRF_TRUSTED_ORIGINS", [])
 
 # Behind a proxy that ends HTTPS (docs/deploy.md): secure cookies, HSTS, and the proxy's

@@ -122,3 +122,26 @@ def test_inbox_api_reads_only_your_own(world, ana, bo, ana_api, bo_api):
     assert bo_api.post(f"/api/notifications/{mine.pk}/read").status_code == 404
     assert ana_api.post(f"/api/notifications/{mine.pk}/read").data["read"] is True
     assert ana_api.get("/api/notifications/", {"unread": "true"}).data == []
+
+
+def test_emails_link_to_the_booking_or_the_approvals_at_the_portals_public_address(
+    world, ana, staff, ana_api, staff_api, settings, django_capture_on_commit_callbacks
+):
+    settings.SLOTSERVE_PUBLIC_URL = "https://gpu.lab.example"
+    with django_capture_on_commit_callbacks(execute=True):
+        made = book(ana_api, world, T0 + HOUR, T0 + 2 * HOUR)
+        staff_api.post(f"/api/reservations/{made['id']}/approve")
+    (asked,) = [m for m in mail.outbox if staff.email in m.to]
+    assert f"https://gpu.lab.example/approvals/#reservation-{made['id']}" in asked.body
+    (approved,) = [m for m in mail.outbox if ana.email in m.to]
+    assert "https://gpu.lab.example/reservations/" in approved.body
+
+
+def test_without_a_public_address_an_email_carries_no_link_it_cannot_make_whole(
+    world, ana, staff, ana_api, staff_api, settings, django_capture_on_commit_callbacks
+):
+    settings.SLOTSERVE_PUBLIC_URL = ""
+    with django_capture_on_commit_callbacks(execute=True):
+        made = book(ana_api, world, T0 + HOUR, T0 + 2 * HOUR)
+        staff_api.post(f"/api/reservations/{made['id']}/approve")
+    assert mail.outbox and not any("/reservations/" in m.body or "/approvals/" in m.body for m in mail.outbox)

@@ -190,3 +190,25 @@ def test_a_channels_news_names_the_booking_by_its_channel_and_time_not_its_numbe
     said = reservation_summary(booking, timezone.get_default_timezone())
     assert f"reservation {booking.pk}" not in said
     assert "ana's booking" in said and "10:00" in said
+
+
+def test_the_keys_page_gives_the_base_url_ready_snippets_and_a_copy_button(settings):
+    settings.SLOTSERVE_PUBLIC_URL = "https://gpu.lab.example"
+    ana = factories.user("ana")
+    client = Client()
+    client.force_login(ana)
+    page = client.post("/keys/", {"name": "notebook", "wait_seconds": 0}).content.decode()
+    assert "https://gpu.lab.example/v1" in page
+    assert "curl https://gpu.lab.example/v1/chat/completions" in page
+    assert 'base_url="https://gpu.lab.example/v1"' in page  # Python's openai client
+    assert 'data-copy="new-key"' in page
+    key = page.split('id="new-key">')[1].split("<")[0]
+    assert key.startswith("ss-") and f'api_key="{key}"' in page  # the snippets carry the new key
+
+
+def test_the_calendar_feed_uses_the_public_address(settings):
+    settings.SLOTSERVE_PUBLIC_URL = "https://gpu.lab.example"
+    ana = factories.user("ana")
+    client = Client()
+    client.force_login(ana)
+    assert "https://gpu.lab.example/calendar/" in client.get("/settings/").content.decode()

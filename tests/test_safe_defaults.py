@@ -99,6 +99,14 @@ def test_the_log_level_is_read_in_any_case_and_an_unknown_one_stops_start_up(tmp
     assert "SLOTSERVE_LOG_LEVEL='loud' is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL" in unknown.stderr
 
 
+def test_the_public_address_is_kept_without_its_slash_and_a_wrong_one_stops_start_up(tmp_path):
+    code = "print(settings.SLOTSERVE_PUBLIC_URL)"
+    given = _settings_in_a_new_process({"SLOTSERVE_PUBLIC_URL": "https://gpu.lab.example/"}, code, tmp_path)
+    assert given.returncode == 0 and given.stdout.strip() == "https://gpu.lab.example", given.stderr
+    wrong = _settings_in_a_new_process({"SLOTSERVE_PUBLIC_URL": "gpu.lab.example"}, code, tmp_path)
+    assert wrong.returncode != 0 and "SLOTSERVE_PUBLIC_URL='gpu.lab.example'" in wrong.stderr
+
+
 def test_one_setting_turns_on_https_protections(tmp_path):
     code = (
         "print(settings.SESSION_COOKIE_SECURE, settings.CSRF_COOKIE_SECURE, settings.SECURE_HSTS_SECONDS, "
