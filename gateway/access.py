@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, tzinfo
 from functools import cached_property
 
 from slotserve_base.vocabulary import ErrorCode, Phase
@@ -84,15 +84,17 @@ def _remaining(total: float, since: datetime, now: datetime) -> float:
     return total - (now - since).total_seconds()
 
 
-def admit(*, caller_id: int, channel: ChannelView, now: datetime) -> Refusal | None:
-    """The access table (docs/gateway.md) for one caller and one channel; None means allowed."""
+def admit(*, caller_id: int, channel: ChannelView, now: datetime, zone: tzinfo = UTC) -> Refusal | None:
+    """The access table (docs/gateway.md) for one caller and one channel; None means allowed.
+    Times are told in the caller's ``zone``, the instant beside them."""
     booking = channel.booking
     if booking is not None and booking.user_id != caller_id:
+        local = booking.end.astimezone(zone)
         return Refusal(
             403,
             ErrorCode.GPU_RESERVED,
             f"channel {channel.name} is reserved by someone else until "
-            f"{booking.end.isoformat().replace('+00:00', 'Z')}",
+            f"{local:%a} {local.day} {local:%b %H:%M %Z} ({booking.end.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ})",
         )
     if booking is not None and booking.exclusive:
         return Refusal(
@@ -180,6 +182,7 @@ def route(
     channels: Sequence[ChannelView],
     in_flight: Mapping[int, int],
     now: datetime,
+    zone: tzinfo = UTC,
 ) -> Route:
     """Which channel serves the request (docs/gateway.md's access table), and whether the caller
     may use it.
@@ -198,10 +201,10 @@ def route(
                     404, ErrorCode.MODEL_NOT_LOADED, f"no channel named {pinned!r}" + _loaded_where(channels)
                 ),
             )
-        return Route(match, admit(caller_id=caller_id, channel=match, now=now))
+        return Route(match, admit(caller_id=caller_id, channel=match, now=now, zone=zone))
     mine = next((c for c in channels if c.booking is not None and c.booking.user_id == caller_id), None)
     if mine is not None:
-        return Route(mine, admit(caller_id=caller_id, channel=mine, now=now))
+        return Route(mine, admit(caller_id=caller_id, channel=mine, now=now, zone=zone))
     if not model:
         return Route(None, Refusal(400, ErrorCode.INVALID_REQUEST, "the request names no model"))
     usable = [
@@ -212,7 +215,9 @@ def route(
         return Route(best, None, tuple(c.name for c in usable))
     # Not servable now: say why, preferring the most useful answer.
     heading = [c for c in channels if model in (c.model, c.targets_model)]
-    refusals = [r for c in heading if (r := admit(caller_id=caller_id, channel=c, now=now)) is not None]
+    refusals = [
+        r for c in heading if (r := admit(caller_id=caller_id, channel=c, now=now, zone=zone)) is not None
+    ]
     waiting = [r for r in refusals if r.status == 503]
     if waiting:
         return Route(None, min(waiting, key=lambda r: r.retry_after or 0))
@@ -222,7 +227,7 @@ def route(
     ]
     if reserved:
         soonest = min(reserved, key=lambda c: (c.booking.end if c.booking else now, c.name))
-        return Route(None, admit(caller_id=caller_id, channel=soonest, now=now))
+        return Route(None, admit(caller_id=caller_id, channel=soonest, now=now, zone=zone))
     if refusals and all(r.code == ErrorCode.GPU_RESERVED for r in refusals):
         return Route(None, refusals[0])
     return Route(

@@ -334,6 +334,7 @@ class Gateway:
             channels=snapshot.channels,
             in_flight=in_flight,
             now=now,
+            zone=caller.zone,
         )
         if chosen.refusal is not None or chosen.channel is None:
             return None, chosen.refusal or Refusal(404, ErrorCode.MODEL_NOT_LOADED, "no channel serves this")

@@ -163,7 +163,9 @@ def refusal_after_count_in(
 def switching_refusal(channel: ChannelView, caller: Caller, now: datetime) -> Refusal:
     """Why a request may not go in after all: the gate closed since the snapshot (the channel
     is switching)."""
-    refusal = admit(caller_id=caller.user_id, channel=with_switching(channel, True), now=now)
+    refusal = admit(
+        caller_id=caller.user_id, channel=with_switching(channel, True), now=now, zone=caller.zone
+    )
     return refusal or Refusal(503, ErrorCode.MODEL_SWITCHING, "the channel is switching", 1)
 
 

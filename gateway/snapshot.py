@@ -10,10 +10,13 @@ in Redis (``gateway.counters``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+import zoneinfo
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, tzinfo
 from functools import cached_property
 
 from django.conf import settings
@@ -25,6 +28,15 @@ from gateway.access import Booking, ChannelIndex, ChannelView
 from slotserve_base.vocabulary import SERVING_PHASES, Phase
 
 log = logging.getLogger(__name__)
+
+
+@functools.cache
+def zone_named(name: str) -> tzinfo:
+    """A profile's time zone; UTC for a name the system does not know."""
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return UTC
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,7 @@ class Caller:
     limits: Limits | None = None  # None: nothing to check
     is_staff: bool = False  # may reach a process's admin endpoints through the pinned path
     weight: int = 1  # the user's share in a channel's fair queue (their groups' largest)
+    zone: tzinfo = UTC  # their profile's time zone: refusals tell times in it
 
 
 @dataclass(frozen=True)
@@ -105,12 +118,15 @@ def _read_snapshot() -> Snapshot:
     from channels_app.models import Channel, ModelAlias
     from channels_app.scheduling import selectors
     from gateway.models import ApiKey
-    from reservations.models import GroupPolicy, Reservation
+    from reservations.models import GroupPolicy, Profile, Reservation
     from slotserve_base.target import Target
 
     now = timezone.now()
     _limits = _limits_reader()
     keys = ApiKey.objects.usable()
+    zones = {
+        user_id: zone_named(name) for user_id, name in Profile.objects.values_list("user_id", "time_zone")
+    }
     # Each user's share in a busy channel's fair queue: their groups' largest weight.
     weights: dict[int, int] = {}
     for user_id, weight in GroupPolicy.objects.filter(share_weight__gt=1).values_list(
@@ -127,6 +143,7 @@ def _read_snapshot() -> Snapshot:
             _limits(user_id, key_conc, key_rpm),
             staff,
             weights.get(user_id, 1),
+            zones.get(user_id, UTC),
         )
         for key_id, hashed, user_id, username, wait, key_conc, key_rpm, staff in keys.values_list(
             "pk",

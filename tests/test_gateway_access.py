@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -214,7 +215,23 @@ def test_a_model_loaded_only_where_someone_else_booked_is_403_naming_the_channel
     chosen = route(caller_id=BO, model="qwen", pinned=None, channels=[also, reserved], in_flight={}, now=NOW)
     assert chosen.refusal is not None
     assert (chosen.refusal.status, chosen.refusal.code) == (403, "gpu_reserved")
-    assert chosen.refusal.message == "channel a is reserved by someone else until 2026-12-07T09:00:00Z"
+    assert chosen.refusal.message == (
+        "channel a is reserved by someone else until Mon 7 Dec 09:00 UTC (2026-12-07T09:00:00Z)"
+    )
+    # In the caller's own zone (their profile's), the instant beside it.
+    berlin = route(
+        caller_id=BO,
+        model="qwen",
+        pinned=None,
+        channels=[also, reserved],
+        in_flight={},
+        now=NOW,
+        zone=ZoneInfo("Europe/Berlin"),
+    )
+    assert berlin.refusal is not None
+    assert berlin.refusal.message == (
+        "channel a is reserved by someone else until Mon 7 Dec 10:00 CET (2026-12-07T09:00:00Z)"
+    )
     idle = channel("b", phase="stopped", model=None, upstream=None, targets_model="qwen")
     chosen = route(
         caller_id=BO, model="qwen", pinned=None, channels=[also, idle, reserved], in_flight={}, now=NOW

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, timedelta
+from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
@@ -90,6 +91,14 @@ def test_active_reservation_lets_only_the_booker_in(gateway_url, world):
     theirs = call(gateway_url, world.bo_key)
     assert error(theirs) == (403, "gpu_reserved")
     assert call(gateway_url + "/channels/ch-a", world.bo_key).status_code == 403
+    # The slot's end in bo's own time zone (his profile's), the instant beside it.
+    from reservations.profiles import profile_set_time_zone
+
+    profile_set_time_zone(world.bo, "Asia/Tokyo")
+    snapshot_seen(gateway_url)
+    told = call(gateway_url, world.bo_key).json()["error"]["message"]
+    local = timezone.localtime(booking.end, ZoneInfo("Asia/Tokyo"))
+    assert f"{local:%H:%M} JST ({booking.end.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ})" in told, told
     # Usage is counted per reservation and per user, and reaches the database with the tick.
     from gateway.usage.flush import flush_usage
 
