@@ -514,9 +514,10 @@ def test_the_node_reports_its_ram_and_the_estimate_what_stays_in_it(tiny_gguf, s
     assert half.ram > 0 and half.ram + half.weights == whole.weights
 
 
-def test_the_first_free_times_skip_booked_ones_and_do_not_overlap():
+def test_the_first_free_times_skip_booked_ones_and_offer_each_free_stretch_once():
     """The free-slot finder's search, pure: from each start in turn, the first time some channel
-    that fits is free for the whole length; the next offer starts after the last one ends."""
+    that fits is free for the whole length. A channel's free stretch is offered once, with how
+    long it lasts, not cut into back-to-back pieces; the next offer is another stretch."""
     from datetime import UTC, datetime
 
     from channels_app.placement.chains import first_free
@@ -527,10 +528,14 @@ def test_the_first_free_times_skip_booked_ones_and_do_not_overlap():
     busy = {1: [(t0, t0 + 3 * hour)], 2: [(t0 - hour, t0 + 2 * hour)]}
     starts = [t0 + i * hour / 2 for i in range(20)]
     found = first_free([a, b], WANT, busy=busy, starts=starts, length=2 * hour, count=2)
-    assert [(f.start, [s.candidate.name for s in f.ranked]) for f in found] == [
-        (t0 + 2 * hour, ["b"]),  # a is booked until 12:00
-        (t0 + 4 * hour, ["a", "b"]),  # after the first offer; binpack ranks the smaller first
+    assert [(f.start, [s.candidate.name for s in f.ranked], f.free_until) for f in found] == [
+        (t0 + 2 * hour, ["b"], None),  # a is booked until 12:00; b is free from 11:00 on
+        (t0 + 3 * hour, ["a"], None),  # a's stretch, from 12:00; b's was offered already
     ]
+    # A stretch that ends says when.
+    busy[2].append((t0 + 6 * hour, t0 + 7 * hour))
+    (first,) = first_free([b], WANT, busy=busy, starts=starts, length=2 * hour, count=1)
+    assert (first.start, first.free_until) == (t0 + 2 * hour, t0 + 6 * hour)
     assert first_free([a], WANT, busy={1: [(t0, t0 + 48 * hour)]}, starts=starts, length=hour, count=1) == []
 
 
@@ -551,9 +556,10 @@ def test_the_free_slot_finder_through_the_api(ana_api, bo):
     )
     assert answer.status_code == 200, answer.data
     slots = answer.data["slots"]
-    assert len(slots) == 2 and slots[0]["start"] >= after + timedelta(hours=3)
+    # Every channel frees at once and stays free: one stretch, offered once, with all of them.
+    assert len(slots) == 1 and slots[0]["start"] >= after + timedelta(hours=3)
     assert slots[0]["start"] < after + timedelta(hours=3, minutes=30)  # the first half hour once free
-    assert slots[1]["start"] >= slots[0]["end"]
+    assert slots[0]["free_until"] is None and len(slots[0]["channels"]) >= 2
     assert slots[0]["channels"][0]["name"].startswith("small-")
     for bad, field in (({"hours": 0}, "hours"), ({"hours": "x"}, "hours"), ({"model": "nope"}, "model")):
         refused = ana_api.get("/api/placement/free-slots", {"model": "qwen", "hours": 2, **bad})

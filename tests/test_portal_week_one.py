@@ -212,3 +212,34 @@ def test_the_calendar_feed_uses_the_public_address(settings):
     client = Client()
     client.force_login(ana)
     assert "https://gpu.lab.example/calendar/" in client.get("/settings/").content.decode()
+
+
+@needs_chromium
+def test_the_free_slot_finder_looks_from_the_chosen_day_and_offers_each_free_stretch_once(
+    browser,  # noqa: F811
+    live_server,
+):
+    bo = factories.user("bo")
+    factories.user("ana")
+    qwen = factories.llm("qwen")
+    node = factories.node("gpu-a", backends=["llama.cpp"])
+    channel = factories.channel("a100-0", on=node)
+    day = (timezone.localtime() + timedelta(days=3)).date()
+    noon = datetime.combine(day, time(12), tzinfo=timezone.get_default_timezone())
+    factories.reservation(owner=bo, on=channel, start=noon, end=noon + timedelta(hours=2))
+    page = sign_in(browser, live_server, "ana")
+    page.goto(f"{live_server.url}/book/")
+    page.fill("#id_start", f"{day:%Y-%m-%d}T09:00")
+    page.fill("#id_end", f"{day:%Y-%m-%d}T10:00")
+    page.select_option("#id_model", str(qwen.pk))
+    page.fill("#finder-hours", "2")
+    page.click("#finder")
+    page.wait_for_selector("#finder-results button")
+    offers = page.locator("#finder-results button").all_inner_texts()
+    # The chosen day, from 09:00 until bo's booking; then from 14:00 on: two stretches, not
+    # 09:00, 11:00, 14:00, 16:00 … cut from them.
+    assert len(offers) == 2, offers
+    assert f"{day.day} {day:%b}" in offers[0] and "09:00–11:00" in offers[0] and "free until" in offers[0]
+    assert "12:00" in offers[0].split("free until")[1]
+    assert "14:00–16:00" in offers[1] and "free from then on" in offers[1]
+    shot(page, "booking-free-stretches")

@@ -103,6 +103,7 @@ class FreeSlotsView(APIView):
                     {
                         "start": slot.start,
                         "end": slot.end,
+                        "free_until": slot.free_until,
                         "channels": [
                             {
                                 "channel": s.candidate.id,

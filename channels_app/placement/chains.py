@@ -272,11 +272,13 @@ def nothing_fits(total: int, removed: Mapping[str, list[tuple[str, str]]]) -> st
 
 @dataclass(frozen=True)
 class FreeSlot:
-    """A time at which channels that fit the model are all free, best first."""
+    """A time at which channels that fit the model are all free, best first; ``free_until``:
+    when the best one's free stretch ends (None: not within the search)."""
 
     start: datetime
     end: datetime
     ranked: list[Scored]
+    free_until: datetime | None = None
 
 
 def first_free(
@@ -291,23 +293,40 @@ def first_free(
     maximums: ScoreMaximums = ScoreMaximums(),
 ) -> list[FreeSlot]:
     """The first ``count`` times (from ``starts``) at which some channel that fits is free for
-    ``length``, each with the channels ranked as placement ranks them; after a find, the search
-    goes on from its end, so the times offered do not overlap. ``busy``: each channel's booked
+    ``length``, each with the channels ranked as placement ranks them. Each channel's free
+    stretch is offered once, at its first fitting start (with when it ends): the times offered
+    are different stretches, not one stretch cut into pieces. ``busy``: each channel's booked
     slots."""
     found: list[FreeSlot] = []
-    not_before: datetime | None = None
+    offered: dict[int, datetime | None] = {}  # channel → the end of the stretch offered already
+
+    def not_offered(channel_id: int, start: datetime) -> bool:
+        """Whether ``start`` lies in a stretch of the channel not offered yet."""
+        if channel_id not in offered:
+            return True
+        until = offered[channel_id]
+        return until is not None and start >= until
+
+    def stretch_end(channel_id: int, end: datetime) -> datetime | None:
+        later = [s for s, _ in busy.get(channel_id, ()) if s >= end]
+        return min(later) if later else None
+
     for start in starts:
-        if not_before is not None and start < not_before:
-            continue
         end = start + length
         at_time = [
             replace(c, free_at_time=not any(s < end and e > start for s, e in busy.get(c.id, ())))
             for c in candidates
         ]
-        ranked = place(at_time, wanted, policy=policy, maximums=maximums).ranked
-        if ranked:
-            found.append(FreeSlot(start, end, ranked))
-            not_before = end
-            if len(found) >= count:
-                break
+        ranked = [
+            scored
+            for scored in place(at_time, wanted, policy=policy, maximums=maximums).ranked
+            if not_offered(scored.candidate.id, start)
+        ]
+        if not ranked:
+            continue
+        for scored in ranked:
+            offered[scored.candidate.id] = stretch_end(scored.candidate.id, end)
+        found.append(FreeSlot(start, end, ranked, offered[ranked[0].candidate.id]))
+        if len(found) >= count:
+            break
     return found
