@@ -243,3 +243,22 @@ def test_the_free_slot_finder_looks_from_the_chosen_day_and_offers_each_free_str
     assert "12:00" in offers[0].split("free until")[1]
     assert "14:00–16:00" in offers[1] and "free from then on" in offers[1]
     shot(page, "booking-free-stretches")
+
+
+@needs_chromium
+def test_the_dialog_chooses_the_only_model_and_says_each_problem_once(browser, live_server):  # noqa: F811
+    factories.user("ana")
+    qwen = factories.llm("qwen")
+    channel = factories.channel("a100-0")
+    page = sign_in(browser, live_server, "ana")
+    day = (timezone.localtime() - timedelta(days=1)).date()  # yesterday: one rule broken
+    page.goto(f"{live_server.url}/book/?channel={channel.pk}")
+    assert page.input_value("#id_model") == str(qwen.pk)
+    page.fill("#id_start", f"{day:%Y-%m-%d}T09:00")
+    page.fill("#id_end", f"{day:%Y-%m-%d}T10:00")
+    page.wait_for_selector("#hints li.blocking")
+    hints = page.locator("#hints li").all_inner_texts()
+    assert not any("Choose a model" in hint for hint in hints), hints
+    assert len(hints) == len(set(hints)), hints
+    beside = page.inner_text("#hint-for-start")
+    assert len(beside.split("; ")) == len(set(beside.split("; "))), beside
