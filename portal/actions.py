@@ -30,6 +30,7 @@ from portal.forms import (
 from reservations import services
 from reservations.models import Reservation, ReservationStatus, WaitlistEntry
 from reservations.services import InvalidTransition, ReservationConflict, SeriesConflict
+from reservations.wording import slot_words
 from slotserve_base.api_fields import in_range
 from slotserve_base.errors import InvalidInput
 
@@ -70,26 +71,38 @@ def book(request: HttpRequest) -> HttpResponse:
             }
         if form.is_valid() and data["repeat"]:
             try:
-                _, made = services.reservation_series_create(
+                _, made, skipped = services.reservation_series_create(
                     **booking,
                     repeat=data["repeat"],
                     until=data["until"],
                     count=data["count"],
                     time_zone=timezone.get_current_timezone_name(),
+                    skip_conflicts=data["skip_conflicts"],
                 )
             except SeriesConflict as exc:
                 total = len(exc.problems) + exc.booked
+                others = (
+                    ' To book the others, tick "Book the others" and book again.'
+                    if exc.booked and not data["skip_conflicts"]
+                    else ""
+                )
                 form.add_error(
                     None,
                     f"{len(exc.problems)} of {total} occurrences cannot be booked, "
-                    "so none was (listed below).",
+                    f"so none was (listed below).{others}",
                 )
                 conflicts = exc.problems
             except (InvalidInput, ReservationConflict) as exc:
                 refusal_to_form(form, exc)
             else:
                 state = " They await approval." if made[0].status == ReservationStatus.PENDING else ""
-                messages.success(request, f"{len(made)} reservations of {made[0].channel} booked.{state}")
+                left_out = "".join(
+                    f" Skipped {slot_words(s, e, timezone.get_current_timezone())}: {why}."
+                    for s, e, why in skipped
+                )
+                messages.success(
+                    request, f"{len(made)} reservations of {made[0].channel} booked.{state}{left_out}"
+                )
                 return redirect("portal:my_reservations")
         elif form.is_valid():
             create = services.reservation_create if data["channel"] else services.reservation_create_anywhere

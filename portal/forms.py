@@ -48,6 +48,9 @@ class BookingForm(forms.Form):
         required=False, widget=forms.DateInput(attrs={"type": "date"}), label="Until (the last day)"
     )
     count = forms.IntegerField(required=False, min_value=1, max_value=60, label="or this many times")
+    skip_conflicts = forms.BooleanField(
+        required=False, label="Book the others, skipping the dates that cannot be booked"
+    )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zoneinfo
+from datetime import datetime
 from typing import Any
 
 from django.db.models import QuerySet
@@ -29,6 +30,14 @@ class ChannelOrAutoField(IdOrNameField):
 
     def to_internal_value(self, data: Any) -> Any:
         return None if data == "auto" else super().to_internal_value(data)
+
+
+_moment = serializers.DateTimeField()
+
+
+def _iso(moment: datetime) -> str:
+    """A moment as the API writes every time: ISO 8601 in UTC."""
+    return str(_moment.to_representation(moment))
 
 
 class ReservationInput(serializers.Serializer[Any]):
@@ -85,6 +94,16 @@ class SeriesInput(ReservationInput):
     count = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=60)
     time_zone = serializers.CharField(
         required=False, max_length=64, help_text="whose wall-clock times the series keeps; default: yours"
+    )
+    skip_conflicts = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="book the occurrences that can be, skipping the others (default: all or none)",
+    )
+    skip_conflicts = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="book the occurrences that can be, skipping the others (default: all or none)",
     )
 
 
@@ -211,19 +230,44 @@ class ReservationViewSet(
 
     @action(detail=False, methods=["post"])
     def series(self, request: Request) -> Response:
-        """Book a recurring slot: every occurrence or none (409 lists each that cannot be)."""
-        data = SeriesInput(data=request.data)
+        """Book a recurring slot: every occurrence or none (409 lists each that cannot be); with
+        ``skip_conflicts``, those that can be, and the skipped ones listed."""
+        user, fields = self._series_fields(request.data)
+        series, made, skipped = services.reservation_series_create(user=user, now=timezone.now(), **fields)
+        return Response(
+            {
+                "series": series.pk,
+                "reservations": ReservationOutput(made, many=True).data,
+                "skipped": [{"start": _iso(s), "end": _iso(e), "reason": why} for s, e, why in skipped],
+            },
+            status=status.HTTP_201_CREATED,
+        )
+
+    @action(detail=False, methods=["get"], url_path="series-preview")
+    def series_preview(self, request: Request) -> Response:
+        """A series' occurrences as they would be booked now, each with why it cannot be (""
+        when it can): the dialog's preview; nothing is booked."""
+        user, fields = self._series_fields(request.query_params)
+        seen = services.series_preview(
+            user=user,
+            now=timezone.now(),
+            **{k: fields[k] for k in ("channel", "start", "end", "repeat", "time_zone", "exclusive")},
+            until=fields.get("until"),
+            count=fields.get("count"),
+        )
+        return Response(
+            {"occurrences": [{"start": _iso(s), "end": _iso(e), "problem": why} for s, e, why in seen]}
+        )
+
+    def _series_fields(self, given: Any) -> tuple[Any, dict[str, Any]]:
+        data = SeriesInput(data=given)
         data.is_valid(raise_exception=True)
         fields = dict(data.validated_data)
         if fields["channel"] is None:
             raise serializers.ValidationError({"channel": "a series is booked on one channel; name it"})
-        user = current_user(request)
+        user = current_user(self.request)
         fields["time_zone"] = fields.get("time_zone") or profile_for(user).time_zone
-        series, made = services.reservation_series_create(user=user, now=timezone.now(), **fields)
-        return Response(
-            {"series": series.pk, "reservations": ReservationOutput(made, many=True).data},
-            status=status.HTTP_201_CREATED,
-        )
+        return user, fields
 
     @action(detail=False, methods=["post"], url_path=r"series/(?P<series_id>\d+)/cancel")
     def cancel_series(self, request: Request, series_id: str) -> Response:

@@ -262,3 +262,32 @@ def test_the_dialog_chooses_the_only_model_and_says_each_problem_once(browser, l
     assert len(hints) == len(set(hints)), hints
     beside = page.inner_text("#hint-for-start")
     assert len(beside.split("; ")) == len(set(beside.split("; "))), beside
+
+
+@needs_chromium
+def test_a_series_shows_its_dates_first_and_books_the_others_skipping_a_conflict(browser, live_server):  # noqa: F811
+    ana, bo = factories.user("ana"), factories.user("bo")
+    qwen = factories.llm("qwen")
+    channel = factories.channel("a100-0")
+    day = (timezone.localtime() + timedelta(days=2)).date()
+    second = datetime.combine(day + timedelta(days=7), time(10), tzinfo=timezone.get_default_timezone())
+    factories.reservation(owner=bo, on=channel, start=second, end=second + timedelta(hours=1))
+    page = sign_in(browser, live_server, "ana")
+    page.goto(f"{live_server.url}/book/")
+    page.select_option("#id_channel", str(channel.pk))
+    page.fill("#id_start", f"{day:%Y-%m-%d}T10:00")
+    page.fill("#id_end", f"{day:%Y-%m-%d}T11:00")
+    page.select_option("#id_model", str(qwen.pk))
+    page.select_option("#id_repeat", "weekly")
+    page.fill("#id_count", "3")
+    page.wait_for_selector("#series-preview li.conflict")
+    dates = page.locator("#series-preview li").all_inner_texts()
+    assert len(dates) == 3 and [("cannot be booked" in d) for d in dates] == [False, True, False], dates
+    assert "overlaps bo's booking" in dates[1]
+    shot(page, "booking-series-preview")
+    page.check("#id_skip_conflicts")
+    page.click("#booking button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/reservations/")
+    assert "2 reservations of a100-0 booked." in page.content() and "Skipped" in page.content()
+    booked = sorted(Reservation.objects.filter(user=ana).values_list("start", flat=True))
+    assert len(booked) == 2 and second not in booked

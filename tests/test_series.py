@@ -141,3 +141,47 @@ def test_bad_series_input_is_a_400_naming_the_field(setup):
     ):
         answer = s["client"].post("/api/reservations/series", series_body(s, **extra), format="json")
         assert answer.status_code == 400 and field in str(answer.data), (extra, answer.data)
+
+
+def test_a_series_may_skip_the_dates_it_cannot_have_and_book_the_others(setup, bo):
+    s = setup
+    third = s["start"] + timedelta(days=14)
+    factories.reservation(
+        owner=bo, on=s["channel"], start=third + HOUR, end=third + 3 * HOUR, target=s["chat"]
+    )
+    made = s["client"].post("/api/reservations/series", series_body(s, skip_conflicts=True), format="json")
+    assert made.status_code == 201, made.data
+    assert len(made.data["reservations"]) == 3
+    (skipped,) = made.data["skipped"]
+    assert (
+        skipped["start"] == iso(third).replace("+00:00", "Z") and "overlaps bo's booking" in skipped["reason"]
+    )
+    booked = sorted(Reservation.objects.filter(user__username="ana").values_list("start", flat=True))
+    assert third not in booked and len(booked) == 3
+    # Nothing left to book is still a 409: a series of only conflicts books nothing.
+    Reservation.objects.filter(user__username="ana").delete()
+    for week in (0, 7, 21):
+        at = s["start"] + timedelta(days=week)
+        factories.reservation(owner=bo, on=s["channel"], start=at, end=at + HOUR, target=s["chat"])
+    none = s["client"].post("/api/reservations/series", series_body(s, skip_conflicts=True), format="json")
+    assert none.status_code == 409 and not Reservation.objects.filter(user__username="ana").exists()
+
+
+def test_a_series_is_previewed_date_by_date_before_it_is_booked(setup, bo):
+    s = setup
+    third = s["start"] + timedelta(days=14)
+    factories.reservation(
+        owner=bo, on=s["channel"], start=third + HOUR, end=third + 3 * HOUR, target=s["chat"]
+    )
+    body = series_body(s)
+    seen = s["client"].get("/api/reservations/series-preview", body)
+    assert seen.status_code == 200, seen.data
+    dates = seen.data["occurrences"]
+    assert [d["start"] for d in dates] == [
+        iso(s["start"] + timedelta(days=7 * n)).replace("+00:00", "Z") for n in range(4)
+    ]
+    assert [bool(d["problem"]) for d in dates] == [False, False, True, False]
+    assert "overlaps bo's booking" in dates[2]["problem"]
+    assert not Reservation.objects.filter(user__username="ana").exists()  # a look books nothing
+    bad = s["client"].get("/api/reservations/series-preview", {**body, "repeat": "hourly"})
+    assert bad.status_code == 400 and "repeat" in bad.data

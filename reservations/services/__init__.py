@@ -24,6 +24,7 @@ from reservations.services.common import validate_slot as validate_slot
 from reservations.services.series import SeriesConflict as SeriesConflict
 from reservations.services.series import reservation_series_cancel as reservation_series_cancel
 from reservations.services.series import reservation_series_create as reservation_series_create
+from reservations.services.series import series_preview as series_preview
 from reservations.services.transitions import reservation_approve as reservation_approve
 from reservations.services.transitions import reservation_cancel as reservation_cancel
 from reservations.services.transitions import reservation_end as reservation_end

@@ -1,4 +1,5 @@
-"""Recurring bookings: every occurrence checked, all of them booked or none (docs/scheduling.md)."""
+"""Recurring bookings: every occurrence checked, then all of them booked or none, or (when the
+booker asks) those that can be, skipping the rest (docs/scheduling.md)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,45 @@ def series_problems(
     return problems
 
 
+def series_slots(
+    *, start: datetime, end: datetime, repeat: str, time_zone: str, until: date | None, count: int | None
+) -> list[tuple[datetime, datetime]]:
+    """The occurrences of a series, in UTC; ``InvalidInput`` naming the field that is wrong."""
+    try:
+        zone = zoneinfo.ZoneInfo(time_zone)
+        slots = occurrences(start=start, end=end, zone=zone, repeat=repeat, until=until, count=count)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+        if isinstance(exc, RecurrenceError):
+            raise InvalidInput(exc.field, exc.message) from None
+        raise InvalidInput("time_zone", f"{time_zone!r} is not a time zone") from None
+    return [(s.astimezone(UTC), e.astimezone(UTC)) for s, e in slots]
+
+
+def series_preview(
+    *,
+    user: User,
+    channel: Channel,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    repeat: str,
+    time_zone: str,
+    until: date | None = None,
+    count: int | None = None,
+    exclusive: bool = False,
+) -> list[tuple[datetime, datetime, str]]:
+    """Each occurrence of a series as it would be booked now, with why it cannot be ("" when it
+    can): what the booking dialog shows before anything is booked."""
+    slots = series_slots(start=start, end=end, repeat=repeat, time_zone=time_zone, until=until, count=count)
+    problems = {
+        (s, e): why
+        for s, e, why in series_problems(
+            user=user, channel=channel, slots=slots, now=now, exclusive=exclusive
+        )
+    }
+    return [(s, e, problems.get((s, e), "")) for s, e in slots]
+
+
 def reservation_series_create(
     *,
     user: User,
@@ -80,21 +120,17 @@ def reservation_series_create(
     preset: Preset | None = None,
     exclusive: bool = False,
     note: str = "",
-) -> tuple[ReservationSeries, list[Reservation]]:
-    """Book ``[start, end)`` and its repetitions, keeping the local times of ``time_zone``.
+    skip_conflicts: bool = False,
+) -> tuple[ReservationSeries, list[Reservation], list[tuple[datetime, datetime, str]]]:
+    """Book ``[start, end)`` and its repetitions, keeping the local times of ``time_zone``: the
+    series, its reservations, and the occurrences skipped (with why).
 
     Every occurrence is checked first; if any cannot be booked, ``SeriesConflict`` lists each
-    and nothing is saved. Then all are inserted in one transaction, one booking of the channel at
-    a time (as ``reservation_create``), with the database's rule behind.
+    and nothing is saved, unless ``skip_conflicts``: then the others are booked (and with none
+    left, ``SeriesConflict``). They are inserted in one transaction, one booking of the channel
+    at a time (as ``reservation_create``), with the database's rule behind.
     """
-    try:
-        zone = zoneinfo.ZoneInfo(time_zone)
-        slots = occurrences(start=start, end=end, zone=zone, repeat=repeat, until=until, count=count)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
-        if isinstance(exc, RecurrenceError):
-            raise InvalidInput(exc.field, exc.message) from None
-        raise InvalidInput("time_zone", f"{time_zone!r} is not a time zone") from None
-    slots = [(s.astimezone(UTC), e.astimezone(UTC)) for s, e in slots]
+    slots = series_slots(start=start, end=end, repeat=repeat, time_zone=time_zone, until=until, count=count)
     validate_slot(
         channel=channel,
         start=slots[0][0],
@@ -106,11 +142,13 @@ def reservation_series_create(
     )
     pending = needs_approval(channel=channel, exclusive=exclusive, user=user)
 
-    def book() -> tuple[ReservationSeries, list[Reservation]]:
+    def book() -> tuple[ReservationSeries, list[Reservation], list[tuple[datetime, datetime, str]]]:
         _hold_channel(channel.pk)
         problems = series_problems(user=user, channel=channel, slots=slots, now=now, exclusive=exclusive)
-        if problems:
+        if problems and (not skip_conflicts or len(problems) == len(slots)):
             raise SeriesConflict(problems, len(slots))
+        cannot = {(s, e) for s, e, _ in problems}
+        wanted = [(s, e) for s, e in slots if (s, e) not in cannot]
         try:
             with transaction.atomic():
                 series = ReservationSeries.objects.create(
@@ -136,7 +174,7 @@ def reservation_series_create(
                         now=now,
                         series=series,
                     )
-                    for s, e in slots
+                    for s, e in wanted
                 ]
         except IntegrityError as exc:
             if not _is_overlap(exc):
@@ -149,7 +187,7 @@ def reservation_series_create(
             _tell_approvers(made[0], also=len(made) - 1)
         else:
             enqueue_redecide(channel.pk)
-        return series, made
+        return series, made, problems
 
     return _retrying_deadlocks(book)
 
