@@ -146,7 +146,10 @@ def _lane_rows(
             css = f"res {r.status}" + (" mine" if mine else "") + (" exclusive" if r.exclusive else "")
             local = slot_words(r.start, r.end, tz)
             waiting = r.status == ReservationStatus.PENDING
-            label = ("pending: " if waiting else "") + f"{r.user.username}: {what}"
+            # "yours" in words, not only in colour.
+            label = (
+                ("yours · " if mine else "") + ("pending: " if waiting else "") + f"{r.user.username}: {what}"
+            )
             title = f"{r.user.username}, {local} {what}" + (" (pending approval)" if waiting else "")
             details = {
                 "who": r.user.username,
@@ -215,7 +218,7 @@ def calendar(request: HttpRequest) -> HttpResponse:
     days = 7 if week else 1
     origin = timezone.make_aware(datetime.combine(day, time()), tz)
     # Hour ticks over one day: the week view shows each day as a lane of its own.
-    ticks = [{"left": i / 24 * 100, "label": f"{i:02d}"} for i in range(24)]
+    ticks = [{"left": i / 24 * 100, "label": f"{i:02d}", "minor": i % 3 != 0} for i in range(24)]
     filters = {name: _number(request.GET.get(name)) for name in ("channel", "node", "model", "group")}
     days_shown = []
     for offset in range(days):
@@ -250,6 +253,8 @@ def calendar(request: HttpRequest) -> HttpResponse:
                     "now_left": (now - lane_origin) / lane_span * 100
                     if lane_origin <= now < lane_origin + lane_span
                     else None,
+                    # The share of the lane that has passed: greyed, and not bookable.
+                    "past": min(max((now - lane_origin) / lane_span * 100, 0.0), 100.0),
                 }
             )
     context = {

@@ -4,6 +4,7 @@ override, reload its process."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from django.contrib import messages
@@ -26,6 +27,7 @@ from portal.forms import (
 from reservations import services
 from reservations.models import Reservation, ReservationStatus
 from reservations.selectors import reviewable_by
+from reservations.services import InvalidTransition, ReservationConflict
 from slotserve_base.errors import InvalidInput
 
 
@@ -50,9 +52,65 @@ def approvals(request: HttpRequest) -> HttpResponse:
     )
     # The nearest first: what must be decided soonest.
     page = Paginator(pending.order_by("start", "pk"), PAGE).get_page(request.GET.get("page"))
+    rows = [(r, _around(r, near)) for near in [_near(list(page))] for r in page]
     return render(
-        request, "portal/approvals.html", {"pending": page, "page": page, "reject_form": RejectForm()}
+        request,
+        "portal/approvals.html",
+        {"pending": page, "rows": rows, "page": page, "reject_form": RejectForm()},
     )
+
+
+def _near(asked: list[Reservation]) -> list[Reservation]:
+    """The bookings on the same channels around the requests asked (a day either side), in one
+    query: what an approver weighs a request against."""
+    if not asked:
+        return []
+    lo = min(r.start for r in asked) - timedelta(days=1)
+    hi = max(r.end for r in asked) + timedelta(days=1)
+    return list(
+        Reservation.objects.blocking()
+        .filter(channel__in={r.channel_id for r in asked})
+        .overlapping(lo, hi)
+        .select_related("user")
+        .order_by("start")
+    )
+
+
+def _around(asked: Reservation, near: list[Reservation]) -> dict[str, Any]:
+    """The booking just before a request on its channel, the one just after, and those it
+    overlaps (other requests for the same time)."""
+    same = [r for r in near if r.channel_id == asked.channel_id and r.pk != asked.pk]
+    before = [r for r in same if r.end <= asked.start]
+    after = [r for r in same if r.start >= asked.end]
+    return {
+        "before": before[-1] if before else None,
+        "after": after[0] if after else None,
+        "overlapping": [r for r in same if r.start < asked.end and r.end > asked.start],
+    }
+
+
+@_approver_required
+@require_POST
+def approve_several(request: HttpRequest) -> HttpResponse:
+    """Approve the ticked requests at once (each as ``approve`` would); those that cannot be
+    approved now are named."""
+    ids = [int(pk) for pk in request.POST.getlist("reservation") if pk.isdigit()]
+    chosen = reviewable_by(me(request)).filter(pk__in=ids).select_related("user", "channel")
+    approved, refused = 0, []
+    for reservation in chosen:
+        try:
+            services.reservation_approve(reservation=reservation, by=me(request), now=timezone.now())
+        except (InvalidInput, InvalidTransition, ReservationConflict) as exc:
+            refused.append(f"{reservation.user}'s booking of {reservation.channel}: {exc.message}")
+        else:
+            approved += 1
+    if approved:
+        messages.success(request, f"{approved} approved.")
+    for why in refused:
+        messages.error(request, why)
+    if not approved and not refused:
+        messages.error(request, "Tick the requests to approve.")
+    return redirect("portal:approvals")
 
 
 @_approver_required

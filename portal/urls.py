@@ -24,6 +24,7 @@ urlpatterns = [
     path("reservations/series/<int:pk>/cancel", portal_actions.cancel_series, name="cancel_series"),
     path("waitlist/<int:pk>/leave", portal_actions.leave_waitlist, name="leave_waitlist"),
     path("approvals/", staff_actions.approvals, name="approvals"),
+    path("approvals/approve", staff_actions.approve_several, name="approve_several"),
     path("approvals/<int:pk>/approve", staff_actions.approve, name="approve"),
     path("approvals/<int:pk>/reject", staff_actions.reject, name="reject"),
     path("channel/<int:pk>/override", staff_actions.channel_override, name="override"),

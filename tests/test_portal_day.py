@@ -232,7 +232,7 @@ def test_my_reservations_keeps_cancelled_bookings_apart_and_says_how_past_ones_e
     assert f'data-reservation="{waiting.pk}"' in upcoming, "a started pending booking still waits"
     assert f'data-reservation="{dropped.pk}"' in withdrawn and f'data-reservation="{dropped.pk}"' not in past
     row = past.split(f'data-reservation="{done.pk}"')[1].split("</tr>")[0]
-    assert 'class="status">completed' in row
+    assert 'data-label="Status">completed' in row
     assert 'data-confirm="Cancel your booking of a100-0' in upcoming
 
 

@@ -291,3 +291,40 @@ def test_a_series_shows_its_dates_first_and_books_the_others_skipping_a_conflict
     assert "2 reservations of a100-0 booked." in page.content() and "Skipped" in page.content()
     booked = sorted(Reservation.objects.filter(user=ana).values_list("start", flat=True))
     assert len(booked) == 2 and second not in booked
+
+
+def test_approvers_see_each_request_among_its_neighbours_and_approve_several_at_once():
+    from reservations.models import Notification
+
+    boss = factories.user("boss", staff=True)
+    ana, bo = factories.user("ana"), factories.user("bo")
+    channel = factories.channel("a100-0", policy="all")
+    start = tomorrow_at(10)
+    held = factories.reservation(
+        owner=bo, on=channel, start=start - timedelta(hours=2), end=start - timedelta(hours=1)
+    )
+    asks = [
+        factories.reservation(
+            owner=ana,
+            on=channel,
+            start=start + timedelta(hours=2 * n),
+            end=start + timedelta(hours=2 * n + 1),
+            status="pending",
+        )
+        for n in range(3)
+    ]
+    client = Client()
+    client.force_login(boss)
+    page = client.get("/approvals/").content.decode()
+    row = page.split(f'id="reservation-{asks[0].pk}"')[1].split("</tr>")[0]
+    assert "bo 08:00–09:00" in row and f"/calendar/?day={start:%Y-%m-%d}" in row  # what is around it
+    answer = client.post("/approvals/approve", {"reservation": [asks[0].pk, asks[2].pk]})
+    assert answer.status_code == 302
+    assert [Reservation.objects.get(pk=r.pk).status for r in asks] == ["approved", "pending", "approved"]
+    assert Notification.objects.filter(user=ana, event="approved").count() == 2
+    assert held.pk not in {r.pk for r in asks}
+    # Someone who approves nothing gets nothing of it.
+    stranger = Client()
+    stranger.force_login(bo)
+    assert stranger.post("/approvals/approve", {"reservation": [asks[1].pk]}).status_code == 403
+    assert Reservation.objects.get(pk=asks[1].pk).status == "pending"
