@@ -5,10 +5,22 @@ from gateway.models import ApiKey, RequestLog, SharingLimits
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
-    """Keys are created by their owners or ``manage.py apikey``; here they can be revoked."""
+    """Keys are created by their owners or ``manage.py apikey``; here they can be revoked, limited
+    to models and channels, given an expiry or made read-only."""
 
-    list_display = ["name", "user", "prefix", "created", "last_used", "revoked_at", "wait_seconds"]
+    list_display = [
+        "name",
+        "user",
+        "prefix",
+        "created",
+        "last_used",
+        "expires_at",
+        "read_only",
+        "revoked_at",
+        "wait_seconds",
+    ]
     readonly_fields = ["prefix", "hashed", "created", "last_used"]
+    filter_horizontal = ["models_allowed", "channels_allowed"]
     search_fields = ["name", "user__username", "prefix"]
 
     def has_add_permission(self, request: object) -> bool:

@@ -17,17 +17,39 @@ from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from channels_app.models import Channel, LLMModel
 from gateway.api_keys import api_key_change, api_key_create, api_key_revoke
 from gateway.filters import RequestLogFilter
 from gateway.models import ApiKey, RequestLog
-from slotserve_base.api_fields import current_user
+from slotserve_base.api_fields import IdOrNameField, MomentField, current_user
 from slotserve_base.csv_stream import BATCH, csv_response
 
 
 class ApiKeyOutput(serializers.ModelSerializer[ApiKey]):
+    models = serializers.SerializerMethodField()
+    channels = serializers.SerializerMethodField()
+
+    def get_models(self, key: ApiKey) -> list[str]:
+        return sorted(m.name for m in key.models_allowed.all())
+
+    def get_channels(self, key: ApiKey) -> list[str]:
+        return sorted(c.name for c in key.channels_allowed.all())
+
     class Meta:
         model = ApiKey
-        fields = ["id", "name", "prefix", "created", "last_used", "revoked_at", "wait_seconds"]
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "created",
+            "last_used",
+            "revoked_at",
+            "wait_seconds",
+            "models",
+            "channels",
+            "expires_at",
+            "read_only",
+        ]
 
 
 class ApiKeyInput(serializers.Serializer[Any]):
@@ -37,6 +59,27 @@ class ApiKeyInput(serializers.Serializer[Any]):
         required=False,
         help_text="seconds the gateway holds this key's requests while their model loads (default 0)",
     )
+    models = serializers.ListField(
+        child=IdOrNameField(queryset=LLMModel.objects.all()),
+        required=False,
+        max_length=200,
+        help_text="the models (and their aliases) it may call; empty: all",
+    )
+    channels = serializers.ListField(
+        child=IdOrNameField(queryset=Channel.objects.all()),
+        required=False,
+        max_length=200,
+        help_text="the channels it may reach; empty: all",
+    )
+    expires_at = MomentField(required=False, allow_null=True, help_text="when it stops working; null: never")
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        fields = super().get_fields()
+        # Not a class attribute: a serializer's own ``read_only`` is DRF's.
+        fields["read_only"] = serializers.BooleanField(
+            required=False, help_text="for the REST API: reads only"
+        )
+        return fields
 
     def validate_wait_seconds(self, value: int) -> int:
         limit = settings.SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS
@@ -62,10 +105,15 @@ class ApiKeyViewSet(
     def create(self, request: Request) -> Response:
         data = ApiKeyInput(data=request.data)
         data.is_valid(raise_exception=True)
+        given = data.validated_data
         api_key, key = api_key_create(
             user=current_user(request),
-            name=data.validated_data["name"],
-            wait_seconds=data.validated_data.get("wait_seconds", 0),
+            name=given["name"],
+            wait_seconds=given.get("wait_seconds", 0),
+            models=given.get("models", ()),
+            channels=given.get("channels", ()),
+            expires_at=given.get("expires_at"),
+            read_only=given.get("read_only", False),
         )
         return Response({**ApiKeyOutput(api_key).data, "key": key}, status=status.HTTP_201_CREATED)
 
@@ -73,6 +121,7 @@ class ApiKeyViewSet(
         data = ApiKeyInput(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
         api_key = api_key_change(api_key=self.get_object(), **data.validated_data)
+        api_key.refresh_from_db()
         return Response(ApiKeyOutput(api_key).data)
 
     def perform_destroy(self, instance: ApiKey) -> None:

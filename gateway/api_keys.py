@@ -2,40 +2,135 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.db import transaction
 from django.utils import timezone
 
+from channels_app.models import Channel, LLMModel
 from gateway.models import ApiKey, hash_key, new_key
+from slotserve_base.errors import InvalidInput
+from slotserve_base.vocabulary import NotificationEvent
 
 
-def api_key_create(*, user: User, name: str, wait_seconds: int = 0) -> tuple[ApiKey, str]:
-    """A new key for ``user``; the plain key is returned once and never stored."""
+def api_key_create(
+    *,
+    user: User,
+    name: str,
+    wait_seconds: int = 0,
+    models: Iterable[LLMModel] = (),
+    channels: Iterable[Channel] = (),
+    expires_at: datetime | None = None,
+    read_only: bool = False,
+    now: datetime | None = None,
+) -> tuple[ApiKey, str]:
+    """A new key for ``user``, limited to ``models`` and ``channels`` when given, until
+    ``expires_at``; the plain key is returned once and never stored."""
+    _check_expiry(expires_at, now or timezone.now())
     key = new_key()
-    api_key = ApiKey.objects.create(
-        user=user, name=name, prefix=key[:10], hashed=hash_key(key), wait_seconds=wait_seconds
-    )
+    with transaction.atomic():
+        api_key = ApiKey.objects.create(
+            user=user,
+            name=name,
+            prefix=key[:10],
+            hashed=hash_key(key),
+            wait_seconds=wait_seconds,
+            expires_at=expires_at,
+            read_only=read_only,
+        )
+        api_key.models_allowed.set(list(models))
+        api_key.channels_allowed.set(list(channels))
     return api_key, key
 
 
-def api_key_change(*, api_key: ApiKey, name: str | None = None, wait_seconds: int | None = None) -> ApiKey:
-    """Rename a key or change how long the gateway holds its requests by default."""
+# Left out of a change: stays as it was.
+UNCHANGED: Any = object()
+
+
+def api_key_change(
+    *,
+    api_key: ApiKey,
+    name: str | None = None,
+    wait_seconds: int | None = None,
+    models: Iterable[LLMModel] | None = None,
+    channels: Iterable[Channel] | None = None,
+    expires_at: datetime | None = UNCHANGED,
+    read_only: bool | None = None,
+    now: datetime | None = None,
+) -> ApiKey:
+    """Rename a key, change how long the gateway holds its requests by default, its scope
+    (an empty list: all), its expiry (None: never) or whether it only reads."""
+    if expires_at is not UNCHANGED:
+        _check_expiry(expires_at, now or timezone.now())
+        if expires_at != api_key.expires_at:
+            api_key.expiry_told_at = None  # a new expiry is told anew
+        api_key.expires_at = expires_at
     if name is not None:
         api_key.name = name
     if wait_seconds is not None:
         api_key.wait_seconds = wait_seconds
-    api_key.save(update_fields=["name", "wait_seconds"])
+    if read_only is not None:
+        api_key.read_only = read_only
+    with transaction.atomic():
+        api_key.save(update_fields=["name", "wait_seconds", "expires_at", "expiry_told_at", "read_only"])
+        if models is not None:
+            api_key.models_allowed.set(list(models))
+        if channels is not None:
+            api_key.channels_allowed.set(list(channels))
     return api_key
 
 
-def api_key_user(key: str) -> Any | None:
-    """The active user a key belongs to, or None for an unknown or revoked key."""
-    found = ApiKey.objects.usable().select_related("user").filter(hashed=hash_key(key)).first()
-    return found.user if found is not None else None
+def _check_expiry(expires_at: datetime | None, now: datetime) -> None:
+    if expires_at is not None and expires_at <= now:
+        raise InvalidInput("expires_at", "a key's expiry must be in the future")
+
+
+def api_key_user(key: str) -> ApiKey | None:
+    """The key (with its active user), expired or not; None for an unknown or revoked key."""
+    return ApiKey.objects.live().select_related("user").filter(hashed=hash_key(key)).first()
 
 
 def api_key_revoke(*, api_key: ApiKey) -> None:
     if api_key.revoked_at is None:
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])
+
+
+# A key's owner is told this long before it stops working.
+EXPIRY_NOTICE = timedelta(days=7)
+
+
+def tell_keys_expiring(*, now: datetime) -> int:
+    """Tell the owner of each key that stops working within ``EXPIRY_NOTICE``, once per expiry."""
+    from reservations.notifications import notify
+    from reservations.wording import moment_words
+
+    soon = (
+        ApiKey.objects.usable(now)
+        .filter(expires_at__lte=now + EXPIRY_NOTICE, expiry_told_at__isnull=True)
+        .select_related("user")
+    )
+    told = 0
+    for api_key in soon:
+        expires = api_key.expires_at
+        assert expires is not None
+
+        def text(zone: tzinfo, k: ApiKey = api_key, at: datetime = expires) -> str:
+            return (
+                f"Your API key {k.name} ({k.prefix}…) stops working {moment_words(at, zone)}: "
+                "create a new one on the keys page, or set a later expiry."
+            )
+
+        notify(
+            user=api_key.user,
+            event=NotificationEvent.KEY_EXPIRING,
+            text=text,
+            link="/keys/",
+            key=f"key_expiring:{api_key.pk}:{expires.isoformat()}",
+        )
+        ApiKey.objects.filter(pk=api_key.pk).update(expiry_told_at=now)
+        told += 1
+    return told

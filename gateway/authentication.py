@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
-from rest_framework import authentication, exceptions
+from django.utils import timezone
+from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
 from gateway.api_keys import api_key_user
@@ -13,7 +15,7 @@ from gateway.api_keys import api_key_user
 class ApiKeyAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
-    def authenticate(self, request: Request) -> tuple[Any, None] | None:
+    def authenticate(self, request: Request) -> tuple[Any, Any] | None:
         header = authentication.get_authorization_header(request).decode("latin-1")
         if not header:
             return None
@@ -23,10 +25,20 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         key = key.strip()
         if not key:
             raise exceptions.AuthenticationFailed("The Authorization header has no API key after 'Bearer'.")
-        user = api_key_user(key)
-        if user is None:
+        found = api_key_user(key)
+        if found is None:
             raise exceptions.AuthenticationFailed("The API key is unknown or has been revoked.")
-        return user, None
+        if found.expires_at is not None and found.expires_at <= timezone.now():
+            raise exceptions.AuthenticationFailed(
+                f"The API key expired on {found.expires_at.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}: create a new "
+                "one in the portal."
+            )
+        if found.read_only and request.method not in permissions.SAFE_METHODS:
+            # Whatever the view: a dashboard's key reads, never changes.
+            raise exceptions.PermissionDenied(
+                "This API key is read-only: it may read, not change anything (create another key for that)."
+            )
+        return found.user, found
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword

@@ -66,8 +66,8 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
     if snapshot is None:
         return False
     caller = authenticate(scope, snapshot)
-    if caller is None:
-        return False
+    if caller is None or caller.scoped or caller.expires_at is not None:
+        return False  # refused, or checked against its scope and expiry: the application's
     # The same stages as the application's, in the same order; where the application would
     # refuse, hold or choose among channels by their requests in flight, the lane declines.
     request = asked(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from django.utils import timezone
 
+from gateway import key_scope
 from gateway.access import ChannelView, models_for
 from gateway.refusals import (
     error_body,
@@ -35,10 +36,13 @@ async def list_models(
     only: str | None = None,
 ) -> None:
     """One entry per model the caller may use now, the channels serving it listed inside."""
-    channels = [c for c in snapshot.channels if pinned is None or c.name == pinned]
+    reachable = key_scope.reachable(caller, snapshot.channels)
+    channels = [c for c in reachable if pinned is None or c.name == pinned]
     switching = await gateway.counters.switching(c.id for c in channels)
     views = [with_switching(c, c.id in switching) for c in channels]
     pairs = models_for(caller_id=caller.user_id, channels=views, now=timezone.now())
+    if caller.models_allowed is not None:  # the key's own scope
+        pairs = [(model, name) for model, name in pairs if model in caller.models_allowed]
     serving: dict[str, list[str]] = {}
     for model, name in pairs:
         serving.setdefault(model, []).append(name)

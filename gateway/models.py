@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from datetime import datetime
 
 from django.conf import settings
 from django.db import models
@@ -24,7 +25,15 @@ def new_key() -> str:
 
 
 class ApiKeyQuerySet(models.QuerySet["ApiKey"]):
-    def usable(self) -> ApiKeyQuerySet:
+    def usable(self, now: datetime | None = None) -> ApiKeyQuerySet:
+        """Keys that open the gateway and the API now: not revoked, not expired, of an active user."""
+        moment = now or timezone.now()
+        return self.filter(revoked_at__isnull=True, user__is_active=True).filter(
+            Q(expires_at__isnull=True) | Q(expires_at__gt=moment)
+        )
+
+    def live(self) -> ApiKeyQuerySet:
+        """Keys not revoked, of an active user, expired or not (an expired one is told so)."""
         return self.filter(revoked_at__isnull=True, user__is_active=True)
 
 
@@ -41,6 +50,28 @@ class ApiKey(models.Model):
     )
     requests_per_minute = models.PositiveIntegerField(
         null=True, blank=True, help_text="Requests this key may start per minute (empty: no own limit)."
+    )
+    # A key's scope (docs/api.md, "Keys scoped like a team's keys"): none set means all.
+    models_allowed = models.ManyToManyField(
+        "channels_app.LLMModel",
+        blank=True,
+        related_name="+",
+        help_text="The models (and their aliases) this key may call through the gateway; none: all.",
+    )
+    channels_allowed = models.ManyToManyField(
+        "channels_app.Channel",
+        blank=True,
+        related_name="+",
+        help_text="The channels this key may reach through the gateway; none: all.",
+    )
+    expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the key stops working (its owner is told a week ahead)."
+    )
+    expiry_told_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When its owner was told it expires soon."
+    )
+    read_only = models.BooleanField(
+        default=False, help_text="For the REST API: it may read, never change (e.g. a dashboard's key)."
     )
     wait_seconds = models.PositiveIntegerField(
         default=0,

@@ -28,6 +28,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from gateway import key_scope
 from gateway.access import ChannelView, Refusal, route
 from gateway.admission import Entry, Go, going
 from gateway.answer import Answer
@@ -154,6 +155,10 @@ class Gateway:
                 ),
             )
             return
+        gone = key_scope.expired(caller, timezone.now())
+        if gone is not None:
+            await refuse(send, gone)
+            return
         if path == "/v1/models" and method == "GET":
             await list_models(self, send, snapshot, caller, pinned)
         elif path.startswith("/v1/models/") and method == "GET":
@@ -214,6 +219,12 @@ class Gateway:
         if isinstance(request, Refusal):
             await refuse(send, request)
             return
+        if caller.scoped:
+            pinned_view = next((c for c in snapshot.channels if c.name == pinned), None) if pinned else None
+            outside = key_scope.outside(caller, request.model, pinned_view)
+            if outside is not None:
+                await refuse(send, outside)
+                return
         body, model, wait = request.body, request.model, request.wait
         answer.model = request.named
         loop = asyncio.get_running_loop()
@@ -325,13 +336,14 @@ class Gateway:
         self, snapshot: Snapshot, caller: Caller, model: str | None, pinned: str | None, now: datetime
     ) -> tuple[ChannelView | None, Refusal | None]:
         """The channel that may take the request, or why none does now."""
-        candidates = [c for c in snapshot.channels if c.model == model and c.phase == Phase.READY]
+        reachable = key_scope.reachable(caller, snapshot.channels)
+        candidates = [c for c in reachable if c.model == model and c.phase == Phase.READY]
         in_flight = await self.counters.in_flight(c.id for c in candidates) if len(candidates) > 1 else {}
         chosen = route(
             caller_id=caller.user_id,
             model=model,
             pinned=pinned,
-            channels=snapshot.channels,
+            channels=reachable,
             in_flight=in_flight,
             now=now,
             zone=caller.zone,

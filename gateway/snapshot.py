@@ -14,9 +14,10 @@ import functools
 import logging
 import time
 import zoneinfo
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, tzinfo
+from datetime import UTC, datetime, tzinfo
 from functools import cached_property
 
 from django.conf import settings
@@ -60,6 +61,17 @@ class Caller:
     is_staff: bool = False  # may reach a process's admin endpoints through the pinned path
     weight: int = 1  # the user's share in a channel's fair queue (their groups' largest)
     zone: tzinfo = UTC  # their profile's time zone: refusals tell times in it
+    # The key's scope (None: all) and expiry (docs/api.md, "Keys scoped like a team's keys").
+    models_allowed: frozenset[str] | None = None  # model names
+    channels_allowed: frozenset[int] | None = None
+    expires_at: datetime | None = None
+
+    @property
+    def scoped(self) -> bool:
+        return self.models_allowed is not None or self.channels_allowed is not None
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
 
 
 @dataclass(frozen=True)
@@ -123,7 +135,13 @@ def _read_snapshot() -> Snapshot:
 
     now = timezone.now()
     _limits = _limits_reader()
-    keys = ApiKey.objects.usable()
+    keys = ApiKey.objects.live()  # an expired key is known, to be told it expired
+    scopes_m: dict[int, set[str]] = defaultdict(set)
+    for key_id, name in ApiKey.models_allowed.through.objects.values_list("apikey_id", "llmmodel__name"):
+        scopes_m[key_id].add(name)
+    scopes_c: dict[int, set[int]] = defaultdict(set)
+    for key_id, channel_id in ApiKey.channels_allowed.through.objects.values_list("apikey_id", "channel_id"):
+        scopes_c[key_id].add(channel_id)
     zones = {
         user_id: zone_named(name) for user_id, name in Profile.objects.values_list("user_id", "time_zone")
     }
@@ -144,8 +162,11 @@ def _read_snapshot() -> Snapshot:
             staff,
             weights.get(user_id, 1),
             zones.get(user_id, UTC),
+            frozenset(scopes_m[key_id]) if key_id in scopes_m else None,
+            frozenset(scopes_c[key_id]) if key_id in scopes_c else None,
+            expires,
         )
-        for key_id, hashed, user_id, username, wait, key_conc, key_rpm, staff in keys.values_list(
+        for key_id, hashed, user_id, username, wait, key_conc, key_rpm, staff, expires in keys.values_list(
             "pk",
             "hashed",
             "user_id",
@@ -154,6 +175,7 @@ def _read_snapshot() -> Snapshot:
             "max_concurrent",
             "requests_per_minute",
             "user__is_staff",
+            "expires_at",
         )
     }
     active = {

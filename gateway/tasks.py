@@ -16,3 +16,13 @@ def flush_gateway_usage() -> int:
     request records into the request log."""
     client = redis_client()
     return flush_usage(client) + flush_request_log(client)
+
+
+@shared_task(name=dispatch.KEYS_EXPIRING, ignore_result=True, soft_time_limit=30, time_limit=60)
+def tell_keys_expiring() -> int:
+    """Tell owners of API keys that stop working within a week (once per expiry)."""
+    from django.utils import timezone
+
+    from gateway.api_keys import tell_keys_expiring as tell
+
+    return tell(now=timezone.now())

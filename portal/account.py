@@ -3,7 +3,7 @@ requests, and the calendar feed."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, time, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -87,13 +87,31 @@ def keys(request: HttpRequest) -> HttpResponse:
     new_key = None
     form = ApiKeyForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        _, new_key = api_key_create(
-            user=me(request),
-            name=form.cleaned_data["name"],
-            wait_seconds=form.cleaned_data["wait_seconds"],
+        given = form.cleaned_data
+        # The last day it works, in the user's zone: it stops at the midnight after it.
+        last = given["expires"]
+        expires = (
+            datetime.combine(last + timedelta(days=1), time(), tzinfo=timezone.get_current_timezone())
+            if last
+            else None
         )
-        form = ApiKeyForm()
-    mine = ApiKey.objects.filter(user=me(request), revoked_at__isnull=True)
+        try:
+            _, new_key = api_key_create(
+                user=me(request),
+                name=given["name"],
+                wait_seconds=given["wait_seconds"],
+                models=given["models"],
+                channels=given["channels"],
+                expires_at=expires,
+                read_only=given["read_only"],
+            )
+        except InvalidInput as exc:
+            form.add_error("expires", exc.message)
+        else:
+            form = ApiKeyForm()
+    mine = ApiKey.objects.filter(user=me(request), revoked_at__isnull=True).prefetch_related(
+        "models_allowed", "channels_allowed"
+    )
     context = {
         "form": form,
         "keys": mine,
@@ -116,7 +134,9 @@ def my_requests(request: HttpRequest) -> HttpResponse:
     from gateway.models import RequestLog
 
     viewer = me(request)
-    rows = RequestLog.objects.select_related("user", "key", "channel")
+    rows = RequestLog.objects.select_related("user", "key", "channel").prefetch_related(
+        "key__models_allowed", "key__channels_allowed"
+    )
     if not viewer.is_staff:
         rows = rows.filter(user=viewer)
     found = RequestLogFilter(request.GET, queryset=rows)

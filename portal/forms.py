@@ -133,6 +133,23 @@ class ApiKeyForm(forms.Form):
         help_text="Hold requests up to this long while their model loads, instead of answering 503.",
     )
 
+    models = forms.ModelMultipleChoiceField(
+        queryset=LLMModel.objects.all(),
+        required=False,
+        label="Only these models",
+        help_text="None chosen: every model (and its aliases).",
+    )
+    channels = forms.ModelMultipleChoiceField(
+        queryset=Channel.objects.all(), required=False, label="Only these channels", help_text="None: all."
+    )
+    expires = forms.DateField(
+        required=False,
+        widget=forms.DateInput(attrs={"type": "date"}),
+        label="Stops working after",
+        help_text="The last day it works (your zone); empty: it does not expire. You are told a week ahead.",
+    )
+    read_only = forms.BooleanField(required=False, label="Read-only for the REST API (a dashboard's key)")
+
     def clean_wait_seconds(self) -> int:
         value = self.cleaned_data.get("wait_seconds") or 0
         limit = settings.SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS

@@ -29,6 +29,7 @@ NOTIFICATION_EMAIL = "reservations.tasks.send_notification_email"
 STARTING_SOON = "reservations.tasks.send_starting_soon_reminders"
 FLUSH_USAGE = "gateway.tasks.flush_gateway_usage"
 IDLE_RULE = "reservations.tasks.release_idle_bookings"
+KEYS_EXPIRING = "gateway.tasks.tell_keys_expiring"
 
 
 def send(task_name: str, **options: Any) -> None:

@@ -64,6 +64,7 @@ class NotificationEvent(models.TextChoices):
     SLOT_FREED = "slot_freed", "A slot you wait for is free"
     IDLE_WARNING = "idle_warning", "No request has reached your booking"
     IDLE_RELEASED = "idle_released", "Your unused booking was released"
+    KEY_EXPIRING = "key_expiring", "An API key of yours stops working within a week"
 
 
 class ErrorCode(models.TextChoices):
@@ -85,6 +86,8 @@ class ErrorCode(models.TextChoices):
     INSUFFICIENT_QUOTA = "insufficient_quota"  # the week's token budget is used up
     TOO_MANY_HELD = "too_many_held"  # the caller has as many requests held as they may
     ADMIN_ONLY = "admin_only"  # a process's admin endpoint, through the pinned path: staff only
+    KEY_EXPIRED = "key_expired"  # the API key's expiry date has passed
+    KEY_SCOPE = "key_scope"  # a model or channel outside the API key's scope
     QUEUE_FULL = "queue_full"  # the caller has as many requests waiting for a channel as they may
     CHANNEL_QUEUE_FULL = "channel_queue_full"  # the channel's queue holds as many as it may
 

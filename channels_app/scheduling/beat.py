@@ -6,7 +6,7 @@ from typing import Any
 
 from django.conf import settings
 
-from slotserve_base.dispatch import FLUSH_USAGE, IDLE_RULE, STARTING_SOON
+from slotserve_base.dispatch import FLUSH_USAGE, IDLE_RULE, KEYS_EXPIRING, STARTING_SOON
 from slotserve_base.dispatch import SCHEDULER_TICK as TICK_TASK
 
 TICK_TASK_NAME = "SlotServe scheduler tick"
@@ -15,6 +15,7 @@ PERIODIC_JOBS = (
     ("SlotServe starting-soon reminders", STARTING_SOON),
     ("SlotServe gateway usage flush", FLUSH_USAGE),
     ("SlotServe unused bookings", IDLE_RULE),
+    ("SlotServe API keys near expiry", KEYS_EXPIRING),
 )
 
 

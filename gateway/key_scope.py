@@ -1,0 +1,53 @@
+"""Who is calling, continued: a key's expiry and scope (docs/api.md, "Keys scoped like a team's
+keys"), as pure functions. A key may be limited to models (and so to their aliases) and to
+channels; outside them the answer is ``403 key_scope`` naming the scope, and an expired key is
+``401 key_expired`` saying when it expired."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from gateway.access import ChannelView, Refusal
+from gateway.snapshot import Caller
+from slotserve_base.vocabulary import ErrorCode
+
+
+def expired(caller: Caller, now: datetime) -> Refusal | None:
+    if not caller.expired(now):
+        return None
+    assert caller.expires_at is not None
+    local = caller.expires_at.astimezone(caller.zone)
+    instant = f"{caller.expires_at.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
+    when = f"{local:%a} {local.day} {local:%b %Y %H:%M %Z} ({instant})"
+    message = f"this API key expired on {when}: create a new one in the portal"
+    return Refusal(401, ErrorCode.KEY_EXPIRED, message)
+
+
+def reachable(caller: Caller, channels: Sequence[ChannelView]) -> list[ChannelView]:
+    """The channels the caller's key may reach."""
+    allowed = caller.channels_allowed
+    return list(channels) if allowed is None else [c for c in channels if c.id in allowed]
+
+
+def outside(caller: Caller, model: str | None, channel: ChannelView | None) -> Refusal | None:
+    """Why the key may not call ``model`` (its real name) or reach ``channel`` (a pinned one),
+    or None."""
+    models, channels = caller.models_allowed, caller.channels_allowed
+    if channel is not None and channels is not None and channel.id not in channels:
+        return Refusal(
+            403, ErrorCode.KEY_SCOPE, f"this API key may not reach channel {channel.name}: {_scope(caller)}"
+        )
+    asked = model if model is not None else (channel.model if channel is not None else None)
+    if models is not None and asked is not None and asked not in models:
+        return Refusal(403, ErrorCode.KEY_SCOPE, f"this API key may not call model {asked}: {_scope(caller)}")
+    return None
+
+
+def _scope(caller: Caller) -> str:
+    parts = []
+    if caller.models_allowed is not None:
+        parts.append("models " + ", ".join(sorted(caller.models_allowed)))
+    if caller.channels_allowed is not None:
+        parts.append(f"{len(caller.channels_allowed)} channel(s) chosen for it")
+    return "it is limited to " + " and ".join(parts)

@@ -1,0 +1,122 @@
+"""API keys scoped like a team's keys (docs/api.md): limited to models and channels, expiring, or
+read-only; through the gateway (both lanes), the REST API, the keys page and the owner's notice."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import httpx
+import pytest
+from django.test import Client
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from gateway.api_keys import api_key_change, api_key_create, tell_keys_expiring
+from gateway.models import ApiKey
+from reservations.models import Notification
+from tests import factories
+from tests.conftest import snapshot_seen
+from tests.test_gateway_http import call, error
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_key_limited_to_a_model_and_a_channel_is_refused_outside_them_naming_its_scope(gateway_url, world):
+    _, only_qwen = api_key_create(user=world.ana, name="qwen only", models=[world.model])
+    _, only_b = api_key_create(user=world.ana, name="b only", channels=[world.other])
+    snapshot_seen(gateway_url)
+    assert call(gateway_url, only_qwen).status_code == 200
+    other = call(gateway_url, only_qwen, model="llama")
+    assert error(other) == (403, "key_scope") and "models qwen" in other.json()["error"]["message"]
+    listed = httpx.get(gateway_url + "/v1/models", headers={"Authorization": f"Bearer {only_qwen}"}).json()
+    assert [m["id"] for m in listed["data"]] == ["qwen"]
+    assert call(gateway_url, only_b, model="llama").status_code == 200
+    pinned = call(gateway_url + "/channels/ch-a", only_b)
+    assert error(pinned) == (403, "key_scope") and "channel ch-a" in pinned.json()["error"]["message"]
+    # The same user's unscoped key reaches everything.
+    assert call(gateway_url, world.ana_key, model="llama").status_code == 200
+
+
+def test_an_expired_key_is_told_it_expired_at_the_gateway_and_the_api(gateway_url, world):
+    soon, key = api_key_create(user=world.ana, name="soon", expires_at=timezone.now() + timedelta(hours=1))
+    snapshot_seen(gateway_url)
+    assert call(gateway_url, key).status_code == 200
+    ApiKey.objects.filter(pk=soon.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    snapshot_seen(gateway_url)
+    refused = call(gateway_url, key)
+    assert error(refused) == (401, "key_expired") and "expired on" in refused.json()["error"]["message"]
+    api = APIClient()
+    answer = api.get("/api/reservations/", HTTP_AUTHORIZATION=f"Bearer {key}")
+    assert answer.status_code == 401 and "expired" in answer.json()["message"]
+
+
+def test_a_read_only_key_reads_the_api_and_cannot_book(ana):
+    channel = factories.channel("a100-0")
+    _, key = api_key_create(user=ana, name="dashboard", read_only=True)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    assert api.get("/api/reservations/").status_code == 200
+    start = timezone.now() + timedelta(days=1)
+    refused = api.post(
+        "/api/reservations/",
+        {"channel": channel.pk, "start": start.isoformat(), "end": (start + timedelta(hours=1)).isoformat()},
+        format="json",
+    )
+    assert refused.status_code == 403 and "read-only" in refused.json()["message"]
+
+
+def test_keys_are_scoped_through_the_api_and_a_past_expiry_is_refused(ana):
+    qwen = factories.llm("qwen")
+    channel = factories.channel("a100-0")
+    api = APIClient()
+    api.force_authenticate(ana)
+    later = (timezone.now() + timedelta(days=30)).replace(microsecond=0)
+    made = api.post(
+        "/api/keys/",
+        {
+            "name": "ci",
+            "models": ["qwen"],
+            "channels": ["a100-0"],
+            "expires_at": later.isoformat(),
+            "read_only": True,
+        },
+        format="json",
+    )
+    assert made.status_code == 201, made.json()
+    body = made.json()
+    assert (body["models"], body["channels"], body["read_only"]) == (["qwen"], ["a100-0"], True)
+    stored = ApiKey.objects.get(pk=body["id"])
+    assert list(stored.models_allowed.all()) == [qwen] and list(stored.channels_allowed.all()) == [channel]
+    opened = api.patch(f"/api/keys/{body['id']}/", {"models": [], "expires_at": None}, format="json")
+    assert opened.status_code == 200 and opened.json()["models"] == [] and opened.json()["expires_at"] is None
+    past = api.post("/api/keys/", {"name": "old", "expires_at": "2020-01-01T00:00:00Z"}, format="json")
+    assert past.status_code == 400 and "expires_at" in str(past.json())
+    assert not ApiKey.objects.filter(name="old").exists()
+
+
+def test_the_keys_page_makes_a_scoped_key_and_shows_its_scope(ana):
+    qwen = factories.llm("qwen")
+    client = Client()
+    client.force_login(ana)
+    last_day = (timezone.localdate() + timedelta(days=10)).isoformat()
+    page = client.post(
+        "/keys/",
+        {"name": "notebook", "wait_seconds": 0, "models": [qwen.pk], "expires": last_day, "read_only": "on"},
+    ).content.decode()
+    made = ApiKey.objects.get(name="notebook")
+    assert list(made.models_allowed.all()) == [qwen] and made.read_only and made.expires_at is not None
+    assert "models qwen" in page and "read-only" in page and "until" in page
+
+
+def test_an_owner_is_told_once_a_week_before_their_key_stops_working(ana):
+    now = timezone.now()
+    soon, _ = api_key_create(user=ana, name="soon", expires_at=now + timedelta(days=3))
+    api_key_create(user=ana, name="later", expires_at=now + timedelta(days=10))
+    api_key_create(user=ana, name="forever")
+    assert tell_keys_expiring(now=now) == 1
+    assert tell_keys_expiring(now=now + timedelta(hours=1)) == 0  # once
+    told = Notification.objects.get(user=ana, event="key_expiring")
+    assert "soon" in told.text and told.link == "/keys/"
+    # A new expiry is told anew.
+    api_key_change(api_key=soon, expires_at=now + timedelta(days=5), now=now)
+    assert tell_keys_expiring(now=now) == 1
