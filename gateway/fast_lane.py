@@ -66,8 +66,8 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
     if snapshot is None:
         return False
     caller = authenticate(scope, snapshot)
-    if caller is None or caller.scoped or caller.expires_at is not None:
-        return False  # refused, or checked against its scope and expiry: the application's
+    if caller is None or caller.scoped:
+        return False  # refused, or checked against its key's scope: the application's
     # The same stages as the application's, in the same order; where the application would
     # refuse, hold or choose among channels by their requests in flight, the lane declines.
     request = asked(
@@ -83,6 +83,8 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
     if isinstance(request, Refusal) or request.wait:
         return False
     now = timezone.now()
+    if caller.expired(now):
+        return False  # the application tells it so
     channel = chosen_at_once(snapshot, request, now)
     if channel is None or channel.upstream is None:
         return False
