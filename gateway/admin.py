@@ -1,4 +1,7 @@
+from typing import Any
+
 from django.contrib import admin
+from django.http import HttpRequest
 
 from gateway.models import ApiKey, RequestLog, SharingLimits
 
@@ -22,6 +25,11 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
     readonly_fields = ["prefix", "hashed", "created", "last_used"]
     filter_horizontal = ["models_allowed", "channels_allowed"]
     search_fields = ["name", "user__username", "prefix"]
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        if change and "expires_at" in form.changed_data:
+            obj.expiry_told_at = None  # a new expiry is told anew, as ``api_key_change`` does
+        super().save_model(request, obj, form, change)
 
     def has_add_permission(self, request: object) -> bool:
         return False

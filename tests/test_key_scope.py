@@ -120,3 +120,25 @@ def test_an_owner_is_told_once_a_week_before_their_key_stops_working(ana):
     # A new expiry is told anew.
     api_key_change(api_key=soon, expires_at=now + timedelta(days=5), now=now)
     assert tell_keys_expiring(now=now) == 1
+
+
+def test_a_new_expiry_set_in_the_admin_is_told_anew(ana):
+    root = factories.user("root", staff=True, is_superuser=True)
+    now = timezone.now()
+    key, _ = api_key_create(user=ana, name="soon", expires_at=now + timedelta(days=3))
+    assert tell_keys_expiring(now=now) == 1
+    admin = Client()
+    admin.force_login(root)
+    page = admin.get(f"/admin/gateway/apikey/{key.pk}/change/")
+    later = timezone.localtime(now + timedelta(days=5))
+    form = {
+        "user": ana.pk,
+        "name": "soon",
+        "wait_seconds": 0,
+        "expires_at_0": f"{later:%Y-%m-%d}",
+        "expires_at_1": f"{later:%H:%M:%S}",
+    }
+    assert page.status_code == 200
+    answer = admin.post(f"/admin/gateway/apikey/{key.pk}/change/", form)
+    assert answer.status_code == 302, answer.content.decode()[:3000]
+    assert tell_keys_expiring(now=now) == 1  # the new expiry, told once more
