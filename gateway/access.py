@@ -84,17 +84,23 @@ def _remaining(total: float, since: datetime, now: datetime) -> float:
     return total - (now - since).total_seconds()
 
 
+def told_at(moment: datetime, zone: tzinfo, *, year: bool = False) -> str:
+    """A moment as a refusal tells it: in the caller's zone, the instant beside it
+    ("Mon 7 Dec 10:00 CET (2026-12-07T09:00:00Z)")."""
+    local = moment.astimezone(zone)
+    day = f"{local:%a} {local.day} {local:%b}" + (f" {local:%Y}" if year else "")
+    return f"{day} {local:%H:%M %Z} ({moment.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ})"
+
+
 def admit(*, caller_id: int, channel: ChannelView, now: datetime, zone: tzinfo = UTC) -> Refusal | None:
     """The access table (docs/gateway.md) for one caller and one channel; None means allowed.
     Times are told in the caller's ``zone``, the instant beside them."""
     booking = channel.booking
     if booking is not None and booking.user_id != caller_id:
-        local = booking.end.astimezone(zone)
         return Refusal(
             403,
             ErrorCode.GPU_RESERVED,
-            f"channel {channel.name} is reserved by someone else until "
-            f"{local:%a} {local.day} {local:%b %H:%M %Z} ({booking.end.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ})",
+            f"channel {channel.name} is reserved by someone else until {told_at(booking.end, zone)}",
         )
     if booking is not None and booking.exclusive:
         return Refusal(

@@ -100,7 +100,9 @@ class ApiKeyViewSet(
     serializer_class = ApiKeyOutput
 
     def get_queryset(self) -> QuerySet[ApiKey]:
-        return ApiKey.objects.filter(user=current_user(self.request), revoked_at__isnull=True)
+        return ApiKey.objects.filter(
+            user=current_user(self.request), revoked_at__isnull=True
+        ).prefetch_related("models_allowed", "channels_allowed")
 
     def create(self, request: Request) -> Response:
         data = ApiKeyInput(data=request.data)

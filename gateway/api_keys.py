@@ -88,7 +88,7 @@ def _check_expiry(expires_at: datetime | None, now: datetime) -> None:
         raise InvalidInput("expires_at", "a key's expiry must be in the future")
 
 
-def api_key_user(key: str) -> ApiKey | None:
+def api_key_found(key: str) -> ApiKey | None:
     """The key (with its active user), expired or not; None for an unknown or revoked key."""
     return ApiKey.objects.live().select_related("user").filter(hashed=hash_key(key)).first()
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
-from gateway.api_keys import api_key_user
+from gateway.api_keys import api_key_found
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
@@ -25,7 +25,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         key = key.strip()
         if not key:
             raise exceptions.AuthenticationFailed("The Authorization header has no API key after 'Bearer'.")
-        found = api_key_user(key)
+        found = api_key_found(key)
         if found is None:
             raise exceptions.AuthenticationFailed("The API key is unknown or has been revoked.")
         if found.expires_at is not None and found.expires_at <= timezone.now():

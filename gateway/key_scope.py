@@ -6,9 +6,9 @@ channels; outside them the answer is ``403 key_scope`` naming the scope, and an 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 
-from gateway.access import ChannelView, Refusal
+from gateway.access import ChannelView, Refusal, told_at
 from gateway.snapshot import Caller
 from slotserve_base.vocabulary import ErrorCode
 
@@ -17,17 +17,15 @@ def expired(caller: Caller, now: datetime) -> Refusal | None:
     if not caller.expired(now):
         return None
     assert caller.expires_at is not None
-    local = caller.expires_at.astimezone(caller.zone)
-    instant = f"{caller.expires_at.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
-    when = f"{local:%a} {local.day} {local:%b %Y %H:%M %Z} ({instant})"
+    when = told_at(caller.expires_at, caller.zone, year=True)
     message = f"this API key expired on {when}: create a new one in the portal"
     return Refusal(401, ErrorCode.KEY_EXPIRED, message)
 
 
-def reachable(caller: Caller, channels: Sequence[ChannelView]) -> list[ChannelView]:
-    """The channels the caller's key may reach."""
+def reachable(caller: Caller, channels: Sequence[ChannelView]) -> Sequence[ChannelView]:
+    """The channels the caller's key may reach (``channels`` themselves for an unscoped key)."""
     allowed = caller.channels_allowed
-    return list(channels) if allowed is None else [c for c in channels if c.id in allowed]
+    return channels if allowed is None else [c for c in channels if c.id in allowed]
 
 
 def outside(caller: Caller, model: str | None, channel: ChannelView | None) -> Refusal | None:

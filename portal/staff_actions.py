@@ -52,7 +52,8 @@ def approvals(request: HttpRequest) -> HttpResponse:
     )
     # The nearest first: what must be decided soonest.
     page = Paginator(pending.order_by("start", "pk"), PAGE).get_page(request.GET.get("page"))
-    rows = [(r, _around(r, near)) for near in [_near(list(page))] for r in page]
+    near = _near(list(page))
+    rows = [(r, _around(r, near)) for r in page]
     return render(
         request,
         "portal/approvals.html",

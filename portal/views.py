@@ -111,8 +111,9 @@ def _tell_how_busy(cards: list[ChannelCard]) -> None:
     from slotserve_base.redis_client import redis_client
 
     ids = [card.channel.pk for card in cards]
+    client = redis_client()
     try:
-        counts, queues = in_flight_counts(redis_client(), ids), queue_stats(redis_client(), ids)
+        counts, queues = in_flight_counts(client, ids), queue_stats(client, ids)
     except RedisError:
         return
     for card in cards:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import zoneinfo
-from datetime import datetime
 from typing import Any
 
 from django.db.models import QuerySet
@@ -21,6 +20,7 @@ from reservations.models import Notification, Profile, Reservation, WaitlistEntr
 from reservations.profiles import profile_for
 from reservations.selectors import reviewable_by
 from slotserve_base.api_fields import IdOrNameField, MomentField, current_user, moment_param
+from slotserve_base.iso import iso_moment
 from slotserve_base.public_url import public_url
 from slotserve_base.vocabulary import NotificationEvent
 
@@ -30,14 +30,6 @@ class ChannelOrAutoField(IdOrNameField):
 
     def to_internal_value(self, data: Any) -> Any:
         return None if data == "auto" else super().to_internal_value(data)
-
-
-_moment = serializers.DateTimeField()
-
-
-def _iso(moment: datetime) -> str:
-    """A moment as the API writes every time: ISO 8601 in UTC."""
-    return str(_moment.to_representation(moment))
 
 
 class ReservationInput(serializers.Serializer[Any]):
@@ -238,7 +230,9 @@ class ReservationViewSet(
             {
                 "series": series.pk,
                 "reservations": ReservationOutput(made, many=True).data,
-                "skipped": [{"start": _iso(s), "end": _iso(e), "reason": why} for s, e, why in skipped],
+                "skipped": [
+                    {"start": iso_moment(s), "end": iso_moment(e), "reason": why} for s, e, why in skipped
+                ],
             },
             status=status.HTTP_201_CREATED,
         )
@@ -256,7 +250,11 @@ class ReservationViewSet(
             count=fields.get("count"),
         )
         return Response(
-            {"occurrences": [{"start": _iso(s), "end": _iso(e), "problem": why} for s, e, why in seen]}
+            {
+                "occurrences": [
+                    {"start": iso_moment(s), "end": iso_moment(e), "problem": why} for s, e, why in seen
+                ]
+            }
         )
 
     def _series_fields(self, given: Any) -> tuple[Any, dict[str, Any]]:

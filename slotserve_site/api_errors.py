@@ -11,13 +11,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db.models import ProtectedError, RestrictedError
-from rest_framework import serializers
 from rest_framework.exceptions import NotAcceptable
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+
+from slotserve_base.iso import iso_moment
 
 
 def _first_message(detail: Any, path: str = "") -> str:
@@ -46,13 +47,15 @@ def _service_error(exc: Exception) -> Response | None:
         if exc.conflicting is not None:
             body["conflict"] = {
                 "id": exc.conflicting.pk,
-                "start": _iso(exc.conflicting.start),
-                "end": _iso(exc.conflicting.end),
+                "start": iso_moment(exc.conflicting.start),
+                "end": iso_moment(exc.conflicting.end),
                 "status": exc.conflicting.status,
             }
         return Response(body, status=409)
     if isinstance(exc, SeriesConflict):
-        conflicts = [{"start": _iso(s), "end": _iso(e), "reason": why} for s, e, why in exc.problems]
+        conflicts = [
+            {"start": iso_moment(s), "end": iso_moment(e), "reason": why} for s, e, why in exc.problems
+        ]
         return Response(
             {"message": exc.message, "code": "series_conflict", "conflicts": conflicts}, status=409
         )
@@ -61,10 +64,6 @@ def _service_error(exc: Exception) -> Response | None:
     if isinstance(exc, InvalidTransition):
         return Response({"message": exc.message, "code": "invalid_transition"}, status=409)
     return None
-
-
-def _iso(moment: Any) -> str:
-    return str(serializers.DateTimeField().to_representation(moment))
 
 
 def _still_referenced(exc: ProtectedError | RestrictedError) -> Response:
