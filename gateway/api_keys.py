@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from datetime import datetime, timedelta, tzinfo
 from typing import Any
@@ -13,7 +14,9 @@ from django.utils import timezone
 from channels_app.models import Channel, LLMModel
 from gateway.models import ApiKey, hash_key, new_key
 from slotserve_base.errors import InvalidInput
-from slotserve_base.vocabulary import NotificationEvent
+from slotserve_base.happenings import Happening, tell, user_ref
+from slotserve_base.iso import iso_moment
+from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 
 
 def api_key_create(
@@ -99,6 +102,13 @@ def api_key_revoke(*, api_key: ApiKey) -> None:
         api_key.save(update_fields=["revoked_at"])
 
 
+def _expiry_words(api_key: ApiKey, expires: datetime, zone: tzinfo) -> str:
+    from reservations.wording import moment_words
+
+    when = moment_words(expires, zone)
+    return f"{api_key.user}'s API key {api_key.name} ({api_key.prefix}…) stops working {when}."
+
+
 # A key's owner is told this long before it stops working.
 EXPIRY_NOTICE = timedelta(days=7)
 
@@ -130,6 +140,21 @@ def tell_keys_expiring(*, now: datetime) -> int:
             text=text,
             link="/keys/",
             key=f"key_expiring:{api_key.pk}:{expires.isoformat()}",
+        )
+        tell(
+            Happening(
+                type=WebhookEvent.KEY_EXPIRING,
+                at=now,
+                data={
+                    "key": {"id": api_key.pk, "name": api_key.name, "prefix": api_key.prefix},
+                    "user": user_ref(api_key.user),
+                    "expires_at": iso_moment(expires),
+                },
+                subject=f"key:{api_key.pk}",
+                words=functools.partial(_expiry_words, api_key, expires),
+                users=frozenset({api_key.user_id}),
+                link="/keys/",
+            )
         )
         ApiKey.objects.filter(pk=api_key.pk).update(expiry_told_at=now)
         told += 1

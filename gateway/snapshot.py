@@ -98,7 +98,7 @@ def read_snapshot() -> Snapshot:
         connection.close()
 
 
-def _limits_reader() -> Callable[[int, int | None, int | None], Limits | None]:
+def limits_reader() -> Callable[[int, int | None, int | None], Limits | None]:
     """The installation's limits with each user's own overrides (``SharingLimits``)."""
     from gateway.models import SharingLimits
 
@@ -134,7 +134,7 @@ def _read_snapshot() -> Snapshot:
     from slotserve_base.target import Target
 
     now = timezone.now()
-    _limits = _limits_reader()
+    _limits = limits_reader()
     keys = ApiKey.objects.live()  # an expired key is known, to be told it expired
     scopes_m: dict[int, set[str]] = defaultdict(set)
     for key_id, name in ApiKey.models_allowed.through.objects.values_list("apikey_id", "llmmodel__name"):

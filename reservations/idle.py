@@ -87,12 +87,12 @@ def apply_idle_rule(*, now: datetime) -> dict[str, int]:
                 )
                 done["warned"] += 1
         elif step == "release":
+            unused = int((now - reservation.start).total_seconds() // 60)
             try:
-                reservation_end(reservation=reservation, by=reservation.user, now=now)
+                reservation_end(reservation=reservation, by=reservation.user, now=now, unused_minutes=unused)
             except InvalidTransition:
                 continue  # ended or changed meanwhile
             Reservation.objects.filter(pk=reservation.pk).update(released_idle_at=now)
-            unused = int((now - reservation.start).total_seconds() // 60)
             notify(
                 user=reservation.user,
                 event=NotificationEvent.IDLE_RELEASED,

@@ -7,9 +7,10 @@ from datetime import datetime, timedelta
 from django.db.models import Exists, OuterRef, Value
 from django.db.models.functions import Concat
 
+from reservations.announce import announce_booking
 from reservations.models import Notification, Reservation, ReservationStatus
 from reservations.notifications import notify
-from slotserve_base.vocabulary import NotificationEvent
+from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 
 STARTING_SOON = timedelta(minutes=15)
 
@@ -37,4 +38,5 @@ def send_starting_soon(*, now: datetime) -> int:
             key=f"starting_soon:{reservation.pk}",
         ):
             sent += 1
+            announce_booking(WebhookEvent.BOOKING_STARTING_SOON, reservation, at=now, once=True)
     return sent

@@ -30,6 +30,10 @@ STARTING_SOON = "reservations.tasks.send_starting_soon_reminders"
 FLUSH_USAGE = "gateway.tasks.flush_gateway_usage"
 IDLE_RULE = "reservations.tasks.release_idle_bookings"
 KEYS_EXPIRING = "gateway.tasks.tell_keys_expiring"
+WEBHOOK_DELIVER = "reservations.webhooks.tasks.deliver_webhook"
+WEBHOOK_TEST_SEND = "reservations.webhooks.tasks.send_test_event"
+WEBHOOKS_DUE = "reservations.webhooks.tasks.webhooks_due"
+EDGES = "reservations.webhooks.tasks.announce_edges"
 
 
 def send(task_name: str, **options: Any) -> None:
@@ -40,6 +44,15 @@ def send(task_name: str, **options: Any) -> None:
         task.apply_async(**options)
     else:
         current_app.send_task(task_name, **options)
+
+
+def send_quietly(task_name: str, **options: Any) -> None:
+    """Send, and only log when the broker cannot take it: for work a periodic job picks up
+    anyway (a webhook's deliveries: ``WEBHOOKS_DUE``)."""
+    try:
+        send(task_name, **options)
+    except Exception:
+        log.exception("could not send %s; its periodic job will pick the work up", task_name)
 
 
 def node_queue(node_name: str) -> str:

@@ -86,6 +86,20 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_seconds_list(name: str, default: list[float]) -> list[float]:
+    """A comma-separated list of seconds (``5,60,300``), each positive."""
+    found = []
+    for item in env_list(name, []):
+        try:
+            value = float(item)
+        except ValueError:
+            raise SettingError(f"{name}: {item!r} is not a number of seconds") from None
+        if not value > 0:
+            raise SettingError(f"{name}: {item!r} must be more than 0 seconds")
+        found.append(value)
+    return found or default
+
+
 # Keys that placeholders, examples and tutorials use.
 _PLACEHOLDERS = ("change", "secret", "example", "placeholder", "insecure", "your-", "xxxx", "password")
 

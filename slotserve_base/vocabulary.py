@@ -65,6 +65,34 @@ class NotificationEvent(models.TextChoices):
     IDLE_WARNING = "idle_warning", "No request has reached your booking"
     IDLE_RELEASED = "idle_released", "Your unused booking was released"
     KEY_EXPIRING = "key_expiring", "An API key of yours stops working within a week"
+    WEBHOOK_PAUSED = "webhook_paused", "A webhook of yours was paused: its receiver kept failing"
+
+
+class WebhookEvent(models.TextChoices):
+    """The events a webhook may ask for (docs/webhooks.md), named ``<object>.<what happened>``."""
+
+    BOOKING_REQUESTED = "booking.requested", "A booking was made (pending or approved at once)"
+    BOOKING_APPROVED = "booking.approved", "A booking was approved"
+    BOOKING_REJECTED = "booking.rejected", "A booking was rejected"
+    BOOKING_CHANGED = "booking.changed", "A booking's time or model changed"
+    BOOKING_CANCELLED = "booking.cancelled", "A booking was cancelled"
+    BOOKING_STARTING_SOON = "booking.starting_soon", "A booking starts in 15 minutes"
+    BOOKING_STARTED = "booking.started", "A booking's slot began"
+    BOOKING_ENDED = "booking.ended", "A booking's slot ended at its time"
+    BOOKING_ENDED_EARLY = "booking.ended_early", "A booking was ended before its time"
+    BOOKING_RELEASED_IDLE = "booking.released_idle", "An unused booking was released"
+    WAITLIST_SLOT_FREED = "waitlist.slot_freed", "A slot someone waits for is free"
+    CHANNEL_LOADING = "channel.loading", "A channel began loading a model"
+    CHANNEL_READY = "channel.ready", "A channel's model is ready"
+    CHANNEL_FAILED = "channel.failed", "A channel's model failed to load or died"
+    CHANNEL_FALLBACK = "channel.fallback", "A channel serves its default model instead of the booked one"
+    CHANNEL_RECOVERED = "channel.recovered", "A channel's booked model serves again after a failure"
+    CHANNEL_SWITCHED = "channel.switched", "A channel serves another model than before"
+    NODE_NOT_READY = "node.not_ready", "A node's worker stopped reporting"
+    NODE_READY = "node.ready", "A node's worker reports again"
+    LIMIT_REACHED = "limit.reached", "A user used up their week's token budget"
+    KEY_EXPIRING = "key.expiring", "An API key stops working within a week"
+    TEST = "webhook.test", "A test event, sent on request"
 
 
 class ErrorCode(models.TextChoices):

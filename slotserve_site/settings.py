@@ -19,6 +19,7 @@ from slotserve_base.env import (
     env_int,
     env_list,
     env_networks,
+    env_seconds_list,
     env_str,
     env_url,
     secret_key,
@@ -77,6 +78,7 @@ INSTALLED_APPS = [
     "channels",
     "channels_app",
     "reservations",
+    "reservations.webhooks",
     "gateway",
     "portal",
     "slotserve_site",  # the project's own commands: manage.py run
@@ -352,6 +354,19 @@ SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE = env_int("SLOTSERVE_LIMIT_REQUESTS_PER_MINU
 SLOTSERVE_LIMIT_WEEKLY_TOKENS = env_int("SLOTSERVE_LIMIT_WEEKLY_TOKENS", 0, minimum=0)
 # Days the request log keeps its rows.
 SLOTSERVE_REQUEST_LOG_DAYS = env_int("SLOTSERVE_REQUEST_LOG_DAYS", 90, minimum=1)
+# Webhooks (docs/webhooks.md). Networks a webhook's URL may point into besides the public
+# internet: none by default, so that no webhook reaches this machine's own Redis, database or
+# inference processes; e.g. "10.20.0.0/16" for a chat server on the lab's network.
+SLOTSERVE_WEBHOOK_ALLOWED_NETWORKS = env_networks("SLOTSERVE_WEBHOOK_ALLOWED_NETWORKS", [])
+# Seconds to wait before each retry of a failed delivery; after the last the webhook is paused.
+# The default spreads nine tries over about a day.
+SLOTSERVE_WEBHOOK_RETRY_SECONDS = env_seconds_list(
+    "SLOTSERVE_WEBHOOK_RETRY_SECONDS", [5.0, 60.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 21600.0]
+)
+# Seconds a receiver has to answer one delivery.
+SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS = env_float("SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.5)
+# Days the delivery log keeps events and their tries.
+SLOTSERVE_WEBHOOK_LOG_DAYS = env_int("SLOTSERVE_WEBHOOK_LOG_DAYS", 30, minimum=1)
 # Browser origins that may call the gateway (CORS): comma-separated, "*" for any; none by default.
 SLOTSERVE_CORS_ORIGINS = env_list("SLOTSERVE_CORS_ORIGINS", [])
 # Connections and requests the web server takes at once (`manage.py run`); past it, a 503.

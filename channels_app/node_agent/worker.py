@@ -29,6 +29,7 @@ from channels_app.models import (
     ReloadRequest,
 )
 from channels_app.node_agent import gpus, locks, log_shipping, processes
+from channels_app.node_agent.announce import announce
 from channels_app.node_agent.lifecycle import (
     LAUNCH_FAILED,
     Action,
@@ -268,6 +269,7 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
         overview.announce([channel_id], result.state.phase.value)
     act(result.actions, runtime, channel, target_row, now)
     after = result.state
+    announce(channel, target_row, before, after, result.actions, runtime.load_id, now)
     if any(isinstance(a, Start) for a in result.actions):
         after = dataclasses.replace(after, pid=runtime.pid)  # known once the process runs
     if after.phase not in (Phase.READY, Phase.DRAINING):

@@ -6,7 +6,14 @@ from typing import Any
 
 from django.conf import settings
 
-from slotserve_base.dispatch import FLUSH_USAGE, IDLE_RULE, KEYS_EXPIRING, STARTING_SOON
+from slotserve_base.dispatch import (
+    EDGES,
+    FLUSH_USAGE,
+    IDLE_RULE,
+    KEYS_EXPIRING,
+    STARTING_SOON,
+    WEBHOOKS_DUE,
+)
 from slotserve_base.dispatch import SCHEDULER_TICK as TICK_TASK
 
 TICK_TASK_NAME = "SlotServe scheduler tick"
@@ -16,6 +23,8 @@ PERIODIC_JOBS = (
     ("SlotServe gateway usage flush", FLUSH_USAGE),
     ("SlotServe unused bookings", IDLE_RULE),
     ("SlotServe API keys near expiry", KEYS_EXPIRING),
+    ("SlotServe booking starts and ends, nodes lost and back", EDGES),
+    ("SlotServe webhook deliveries", WEBHOOKS_DUE),
 )
 
 

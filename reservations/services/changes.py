@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
 from channels_app.models import LLMModel, Preset, validate_target
+from reservations.announce import announce_booking
 from reservations.models import BLOCKING_STATUSES, Reservation, ReservationStatus
 from reservations.notifications import notify
 from reservations.selectors import first_conflict
@@ -30,7 +31,7 @@ from reservations.services.waitlist import tell_waiting
 from reservations.wording import slot_words
 from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InvalidInput
-from slotserve_base.vocabulary import NotificationEvent
+from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 
 
 def reservation_extend(*, reservation: Reservation, by: User, end: datetime, now: datetime) -> Reservation:
@@ -93,6 +94,7 @@ def reservation_extend(*, reservation: Reservation, by: User, end: datetime, now
                         created=now,
                     )
                     _tell_approvers(extension)
+                    announce_booking(WebhookEvent.BOOKING_REQUESTED, extension, at=now)
                     return extension
                 updated = Reservation.objects.filter(
                     pk=reservation.pk, status=reservation.status, end=reservation.end
@@ -106,6 +108,7 @@ def reservation_extend(*, reservation: Reservation, by: User, end: datetime, now
         if not updated:
             raise InvalidTransition("the reservation changed meanwhile; reload it and try again")
         reservation.refresh_from_db()
+        announce_booking(WebhookEvent.BOOKING_CHANGED, reservation, at=now, said="extended")
         if reservation.status == ReservationStatus.APPROVED:
             enqueue_redecide(reservation.channel_id)
         return reservation
@@ -237,6 +240,8 @@ def reservation_change(
                 ),
                 key=f"changed:{reservation.pk}:{_iso(start)}:{_iso(end)}:{reservation.target}",
             )
+        if moved or retargeted:
+            announce_booking(WebhookEvent.BOOKING_CHANGED, reservation, at=now)
         if was_approved or asks_again:
             enqueue_redecide(reservation.channel_id)
         if moved:

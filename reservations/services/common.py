@@ -14,13 +14,14 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, OperationalError, connection, transaction
 
 from channels_app.models import ApprovalPolicy, Channel, LLMModel, Preset, validate_target
+from reservations.announce import announce_booking
 from reservations.models import BLOCKING_STATUSES, Reservation, ReservationSeries, ReservationStatus
 from reservations.notifications import notify
 from reservations.rules import BookingLimits, LimitBroken, check_length_and_horizon, check_quota
 from reservations.selectors import group_held_slots, held_slots, reviewable_by
 from reservations.wording import moment_words, slot_words
 from slotserve_base.errors import InvalidInput
-from slotserve_base.vocabulary import NotificationEvent
+from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 
 # A booking may start this little in the past: a form sent "now" arrives late.
 START_GRACE = timedelta(minutes=1)
@@ -276,7 +277,7 @@ def _new_reservation(
     series: ReservationSeries | None = None,
 ) -> Reservation:
     """The insert every booking ends in (inside the caller's checks and transaction)."""
-    return Reservation.objects.create(
+    reservation = Reservation.objects.create(
         user=user,
         channel=channel,
         start=start,
@@ -291,6 +292,10 @@ def _new_reservation(
         reviewed_by=None if pending or by is None else by,
         series=series,
     )
+    announce_booking(WebhookEvent.BOOKING_REQUESTED, reservation, at=now)
+    if not pending:
+        announce_booking(WebhookEvent.BOOKING_APPROVED, reservation, at=now, said="approved at once")
+    return reservation
 
 
 def _tell_approvers(reservation: Reservation, also: int = 0) -> None:

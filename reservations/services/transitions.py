@@ -8,6 +8,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db import transaction
 
+from reservations.announce import announce_booking
 from reservations.models import Reservation, ReservationStatus
 from reservations.notifications import notify
 from reservations.services.common import InvalidTransition
@@ -15,7 +16,7 @@ from reservations.services.waitlist import tell_waiting
 from reservations.wording import slot_words
 from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InvalidInput
-from slotserve_base.vocabulary import NotificationEvent
+from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 
 
 def _transition(
@@ -49,6 +50,7 @@ def reservation_approve(*, reservation: Reservation, by: User, now: datetime) ->
             ),
             key=f"approved:{reservation.pk}",
         )
+        announce_booking(WebhookEvent.BOOKING_APPROVED, reservation, at=now, said=f"approved by {by}")
         enqueue_redecide(reservation.channel_id)
     return reservation
 
@@ -75,6 +77,13 @@ def reservation_reject(*, reservation: Reservation, by: User, reason: str, now: 
                 f"{reservation.reject_reason}"
             ),
             key=f"rejected:{reservation.pk}",
+        )
+        announce_booking(
+            WebhookEvent.BOOKING_REJECTED,
+            reservation,
+            at=now,
+            said=f"rejected by {by}: {reservation.reject_reason}",
+            more={"reason": reservation.reject_reason},
         )
         tell_waiting(channel_id=reservation.channel_id, now=now)
     return reservation
@@ -106,14 +115,18 @@ def reservation_cancel(*, reservation: Reservation, by: User, now: datetime) -> 
                 ),
                 key=f"cancelled:{reservation.pk}",
             )
+        announce_booking(WebhookEvent.BOOKING_CANCELLED, reservation, at=now, said=f"cancelled by {by}")
         if was == ReservationStatus.APPROVED:
             enqueue_redecide(reservation.channel_id)
         tell_waiting(channel_id=reservation.channel_id, now=now)
     return reservation
 
 
-def reservation_end(*, reservation: Reservation, by: User, now: datetime) -> Reservation:
-    """End an active reservation now; the channel re-decides at once (docs/scheduling.md)."""
+def reservation_end(
+    *, reservation: Reservation, by: User, now: datetime, unused_minutes: int | None = None
+) -> Reservation:
+    """End an active reservation now; the channel re-decides at once (docs/scheduling.md).
+    ``unused_minutes``: the idle rule releases it, unused that long (``reservations.idle``)."""
     if not reservation.is_active(now):
         raise InvalidTransition(
             f"cannot end a reservation that is not active (it is {reservation.status}, "
@@ -133,6 +146,20 @@ def reservation_end(*, reservation: Reservation, by: User, now: datetime) -> Res
                 text=f"Your reservation of {reservation.channel} was ended early by {by}.",
                 key=f"ended:{reservation.pk}",
             )
+        if unused_minutes is not None:
+            announce_booking(
+                WebhookEvent.BOOKING_RELEASED_IDLE,
+                reservation,
+                at=now,
+                said=f"released, no request reached it in {unused_minutes} minutes",
+                more={"unused_minutes": unused_minutes},
+            )
+        elif reservation.status == ReservationStatus.ENDED:
+            announce_booking(
+                WebhookEvent.BOOKING_ENDED_EARLY, reservation, at=now, said=f"ended early by {by}"
+            )
+        else:
+            announce_booking(WebhookEvent.BOOKING_CANCELLED, reservation, at=now, said=f"cancelled by {by}")
         enqueue_redecide(reservation.channel_id)
         tell_waiting(channel_id=reservation.channel_id, now=now)
     return reservation

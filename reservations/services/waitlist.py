@@ -19,7 +19,9 @@ from reservations.notifications import notify
 from reservations.services.common import group_problems
 from reservations.wording import slot_words
 from slotserve_base.errors import InvalidInput
-from slotserve_base.vocabulary import NotificationEvent
+from slotserve_base.happenings import Happening, named, tell, user_ref
+from slotserve_base.iso import iso_moment
+from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 
 
 def waitlist_join(
@@ -75,8 +77,30 @@ def tell_waiting(*, channel_id: int, now: datetime) -> int:
             link=f"/book/?channel={entry.channel_id}&start={_iso(start)}&end={_iso(entry.end)}",
             key=f"slot_freed:{entry.pk}",
         )
+        _announce_freed(entry, start, now)
         told += 1
     return told
+
+
+def _announce_freed(entry: WaitlistEntry, start: datetime, now: datetime) -> None:
+    link = f"/book/?channel={entry.channel_id}&start={_iso(start)}&end={_iso(entry.end)}"
+    tell(
+        Happening(
+            type=WebhookEvent.WAITLIST_SLOT_FREED,
+            at=now,
+            data={
+                "waitlist": {"id": entry.pk, "user": user_ref(entry.user)},
+                "channel": named(entry.channel),
+                "start": iso_moment(start),
+                "end": iso_moment(entry.end),
+            },
+            subject=f"waitlist:{entry.pk}",
+            words=functools.partial(_freed_words, entry.channel.name, start, entry.end),
+            users=frozenset({entry.user_id}),
+            channels=frozenset({entry.channel_id}),
+            link=link,
+        )
+    )
 
 
 def _freed_words(channel: str, start: datetime, end: datetime, zone: tzinfo) -> str:

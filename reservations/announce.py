@@ -1,0 +1,80 @@
+"""A booking's events for the webhooks (``slotserve_base.happenings``): the booking's ids and
+names, whom it concerns, the portal page it leads to."""
+
+from __future__ import annotations
+
+from datetime import datetime, tzinfo
+from typing import Any
+
+from reservations.models import Reservation
+from reservations.wording import slot_words
+from slotserve_base.happenings import Happening, Words, named, tell, user_ref
+from slotserve_base.iso import iso_moment
+from slotserve_base.vocabulary import WebhookEvent
+
+
+def booking_data(reservation: Reservation) -> dict[str, Any]:
+    return {
+        "id": reservation.pk,
+        "user": user_ref(reservation.user),
+        "channel": named(reservation.channel),
+        "model": named(reservation.model),
+        "preset": named(reservation.preset),
+        "exclusive": reservation.exclusive,
+        "start": iso_moment(reservation.start),
+        "end": iso_moment(reservation.end),
+        "status": reservation.status,
+        "series": reservation.series_id,
+    }
+
+
+# What happened to a booking, in a word or two (``booking_words``).
+SAID = {
+    WebhookEvent.BOOKING_REQUESTED: "requested",
+    WebhookEvent.BOOKING_APPROVED: "approved",
+    WebhookEvent.BOOKING_REJECTED: "rejected",
+    WebhookEvent.BOOKING_CHANGED: "changed",
+    WebhookEvent.BOOKING_CANCELLED: "cancelled",
+    WebhookEvent.BOOKING_STARTING_SOON: "starts in 15 minutes",
+    WebhookEvent.BOOKING_STARTED: "started",
+    WebhookEvent.BOOKING_ENDED: "ended",
+    WebhookEvent.BOOKING_ENDED_EARLY: "ended early",
+    WebhookEvent.BOOKING_RELEASED_IDLE: "released unused",
+}
+
+
+def booking_words(event: WebhookEvent, reservation: Reservation, said: str = "") -> Words:
+    """``<user>'s booking of <channel>, <slot>: <what happened>`` in the reader's zone."""
+
+    def words(zone: tzinfo) -> str:
+        slot = slot_words(reservation.start, reservation.end, zone)
+        what = said or SAID.get(event, event.label)
+        return f"{reservation.user}'s booking of {reservation.channel}, {slot}: {what}."
+
+    return words
+
+
+def announce_booking(
+    event: WebhookEvent,
+    reservation: Reservation,
+    *,
+    at: datetime,
+    said: str = "",
+    more: dict[str, Any] | None = None,
+    once: bool = False,
+) -> None:
+    """Tell the webhooks of ``event`` about ``reservation`` (its booker's, and staff's).
+    ``once``: at most once per booking and event (a job that runs again finds it told)."""
+    tell(
+        Happening(
+            type=event,
+            at=at,
+            data={"booking": booking_data(reservation), **(more or {})},
+            subject=f"reservation:{reservation.pk}",
+            words=booking_words(event, reservation, said),
+            users=frozenset({reservation.user_id}),
+            channels=frozenset({reservation.channel_id}),
+            link="/reservations/",
+            key=f"{event}:{reservation.pk}" if once else None,
+        )
+    )

@@ -1,0 +1,232 @@
+"""Sending deliveries (docs/webhooks.md, "Delivery"): signed as Standard Webhooks says, retried
+with growing pauses for about a day, in order per object, never again after a 2xx; a webhook
+whose receiver keeps failing is paused and its owner told.
+
+One deliverer at a time per webhook: it claims the webhook with a lease in the database
+(``Webhook.lease_until``), so two workers never send the same delivery at once, and the
+deliveries of one object (a booking, a channel) leave in the order they happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import httpx
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+from standardwebhooks.webhooks import Webhook as Signer
+
+from reservations.notifications import notify
+from reservations.webhooks.addresses import Refused, destination
+from reservations.webhooks.models import Delivery, DeliveryState, DeliveryTry, Webhook
+from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
+
+log = logging.getLogger(__name__)
+
+# The first bytes of an answer the delivery log keeps.
+ANSWER_KEPT = 500
+# Deliveries one run sends at most; the rest wait for the next run.
+PER_RUN = 200
+USER_AGENT = "SlotServe-Webhooks/1"
+
+
+def next_try(tries: int, now: datetime, pauses: list[float]) -> datetime | None:
+    """When a delivery that failed its ``tries``-th try is tried again; None when that was the
+    last (``pauses``: the seconds before each retry)."""
+    if tries > len(pauses):
+        return None
+    return now + timedelta(seconds=pauses[tries - 1])
+
+
+def succeeded(status: int | None) -> bool:
+    return status is not None and 200 <= status < 300
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int | None
+    duration_ms: float
+    text: str
+    error: str
+
+
+def headers_for(webhook: Webhook, msg_id: str, body: str, sent: datetime) -> dict[str, str]:
+    """The Standard Webhooks headers: ``webhook-id`` (the event's, the same on every try),
+    ``webhook-timestamp`` (this try's) and ``webhook-signature`` (HMAC-SHA256 with the secret)."""
+    return {
+        "content-type": "application/json",
+        "user-agent": USER_AGENT,
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(int(sent.timestamp())),
+        "webhook-signature": Signer(webhook.secret).sign(msg_id, sent, body),
+    }
+
+
+def send(delivery: Delivery) -> Answer:
+    """One try: POST the body to the checked address; what came back, or what went wrong."""
+    webhook = delivery.webhook
+    began = time.monotonic()
+    try:
+        where = destination(webhook.url)
+    except Refused as exc:
+        return Answer(None, 0.0, "", f"refused: {exc}")
+    headers = headers_for(webhook, delivery.event.msg_id, delivery.body, timezone.now())
+    headers["host"] = where.host
+    extensions = {"sni_hostname": where.tls_name} if where.tls_name else {}
+    try:
+        with httpx.Client(timeout=settings.SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS, trust_env=False) as client:
+            answer = client.post(
+                where.url, content=delivery.body.encode(), headers=headers, extensions=extensions
+            )
+            text = answer.text[:ANSWER_KEPT]
+    except httpx.HTTPError as exc:
+        what = type(exc).__name__
+        return Answer(None, (time.monotonic() - began) * 1000, "", f"{what}: {exc}"[:ANSWER_KEPT])
+    return Answer(answer.status_code, (time.monotonic() - began) * 1000, text, "")
+
+
+def claim(webhook_id: int, now: datetime, seconds: float) -> bool:
+    """Take the webhook for a run (or renew the claim); False while another deliverer has it."""
+    until = now + timedelta(seconds=seconds)
+    return bool(
+        Webhook.objects.filter(pk=webhook_id, paused_at__isnull=True)
+        .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+        .update(lease_until=until)
+    )
+
+
+def lease_seconds() -> float:
+    return float(settings.SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS) + 30.0
+
+
+def deliver(webhook_id: int) -> int:
+    """Send the webhook's due deliveries, oldest first; returns how many were tried.
+
+    A delivery waits while an older one of the same object is still to be delivered, so that
+    a receiver hears of a booking approved before it hears of it started."""
+    if not claim(webhook_id, timezone.now(), lease_seconds()):
+        return 0
+    tried = 0
+    try:
+        waiting: set[str] = set()  # objects with an older delivery still to go
+        pending = (
+            Delivery.objects.filter(webhook_id=webhook_id, state=DeliveryState.PENDING)
+            .exclude(event__type=WebhookEvent.TEST)
+            .select_related("event", "webhook__owner")
+            .order_by("pk")[:PER_RUN]
+        )
+        for delivery in pending:
+            subject = delivery.event.subject
+            if subject in waiting:
+                continue
+            now = timezone.now()
+            if delivery.next_try_at > now:
+                waiting.add(subject)
+                continue
+            Webhook.objects.filter(pk=webhook_id).update(lease_until=now + timedelta(seconds=lease_seconds()))
+            answer = send(delivery)
+            tried += 1
+            if not record(delivery, answer, timezone.now()):
+                waiting.add(subject)
+            if Webhook.objects.filter(pk=webhook_id, paused_at__isnull=False).exists():
+                break
+    finally:
+        Webhook.objects.filter(pk=webhook_id).update(lease_until=None)
+    return tried
+
+
+def _keep_try(delivery: Delivery, answer: Answer, now: datetime) -> None:
+    DeliveryTry.objects.create(
+        delivery=delivery,
+        at=now,
+        status_code=answer.status,
+        duration_ms=round(answer.duration_ms, 1),
+        answer=answer.text,
+        error=answer.error,
+    )
+    delivery.tries += 1
+
+
+def send_test(delivery_id: int) -> bool:
+    """A test event's one try, paused webhook or not; no retry, no pause: its owner reads the
+    answer in the log. True when it was delivered."""
+    delivery = (
+        Delivery.objects.select_related("event", "webhook__owner")
+        .filter(pk=delivery_id, state=DeliveryState.PENDING)
+        .first()
+    )
+    if delivery is None:
+        return False
+    answer = send(delivery)
+    now = timezone.now()
+    with transaction.atomic():
+        _keep_try(delivery, answer, now)
+        if succeeded(answer.status):
+            delivery.state, delivery.delivered_at = DeliveryState.DELIVERED, now
+        else:
+            delivery.state = DeliveryState.FAILED
+        delivery.save(update_fields=["tries", "state", "delivered_at"])
+    return delivery.state == DeliveryState.DELIVERED
+
+
+def record(delivery: Delivery, answer: Answer, now: datetime) -> bool:
+    """Keep the try in the log and what follows from it; True when it was delivered."""
+    with transaction.atomic():
+        _keep_try(delivery, answer, now)
+        if succeeded(answer.status):
+            delivery.state, delivery.delivered_at = DeliveryState.DELIVERED, now
+            delivery.save(update_fields=["tries", "state", "delivered_at"])
+            return True
+        if answer.status == 410:
+            # "Gone": the receiver says it will never take it (Standard Webhooks): pause now.
+            delivery.save(update_fields=["tries"])
+            pause(delivery.webhook, now, "the receiver answered 410 Gone")
+            return False
+        retry_at = next_try(delivery.tries, now, list(settings.SLOTSERVE_WEBHOOK_RETRY_SECONDS))
+        if retry_at is None:
+            delivery.state = DeliveryState.FAILED
+            delivery.save(update_fields=["tries", "state"])
+            what = f"status {answer.status}" if answer.status is not None else answer.error
+            pause(delivery.webhook, now, f"{delivery.tries} tries of one event failed, the last with {what}")
+        else:
+            delivery.next_try_at = retry_at
+            delivery.save(update_fields=["tries", "next_try_at"])
+        return False
+
+
+def pause(webhook: Webhook, now: datetime, reason: str) -> None:
+    """Stop sending to ``webhook`` and tell its owner; its waiting deliveries keep until it is
+    resumed."""
+    paused = Webhook.objects.filter(pk=webhook.pk, paused_at__isnull=True).update(
+        paused_at=now, paused_reason=reason
+    )
+    if not paused:
+        return
+    log.warning("webhook %s (%s) paused: %s", webhook.pk, webhook.url, reason)
+    notify(
+        user=webhook.owner,
+        event=NotificationEvent.WEBHOOK_PAUSED,
+        text=f"Your webhook {webhook} was paused: {reason}. Resume it on the webhooks page once "
+        "its receiver answers again.",
+        link="/webhooks/",
+        key=f"webhook_paused:{webhook.pk}:{now:%Y%m%dT%H%M%S.%f}",
+    )
+
+
+def due_webhooks(now: datetime) -> list[int]:
+    """Webhooks, not paused, with a delivery due now."""
+    return list(
+        Webhook.objects.filter(
+            paused_at__isnull=True,
+            deliveries__event__type__in=[t for t in WebhookEvent.values if t != WebhookEvent.TEST],
+            deliveries__state=DeliveryState.PENDING,
+            deliveries__next_try_at__lte=now,
+        )
+        .distinct()
+        .values_list("pk", flat=True)
+    )

@@ -1,0 +1,122 @@
+"""Happenings become deliveries: each one is kept as an ``Event`` and, for every webhook that
+hears of it, a ``Delivery`` with the body it will send, in the transaction that made it
+(``slotserve_base.happenings``); the deliveries leave after the commit (``delivery``)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import secrets
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import DatabaseError, IntegrityError, transaction
+from django.dispatch import receiver
+
+from reservations.webhooks.models import Body, Delivery, Event, Scope, Webhook
+from reservations.wording import zone_of
+from slotserve_base import dispatch
+from slotserve_base.happenings import Happening, happened
+from slotserve_base.iso import iso_moment
+from slotserve_base.public_url import public_url
+
+log = logging.getLogger(__name__)
+
+
+def new_msg_id() -> str:
+    """``msg_`` and a time-ordered, unguessable id: the ``webhook-id`` of an event's deliveries."""
+    return f"msg_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(8)}"
+
+
+def hears(webhook: Webhook, happening: Happening) -> bool:
+    """Whether ``webhook`` hears of ``happening``: an event it asked for, about its owner's own
+    bookings and keys, or, for a staff owner's webhook of everyone's events, of its channels."""
+    if webhook.events and happening.type not in webhook.events:
+        return False
+    owner = webhook.owner
+    if not owner.is_active:
+        return False
+    if owner.pk in happening.users:
+        return True
+    if webhook.scope != Scope.ALL or not owner.is_staff:
+        return False
+    chosen = {c.pk for c in webhook.channels.all()}
+    return not chosen or bool(chosen & happening.channels)
+
+
+def payload(event: Event, link: str) -> dict[str, Any]:
+    """The Standard Webhooks body: ``type``, ``timestamp`` and ``data`` (the objects, the link)."""
+    return {
+        "type": event.type,
+        "timestamp": iso_moment(event.at),
+        "data": {**event.data, "link": link},
+    }
+
+
+def body_for(webhook: Webhook, event: Event, happening: Happening) -> str:
+    link = public_url(happening.link) or happening.link
+    if webhook.body == Body.SLACK:
+        words = happening.words
+        text = words(zone_of(webhook.owner)) if callable(words) else words
+        whole = public_url(happening.link)
+        return json.dumps({"text": f"{text} {whole}" if whole else text})
+    return json.dumps(payload(event, link), separators=(",", ":"))
+
+
+def listening(happening: Happening) -> Iterable[Webhook]:
+    webhooks = Webhook.objects.select_related("owner").prefetch_related("channels")
+    return [w for w in webhooks if hears(w, happening)]
+
+
+def store(happening: Happening, webhooks: Iterable[Webhook] | None = None) -> Event | None:
+    """Keep ``happening`` and its deliveries; None when its key was told before. ``webhooks``:
+    only these (a test event), else every webhook that hears of it."""
+    with transaction.atomic():
+        return _store(happening, webhooks)
+
+
+def _store(happening: Happening, webhooks: Iterable[Webhook] | None) -> Event | None:
+    try:
+        with transaction.atomic():
+            event = Event.objects.create(
+                msg_id=new_msg_id(),
+                type=happening.type,
+                at=happening.at,
+                data=dict(happening.data),
+                subject=happening.subject,
+                key=happening.key,
+            )
+    except IntegrityError:
+        if happening.key is not None and Event.objects.filter(key=happening.key).exists():
+            return None
+        raise
+    chosen = listening(happening) if webhooks is None else list(webhooks)
+    Delivery.objects.bulk_create(
+        Delivery(
+            webhook=webhook,
+            event=event,
+            body=body_for(webhook, event, happening),
+            next_try_at=happening.at,
+        )
+        for webhook in chosen
+    )
+    for webhook in chosen:
+        if webhook.paused_at is None:
+            transaction.on_commit(functools.partial(_deliver, webhook.pk))
+    return event
+
+
+def _deliver(webhook_id: int) -> None:
+    dispatch.send_quietly(dispatch.WEBHOOK_DELIVER, args=(webhook_id,))
+
+
+@receiver(happened, sender=Happening, dispatch_uid="reservations.webhooks.listen.on_happening")
+def on_happening(sender: type[Happening], happening: Happening, **_: Any) -> None:
+    # Whatever made the happening stands even when its announcement cannot be kept: a booking
+    # approved stays approved, a channel's reconcile goes on.
+    try:
+        store(happening)
+    except DatabaseError:
+        log.exception("webhooks: could not keep the event %s (%s)", happening.type, happening.subject)
