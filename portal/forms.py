@@ -11,7 +11,8 @@ from django.conf import settings
 from django.utils.safestring import SafeString, mark_safe
 
 from channels_app.models import Channel, LLMModel, Preset
-from slotserve_base.vocabulary import NotificationEvent
+from reservations.webhooks.models import Body
+from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 
 LOCAL_INPUT = ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M"]
 
@@ -156,3 +157,34 @@ class ApiKeyForm(forms.Form):
         if value > limit:
             raise forms.ValidationError(f"At most {limit} seconds.")
         return int(value)
+
+
+class WebhookForm(forms.Form):
+    """A new webhook (``reservations.webhooks.services.webhook_create`` checks the rest)."""
+
+    name = forms.CharField(max_length=100, required=False, help_text="For you: which receiver it is.")
+    url = forms.CharField(
+        max_length=2000,
+        label="URL",
+        widget=forms.URLInput(attrs={"placeholder": "https://chat.example.org/hooks/…"}),
+        help_text="Where each event is POSTed.",
+    )
+    events = forms.MultipleChoiceField(
+        choices=WebhookEvent.choices,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="None chosen: every event.",
+    )
+    body = forms.ChoiceField(
+        choices=Body.choices,
+        initial=Body.STANDARD,
+        label="Body",
+        help_text="Slack-compatible: a line of text for a chat room's incoming-webhook URL.",
+    )
+    everyone = forms.BooleanField(required=False, label="Everyone's events, not only mine (staff)")
+    channels = forms.ModelMultipleChoiceField(
+        queryset=Channel.objects.all(),
+        required=False,
+        label="Only these channels' events (with everyone's)",
+        help_text="None: every channel, and the nodes.",
+    )

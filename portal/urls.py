@@ -5,6 +5,7 @@ from portal import account, staff_actions
 from portal import actions as portal_actions
 from portal import calendar as portal_calendar
 from portal import views as portal
+from portal import webhooks as portal_webhooks
 
 app_name = "portal"
 
@@ -37,4 +38,14 @@ urlpatterns = [
     path("usage/", usage_views.usage_page, name="usage"),
     path("usage/csv", usage_views.usage_csv, name="usage_csv"),
     path("keys/<int:pk>/revoke", account.revoke_key, name="revoke_key"),
+    path("webhooks/", portal_webhooks.webhooks, name="webhooks"),
+    path("webhooks/<int:pk>/test", portal_webhooks.test, name="webhook_test"),
+    path("webhooks/<int:pk>/pause", portal_webhooks.pause, name="webhook_pause"),
+    path("webhooks/<int:pk>/new-secret", portal_webhooks.new_secret, name="webhook_new_secret"),
+    path("webhooks/<int:pk>/delete", portal_webhooks.delete, name="webhook_delete"),
+    path(
+        "webhooks/<int:pk>/deliveries/<int:delivery_id>/redeliver",
+        portal_webhooks.redeliver,
+        name="webhook_redeliver",
+    ),
 ]

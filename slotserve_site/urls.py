@@ -17,6 +17,7 @@ from channels_app.placement.api import FreeSlotsView, PlacementView
 from gateway.api import ApiKeyViewSet, RequestLogViewSet
 from gateway.usage.views import UsageView
 from reservations.api import MeView, NotificationViewSet, ReservationViewSet, WaitlistViewSet
+from reservations.webhooks.api import WebhookViewSet
 from slotserve_site import sign_in
 from slotserve_site.metrics import metrics_view
 
@@ -35,6 +36,7 @@ router.register("notifications", NotificationViewSet, basename="notification")
 router.register("waitlist", WaitlistViewSet, basename="waitlist")
 router.register("keys", ApiKeyViewSet, basename="apikey")
 router.register("requests", RequestLogViewSet, basename="requestlog")
+router.register("webhooks", WebhookViewSet, basename="webhook")
 
 
 def health(request: HttpRequest) -> JsonResponse:
