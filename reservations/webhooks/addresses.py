@@ -23,6 +23,10 @@ class Refused(ValueError):
     """The URL may not be called; the message says why, for the person who gave it."""
 
 
+class Unresolved(Refused):
+    """The URL's host name does not resolve (now)."""
+
+
 @dataclass(frozen=True)
 class Destination:
     """Where one delivery goes: ``url`` with the checked address in place of the name, the
@@ -77,7 +81,7 @@ def addresses_of(host: str, port: int) -> list[IPAddress]:
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except (socket.gaierror, UnicodeError) as exc:
-            raise Refused(f"{host} does not resolve ({exc})") from None
+            raise Unresolved(f"{host} does not resolve ({exc})") from None
         found = list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))
     for address in found:
         if _inside(address) and not _allowed(address):

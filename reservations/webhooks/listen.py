@@ -14,6 +14,7 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError, transaction
 from django.dispatch import receiver
+from django.utils import timezone
 
 from reservations.webhooks.models import Body, Delivery, Event, Scope, Webhook
 from reservations.wording import zone_of
@@ -93,12 +94,14 @@ def _store(happening: Happening, webhooks: Iterable[Webhook] | None) -> Event | 
             return None
         raise
     chosen = listening(happening) if webhooks is None else list(webhooks)
+    # Due now, whenever the happening was (a job may tell of a slot that began a minute ago).
+    due = timezone.now()
     Delivery.objects.bulk_create(
         Delivery(
             webhook=webhook,
             event=event,
             body=body_for(webhook, event, happening),
-            next_try_at=happening.at,
+            next_try_at=due,
         )
         for webhook in chosen
     )

@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from channels_app.models import Channel
-from reservations.webhooks.addresses import Refused, addresses_of, check_url
+from reservations.webhooks.addresses import Refused, Unresolved, addresses_of, check_url
 from reservations.webhooks.listen import store
 from reservations.webhooks.models import Body, Delivery, DeliveryState, Scope, Webhook
 from slotserve_base import dispatch
@@ -38,6 +38,8 @@ def _checked_url(url: str) -> str:
         raise InvalidInput("url", "at most 2000 characters")
     try:
         addresses_of(*check_url(url))
+    except Unresolved:
+        pass  # a name this machine cannot resolve now: each delivery checks it again
     except Refused as exc:
         raise InvalidInput("url", str(exc)) from None
     return url
@@ -182,7 +184,10 @@ def delivery_redeliver(*, delivery: Delivery, now: datetime) -> Delivery:
             next_try_at=now,
             redelivery_of=delivery,
         )
-        transaction.on_commit(
-            lambda: dispatch.send_quietly(dispatch.WEBHOOK_DELIVER, args=(delivery.webhook_id,))
-        )
+        if delivery.event.type == WebhookEvent.TEST:  # tried once, paused or not, as when first sent
+            transaction.on_commit(lambda: dispatch.send_quietly(dispatch.WEBHOOK_TEST_SEND, args=(again.pk,)))
+        else:
+            transaction.on_commit(
+                lambda: dispatch.send_quietly(dispatch.WEBHOOK_DELIVER, args=(delivery.webhook_id,))
+            )
     return again
