@@ -22,7 +22,7 @@ from gateway.api_keys import api_key_create, tell_keys_expiring
 from gateway.counter_scripts import week_tokens_key
 from gateway.usage.budgets import tell_budgets_used
 from reservations.idle import apply_idle_rule
-from reservations.models import Notification, Reservation
+from reservations.models import Notification
 from reservations.reminders import send_starting_soon
 from reservations.services import (
     reservation_approve,
