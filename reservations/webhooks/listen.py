@@ -9,8 +9,8 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 from django.db import DatabaseError, IntegrityError, transaction
 from django.dispatch import receiver
@@ -31,19 +31,30 @@ def new_msg_id() -> str:
     return f"msg_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(8)}"
 
 
-def hears(webhook: Webhook, happening: Happening) -> bool:
-    """Whether ``webhook`` hears of ``happening``: an event it asked for, about its owner's own
-    bookings and keys, or, for a staff owner's webhook of everyone's events, of its channels."""
-    if webhook.events and happening.type not in webhook.events:
+class Listener(NamedTuple):
+    """What decides whether a webhook hears of an event (one row, no model to build)."""
+
+    pk: int
+    events: list[str]
+    scope: str
+    owner_id: int
+    owner_is_staff: bool
+    owner_is_active: bool
+
+
+def hears(listener: Listener, happening: Happening, channels: Callable[[], set[int]]) -> bool:
+    """Whether a webhook hears of ``happening``: an event it asked for, about its owner's own
+    bookings and keys, or, for a staff owner's webhook of everyone's events, of its channels
+    (``channels``: the ones it chose, asked only when they matter)."""
+    if listener.events and happening.type not in listener.events:
         return False
-    owner = webhook.owner
-    if not owner.is_active:
+    if not listener.owner_is_active:
         return False
-    if owner.pk in happening.users:
+    if listener.owner_id in happening.users:
         return True
-    if webhook.scope != Scope.ALL or not owner.is_staff:
+    if listener.scope != Scope.ALL or not listener.owner_is_staff:
         return False
-    chosen = {c.pk for c in webhook.channels.all()}
+    chosen = channels()
     return not chosen or bool(chosen & happening.channels)
 
 
@@ -56,19 +67,41 @@ def payload(event: Event, link: str) -> dict[str, Any]:
     }
 
 
-def body_for(webhook: Webhook, event: Event, happening: Happening) -> str:
+def standard_body(event: Event, happening: Happening) -> str:
     link = public_url(happening.link) or happening.link
-    if webhook.body == Body.SLACK:
-        words = happening.words
-        text = words(zone_of(webhook.owner)) if callable(words) else words
-        whole = public_url(happening.link)
-        return json.dumps({"text": f"{text} {whole}" if whole else text})
     return json.dumps(payload(event, link), separators=(",", ":"))
 
 
-def listening(happening: Happening) -> Iterable[Webhook]:
-    webhooks = Webhook.objects.select_related("owner").prefetch_related("channels")
-    return [w for w in webhooks if hears(w, happening)]
+def slack_body(webhook: Webhook, happening: Happening) -> str:
+    """``{"text": …}``: the happening in words, in the webhook owner's time zone, with its link."""
+    words = happening.words
+    text = words(zone_of(webhook.owner)) if callable(words) else words
+    whole = public_url(happening.link)
+    return json.dumps({"text": f"{text} {whole}" if whole else text})
+
+
+def listening(happening: Happening) -> list[Webhook]:
+    """The webhooks that hear of ``happening``."""
+    rows = [
+        Listener(*row)
+        for row in Webhook.objects.values_list(
+            "pk", "events", "scope", "owner_id", "owner__is_staff", "owner__is_active"
+        )
+    ]
+    if not rows:
+        return []
+    chosen: dict[int, set[int]] = {}
+    if any(r.scope == Scope.ALL for r in rows):
+        through = Webhook.channels.through.objects.filter(webhook_id__in=[r.pk for r in rows])
+        for webhook_id, channel_id in through.values_list("webhook_id", "channel_id"):
+            chosen.setdefault(webhook_id, set()).add(channel_id)
+    none: set[int] = set()
+
+    def channels_of(pk: int) -> Callable[[], set[int]]:
+        return lambda: chosen.get(pk, none)
+
+    hearing = [r.pk for r in rows if hears(r, happening, channels_of(r.pk))]
+    return list(Webhook.objects.filter(pk__in=hearing).select_related("owner")) if hearing else []
 
 
 def store(happening: Happening, webhooks: Iterable[Webhook] | None = None) -> Event | None:
@@ -96,11 +129,12 @@ def _store(happening: Happening, webhooks: Iterable[Webhook] | None) -> Event | 
     chosen = listening(happening) if webhooks is None else list(webhooks)
     # Due now, whenever the happening was (a job may tell of a slot that began a minute ago).
     due = timezone.now()
+    standard = standard_body(event, happening) if any(w.body == Body.STANDARD for w in chosen) else ""
     Delivery.objects.bulk_create(
         Delivery(
             webhook=webhook,
             event=event,
-            body=body_for(webhook, event, happening),
+            body=slack_body(webhook, happening) if webhook.body == Body.SLACK else standard,
             next_try_at=due,
         )
         for webhook in chosen
