@@ -276,6 +276,13 @@ def test_every_page_fits_a_phone_and_the_admin_and_api_docs_load_cleanly(browser
     Notification.objects.create(
         user=boss, event="submitted", text="ana asks for a100-0, Tue 8 Dec 10:00–12:00 CET."
     )
+    # A webhook with a long URL, its secret and a failed try in its log.
+    from reservations.webhooks.services import webhook_create, webhook_test
+
+    hook = webhook_create(
+        owner=boss, url="https://hooks.chat.lab.invalid/services/T0000000/B0000000/XXXXXXXXXXXXXXXXXXXXXXXX"
+    )
+    webhook_test(webhook=hook, by=boss, now=timezone.now())
     context = browser.new_context(viewport={"width": 390, "height": 844})
     page = context.new_page()
     # Every page's own scripts run under the portal's Content-Security-Policy: none is refused.
@@ -299,6 +306,7 @@ def test_every_page_fits_a_phone_and_the_admin_and_api_docs_load_cleanly(browser
         "/notifications/",
         "/settings/",
         "/keys/",
+        "/webhooks/",
         "/requests/",
         f"/channel/{channel.pk}/log",
     ]:
@@ -313,6 +321,9 @@ def test_every_page_fits_a_phone_and_the_admin_and_api_docs_load_cleanly(browser
     assert wide == [], f"pages wider than a 390 px phone (path, extra px): {wide}"
     assert refused == [], refused
     shot(page, "phone-logs")
+    page.goto(f"{live_server.url}/webhooks/")
+    page.click(f"#webhook-{hook.pk} summary")
+    shot(page, "phone-webhooks")
     page.goto(f"{live_server.url}/reservations/")
     shot(page, "phone-reservations")
     context.close()
