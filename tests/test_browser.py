@@ -531,3 +531,33 @@ def test_moving_and_shortening_a_booking_in_the_portal(browser, live_server):
     )
     assert booking.status == "approved"
     shot(page, "reservation-changed")
+
+
+def test_copy_buttons_copy_a_new_key_and_a_webhooks_secret(browser, live_server):
+    """The keys page's and the webhooks page's Copy buttons put the text on the clipboard."""
+    from reservations.webhooks.services import webhook_create
+
+    ana = factories.user("ana")
+    hook = webhook_create(owner=ana, url="https://hooks.chat.lab.invalid/ana")
+    context = browser.new_context(viewport={"width": 1200, "height": 800})
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live_server.url)
+    page = context.new_page()
+    page.goto(f"{live_server.url}/accounts/login/")
+    page.fill("#id_username", "ana")
+    page.fill("#id_password", "pw-for-tests")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")
+    page.goto(f"{live_server.url}/keys/")
+    page.fill("#id_name", "notebook")
+    page.click("#new-key-form button[type=submit]")
+    key = page.text_content("#new-key")
+    assert key
+    page.click("button[data-copy=new-key]")
+    expect(page.locator("button[data-copy=new-key]")).to_have_text("Copied")
+    assert page.evaluate("navigator.clipboard.readText()") == key
+    page.goto(f"{live_server.url}/webhooks/")
+    page.click(f"#webhook-{hook.pk} summary")
+    page.click(f"button[data-copy=secret-{hook.pk}]")
+    expect(page.locator(f"button[data-copy=secret-{hook.pk}]")).to_have_text("Copied")
+    assert page.evaluate("navigator.clipboard.readText()") == hook.secret
+    context.close()
