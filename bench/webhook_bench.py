@@ -4,8 +4,9 @@
     .venv/bin/python bench/webhook_bench.py [--bookings 200] [--webhooks 5]
 
 1. A booking's own time (``reservation_create``, which announces ``booking.requested`` and
-   ``booking.approved``) with no webhook and with ``--webhooks`` staff webhooks hearing of every
-   event: the events and their deliveries are stored in the booking's transaction.
+   ``booking.approved``) with nobody listening (a booking's cost before webhooks), with no
+   webhook (each event looked up, none kept), and with ``--webhooks`` staff webhooks hearing of
+   every event: the events and their deliveries are stored in the booking's transaction.
 2. One webhook's deliveries of those events to a local receiver that answers 204 at once
    (``delivery.deliver``, one deliverer, in order): deliveries per second.
 
@@ -97,13 +98,22 @@ def main() -> None:
     channel.allow_whole_card = True
     channel.save()
 
-    without = book_many(options.bookings, 0)
+    from reservations.webhooks.listen import on_happening
+    from slotserve_base.happenings import Happening, happened
+
+    # The booking alone: nobody listens (what a booking cost before webhooks).
+    happened.disconnect(
+        on_happening, sender=Happening, dispatch_uid="reservations.webhooks.listen.on_happening"
+    )
+    alone = book_many(options.bookings, 0)
+    happened.connect(on_happening, sender=Happening, dispatch_uid="reservations.webhooks.listen.on_happening")
+    without = book_many(options.bookings, options.bookings + 1)
     server = ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_port}/hook"
     owner = get_user_model().objects.get(username="bench")
     hooks = [webhook_create(owner=owner, url=url, scope="all") for _ in range(options.webhooks)]
-    with_hooks = book_many(options.bookings, options.bookings + 1)
+    with_hooks = book_many(options.bookings, 2 * options.bookings + 2)
 
     began = time.perf_counter()
     tried = delivery.deliver(hooks[0].pk)
@@ -121,6 +131,7 @@ def main() -> None:
         return f"{name:<34} p50 {statistics.median(times):6.2f} ms   p95 {q[18]:6.2f} ms"
 
     print(f"{options.bookings} bookings, each announcing 2 events (SQLite)")
+    print(line("a booking, its events told nobody", alone))
     print(line("a booking, no webhook", without))
     print(line(f"a booking, {options.webhooks} webhooks hearing of it", with_hooks))
     print(

@@ -564,3 +564,20 @@ def test_retries_grow_over_about_a_day_then_stop(settings):
     waits = [(m - now).total_seconds() for m in moments[:-1] if m is not None]
     assert waits == pauses and waits[:7] == sorted(waits[:7])
     assert 20 * 3600 < sum(pauses) < 26 * 3600
+
+
+def test_an_event_no_webhook_hears_of_is_not_kept_unless_it_is_told_once_only(ana, bo):
+    from reservations.webhooks.models import Event
+
+    channel = factories.channel("a100-0")
+    webhook_create(owner=bo, url="https://hooks.example.invalid/bo")  # bo's own: hears nothing of ana's
+    booking = reservation_create(
+        user=ana, channel=channel, start=hour(2), end=hour(3), exclusive=True, now=timezone.now()
+    )
+    assert not Event.objects.exists()
+    assert announce_booking_edges(now=booking.start + timedelta(minutes=1)) == 1
+    assert announce_booking_edges(now=booking.start + timedelta(minutes=2)) == 0  # kept: told once
+    assert list(Event.objects.values_list("type", "key")) == [
+        ("booking.started", f"booking.started:{booking.pk}")
+    ]
+    assert not Delivery.objects.exists()

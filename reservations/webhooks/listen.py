@@ -105,13 +105,17 @@ def listening(happening: Happening) -> list[Webhook]:
 
 
 def store(happening: Happening, webhooks: Iterable[Webhook] | None = None) -> Event | None:
-    """Keep ``happening`` and its deliveries; None when its key was told before. ``webhooks``:
-    only these (a test event), else every webhook that hears of it."""
+    """Keep ``happening`` and its deliveries; None when its key was told before, or when no
+    webhook hears of it and it has no key (nothing is kept). ``webhooks``: only these (a test
+    event), else every webhook that hears of it."""
     with transaction.atomic():
         return _store(happening, webhooks)
 
 
 def _store(happening: Happening, webhooks: Iterable[Webhook] | None) -> Event | None:
+    chosen = listening(happening) if webhooks is None else list(webhooks)
+    if not chosen and happening.key is None:
+        return None  # nobody hears of it, and nothing asks whether it was told
     try:
         with transaction.atomic():
             event = Event.objects.create(
@@ -126,7 +130,6 @@ def _store(happening: Happening, webhooks: Iterable[Webhook] | None) -> Event | 
         if happening.key is not None and Event.objects.filter(key=happening.key).exists():
             return None
         raise
-    chosen = listening(happening) if webhooks is None else list(webhooks)
     # Due now, whenever the happening was (a job may tell of a slot that began a minute ago).
     due = timezone.now()
     standard = standard_body(event, happening) if any(w.body == Body.STANDARD for w in chosen) else ""
