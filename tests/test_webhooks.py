@@ -581,3 +581,27 @@ def test_an_event_no_webhook_hears_of_is_not_kept_unless_it_is_told_once_only(an
         ("booking.started", f"booking.started:{booking.pk}")
     ]
     assert not Delivery.objects.exists()
+
+
+def test_a_burst_of_events_goes_on_in_new_runs_without_waiting_for_the_next_tick(monkeypatch, ana):
+    from reservations.webhooks.services import webhook_pause
+
+    monkeypatch.setattr(deliveries, "PER_RUN", 2)
+    channel = factories.channel("a100-0")
+    with Receiver() as receiver:
+        webhook = webhook_create(owner=ana, url=receiver.url, events=["booking.requested"])
+        webhook_pause(webhook=webhook, now=timezone.now())
+        for h in range(5):
+            reservation_create(
+                user=ana,
+                channel=channel,
+                start=hour(2 + h),
+                end=hour(3 + h),
+                exclusive=True,
+                now=timezone.now(),
+            )
+        assert not receiver.received
+        webhook_resume(webhook=webhook, now=timezone.now())  # one task; runs of 2 follow each other
+        assert eventually(lambda: len(receiver.received) == 5, timeout=5)
+    starts = [r.json["data"]["booking"]["start"] for r in receiver.received]
+    assert starts == sorted(starts)  # in the order they were made

@@ -15,8 +15,12 @@ from slotserve_base import dispatch
 
 @shared_task(name=dispatch.WEBHOOK_DELIVER, ignore_result=True, soft_time_limit=600, time_limit=660)
 def deliver_webhook(webhook_id: int) -> int:
-    """Send a webhook's due deliveries, in order; returns how many were tried."""
-    return delivery.deliver(webhook_id)
+    """Send a webhook's due deliveries, in order; returns how many were tried. A run that sent as
+    many as one run may goes on in a new task at once (a burst of events), not at the next tick."""
+    tried = delivery.deliver(webhook_id)
+    if tried >= delivery.PER_RUN:
+        dispatch.send_quietly(dispatch.WEBHOOK_DELIVER, args=(webhook_id,))
+    return tried
 
 
 @shared_task(name=dispatch.WEBHOOK_TEST_SEND, ignore_result=True, soft_time_limit=60, time_limit=90)
