@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -70,7 +71,11 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
     import openai
 
     port = _free_port()
-    env = {**_run_env(tmp_path, port), "SLOTSERVE_LLAMA_SERVER": llama_server_bin}
+    env = {
+        **_run_env(tmp_path, port),
+        "SLOTSERVE_LLAMA_SERVER": llama_server_bin,
+        "SLOTSERVE_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.1",  # the test's receiver
+    }
     run = start_run(tmp_path, env, "--port", str(port), "--demo")
     base = f"http://127.0.0.1:{port}"
     try:
@@ -107,6 +112,32 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
         assert any(c.choices and c.choices[0].finish_reason in ("length", "stop") for c in chunks), chunks
         # redis, uvicorn, scheduler, node worker, llama-server
         assert len(processes_of(tmp_path)) >= 5, log_text(tmp_path)[-3000:]
+
+        # A webhook hears of a booking through the real Celery worker, signed.
+        from standardwebhooks.webhooks import Webhook as Verifier
+
+        from tests.receiver import Receiver
+
+        api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"})
+        with Receiver() as receiver:
+            made = api.post("/api/webhooks/", json={"url": receiver.url, "events": ["booking.approved"]})
+            assert made.status_code == 201, made.text
+            start = (datetime.now(UTC) + timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
+            booked = api.post(
+                "/api/reservations/",
+                json={
+                    "channel": "demo-0",
+                    "model": "tiny",
+                    "start": start.isoformat(),
+                    "end": (start + timedelta(hours=1)).isoformat(),
+                },
+            )
+            assert booked.status_code == 201, booked.text
+            assert eventually(lambda: receiver.received, timeout=30, every=0.2), log_text(tmp_path)[-3000:]
+        event = Verifier(made.json()["secret"]).verify(
+            receiver.received[0].body, receiver.received[0].headers
+        )
+        assert event["type"] == "booking.approved" and event["data"]["booking"]["id"] == booked.json()["id"]
 
         # The terminal tells what happens, not each run of the tasks that run every few seconds
         # (those lines show with SLOTSERVE_LOG_LEVEL=DEBUG). By now the tick, the node's tick
