@@ -44,6 +44,15 @@ def converge(
     return ChannelRuntime.objects.get(channel=channel)
 
 
+def out_of_memory(tiny, name: str = "big-vllm", args: str = "--standin-oom --max-model-len 131072"):
+    """A vLLM model, run by the stand-in (it checks only that the path exists), and its preset
+    ``greedy`` that runs out of memory while it loads."""
+    model = factories.llm(name, backend="vllm")
+    model.path = str(tiny["model"].path)
+    model.save()
+    return factories.preset(model, "greedy", args)
+
+
 def phase_after(channel, now: datetime) -> Phase:
     """One reconcile at ``now``; the phase it leaves the channel in."""
     state = worker.reconcile(channel_id=channel.pk, now=now)
@@ -136,10 +145,8 @@ def test_kill_9_fails_retries_after_30_s_and_recovers(node_env, tiny):
 
 @pytest.mark.django_db(transaction=True)
 def test_out_of_memory_falls_back_to_the_default_and_switches_back(node_env, tiny, ana, staff):
-    vllm_model = factories.llm("big-vllm", backend="vllm")
-    vllm_model.path = str(tiny["model"].path)  # any existing path: the stand-in checks it
-    vllm_model.save()
-    greedy = factories.preset(vllm_model, "greedy", "--standin-oom --max-model-len 131072")
+    greedy = out_of_memory(tiny)
+    vllm_model = greedy.model
     channel = factories.channel("cpu-0", default=tiny["small"])
     now = timezone.now()
     factories.reservation(
@@ -188,10 +195,8 @@ def test_a_failure_episode_belongs_to_its_booking(node_env, tiny, ana, bo, staff
     of a failure end with the booking; a later booking of the same target starts afresh."""
     from rest_framework.test import APIClient
 
-    never = factories.llm("never", backend="vllm")
-    never.path = str(tiny["model"].path)
-    never.save()
-    greedy = factories.preset(never, "greedy", "--standin-oom")
+    greedy = out_of_memory(tiny, "never", "--standin-oom")
+    never = greedy.model
     channel = factories.channel("cpu-0", default=tiny["small"])
     now = timezone.now()
     first = factories.reservation(

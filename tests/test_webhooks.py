@@ -169,12 +169,9 @@ def test_a_channels_events_come_from_the_node_worker_with_a_real_process(node_en
     """Loading, ready, failed, in fallback, recovered and switched, from the node worker's own
     reconciles of a real llama-server and the stand-in backend's out-of-memory failure."""
     from channels_app.scheduling.services import decide_channels
-    from tests.test_node_worker import converge, phase_after
+    from tests.test_node_worker import converge, out_of_memory, phase_after
 
-    vllm_model = factories.llm("big-vllm", backend="vllm")
-    vllm_model.path = str(tiny["model"].path)
-    vllm_model.save()
-    greedy = factories.preset(vllm_model, "greedy", "--standin-oom --max-model-len 131072")
+    greedy = out_of_memory(tiny)
     channel = factories.channel("cpu-0", default=tiny["small"])
     with Receiver() as receiver, Receiver() as staffs:
         channel_events_only = [e for e in WebhookEvent.values if e.startswith("channel.")]
