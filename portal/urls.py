@@ -40,6 +40,7 @@ urlpatterns = [
     path("keys/<int:pk>/revoke", account.revoke_key, name="revoke_key"),
     path("webhooks/", portal_webhooks.webhooks, name="webhooks"),
     path("webhooks/<int:pk>/test", portal_webhooks.test, name="webhook_test"),
+    path("webhooks/<int:pk>/change", portal_webhooks.change, name="webhook_change"),
     path("webhooks/<int:pk>/pause", portal_webhooks.pause, name="webhook_pause"),
     path("webhooks/<int:pk>/new-secret", portal_webhooks.new_secret, name="webhook_new_secret"),
     path("webhooks/<int:pk>/delete", portal_webhooks.delete, name="webhook_delete"),

@@ -3,6 +3,8 @@ try, redelivery (docs/webhooks.md)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Prefetch
@@ -17,6 +19,7 @@ from portal.forms import WebhookForm
 from reservations.webhooks.models import Delivery, DeliveryTry, Scope, Webhook
 from reservations.webhooks.services import (
     delivery_redeliver,
+    webhook_change,
     webhook_create,
     webhook_delete,
     webhook_new_secret,
@@ -32,45 +35,89 @@ SHOWN = 20
 
 @login_required
 def webhooks(request: HttpRequest) -> HttpResponse:
-    user = me(request)
-    form = WebhookForm(request.POST or None)
-    status = 200
-    if request.method == "POST":
-        if form.is_valid():
-            given = form.cleaned_data
-            try:
-                made = webhook_create(
-                    owner=user,
-                    url=given["url"],
-                    name=given["name"],
-                    events=given["events"],
-                    body=given["body"],
-                    scope=Scope.ALL if given["everyone"] else Scope.MINE,
-                    channels=given["channels"],
-                )
-            except InvalidInput as problem:
-                field = problem.field if problem.field in form.fields else None
-                if field == "scope":
-                    field = "everyone"
-                form.add_error(field, problem.message)
-            else:
-                messages.success(
-                    request, f"Webhook {made} made. Send it a test event to see that it answers."
-                )
-                return redirect("portal:webhooks")
-        status = 400
-    mine = list(Webhook.objects.filter(owner=user).prefetch_related("channels"))
+    """The page; a POST makes a webhook."""
+    if request.method != "POST":
+        return _page(request, WebhookForm())
+    form = WebhookForm(request.POST)
+    if form.is_valid():
+        given = form.cleaned_data
+        try:
+            made = webhook_create(owner=me(request), **_service_arguments(given))
+        except InvalidInput as problem:
+            form.add_error(_field_of(problem, form), problem.message)
+        else:
+            messages.success(request, f"Webhook {made} made. Send it a test event to see that it answers.")
+            return redirect("portal:webhooks")
+    return _page(request, form, status=400)
+
+
+def _service_arguments(given: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "url": given["url"],
+        "name": given["name"],
+        "events": given["events"],
+        "body": given["body"],
+        "scope": Scope.ALL if given["everyone"] else Scope.MINE,
+        "channels": given["channels"],
+    }
+
+
+def _page(
+    request: HttpRequest, new: WebhookForm, changing: tuple[int, WebhookForm] | None = None, status: int = 200
+) -> HttpResponse:
+    """The user's webhooks, each with its change form (the one being changed as it was sent) and
+    its last deliveries."""
+    mine = list(Webhook.objects.filter(owner=me(request)).prefetch_related("channels"))
     for webhook in mine:
+        if changing is not None and changing[0] == webhook.pk:
+            webhook.change_form = changing[1]  # type: ignore[attr-defined]
+        else:
+            webhook.change_form = WebhookForm(prefix=f"w{webhook.pk}", initial=initial_of(webhook))  # type: ignore[attr-defined]
         webhook.shown = list(  # type: ignore[attr-defined]
             Delivery.objects.filter(webhook=webhook)
             .select_related("event")
             .prefetch_related(Prefetch("attempts", queryset=DeliveryTry.objects.order_by("at", "pk")))
             .order_by("-pk")[:SHOWN]
         )
-    page = render(request, "portal/webhooks.html", {"form": form, "webhooks": mine}, status=status)
+    context = {"form": new, "webhooks": mine, "changing": changing[0] if changing else None}
+    page = render(request, "portal/webhooks.html", context, status=status)
     add_never_cache_headers(page)  # it shows secrets
     page["Cache-Control"] = "no-store, no-cache, must-revalidate, private, max-age=0"
     return page
+
+
+def initial_of(webhook: Webhook) -> dict[str, object]:
+    return {
+        "url": webhook.url,
+        "name": webhook.name,
+        "events": webhook.events,
+        "body": webhook.body,
+        "everyone": webhook.scope == Scope.ALL,
+        "channels": list(webhook.channels.all()),
+    }
+
+
+@login_required
+@require_POST
+def change(request: HttpRequest, pk: int) -> HttpResponse:
+    """The webhook's URL, name, events, body and scope, as its card's form gives them."""
+    webhook = _mine(request, pk)
+    form = WebhookForm(request.POST, prefix=f"w{pk}")
+    if form.is_valid():
+        try:
+            webhook_change(webhook=webhook, **_service_arguments(form.cleaned_data))
+        except InvalidInput as problem:
+            form.add_error(_field_of(problem, form), problem.message)
+        else:
+            messages.success(request, f"Webhook {webhook} changed.")
+            return redirect("portal:webhooks")
+    return _page(request, WebhookForm(), changing=(pk, form), status=400)
+
+
+def _field_of(problem: InvalidInput, form: WebhookForm) -> str | None:
+    if problem.field == "scope":
+        return "everyone"
+    return problem.field if problem.field in form.fields else None
 
 
 def _mine(request: HttpRequest, pk: int) -> Webhook:

@@ -482,11 +482,34 @@ def test_the_portal_page_makes_a_webhook_sends_a_test_and_shows_the_log(ana, bo)
         # Bad input is named, not saved.
         refused = portal.post("/webhooks/", {"url": "http://10.1.2.3/x", "body": "standard"})
         assert refused.status_code == 400 and "private network" in refused.content.decode()
+        # Its card's form changes it; a bad URL there is named and changes nothing.
+        prefix = f"w{webhook.pk}"
+        changed = portal.post(
+            f"/webhooks/{webhook.pk}/change",
+            {f"{prefix}-url": receiver.url, f"{prefix}-name": "lab chat", f"{prefix}-body": "slack"},
+        )
+        assert changed.status_code == 302
+        webhook.refresh_from_db()
+        assert (webhook.body, webhook.events) == ("slack", [])
+        refused = portal.post(
+            f"/webhooks/{webhook.pk}/change",
+            {f"{prefix}-url": "http://169.254.169.254/", f"{prefix}-body": "slack"},
+        )
+        assert (
+            refused.status_code == 400
+            and "169.254.169.254 is 169.254.169.254, inside" in refused.content.decode()
+        )
+        webhook.refresh_from_db()
+        assert webhook.url == receiver.url
     other = Client()
     other.force_login(bo)
     assert webhook.secret not in other.get("/webhooks/").content.decode()
     assert other.post(f"/webhooks/{webhook.pk}/test").status_code == 404
     assert other.post(f"/webhooks/{webhook.pk}/delete").status_code == 404
+    assert (
+        other.post(f"/webhooks/{webhook.pk}/change", {f"w{webhook.pk}-url": "https://x.invalid/"}).status_code
+        == 404
+    )
     assert Webhook.objects.filter(pk=webhook.pk).exists()
 
 
