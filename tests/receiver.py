@@ -1,5 +1,6 @@
 """A real HTTP receiver for webhook deliveries: it records each one (headers, body, when it
-came) and answers with the statuses it is told, in turn (then the last one, again)."""
+came) and answers with the statuses it is told, in turn (then the last one, again), after
+``delay`` seconds each."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ class Received:
 
 
 class Receiver:
-    def __init__(self, statuses: list[int] | None = None) -> None:
+    def __init__(self, statuses: list[int] | None = None, delay: float = 0.0) -> None:
         self.statuses = list(statuses or [200])
+        self.delay = delay
         self.received: list[Received] = []
         self._lock = threading.Lock()
         receiver = self
@@ -41,6 +43,7 @@ class Receiver:
                         Received({k.lower(): v for k, v in self.headers.items()}, body, time.monotonic())
                     )
                     status = receiver.statuses.pop(0) if len(receiver.statuses) > 1 else receiver.statuses[0]
+                time.sleep(receiver.delay)
                 self.send_response(status)
                 self.send_header("content-type", "text/plain")
                 self.end_headers()

@@ -625,3 +625,26 @@ def test_a_burst_of_events_goes_on_in_new_runs_without_waiting_for_the_next_tick
         assert eventually(lambda: len(receiver.received) == 5, timeout=5)
     starts = [r.json["data"]["booking"]["start"] for r in receiver.received]
     assert starts == sorted(starts)  # in the order they were made
+
+
+def test_a_slow_receiver_does_not_hold_a_worker_its_deliveries_go_on_in_later_runs(monkeypatch, ana):
+    from reservations.webhooks.services import webhook_pause
+
+    monkeypatch.setattr(deliveries, "RUN_SECONDS", 0.5)
+    channel = factories.channel("a100-0")
+    with Receiver(delay=0.3) as receiver:
+        webhook = webhook_create(owner=ana, url=receiver.url, events=["booking.requested"])
+        webhook_pause(webhook=webhook, now=timezone.now())
+        for h in range(5):
+            reservation_create(
+                user=ana,
+                channel=channel,
+                start=hour(2 + h),
+                end=hour(3 + h),
+                exclusive=True,
+                now=timezone.now(),
+            )
+        webhook_resume(webhook=webhook, now=timezone.now())
+        # The run resumed stopped starting deliveries after half a second (two at 0.3 s each).
+        assert 0 < len(receiver.received) < 5
+        assert eventually(lambda: webhooks_due() >= 0 and len(receiver.received) == 5, timeout=10, every=0.05)

@@ -32,8 +32,10 @@ log = logging.getLogger(__name__)
 
 # The first bytes of an answer the delivery log keeps.
 ANSWER_KEPT = 500
-# Deliveries one run sends at most; the rest wait for the next run.
+# Deliveries one run sends at most, and for how long it starts new ones; the rest wait for the
+# next run (a receiver that takes its whole timeout each time must not hold a worker for hours).
 PER_RUN = 200
+RUN_SECONDS = 300.0
 USER_AGENT = "SlotServe-Webhooks/1"
 
 
@@ -127,6 +129,7 @@ def deliver(webhook_id: int) -> int:
     if not claim(webhook_id, timezone.now(), lease_seconds()):
         return 0
     tried = 0
+    stop_at = time.monotonic() + RUN_SECONDS
     http = client()
     try:
         waiting: set[str] = set()  # objects with an older delivery still to go
@@ -137,6 +140,8 @@ def deliver(webhook_id: int) -> int:
             .order_by("pk")[:PER_RUN]
         )
         for delivery in pending:
+            if time.monotonic() >= stop_at:
+                break
             subject = delivery.event.subject
             if subject in waiting:
                 continue
