@@ -603,23 +603,24 @@ def test_an_event_no_webhook_hears_of_is_not_kept_unless_it_is_told_once_only(an
     assert not Delivery.objects.exists()
 
 
-def test_a_burst_of_events_goes_on_in_new_runs_without_waiting_for_the_next_tick(monkeypatch, ana):
+def paused_with_five_bookings(ana, receiver: Receiver) -> Webhook:
+    """A paused webhook of ana's with five ``booking.requested`` events waiting in its log."""
     from reservations.webhooks.services import webhook_pause
 
-    monkeypatch.setattr(deliveries, "PER_RUN", 2)
     channel = factories.channel("a100-0")
+    webhook = webhook_create(owner=ana, url=receiver.url, events=["booking.requested"])
+    webhook_pause(webhook=webhook, now=timezone.now())
+    for h in range(5):
+        reservation_create(
+            user=ana, channel=channel, start=hour(2 + h), end=hour(3 + h), exclusive=True, now=timezone.now()
+        )
+    return webhook
+
+
+def test_a_burst_of_events_goes_on_in_new_runs_without_waiting_for_the_next_tick(monkeypatch, ana):
+    monkeypatch.setattr(deliveries, "PER_RUN", 2)
     with Receiver() as receiver:
-        webhook = webhook_create(owner=ana, url=receiver.url, events=["booking.requested"])
-        webhook_pause(webhook=webhook, now=timezone.now())
-        for h in range(5):
-            reservation_create(
-                user=ana,
-                channel=channel,
-                start=hour(2 + h),
-                end=hour(3 + h),
-                exclusive=True,
-                now=timezone.now(),
-            )
+        webhook = paused_with_five_bookings(ana, receiver)
         assert not receiver.received
         webhook_resume(webhook=webhook, now=timezone.now())  # one task; runs of 2 follow each other
         assert eventually(lambda: len(receiver.received) == 5, timeout=5)
@@ -628,22 +629,9 @@ def test_a_burst_of_events_goes_on_in_new_runs_without_waiting_for_the_next_tick
 
 
 def test_a_slow_receiver_does_not_hold_a_worker_its_deliveries_go_on_in_later_runs(monkeypatch, ana):
-    from reservations.webhooks.services import webhook_pause
-
     monkeypatch.setattr(deliveries, "RUN_SECONDS", 0.5)
-    channel = factories.channel("a100-0")
     with Receiver(delay=0.3) as receiver:
-        webhook = webhook_create(owner=ana, url=receiver.url, events=["booking.requested"])
-        webhook_pause(webhook=webhook, now=timezone.now())
-        for h in range(5):
-            reservation_create(
-                user=ana,
-                channel=channel,
-                start=hour(2 + h),
-                end=hour(3 + h),
-                exclusive=True,
-                now=timezone.now(),
-            )
+        webhook = paused_with_five_bookings(ana, receiver)
         webhook_resume(webhook=webhook, now=timezone.now())
         # The run resumed stopped starting deliveries after half a second (two at 0.3 s each).
         assert 0 < len(receiver.received) < 5

@@ -149,13 +149,17 @@ def deliver(webhook_id: int) -> int:
             if delivery.next_try_at > now:
                 waiting.add(subject)
                 continue
-            Webhook.objects.filter(pk=webhook_id).update(lease_until=now + timedelta(seconds=lease_seconds()))
+            # Renew the claim, and stop once the webhook is paused (by this run's last try, or
+            # by its owner meanwhile): one statement for both.
+            renewed = Webhook.objects.filter(pk=webhook_id, paused_at__isnull=True).update(
+                lease_until=now + timedelta(seconds=lease_seconds())
+            )
+            if not renewed:
+                break
             answer = send(delivery, http)
             tried += 1
             if not record(delivery, answer, timezone.now()):
                 waiting.add(subject)
-            if Webhook.objects.filter(pk=webhook_id, paused_at__isnull=False).exists():
-                break
     finally:
         http.close()
         Webhook.objects.filter(pk=webhook_id).update(lease_until=None)
