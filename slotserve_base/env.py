@@ -100,6 +100,31 @@ def env_seconds_list(name: str, default: list[float]) -> list[float]:
     return found or default
 
 
+def env_port_range(name: str, default: str) -> range | None:
+    """A range of ports written ``first-last`` (both included), or "any" for none: the kernel
+    then picks. Anything else stops start-up naming it."""
+    raw = (os.environ.get(name) or default).strip()
+    if raw.lower() == "any":
+        return None
+    first, dash, last = raw.partition("-")
+    try:
+        ports = range(int(first), int(last if dash else first) + 1)
+    except ValueError:
+        raise SettingError(f"{name}={raw!r}: write a range of ports, e.g. 31000-31999, or any") from None
+    wrong = (
+        "the first port is above the last"
+        if not ports
+        else "ports must be 1024 or more"
+        if ports.start < 1024
+        else "ports must be 65535 or less"
+        if ports.stop > 65536
+        else ""
+    )
+    if wrong:
+        raise SettingError(f"{name}={raw!r}: {wrong}")
+    return ports
+
+
 # Keys that placeholders, examples and tutorials use.
 _PLACEHOLDERS = ("change", "secret", "example", "placeholder", "insecure", "your-", "xxxx", "password")
 

@@ -19,6 +19,7 @@ from slotserve_base.env import (
     env_int,
     env_list,
     env_networks,
+    env_port_range,
     env_seconds_list,
     env_str,
     env_url,
@@ -327,6 +328,9 @@ SLOTSERVE_NODE_NAME = env_str("SLOTSERVE_NODE_NAME", socket.gethostname())
 # Checked when the apps are ready (channels_app.apps): settings import no app code.
 SLOTSERVE_FAKE_GPUS = env_str("SLOTSERVE_FAKE_GPUS", "")
 SLOTSERVE_PROCESS_HOST = env_str("SLOTSERVE_PROCESS_HOST", "127.0.0.1")
+# The ports inference processes listen on: one range to open in a firewall, below Linux's
+# ephemeral range, so an outgoing connection never takes one between its probe and the bind.
+SLOTSERVE_PROCESS_PORTS = env_port_range("SLOTSERVE_PROCESS_PORTS", "31000-31999")
 # More environment variables an inference process may inherit (docs/security.md).
 SLOTSERVE_PROCESS_ENV = env_list("SLOTSERVE_PROCESS_ENV", [])
 SLOTSERVE_MODEL_DIRS = env_list("SLOTSERVE_MODEL_DIRS", [])

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import os
 import signal
 import socket
 import subprocess
@@ -168,10 +170,33 @@ def tiny(tiny_gguf):
     }
 
 
+def _port_block() -> Iterator[int]:
+    """This test process's own ports, below the kernel's ephemeral range, round and round."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = 20000 + 500 * (int(worker) % 20 if worker.isdigit() else 0)  # under 30000
+    return itertools.cycle(range(first, first + 500))
+
+
+_ports = _port_block()
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A port nothing listens on, for a server a test starts.
+
+    Not one the kernel hands out for port 0: between a probe and the server's bind, the kernel can
+    hand that same port to an outgoing connection (to PostgreSQL, say), and the server then fails
+    with "Address already in use". Ports below the ephemeral range are never handed out so, and
+    each xdist worker counts through a block of its own, so no two running tests pick the same.
+    """
+    for _ in range(500):
+        port = next(_ports)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in this test process's block")
 
 
 @pytest.fixture(params=["lane", "application"])

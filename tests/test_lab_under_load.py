@@ -19,7 +19,8 @@ from django.utils import timezone
 
 from gateway.api_keys import api_key_create
 from tests import factories
-from tests.test_one_command_start import _free_port, _run_env, healthy, log_text, start_run
+from tests.conftest import free_port
+from tests.test_one_command_start import _run_env, healthy, log_text, start_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,7 +47,7 @@ def test_fifty_clients_at_once_get_answers_and_the_connections_stay_within_the_p
         start = timezone.now() + timedelta(days=1, hours=2 * n)
         factories.reservation(owner=person, on=channel, start=start, end=start + timedelta(hours=1))
         keys.append(api_key_create(user=person, name="load")[1])
-    port = _free_port()
+    port = free_port()
     env = {
         **_run_env(tmp_path, port),
         "DATABASE_URL": _database_url(),

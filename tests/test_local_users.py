@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_one_command_start import ROOT, _free_port, _run_env, healthy, log_text, start_run
+from tests.conftest import free_port
+from tests.test_one_command_start import ROOT, _run_env, healthy, log_text, start_run
 
 NOBODY = 65534
 
@@ -46,7 +47,7 @@ def running(tmp_path) -> Iterator[tuple[str, Path]]:
     """``manage.py run --no-node`` with its embedded Redis, on its own data directory: its URL."""
     if os.geteuid() != 0:
         pytest.skip("needs root, to act as another local user")
-    port = _free_port()
+    port = free_port()
     data = tmp_path / "data"
     env = {**_run_env(data, port), "SLOTSERVE_LOGIN_FAILURE_LIMIT": "3"}
     run = start_run(tmp_path, env, "--port", str(port), "--no-node")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 from datetime import datetime, timedelta
@@ -539,3 +540,25 @@ def test_the_places_of_a_real_llama_server_are_read_when_it_is_ready(node_env, t
     channel.save()
     decide_channels(now=timezone.now())
     assert converge(channel, until={Phase.STOPPED}).places is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_processes_listen_in_the_port_range_and_a_full_range_fails_naming_it(node_env, tiny, settings):
+    from tests.conftest import free_port
+
+    first = free_port()
+    with socket.socket() as taken:  # something else already listens on the range's first port
+        taken.bind(("127.0.0.1", first))
+        taken.listen()
+        settings.SLOTSERVE_PROCESS_PORTS = range(first, first + 2)
+        channel = factories.channel("cpu-0", default=tiny["small"])
+        decide_channels(now=timezone.now())
+        runtime = converge(channel, until={Phase.READY})
+        assert runtime.port == first + 1
+        assert httpx.get(f"http://127.0.0.1:{runtime.port}/health", timeout=5).status_code == 200
+
+        # A second channel finds no port left: its load fails, saying which setting to widen.
+        other = factories.channel("cpu-1", default=tiny["small"])
+        decide_channels(now=timezone.now())
+        failed = converge(other, until={Phase.FAILED})
+        assert f"no free port on 127.0.0.1 in SLOTSERVE_PROCESS_PORTS ({first}-{first + 1})" in failed.error

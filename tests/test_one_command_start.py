@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from tests.clock import eventually
+from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,7 +71,7 @@ def test_restart_pause_grows_while_a_part_keeps_dying_and_resets_after_a_steady_
 def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
     import openai
 
-    port = _free_port()
+    port = free_port()
     env = {
         **_run_env(tmp_path, port),
         "SLOTSERVE_LLAMA_SERVER": llama_server_bin,
@@ -189,14 +190,6 @@ def _run_env(data_dir: Path, port: int) -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _run_briefly(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """``manage.py run`` expected to stop by itself (stopped, with what it started, if it does not)."""
     started = subprocess.Popen(
@@ -220,7 +213,7 @@ def _run_briefly(argv: list[str], env: dict[str, str]) -> subprocess.CompletedPr
 
 
 def test_a_second_start_in_the_same_data_directory_stops_at_once_and_leaves_the_first_alone(tmp_path):
-    port = _free_port()
+    port = free_port()
     env = _run_env(tmp_path, port)
     first = subprocess.Popen(
         [sys.executable, "manage.py", "run", "--port", str(port), "--no-node"],
@@ -234,7 +227,7 @@ def test_a_second_start_in_the_same_data_directory_stops_at_once_and_leaves_the_
         assert healthy(f"http://127.0.0.1:{port}", time.monotonic() + 60)
         # Another port, so that only the data directory is shared: a second node worker and
         # scheduler on the same database would manage the same processes twice.
-        second = _run_briefly(["--port", str(_free_port())], env)
+        second = _run_briefly(["--port", str(free_port())], env)
         assert second.returncode != 0
         assert f"SlotServe is already running from {tmp_path} (pid {first.pid})" in second.stderr
         assert "SlotServe is running on" not in second.stdout

@@ -212,3 +212,22 @@ def test_behind_a_trusted_proxy_the_lock_out_counts_the_address_it_forwards(ana,
         HTTP_X_FORWARDED_FOR="198.51.100.99",
     )
     assert locked.status_code == 429
+
+
+def test_the_process_port_range_is_read_and_a_wrong_one_stops_start_up(tmp_path):
+    code = "print(settings.SLOTSERVE_PROCESS_PORTS)"
+    default = _settings_in_a_new_process({}, code, tmp_path)
+    assert default.returncode == 0 and default.stdout.strip() == "range(31000, 32000)", default.stderr
+    given = _settings_in_a_new_process({"SLOTSERVE_PROCESS_PORTS": "5800-5899"}, code, tmp_path)
+    assert given.stdout.strip() == "range(5800, 5900)", given.stderr
+    kernel = _settings_in_a_new_process({"SLOTSERVE_PROCESS_PORTS": "any"}, code, tmp_path)
+    assert kernel.stdout.strip() == "None", kernel.stderr
+    for wrong, why in [
+        ("31000:31999", "write a range of ports, e.g. 31000-31999, or any"),
+        ("5900-5800", "the first port is above the last"),
+        ("80-90", "ports must be 1024 or more"),
+        ("60000-70000", "ports must be 65535 or less"),
+    ]:
+        done = _settings_in_a_new_process({"SLOTSERVE_PROCESS_PORTS": wrong}, code, tmp_path)
+        assert done.returncode != 0, wrong
+        assert f"SLOTSERVE_PROCESS_PORTS={wrong!r}: {why}" in done.stderr

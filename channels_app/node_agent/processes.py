@@ -7,8 +7,10 @@ recycled pid, adopt them, or stop them.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
+import random
 import re
 import secrets
 import shlex
@@ -44,6 +46,7 @@ class Launch:
     host: str
     log_dir: Path
     extra_env: Sequence[str] = field(default=())  # SLOTSERVE_PROCESS_ENV: more names to pass on
+    ports: range | None = None  # SLOTSERVE_PROCESS_PORTS; None: the kernel picks
 
 
 @dataclass(frozen=True)
@@ -157,16 +160,37 @@ def redact(text: str, secret: str) -> str:
     return re.sub(r"(--api-key[= ])\S+", r"\1[redacted]", text)
 
 
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
+# Ports lately handed out: a process started a moment ago may not have bound its own yet.
+_handed_out: collections.deque[int] = collections.deque(maxlen=64)
+
+
+def free_port(host: str, ports: range | None = None) -> int:
+    """A port nothing on ``host`` listens on: from ``ports`` (SLOTSERVE_PROCESS_PORTS), tried
+    from a random one on and never one handed out lately, or, with none, one the kernel picks."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if ports is None:
+        with socket.socket(family) as probe:
+            probe.bind((host, 0))
+            return int(probe.getsockname()[1])
+    first = random.randrange(len(ports))
+    for step in range(len(ports)):
+        port = ports[(first + step) % len(ports)]
+        if port in _handed_out:
+            continue
+        with socket.socket(family) as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.append(port)
+        return port
+    raise OSError(f"no free port on {host} in SLOTSERVE_PROCESS_PORTS ({ports.start}-{ports.stop - 1})")
 
 
 def start(launch: Launch) -> Started:
     """Start a run in its own process group, its output to a per-run log file. Never a shell."""
     run_id = uuid.uuid4().hex[:12]
-    port = free_port(launch.host)
+    port = free_port(launch.host, launch.ports)
     private_dir(launch.log_dir)
     log_path = launch.log_dir / f"{run_id}.log"
     secret = secrets.token_urlsafe(32)

@@ -167,6 +167,7 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
             host=runtime.host,
             log_dir=log_dir,
             extra_env=settings.SLOTSERVE_PROCESS_ENV,
+            ports=settings.SLOTSERVE_PROCESS_PORTS,
         )
         started = processes.start(launch)
     except (OSError, ValueError) as exc:
