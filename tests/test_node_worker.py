@@ -562,3 +562,18 @@ def test_processes_listen_in_the_port_range_and_a_full_range_fails_naming_it(nod
         decide_channels(now=timezone.now())
         failed = converge(other, until={Phase.FAILED})
         assert f"no free port on 127.0.0.1 in SLOTSERVE_PROCESS_PORTS ({first}-{first + 1})" in failed.error
+
+
+def test_a_port_range_inside_the_machines_ephemeral_ports_is_warned_of(tmp_path):
+    said = tmp_path / "ip_local_port_range"
+    said.write_text("32768\t60999\n")
+    ephemeral = processes.ephemeral_ports(said)
+    assert ephemeral == range(32768, 61000)
+    assert processes.port_range_warning(range(31000, 32000), ephemeral) == ""
+    assert processes.port_range_warning(None, ephemeral) == ""  # "any": the kernel picks, knowingly
+    warning = processes.port_range_warning(range(40000, 40064), ephemeral)
+    assert warning.startswith(
+        "SLOTSERVE_PROCESS_PORTS (40000-40063) overlaps this machine's ephemeral ports (32768-60999"
+    )
+    assert processes.port_range_warning(range(32000, 32769), ephemeral) != ""  # one port in common
+    assert processes.ephemeral_ports(tmp_path / "absent") is None

@@ -145,6 +145,7 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
         # and a reconcile have run, on both workers, which say they are ready.
         text = log_text(tmp_path)
         assert text.count(" ready.") >= 2, text[-3000:]
+        assert "processes on ports 31000-31999" in text  # the node worker says where to firewall
         routine = [
             line
             for line in text.splitlines()

@@ -160,6 +160,36 @@ def redact(text: str, secret: str) -> str:
     return re.sub(r"(--api-key[= ])\S+", r"\1[redacted]", text)
 
 
+# Where Linux says which ports it hands out for outgoing connections and for port 0.
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_ports(path: Path = EPHEMERAL_PORTS) -> range | None:
+    """The machine's ephemeral ports, or None where it does not say."""
+    try:
+        first, last = (int(number) for number in path.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return range(first, last + 1)
+
+
+def port_range_warning(ports: range | None, ephemeral: range | None) -> str:
+    """What is wrong with SLOTSERVE_PROCESS_PORTS on this machine ("" when nothing is): ports the
+    kernel also hands out can be taken by an outgoing connection between the worker's choice and
+    the process's bind, and that load then fails."""
+    if (
+        ports is None
+        or ephemeral is None
+        or max(ports.start, ephemeral.start) >= min(ports.stop, ephemeral.stop)
+    ):
+        return ""
+    return (
+        f"SLOTSERVE_PROCESS_PORTS ({ports.start}-{ports.stop - 1}) overlaps this machine's ephemeral "
+        f"ports ({ephemeral.start}-{ephemeral.stop - 1}, {EPHEMERAL_PORTS}): an outgoing connection "
+        "can take a process's port before it binds, and that load fails. Choose ports outside them."
+    )
+
+
 # Ports lately handed out: a process started a moment ago may not have bound its own yet.
 _handed_out: collections.deque[int] = collections.deque(maxlen=64)
 
