@@ -52,8 +52,13 @@ def browser():
         chromium.close()
 
 
-def sign_in(browser, live_server, username: str):
-    page = browser.new_page(viewport={"width": 1200, "height": 800})
+def sign_in(browser, live_server, username: str, *, width: int = 1200, height: int = 800):
+    """A new page of ``width`` x ``height``, signed in as ``username``."""
+    return signed_in(browser.new_page(viewport={"width": width, "height": height}), live_server, username)
+
+
+def signed_in(page, live_server, username: str):
+    """``page`` after signing in as ``username`` through the sign-in form."""
     page.goto(f"{live_server.url}/accounts/login/")
     page.fill("#id_username", username)
     page.fill("#id_password", "pw-for-tests")
@@ -288,11 +293,7 @@ def test_every_page_fits_a_phone_and_the_admin_and_api_docs_load_cleanly(browser
     # Every page's own scripts run under the portal's Content-Security-Policy: none is refused.
     refused: list[str] = []
     page.on("console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None)
-    page.goto(f"{live_server.url}/accounts/login/")
-    page.fill("#id_username", "boss")
-    page.fill("#id_password", "pw-for-tests")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/")
+    signed_in(page, live_server, "boss")
     wide = []
     for path in [
         "/",
@@ -339,11 +340,7 @@ def test_every_page_fits_a_phone_and_the_admin_and_api_docs_load_cleanly(browser
     desk.on("requestfailed", lambda request: failed.append(request.url))
     desk.on("response", lambda response: failed.append(response.url) if response.status >= 400 else None)
     desk.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-    desk.goto(f"{live_server.url}/accounts/login/")
-    desk.fill("#id_username", "boss")
-    desk.fill("#id_password", "pw-for-tests")
-    desk.click("button[type=submit]")
-    desk.wait_for_url(f"{live_server.url}/")
+    signed_in(desk, live_server, "boss")
     desk.goto(f"{live_server.url}/admin/channels_app/channel/{channel.pk}/change/")
     assert desk.input_value("#id_gpu_indexes") == "0"  # a field for indexes, not a JSON box
     shot(desk, "admin-channel")
@@ -541,12 +538,7 @@ def test_copy_buttons_copy_a_new_key_and_a_webhooks_secret(browser, live_server)
     hook = webhook_create(owner=ana, url="https://hooks.chat.lab.invalid/ana")
     context = browser.new_context(viewport={"width": 1200, "height": 800})
     context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live_server.url)
-    page = context.new_page()
-    page.goto(f"{live_server.url}/accounts/login/")
-    page.fill("#id_username", "ana")
-    page.fill("#id_password", "pw-for-tests")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/")
+    page = signed_in(context.new_page(), live_server, "ana")
     page.goto(f"{live_server.url}/keys/")
     page.fill("#id_name", "notebook")
     page.click("#new-key-form button[type=submit]")

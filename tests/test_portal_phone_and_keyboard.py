@@ -21,13 +21,7 @@ pytestmark = [
 
 
 def phone(browser, live_server, username: str):  # noqa: F811
-    page = browser.new_context(viewport={"width": 390, "height": 844}).new_page()
-    page.goto(f"{live_server.url}/accounts/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", "pw-for-tests")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/")
-    return page
+    return sign_in(browser, live_server, username, width=390, height=844)
 
 
 def luminance(css: str) -> float:
