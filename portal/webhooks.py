@@ -27,7 +27,7 @@ from reservations.webhooks.services import (
     webhook_resume,
     webhook_test,
 )
-from slotserve_base.errors import InvalidInput
+from slotserve_base.errors import InvalidInput, TooManyTries
 
 # Deliveries the page shows per webhook (the API pages through all).
 SHOWN = 20
@@ -127,8 +127,12 @@ def _mine(request: HttpRequest, pk: int) -> Webhook:
 @login_required
 @require_POST
 def test(request: HttpRequest, pk: int) -> HttpResponse:
-    webhook_test(webhook=_mine(request, pk), by=me(request), now=timezone.now())
-    messages.success(request, "Test event sent; its answer shows in the log below.")
+    try:
+        webhook_test(webhook=_mine(request, pk), by=me(request), now=timezone.now())
+    except TooManyTries as refused:
+        messages.error(request, refused.message)
+    else:
+        messages.success(request, "Test event sent; its answer shows in the log below.")
     return redirect("portal:webhooks")
 
 
@@ -136,8 +140,12 @@ def test(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def redeliver(request: HttpRequest, pk: int, delivery_id: int) -> HttpResponse:
     found = get_object_or_404(Delivery, pk=delivery_id, webhook=_mine(request, pk))
-    delivery_redeliver(delivery=found, now=timezone.now())
-    messages.success(request, f"{found.event.type} sent again.")
+    try:
+        delivery_redeliver(delivery=found, now=timezone.now())
+    except TooManyTries as refused:
+        messages.error(request, refused.message)
+    else:
+        messages.success(request, f"{found.event.type} sent again.")
     return redirect("portal:webhooks")
 
 

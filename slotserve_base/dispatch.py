@@ -7,7 +7,9 @@ task module (no import cycles; ``./slotserve check`` enforces it).
 
 The scheduler's tasks run on the default queue (beat's worker); each node's
 tasks run on that node's own queue, ``node.<name>``, consumed only by its
-node worker.
+node worker. Webhook deliveries run on a queue and worker of their own,
+``webhooks``: a receiver that answers slowly, or never, holds none of the
+workers that decide, hear of nodes or keep a slot's time (docs/webhooks.md).
 """
 
 from __future__ import annotations
@@ -34,11 +36,15 @@ WEBHOOK_DELIVER = "reservations.webhooks.tasks.deliver_webhook"
 WEBHOOK_TEST_SEND = "reservations.webhooks.tasks.send_test_event"
 WEBHOOKS_DUE = "reservations.webhooks.tasks.webhooks_due"
 EDGES = "reservations.webhooks.tasks.announce_edges"
+# The tasks that talk to receivers outside: the webhooks' queue only.
+WEBHOOK_TASKS = frozenset({WEBHOOK_DELIVER, WEBHOOK_TEST_SEND})
 
 
 def send(task_name: str, **options: Any) -> None:
     """Send by name; through the registered task where this process has it, so that eager
     mode (tests, ``SLOTSERVE_CELERY_EAGER``) runs it in place."""
+    if task_name in WEBHOOK_TASKS:
+        options.setdefault("queue", webhook_queue())
     task = current_app.tasks.get(task_name)
     if task is not None:
         task.apply_async(**options)
@@ -58,6 +64,11 @@ def send_quietly(task_name: str, **options: Any) -> None:
 def node_queue(node_name: str) -> str:
     """The node's own queue, named with the installation's prefix (``SLOTSERVE_REDIS_PREFIX``)."""
     return f"{settings.SLOTSERVE_REDIS_PREFIX}.node.{node_name}"
+
+
+def webhook_queue() -> str:
+    """The webhooks' queue, ``<prefix>.webhooks``, consumed by the webhooks' worker alone."""
+    return f"{settings.SLOTSERVE_REDIS_PREFIX}.webhooks"
 
 
 def send_to_node(

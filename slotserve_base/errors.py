@@ -18,3 +18,13 @@ class InUse(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class TooManyTries(Exception):
+    """Something that may be done only so often was done too often; ``retry_after``: the
+    seconds until it may be done again (the edges answer 429 with ``Retry-After``)."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after

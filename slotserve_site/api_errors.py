@@ -38,7 +38,7 @@ def _first_message(detail: Any, path: str = "") -> str:
 def _service_error(exc: Exception) -> Response | None:
     """Errors raised by the services, answered with the rule that refused."""
     from reservations.services import InvalidTransition, ReservationConflict, SeriesConflict
-    from slotserve_base.errors import InUse, InvalidInput
+    from slotserve_base.errors import InUse, InvalidInput, TooManyTries
 
     if isinstance(exc, InvalidInput):
         return Response({"message": f"{exc.field}: {exc.message}", exc.field: [exc.message]}, status=400)
@@ -61,6 +61,12 @@ def _service_error(exc: Exception) -> Response | None:
         )
     if isinstance(exc, InUse):
         return Response({"message": exc.message, "code": "in_use"}, status=409)
+    if isinstance(exc, TooManyTries):
+        return Response(
+            {"message": exc.message, "code": "too_many_tries"},
+            status=429,
+            headers={"Retry-After": str(exc.retry_after)},
+        )
     if isinstance(exc, InvalidTransition):
         return Response({"message": exc.message, "code": "invalid_transition"}, status=409)
     return None

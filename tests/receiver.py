@@ -1,10 +1,12 @@
 """A real HTTP receiver for webhook deliveries: it records each one (headers, body, when it
 came) and answers with the statuses it is told, in turn (then the last one, again), after
-``delay`` seconds each."""
+``delay`` seconds each; and one that answers slowly, never, or too much (``SlowReceiver``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -66,3 +68,63 @@ class Receiver:
 
     def types(self) -> list[str]:
         return [r.json["type"] for r in self.received]
+
+
+class SlowReceiver:
+    """A receiver that misbehaves as a real one can, on a raw socket: ``drip`` answers its
+    status and headers, then one byte of its body every ``every`` seconds (never a whole
+    answer, never a silence long enough for a read timeout), ``stall`` reads the request and
+    never answers, ``huge`` answers 200 at once with a body of ``size`` bytes. ``accepted``
+    counts connections; ``written`` counts the bytes of answers that left it."""
+
+    def __init__(self, how: str, every: float = 1.0, size: int = 200 * 1024 * 1024) -> None:
+        assert how in ("drip", "stall", "huge"), how
+        self.how, self.every, self.size = how, every, size
+        self.accepted = 0
+        self.written = 0
+        self._stop = threading.Event()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}/hook"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def __enter__(self) -> SlowReceiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._server.close()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            self.accepted += 1
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(1.0)
+            with contextlib.suppress(OSError):
+                conn.recv(65536)  # the request (small: one event)
+            try:
+                if self.how == "huge":
+                    conn.sendall(f"HTTP/1.1 200 OK\r\ncontent-length: {self.size}\r\n\r\n".encode())
+                    block = b"x" * 65536
+                    while self.written < self.size and not self._stop.is_set():
+                        conn.settimeout(5.0)
+                        conn.sendall(block)
+                        self.written += len(block)
+                    return
+                if self.how == "drip":
+                    conn.sendall(f"HTTP/1.1 200 OK\r\ncontent-length: {self.size}\r\n\r\n".encode())
+                while not self._stop.wait(self.every):
+                    if self.how == "drip":
+                        conn.sendall(b"x")
+                        self.written += 1
+            except OSError:
+                return  # the sender hung up

@@ -11,7 +11,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
 SERVICES = COMPOSE["services"]
-SLOTSERVE_SERVICES = ("web", "scheduler", "node-worker")
+SLOTSERVE_SERVICES = ("web", "scheduler", "webhooks", "node-worker")
 
 
 # The settings module and the functions it calls to read the environment.
@@ -30,7 +30,7 @@ def settings_read() -> set[str]:
 
 
 def test_services_images_and_health_checks():
-    assert set(SERVICES) == {"postgres", "redis", "web", "scheduler", "node-worker"}
+    assert set(SERVICES) == {"postgres", "redis", "web", "scheduler", "webhooks", "node-worker"}
     assert SERVICES["postgres"]["image"].startswith("postgres:")
     assert SERVICES["redis"]["image"].startswith("redis:")
     for name in SLOTSERVE_SERVICES:
@@ -47,6 +47,11 @@ def test_commands_start_each_role():
     assert "manage.py migrate" in " ".join(SERVICES["web"]["command"])
     scheduler = SERVICES["scheduler"]["command"]
     assert scheduler[:4] == ["celery", "-A", "slotserve_site", "worker"] and "--beat" in scheduler
+    assert "--queues" not in scheduler  # the default queue, <prefix>.scheduler
+    # Deliveries on a worker of their own: a slow receiver never holds the scheduler's.
+    webhooks = SERVICES["webhooks"]["command"]
+    assert webhooks[:4] == ["celery", "-A", "slotserve_site", "worker"] and "--beat" not in webhooks
+    assert webhooks[webhooks.index("--queues") + 1] == "${SLOTSERVE_REDIS_PREFIX:-slotserve}.webhooks"
     assert SERVICES["node-worker"]["command"] == ["python", "manage.py", "nodeworker"]
     assert SERVICES["node-worker"]["runtime"] == "nvidia"
     assert any(v.endswith(":/models:ro") for v in SERVICES["node-worker"]["volumes"])
@@ -71,6 +76,8 @@ def test_each_service_gets_the_settings_it_needs_and_only_real_ones(name):
             "SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS",
         },
         "scheduler": {"SLOTSERVE_REQUEST_LOG_DAYS"},  # its usage flush prunes the request log
+        # Where receivers may be, and the deadline of a try.
+        "webhooks": {"SLOTSERVE_WEBHOOK_ALLOWED_NETWORKS", "SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS"},
         "node-worker": {"SLOTSERVE_NODE_NAME", "SLOTSERVE_PROCESS_HOST", "SLOTSERVE_MODEL_DIRS"},
     }[name]
     assert needed <= set(environment), needed - set(environment)

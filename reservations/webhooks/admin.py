@@ -4,13 +4,14 @@ and a test event are actions."""
 
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
 from reservations.webhooks.models import Delivery, DeliveryTry, Webhook
 from reservations.webhooks.services import webhook_pause, webhook_resume, webhook_test
+from slotserve_base.errors import TooManyTries
 
 
 class DeliveryInline(admin.TabularInline[Delivery, Webhook]):
@@ -64,7 +65,10 @@ class WebhookAdmin(admin.ModelAdmin[Webhook]):
     @admin.action(description="Send the chosen webhooks a test event")
     def send_test(self, request: HttpRequest, chosen: QuerySet[Webhook]) -> None:
         for webhook in chosen:
-            webhook_test(webhook=webhook, by=request.user, now=timezone.now())  # type: ignore[arg-type]
+            try:
+                webhook_test(webhook=webhook, by=request.user, now=timezone.now())  # type: ignore[arg-type]
+            except TooManyTries as refused:
+                self.message_user(request, f"{webhook}: {refused.message}", messages.WARNING)
 
 
 class TryInline(admin.TabularInline[DeliveryTry, Delivery]):

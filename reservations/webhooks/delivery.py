@@ -9,6 +9,7 @@ deliveries of one object (a booking, a channel) leave in the order they happened
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import ssl
@@ -30,12 +31,18 @@ from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 
 log = logging.getLogger(__name__)
 
-# The first bytes of an answer the delivery log keeps.
+# The first bytes of an answer the delivery log keeps, and the most of an answer a try reads:
+# the rest is never read (a receiver's 200 MB answer costs a worker nothing), and an answer
+# longer than that closes its connection rather than returning it to the pool.
 ANSWER_KEPT = 500
+ANSWER_READ = 64 * 1024
 # Deliveries one run sends at most, and for how long it starts new ones; the rest wait for the
 # next run (a receiver that takes its whole timeout each time must not hold a worker for hours).
 PER_RUN = 200
 RUN_SECONDS = 300.0
+# Failed tries in a row after which a run stops: the receiver is down or slow, its deliveries
+# wait for their retries (``webhooks_due``), and the worker goes to other webhooks.
+FAILURES_PER_RUN = 3
 USER_AGENT = "SlotServe-Webhooks/1"
 
 
@@ -77,20 +84,78 @@ def _tls() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-def client() -> httpx.Client:
-    """A client for a run of deliveries: no proxies from the environment, no redirects followed."""
-    return httpx.Client(
-        timeout=settings.SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS,
-        verify=_tls(),
-        trust_env=False,
-        follow_redirects=False,
-    )
+class Sender:
+    """Sends a run's deliveries over one connection pool, each try within its deadline.
+
+    The deadline, ``SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS``, is the whole of a try: connecting,
+    sending and reading the answer. httpx's timeouts are per step (a receiver that sends a byte
+    every few seconds never trips a read timeout), so the try runs in an event loop of its own,
+    which cancels it wherever it is when the deadline passes. The loop runs only inside
+    ``post``: between tries this thread has none, and the ORM works as anywhere else."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.Runner()
+        self._http = self._loop.run(self._client())
+
+    @staticmethod
+    async def _client() -> httpx.AsyncClient:
+        # No proxies from the environment, no redirects followed; answers uncompressed, so
+        # that the bytes read are the bytes received.
+        return httpx.AsyncClient(
+            timeout=settings.SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS,
+            verify=_tls(),
+            trust_env=False,
+            follow_redirects=False,
+            headers={"accept-encoding": "identity"},
+        )
+
+    def post(self, url: str, body: bytes, headers: dict[str, str], extensions: dict[str, str]) -> Answer:
+        """One POST; its status and first bytes, or what went wrong."""
+        began = time.monotonic()
+        deadline = float(settings.SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS)
+        try:
+            status, first = self._loop.run(self._post(url, body, headers, extensions, deadline))
+        except TimeoutError:
+            took = time.monotonic() - began
+            return Answer(None, took * 1000, "", f"no whole answer within {deadline:g} s (the deadline)")
+        except httpx.HTTPError as exc:
+            what = type(exc).__name__
+            return Answer(None, (time.monotonic() - began) * 1000, "", f"{what}: {exc}"[:ANSWER_KEPT])
+        text = first[:ANSWER_KEPT].decode("utf-8", errors="replace")
+        return Answer(status, (time.monotonic() - began) * 1000, text, "")
+
+    async def _post(
+        self, url: str, body: bytes, headers: dict[str, str], extensions: dict[str, str], deadline: float
+    ) -> tuple[int, bytes]:
+        async with asyncio.timeout(deadline):
+            request = self._http.build_request(
+                "POST", url, content=body, headers=headers, extensions=extensions
+            )
+            answer = await self._http.send(request, stream=True)
+            try:
+                first = bytearray()
+                async for chunk in answer.aiter_raw():
+                    first += chunk
+                    if len(first) >= ANSWER_READ:
+                        break
+            finally:
+                await answer.aclose()
+            return answer.status_code, bytes(first)
+
+    def close(self) -> None:
+        self._loop.run(self._http.aclose())
+        self._loop.close()
+
+    def __enter__(self) -> Sender:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
-def send(delivery: Delivery, http: httpx.Client) -> Answer:
+def send(delivery: Delivery, sender: Sender) -> Answer:
     """One try: POST the body to the checked address; what came back, or what went wrong."""
     webhook = delivery.webhook
-    began = time.monotonic()
     try:
         where = destination(webhook.url)
     except Refused as exc:
@@ -98,13 +163,7 @@ def send(delivery: Delivery, http: httpx.Client) -> Answer:
     headers = headers_for(webhook, delivery.event.msg_id, delivery.body, timezone.now())
     headers["host"] = where.host
     extensions = {"sni_hostname": where.tls_name} if where.tls_name else {}
-    try:
-        answer = http.post(where.url, content=delivery.body.encode(), headers=headers, extensions=extensions)
-        text = answer.text[:ANSWER_KEPT]
-    except httpx.HTTPError as exc:
-        what = type(exc).__name__
-        return Answer(None, (time.monotonic() - began) * 1000, "", f"{what}: {exc}"[:ANSWER_KEPT])
-    return Answer(answer.status_code, (time.monotonic() - began) * 1000, text, "")
+    return sender.post(where.url, delivery.body.encode(), headers, extensions)
 
 
 def claim(webhook_id: int, now: datetime, seconds: float) -> bool:
@@ -128,9 +187,9 @@ def deliver(webhook_id: int) -> int:
     a receiver hears of a booking approved before it hears of it started."""
     if not claim(webhook_id, timezone.now(), lease_seconds()):
         return 0
-    tried = 0
+    tried = failures = 0
     stop_at = time.monotonic() + RUN_SECONDS
-    http = client()
+    sender = Sender()
     try:
         waiting: set[str] = set()  # objects with an older delivery still to go
         pending = (
@@ -156,12 +215,17 @@ def deliver(webhook_id: int) -> int:
             )
             if not renewed:
                 break
-            answer = send(delivery, http)
+            answer = send(delivery, sender)
             tried += 1
-            if not record(delivery, answer, timezone.now()):
+            if record(delivery, answer, timezone.now()):
+                failures = 0
+            else:
                 waiting.add(subject)
+                failures += 1
+                if failures >= FAILURES_PER_RUN:
+                    break
     finally:
-        http.close()
+        sender.close()
         Webhook.objects.filter(pk=webhook_id).update(lease_until=None)
     return tried
 
@@ -188,8 +252,8 @@ def send_test(delivery_id: int) -> bool:
     )
     if delivery is None:
         return False
-    with client() as http:
-        answer = send(delivery, http)
+    with Sender() as sender:
+        answer = send(delivery, sender)
     now = timezone.now()
     with transaction.atomic():
         _keep_try(delivery, answer, now)

@@ -4,20 +4,22 @@
 from __future__ import annotations
 
 import base64
+import math
 import secrets
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.db.models import Q
 
 from channels_app.models import Channel
 from reservations.webhooks.addresses import Refused, Unresolved, addresses_of, check_url
 from reservations.webhooks.listen import store
 from reservations.webhooks.models import Body, Delivery, DeliveryState, Scope, Webhook
 from slotserve_base import dispatch
-from slotserve_base.errors import InvalidInput
+from slotserve_base.errors import InvalidInput, TooManyTries
 from slotserve_base.happenings import Happening, user_ref
 from slotserve_base.vocabulary import WebhookEvent
 
@@ -25,6 +27,9 @@ from slotserve_base.vocabulary import WebhookEvent
 MOST_WEBHOOKS = 20
 # Left out of a change: stays as it was.
 UNCHANGED: Any = object()
+# Tests and redeliveries a webhook may be sent in a minute: each is a try on the webhooks'
+# worker, and a person checking their receiver needs a few, not a flood.
+TRIES_PER_MINUTE = 5
 
 
 def new_secret() -> str:
@@ -154,6 +159,26 @@ def webhook_delete(*, webhook: Webhook) -> None:
     webhook.delete()
 
 
+def _within_allowance(webhook: Webhook, now: datetime) -> None:
+    """Refuse a test or redelivery past ``TRIES_PER_MINUTE`` for this webhook. The webhook's row
+    is locked for the count, so two at once cannot both take the last one."""
+    Webhook.objects.select_for_update().filter(pk=webhook.pk).first()
+    since = now - timedelta(minutes=1)
+    recent = list(
+        Delivery.objects.filter(webhook=webhook, created__gt=since)
+        .filter(Q(event__type=WebhookEvent.TEST) | Q(redelivery_of__isnull=False))
+        .order_by("created")
+        .values_list("created", flat=True)[:TRIES_PER_MINUTE]
+    )
+    if len(recent) >= TRIES_PER_MINUTE:
+        wait = max(1, math.ceil((recent[0] + timedelta(minutes=1) - now).total_seconds()))
+        raise TooManyTries(
+            f"this webhook was sent {TRIES_PER_MINUTE} tests and redeliveries in the last minute, the most "
+            f"it may be ({TRIES_PER_MINUTE} tests and redeliveries a minute); try again in {wait} s",
+            retry_after=wait,
+        )
+
+
 def webhook_test(*, webhook: Webhook, by: User, now: datetime) -> Delivery:
     """Send a ``webhook.test`` event to this webhook alone, even while it is paused (to see that
     its receiver answers again)."""
@@ -166,6 +191,7 @@ def webhook_test(*, webhook: Webhook, by: User, now: datetime) -> Delivery:
         link="/webhooks/",
     )
     with transaction.atomic():
+        _within_allowance(webhook, now)
         event = store(happening, [webhook])
         assert event is not None
         delivery = Delivery.objects.get(event=event, webhook=webhook)
@@ -177,6 +203,7 @@ def delivery_redeliver(*, delivery: Delivery, now: datetime) -> Delivery:
     """Send the same event again (the same ``webhook-id``: a receiver that has it knows it), as a
     new delivery with a log of its own."""
     with transaction.atomic():
+        _within_allowance(delivery.webhook, now)
         again = Delivery.objects.create(
             webhook=delivery.webhook,
             event=delivery.event,

@@ -2,8 +2,9 @@
 
 Migrates, creates an admin account on first start (printing its password
 once), starts an embedded Redis when ``SLOTSERVE_REDIS_URL`` is not set, then
-supervises uvicorn, a Celery worker with the beat scheduler and this
-machine's node worker. A part that dies is started again (after a pause that
+supervises uvicorn, a Celery worker with the beat scheduler, the webhooks'
+Celery worker (deliveries never share the scheduler's) and this machine's
+node worker. A part that dies is started again (after a pause that
 grows while it keeps dying); the inference processes are the node worker's
 and keep serving meanwhile. ``--no-node`` runs a control host of a cluster:
 everything but the node worker (the GPU machines run ``manage.py nodeworker``).
@@ -73,19 +74,8 @@ class Command(BaseCommand):
         python = sys.executable
         commands = {
             "web": web_command(options["host"], options["port"]),
-            "scheduler": [
-                python,
-                "-m",
-                "celery",
-                "-A",
-                "slotserve_site",
-                "worker",
-                "--beat",
-                "--loglevel",
-                settings.SLOTSERVE_LOG_LEVEL,
-                "--concurrency",
-                "2",
-            ],
+            "scheduler": scheduler_command(),
+            "webhooks": webhooks_command(),
             "node": [python, "manage.py", "nodeworker"],
         }
         if options["no_node"]:
@@ -293,6 +283,49 @@ def web_command(host: str, port: int) -> list[str]:
         str(settings.SLOTSERVE_GATEWAY_MAX_CONNECTIONS),
         "--http",
         "gateway.server:GatewayHttp",
+    ]
+
+
+def scheduler_command() -> list[str]:
+    """The scheduler: beat and the worker of the scheduler's queue (decisions, node news, the
+    request log's flush, a slot's edges)."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "slotserve_site",
+        "worker",
+        "--beat",
+        "--hostname",
+        "scheduler@%h",
+        "--loglevel",
+        settings.SLOTSERVE_LOG_LEVEL,
+        "--concurrency",
+        "2",
+    ]
+
+
+def webhooks_command() -> list[str]:
+    """The webhooks' worker: the only consumer of the webhooks' queue, so that a slow receiver
+    holds its processes and none of the scheduler's (docs/webhooks.md, "Delivery")."""
+    from slotserve_base.dispatch import webhook_queue
+
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "slotserve_site",
+        "worker",
+        "--queues",
+        webhook_queue(),
+        "--hostname",
+        "webhooks@%h",
+        "--loglevel",
+        settings.SLOTSERVE_LOG_LEVEL,
+        "--concurrency",
+        "2",
     ]
 
 
