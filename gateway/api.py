@@ -18,7 +18,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from channels_app.models import Channel, LLMModel
-from gateway.api_keys import api_key_change, api_key_create, api_key_revoke
+from gateway.api_keys import UNCHANGED, api_key_change, api_key_create, api_key_revoke
+from gateway.authentication import calling_key
 from gateway.filters import RequestLogFilter
 from gateway.models import ApiKey, RequestLog
 from slotserve_base.api_fields import IdOrNameField, MomentField, current_user
@@ -112,23 +113,26 @@ class ApiKeyViewSet(
             user=current_user(request),
             name=given["name"],
             wait_seconds=given.get("wait_seconds", 0),
-            models=given.get("models", ()),
-            channels=given.get("channels", ()),
-            expires_at=given.get("expires_at"),
+            models=given.get("models"),
+            channels=given.get("channels"),
+            expires_at=given.get("expires_at", UNCHANGED),
             read_only=given.get("read_only", False),
+            by_key=calling_key(request),
         )
         return Response({**ApiKeyOutput(api_key).data, "key": key}, status=status.HTTP_201_CREATED)
 
     def partial_update(self, request: Request, pk: str | None = None) -> Response:
         data = ApiKeyInput(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
-        api_key = api_key_change(api_key=self.get_object(), **data.validated_data)
+        api_key = api_key_change(
+            api_key=self.get_object(), by_key=calling_key(request), **data.validated_data
+        )
         api_key.refresh_from_db()
         return Response(ApiKeyOutput(api_key).data)
 
     def perform_destroy(self, instance: ApiKey) -> None:
         # Revoked, not deleted: the record shows when a leaked key stopped working.
-        api_key_revoke(api_key=instance)
+        api_key_revoke(api_key=instance, by_key=calling_key(self.request))
 
 
 class RequestLogOutput(serializers.ModelSerializer[RequestLog]):

@@ -12,11 +12,15 @@ from django.db import transaction
 from django.utils import timezone
 
 from channels_app.models import Channel, LLMModel
+from gateway.key_scope import KeyLimits, beyond
 from gateway.models import ApiKey, hash_key, new_key
-from slotserve_base.errors import InvalidInput
+from slotserve_base.errors import InvalidInput, OutsideScope
 from slotserve_base.happenings import Happening, tell, user_ref
 from slotserve_base.iso import iso_moment
 from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
+
+# Left out of a call: not given (a new key's default; a change leaves it as it was).
+UNCHANGED: Any = object()
 
 
 def api_key_create(
@@ -24,15 +28,30 @@ def api_key_create(
     user: User,
     name: str,
     wait_seconds: int = 0,
-    models: Iterable[LLMModel] = (),
-    channels: Iterable[Channel] = (),
-    expires_at: datetime | None = None,
+    models: Iterable[LLMModel] | None = None,
+    channels: Iterable[Channel] | None = None,
+    expires_at: datetime | None = UNCHANGED,
     read_only: bool = False,
+    by_key: ApiKey | None = None,
     now: datetime | None = None,
 ) -> tuple[ApiKey, str]:
     """A new key for ``user``, limited to ``models`` and ``channels`` when given, until
-    ``expires_at``; the plain key is returned once and never stored."""
+    ``expires_at``; the plain key is returned once and never stored.
+
+    Asked for with a key (``by_key``, the REST API's caller), it stays within that key's scope
+    and expiry: what is not given is that key's, anything wider is ``OutsideScope``."""
+    if by_key is not None:
+        if models is None:
+            models = list(by_key.models_allowed.all())
+        if channels is None:
+            channels = list(by_key.channels_allowed.all())
+        if expires_at is UNCHANGED:
+            expires_at = by_key.expires_at
+    models, channels = list(models or ()), list(channels or ())
+    expires_at = None if expires_at is UNCHANGED else expires_at
     _check_expiry(expires_at, now or timezone.now())
+    if by_key is not None:
+        _within(by_key, _limits(models, channels, expires_at), "make")
     key = new_key()
     with transaction.atomic():
         api_key = ApiKey.objects.create(
@@ -44,13 +63,9 @@ def api_key_create(
             expires_at=expires_at,
             read_only=read_only,
         )
-        api_key.models_allowed.set(list(models))
-        api_key.channels_allowed.set(list(channels))
+        api_key.models_allowed.set(models)
+        api_key.channels_allowed.set(channels)
     return api_key, key
-
-
-# Left out of a change: stays as it was.
-UNCHANGED: Any = object()
 
 
 def api_key_change(
@@ -62,10 +77,25 @@ def api_key_change(
     channels: Iterable[Channel] | None = None,
     expires_at: datetime | None = UNCHANGED,
     read_only: bool | None = None,
+    by_key: ApiKey | None = None,
     now: datetime | None = None,
 ) -> ApiKey:
     """Rename a key, change how long the gateway holds its requests by default, its scope
-    (an empty list: all), its expiry (None: never) or whether it only reads."""
+    (an empty list: all), its expiry (None: never) or whether it only reads. Through a key
+    (``by_key``), only a key within that key's scope, and only within it."""
+    models = list(models) if models is not None else None
+    channels = list(channels) if channels is not None else None
+    if by_key is not None:
+        _within(by_key, limits_of(api_key), "change")
+        _within(
+            by_key,
+            KeyLimits(
+                models=_ids(models) if models is not None else limits_of(api_key).models,
+                channels=_ids(channels) if channels is not None else limits_of(api_key).channels,
+                expires_at=api_key.expires_at if expires_at is UNCHANGED else expires_at,
+            ),
+            "change",
+        )
     if expires_at is not UNCHANGED:
         _check_expiry(expires_at, now or timezone.now())
         if expires_at != api_key.expires_at:
@@ -80,10 +110,42 @@ def api_key_change(
     with transaction.atomic():
         api_key.save(update_fields=["name", "wait_seconds", "expires_at", "expiry_told_at", "read_only"])
         if models is not None:
-            api_key.models_allowed.set(list(models))
+            api_key.models_allowed.set(models)
         if channels is not None:
-            api_key.channels_allowed.set(list(channels))
+            api_key.channels_allowed.set(channels)
     return api_key
+
+
+def _ids(objects: list[LLMModel] | list[Channel]) -> frozenset[int] | None:
+    return frozenset(o.pk for o in objects) or None
+
+
+def _limits(models: list[LLMModel], channels: list[Channel], expires_at: datetime | None) -> KeyLimits:
+    return KeyLimits(models=_ids(models), channels=_ids(channels), expires_at=expires_at)
+
+
+def limits_of(api_key: ApiKey) -> KeyLimits:
+    return _limits(
+        list(api_key.models_allowed.all()), list(api_key.channels_allowed.all()), api_key.expires_at
+    )
+
+
+def _within(by_key: ApiKey, wanted: KeyLimits, doing: str) -> None:
+    """``OutsideScope`` naming the caller's limit when ``wanted`` reaches past it."""
+    past = beyond(wanted, limits_of(by_key))
+    if past is None:
+        return
+    if past == "models":
+        mine = "models " + ", ".join(sorted(m.name for m in by_key.models_allowed.all()))
+    elif past == "channels":
+        mine = "channels " + ", ".join(sorted(c.name for c in by_key.channels_allowed.all()))
+    else:
+        assert by_key.expires_at is not None
+        mine = f"an expiry of {iso_moment(by_key.expires_at)}"
+    raise OutsideScope(
+        f"this API key may not {doing} a key beyond its own scope: it is limited to {mine} "
+        "(use the portal, or an unscoped key, for a wider one)"
+    )
 
 
 def _check_expiry(expires_at: datetime | None, now: datetime) -> None:
@@ -96,7 +158,10 @@ def api_key_found(key: str) -> ApiKey | None:
     return ApiKey.objects.live().select_related("user").filter(hashed=hash_key(key)).first()
 
 
-def api_key_revoke(*, api_key: ApiKey) -> None:
+def api_key_revoke(*, api_key: ApiKey, by_key: ApiKey | None = None) -> None:
+    """Revoke ``api_key``; through a key (``by_key``), only one within that key's scope."""
+    if by_key is not None:
+        _within(by_key, limits_of(api_key), "revoke")
     if api_key.revoked_at is None:
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])

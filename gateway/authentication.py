@@ -10,6 +10,7 @@ from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
 from gateway.api_keys import api_key_found
+from gateway.models import ApiKey
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
@@ -42,3 +43,8 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword
+
+
+def calling_key(request: Request) -> ApiKey | None:
+    """The API key a REST request came with; None for a signed-in session."""
+    return request.auth if isinstance(request.auth, ApiKey) else None

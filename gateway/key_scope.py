@@ -6,6 +6,7 @@ channels; outside them the answer is ``403 key_scope`` naming the scope, and an 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from gateway.access import ChannelView, Refusal, told_at
@@ -49,3 +50,26 @@ def _scope(caller: Caller) -> str:
     if caller.channels_allowed is not None:
         parts.append(f"{len(caller.channels_allowed)} channel(s) chosen for it")
     return "it is limited to " + " and ".join(parts)
+
+
+@dataclass(frozen=True)
+class KeyLimits:
+    """What a key may do: the models and channels it may reach (None: all) and when it stops
+    working (None: never)."""
+
+    models: frozenset[int] | None
+    channels: frozenset[int] | None
+    expires_at: datetime | None
+
+
+def beyond(wanted: KeyLimits, limit: KeyLimits) -> str | None:
+    """Which limit of a key ``wanted`` would reach past ``limit``'s (``models``, ``channels`` or
+    ``expires_at``), or None: a key may make or change keys only within its own scope and
+    expiry (docs/api.md), or a leaked narrow key would mint a wide one."""
+    if limit.models is not None and (wanted.models is None or not wanted.models <= limit.models):
+        return "models"
+    if limit.channels is not None and (wanted.channels is None or not wanted.channels <= limit.channels):
+        return "channels"
+    if limit.expires_at is not None and (wanted.expires_at is None or wanted.expires_at > limit.expires_at):
+        return "expires_at"
+    return None

@@ -92,3 +92,8 @@ def current_user(request: Request) -> User:
     if not isinstance(user, User):
         raise NotAuthenticated()
     return user
+
+
+def reads_only(request: Request) -> bool:
+    """Whether the request came with a read-only API key (a dashboard's): it is shown no secret."""
+    return bool(getattr(request.auth, "read_only", False))

@@ -28,3 +28,12 @@ class TooManyTries(Exception):
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
+
+
+class OutsideScope(Exception):
+    """An API key asked for more than its own scope allows; ``message`` names the scope (the
+    edges answer ``403 key_scope``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message

@@ -38,7 +38,7 @@ def _first_message(detail: Any, path: str = "") -> str:
 def _service_error(exc: Exception) -> Response | None:
     """Errors raised by the services, answered with the rule that refused."""
     from reservations.services import InvalidTransition, ReservationConflict, SeriesConflict
-    from slotserve_base.errors import InUse, InvalidInput, TooManyTries
+    from slotserve_base.errors import InUse, InvalidInput, OutsideScope, TooManyTries
 
     if isinstance(exc, InvalidInput):
         return Response({"message": f"{exc.field}: {exc.message}", exc.field: [exc.message]}, status=400)
@@ -61,6 +61,8 @@ def _service_error(exc: Exception) -> Response | None:
         )
     if isinstance(exc, InUse):
         return Response({"message": exc.message, "code": "in_use"}, status=409)
+    if isinstance(exc, OutsideScope):
+        return Response({"message": exc.message, "code": "key_scope"}, status=403)
     if isinstance(exc, TooManyTries):
         return Response(
             {"message": exc.message, "code": "too_many_tries"},

@@ -142,3 +142,86 @@ def test_a_new_expiry_set_in_the_admin_is_told_anew(ana):
     answer = admin.post(f"/admin/gateway/apikey/{key.pk}/change/", form)
     assert answer.status_code == 302, answer.content.decode()[:3000]
     assert tell_keys_expiring(now=now) == 1  # the new expiry, told once more
+
+
+def _with_key(key: str) -> APIClient:
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    return api
+
+
+def test_a_scoped_expiring_key_makes_and_changes_keys_only_within_its_own_scope(ana):
+    qwen = factories.llm("qwen")
+    llama = factories.llm("llama")
+    tomorrow = timezone.now() + timedelta(days=1)
+    scoped, key = api_key_create(user=ana, name="qwen until tomorrow", models=[qwen], expires_at=tomorrow)
+    full, _ = api_key_create(user=ana, name="laptop")
+    api = _with_key(key)
+
+    # A key asked for with nothing said takes the scope and expiry of the key that asked.
+    made = api.post("/api/keys/", {"name": "x"}, format="json")
+    assert made.status_code == 201, made.content
+    assert made.json()["models"] == ["qwen"] and made.json()["expires_at"] is not None
+    assert ApiKey.objects.get(pk=made.json()["id"]).expires_at == scoped.expires_at
+    # Wider than itself: refused, naming the scope; nothing made.
+    before = ApiKey.objects.count()
+    for wider in (
+        {"name": "y", "models": []},
+        {"name": "y", "models": ["llama"]},
+        {"name": "y", "models": ["qwen", "llama"]},
+        {"name": "y", "expires_at": None},
+        {"name": "y", "expires_at": (tomorrow + timedelta(days=1)).isoformat()},
+    ):
+        refused = api.post("/api/keys/", wider, format="json")
+        assert refused.status_code == 403, (wider, refused.content)
+        assert refused.json()["code"] == "key_scope" and "this API key" in refused.json()["message"], wider
+    assert ApiKey.objects.count() == before
+    # Narrower is fine.
+    soon = (timezone.now() + timedelta(hours=2)).isoformat()
+    assert api.post("/api/keys/", {"name": "z", "expires_at": soon}, format="json").status_code == 201
+
+    # It cannot widen itself ...
+    widened = api.patch(f"/api/keys/{scoped.pk}/", {"models": [], "expires_at": None}, format="json")
+    assert widened.status_code == 403 and widened.json()["code"] == "key_scope", widened.content
+    scoped.refresh_from_db()
+    assert [m.name for m in scoped.models_allowed.all()] == ["qwen"] and scoped.expires_at is not None
+    assert api.patch(f"/api/keys/{scoped.pk}/", {"models": [llama.pk]}, format="json").status_code == 403
+    # ... nor change or revoke a key wider than itself (the owner's full key) ...
+    assert api.patch(f"/api/keys/{full.pk}/", {"models": ["qwen"]}, format="json").status_code == 403
+    assert api.delete(f"/api/keys/{full.pk}/").status_code == 403
+    full.refresh_from_db()
+    assert full.revoked_at is None and not full.models_allowed.exists()
+    # ... but renames itself, and revokes a key within its scope.
+    assert api.patch(f"/api/keys/{scoped.pk}/", {"name": "renamed"}, format="json").status_code == 200
+    assert api.delete(f"/api/keys/{made.json()['id']}/").status_code == 204
+
+    # The owner's unscoped key (or the portal's session) may do all of it.
+    _, anything = api_key_create(user=ana, name="admin's")
+    assert (
+        _with_key(anything).patch(f"/api/keys/{scoped.pk}/", {"models": []}, format="json").status_code == 200
+    )
+
+
+def test_a_key_limited_to_channels_makes_keys_limited_to_those_channels(ana):
+    a, b = factories.channel("a100-0"), factories.channel("a100-1")
+    _, key = api_key_create(user=ana, name="a only", channels=[a])
+    api = _with_key(key)
+    made = api.post("/api/keys/", {"name": "x"}, format="json")
+    assert made.status_code == 201 and made.json()["channels"] == ["a100-0"], made.content
+    assert api.post("/api/keys/", {"name": "y", "channels": [b.name]}, format="json").status_code == 403
+    assert api.post("/api/keys/", {"name": "y", "channels": []}, format="json").status_code == 403
+
+
+def test_a_read_only_key_does_not_read_webhook_secrets(ana):
+    from reservations.webhooks.services import webhook_create
+
+    webhook = webhook_create(owner=ana, url="https://example.org/hook")
+    _, reader = api_key_create(user=ana, name="dashboard", read_only=True)
+    listed = _with_key(reader).get("/api/webhooks/")
+    assert listed.status_code == 200 and listed.json()[0]["url"] == "https://example.org/hook"
+    assert "secret" not in listed.json()[0] and webhook.secret not in listed.content.decode()
+    one = _with_key(reader).get(f"/api/webhooks/{webhook.pk}/")
+    assert one.status_code == 200 and webhook.secret not in one.content.decode()
+    # A key that may change things (and the portal) shows it, to set up a receiver.
+    _, writer = api_key_create(user=ana, name="ci")
+    assert _with_key(writer).get("/api/webhooks/").json()[0]["secret"] == webhook.secret

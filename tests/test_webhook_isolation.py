@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import httpx
 import pytest
@@ -132,14 +133,14 @@ def test_receivers_that_drip_and_stall_do_not_delay_an_override(tmp_path):
                     assert made.status_code == 201, made.text
                     for _ in range(5):
                         assert api.post(f"/api/webhooks/{made.json()['id']}/test").status_code == 202
-                start = timezone.now().replace(microsecond=0) + timezone.timedelta(days=1)
+                start = timezone.now().replace(microsecond=0) + timedelta(days=1)
                 booked = api.post(
                     "/api/reservations/",
                     json={
                         "channel": "gpu9-0",
                         "model": "small",
                         "start": start.isoformat(),
-                        "end": (start + timezone.timedelta(hours=1)).isoformat(),
+                        "end": (start + timedelta(hours=1)).isoformat(),
                     },
                 )
                 assert booked.status_code == 201, booked.text
@@ -154,7 +155,7 @@ def test_receivers_that_drip_and_stall_do_not_delay_an_override(tmp_path):
                     f"/api/channels/{channel['id']}/override/",
                     json={
                         "model": "large",
-                        "until": (timezone.now() + timezone.timedelta(hours=1)).isoformat(),
+                        "until": (timezone.now() + timedelta(hours=1)).isoformat(),
                     },
                 )
                 assert set_.status_code == 201, set_.text

@@ -26,7 +26,7 @@ from reservations.webhooks.services import (
     webhook_resume,
     webhook_test,
 )
-from slotserve_base.api_fields import IdOrNameField, current_user
+from slotserve_base.api_fields import IdOrNameField, current_user, reads_only
 
 
 class WebhookOutput(serializers.ModelSerializer[Webhook]):
@@ -34,6 +34,14 @@ class WebhookOutput(serializers.ModelSerializer[Webhook]):
 
     def get_channels(self, webhook: Webhook) -> list[str]:
         return sorted(c.name for c in webhook.channels.all())
+
+    def to_representation(self, webhook: Webhook) -> dict[str, Any]:
+        shown = super().to_representation(webhook)
+        request = self.context.get("request")
+        if request is not None and reads_only(request):
+            # A dashboard's key reads webhooks, never the secret that signs their deliveries.
+            del shown["secret"]
+        return shown
 
     class Meta:
         model = Webhook
