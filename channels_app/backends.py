@@ -47,6 +47,14 @@ OWNED_OPTIONS: dict[Backend, tuple[OwnedOption, ...]] = {
         OwnedOption(frozenset({"--props"}), flag=True),
         OwnedOption(frozenset({"--path"})),
         OwnedOption(frozenset({"--api-prefix"})),
+        # The web UI's CORS proxy fetches any address the node reaches, and server-side tools
+        # run on the node (docs/security.md): never through a preset.
+        OwnedOption(frozenset({"--ui-mcp-proxy", "--webui-mcp-proxy"}), flag=True),
+        OwnedOption(frozenset({"-ag", "--agent"}), flag=True),
+        OwnedOption(frozenset({"--tools"})),
+        OwnedOption(frozenset({"--tools-runtime"})),
+        OwnedOption(frozenset({"--mcp-servers-config"})),
+        OwnedOption(frozenset({"--mcp-servers-json"})),
     ),
     Backend.VLLM: (
         OwnedOption(frozenset({"--model"})),

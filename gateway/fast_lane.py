@@ -43,7 +43,15 @@ from gateway.refusals import (
     refusal_answer,
     unreachable,
 )
-from gateway.request import ROOT_PATHS, asked, authenticate, flavour_of, header
+from gateway.request import (
+    ROOT_PATHS,
+    asked,
+    authenticate,
+    flavour_of,
+    header,
+    is_admin_endpoint,
+    path_problem,
+)
 from gateway.snapshot import Caller
 from gateway.upstream import Connection, UpstreamTransport
 
@@ -60,6 +68,8 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
     path = scope["path"]
     if scope["method"] != "POST" or not (path.startswith("/v1/") or path in ROOT_PATHS):
         return False
+    if path_problem(path) is not None or is_admin_endpoint("POST", path):
+        return False  # refused by the application
     if gateway.cors.enabled and header(scope, b"origin"):
         return False
     snapshot = gateway.snapshots.fresh()

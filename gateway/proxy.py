@@ -70,6 +70,7 @@ from gateway.request import (
     flavour_of,
     header,
     is_admin_endpoint,
+    path_problem,
     split_path,
     too_large,
 )
@@ -140,6 +141,14 @@ class Gateway:
     async def handle(self, scope: Scope, receive: Receive, send: Send, answer: Answer) -> None:
         pinned, path = split_path(scope["path"])
         method = scope["method"]
+        problem = path_problem(scope["path"])
+        if problem is not None:
+            answer.method, answer.path = method, scope["path"]
+            message = (
+                f"the path has {problem}: send the endpoint's path as it is named, with nothing to resolve"
+            )
+            await respond(send, 400, error_body(400, ErrorCode.INVALID_REQUEST, message))
+            return
         snapshot = await self.snapshots.get()  # one view of keys and channels for the whole request
         caller = authenticate(scope, snapshot)
         answer.caller, answer.method, answer.path = caller, method, scope["path"]
@@ -163,8 +172,9 @@ class Gateway:
             await list_models(self, send, snapshot, caller, pinned)
         elif path.startswith("/v1/models/") and method == "GET":
             await list_models(self, send, snapshot, caller, pinned, only=path[len("/v1/models/") :])
-        elif pinned is not None and is_admin_endpoint(method, path) and not caller.is_staff:
-            message = f"{method} {path} is an admin endpoint of channel {pinned}'s process: staff only"
+        elif is_admin_endpoint(method, path) and not caller.is_staff:
+            whose = f"channel {pinned}'s process" if pinned is not None else "a model's process"
+            message = f"{method} {path} is an admin endpoint of {whose}: staff only"
             await respond(send, 403, error_body(403, ErrorCode.ADMIN_ONLY, message))
         elif pinned is not None or (method == "POST" and (path.startswith("/v1/") or path in ROOT_PATHS)):
             await self.proxy(scope, receive, send, snapshot, caller, pinned, path, answer)

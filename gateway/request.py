@@ -73,16 +73,59 @@ ADMIN_PATHS = frozenset(
         "/abort_request",
         "/pause",
         "/resume",
+        "/models",
+        "/models/load",
+        "/models/unload",
     }
+)
+
+# Endpoints that reach past the caller's own request whatever the method, with what is under
+# them: slots (another caller's state), llama-server's CORS proxy (any address the node reaches)
+# and server-side tools, another completion's controls (by its id) and resumable streams
+# (another caller's answer, by its id).
+ADMIN_TREES = (
+    "/slots",
+    "/cors-proxy",
+    "/tools",
+    "/v1/chat/completions/control",
+    "/v1/stream",
+    "/v1/streams",
 )
 
 
 def is_admin_endpoint(method: str, path: str) -> bool:
-    """Whether ``method path`` (a process's own path, after ``/channels/<name>``) is one of its
-    admin endpoints: ``/slots`` whatever the method, the others but for reading."""
-    if path == "/slots" or path.startswith("/slots/"):
+    """Whether ``method path`` (a process's own path, after ``/channels/<name>`` or on the routed
+    lane) is one of its admin endpoints: those of ``ADMIN_TREES`` whatever the method, the others
+    but for reading."""
+    bare = path.rstrip("/") or "/"
+    if any(bare == tree or bare.startswith(tree + "/") for tree in ADMIN_TREES):
         return True
-    return method not in ("GET", "HEAD") and path.rstrip("/") in ADMIN_PATHS
+    return method not in ("GET", "HEAD") and bare in ADMIN_PATHS
+
+
+def path_problem(path: str) -> str | None:
+    """Why the gateway refuses ``path`` (the decoded path it would forward), or None.
+
+    The gateway forwards exactly the path it checked. A URL join would remove dot segments and
+    cut at ``?`` and ``#``, and the process decodes what is still encoded, so a path that
+    would change on the way (``/x/../slots``, ``slots%3Fa``, ``%252e``, ``//slots``) is refused
+    rather than normalised: no such path names an endpoint a caller needs."""
+    if any(ord(c) < 0x20 or c == "\x7f" for c in path):
+        return "a control character"
+    for character, words in (
+        ("?", "an encoded ?"),
+        ("#", "an encoded #"),
+        ("%", "an encoded %"),
+        ("\\", "a \\"),
+    ):
+        if character in path:
+            return words
+    segments = path.split("/")[1:]
+    if any(segment in (".", "..") for segment in segments):
+        return "a . or .. segment"
+    if "" in segments[:-1]:
+        return "an empty segment (//)"
+    return None
 
 
 def is_gateway_path(path: str) -> bool:

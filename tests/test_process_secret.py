@@ -57,6 +57,12 @@ def test_a_real_llama_server_refuses_callers_without_the_runs_secret(node_env, t
     assert refused.status_code == 401, refused.text
     assert _chat(runtime.port, "a-key-someone-set-for-their-own-server").status_code == 401
     assert _chat(runtime.port, secret).status_code == 200
+    # What docs/security.md says stays open, and what does not.
+    base = f"http://127.0.0.1:{runtime.port}"
+    assert httpx.get(f"{base}/health", timeout=10).status_code == 200
+    assert httpx.get(f"{base}/v1/health", timeout=10).status_code == 200
+    assert httpx.get(f"{base}/v1/models", timeout=10).status_code == 401
+    assert httpx.get(f"{base}/slots", timeout=10).status_code == 401
 
     # Not on the command line, which every user of the node can read.
     cmdline = Path(f"/proc/{runtime.pid}/cmdline").read_bytes()
