@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -18,7 +19,9 @@ from tests.conftest import snapshot_seen
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def raw(gateway_url: str, method: str, target: str, key: str, body: bytes = b"") -> tuple[int, dict]:
+def raw(
+    gateway_url: str, method: str, target: str, key: str, body: bytes = b""
+) -> tuple[int, dict[str, Any]]:
     """One request with ``target`` sent byte for byte (an HTTP client would normalise it); the
     status and the JSON answer."""
     where = urlsplit(gateway_url)
