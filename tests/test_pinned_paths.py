@@ -20,8 +20,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def raw(gateway_url: str, method: str, target: str, key: str, body: bytes = b"") -> tuple[int, Any]:
-    gateway_url: str, method: str, target: str, key: str, body: bytes = b""
-) -> tuple[int, dict[str, Any]]:
     """One request with ``target`` sent byte for byte (an HTTP client would normalise it); the
     status and the JSON answer."""
     where = urlsplit(gateway_url)
