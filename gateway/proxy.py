@@ -245,6 +245,12 @@ class Gateway:
             while True:
                 now = timezone.now()
                 channel, refusal = await self.choose(snapshot, caller, model, pinned, now)
+                if channel is not None and caller.scoped:
+                    # The scope is what the process serves, not what the body names: a pinned
+                    # channel or the caller's own booking may serve another model.
+                    outside = key_scope.outside(caller, channel.model, channel)
+                    if outside is not None:
+                        channel, refusal = None, outside
                 if channel is not None:
                     go = going(
                         channel,

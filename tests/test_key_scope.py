@@ -16,7 +16,7 @@ from gateway.models import ApiKey
 from reservations.models import Notification
 from tests import factories
 from tests.conftest import snapshot_seen
-from tests.test_gateway_http import call, error
+from tests.test_gateway_http import book, call, error
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -225,3 +225,36 @@ def test_a_read_only_key_does_not_read_webhook_secrets(ana):
     # A key that may change things (and the portal) shows it, to set up a receiver.
     _, writer = api_key_create(user=ana, name="ci")
     assert _with_key(writer).get("/api/webhooks/").json()[0]["secret"] == webhook.secret
+
+
+def test_a_model_scoped_key_is_held_to_what_the_process_serves_not_what_the_body_names(gateway_url, world):
+    """ch-a serves qwen; a key limited to llama names llama (or nothing) on ch-a's pinned path, or
+    during its owner's own booking of ch-a: refused, for the process there serves qwen."""
+    _, only_llama = api_key_create(user=world.ana, name="llama only", models=[world.other_model])
+    snapshot_seen(gateway_url)
+    assert call(gateway_url, only_llama, model="llama").status_code == 200  # ch-b serves it
+    before = world.log.read_text()
+    for answer in (
+        call(gateway_url + "/channels/ch-a", only_llama, model="llama"),
+        call(gateway_url + "/channels/ch-a", only_llama, model="llama", path="/completion", prompt="hi"),
+        httpx.post(
+            gateway_url + "/channels/ch-a/completion",
+            json={"prompt": "hi"},
+            headers={"Authorization": f"Bearer {only_llama}"},
+            timeout=30,
+        ),
+    ):
+        assert error(answer) == (403, "key_scope"), answer.text
+        assert "may not call model qwen" in answer.json()["error"]["message"]
+    book(world, "ana")
+    snapshot_seen(gateway_url)
+    for named in ("llama", None):
+        body = {"messages": [{"role": "user", "content": "hi"}], **({"model": named} if named else {})}
+        answer = httpx.post(
+            gateway_url + "/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {only_llama}"},
+            timeout=30,
+        )
+        assert error(answer) == (403, "key_scope"), (named, answer.text)
+    assert world.log.read_text() == before  # nothing reached ch-a's process
