@@ -14,9 +14,9 @@ USAGE_MARK_SPACED = b'"usage": {'
 NATIVE_MARK, SGLANG_MARK = b'"tokens_predicted":', b'"meta_info":'
 
 
-# The fields a request limits its answer's tokens with, by API: OpenAI's (both), llama-server's
-# own, SGLang's and Hugging Face's.
-ASKED_FIELDS = ("max_completion_tokens", "max_tokens", "n_predict", "max_new_tokens")
+# The fields a request limits its answer's tokens with, by API: OpenAI's Chat Completions (both)
+# and Responses, llama-server's own, SGLang's and Hugging Face's (Anthropic's is max_tokens).
+ASKED_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens", "n_predict", "max_new_tokens")
 
 
 @dataclass
@@ -24,7 +24,8 @@ class Usage:
     prompt: int = 0
     completion: int = 0
     asked: int = 0  # the tokens the request allowed its answer, charged if its usage is unread
-    read: bool = False  # whether the answer said what it used
+    read: bool = False  # whether the answer said what it used, all of it
+    sent: int = 0  # the events of a stream passed on to the client (each about a token)
 
     @classmethod
     def asking(cls, body: Any) -> Usage:
@@ -65,19 +66,30 @@ class Usage:
                 return
         prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
         completion = usage.get("completion_tokens", usage.get("output_tokens"))
+        # Anthropic's input_tokens leave out the prompt read from or written to its cache, which
+        # the other APIs' prompt_tokens include: counted the same way on every route.
+        for cached in ("cache_read_input_tokens", "cache_creation_input_tokens"):
+            extra = usage.get(cached)
+            if isinstance(prompt, int) and isinstance(extra, int):
+                prompt += extra
+        # A Messages stream's message_start tells the prompt and a first output count; the
+        # message_delta events that follow tell the output so far: only those say it all.
+        final = payload.get("type") != "message_start"
         if isinstance(prompt, int):
             self.prompt = prompt
-            self.read = True
+            self.read = self.read or final
         if isinstance(completion, int):
             self.completion = completion
-            self.read = True
+            self.read = self.read or final
 
     def settle(self, status: int | None) -> Usage:
-        """At the answer's end: an answer that went through (2xx) but said nothing of its tokens
-        (a route whose answers SlotServe cannot read) is charged what its request allowed, so a
-        token budget holds on every route (docs/security.md)."""
+        """At the answer's end: an answer that went through (2xx) but never said all of its
+        tokens (a route whose answers SlotServe cannot read, a stream its caller hung up on
+        before its usage came) is charged what its request allowed, or the events it was sent
+        if that is more (a request that set no limit), so a token budget holds on every route
+        (docs/security.md)."""
         if not self.read and status is not None and 200 <= status < 300:
-            self.completion = self.asked
+            self.completion = max(self.completion, self.asked, self.sent)
         return self
 
     def settled(self) -> Usage:
@@ -109,6 +121,11 @@ class Events:
 
     def feed(self, chunk: bytes) -> bytes:
         """The complete events received so far; a part event waits for the rest of it."""
+        passed = self._whole(chunk)
+        self.usage.sent += passed.count(b"data: {")
+        return passed
+
+    def _whole(self, chunk: bytes) -> bytes:
         if self.pending:
             chunk = self.pending + chunk
             self.pending = b""
@@ -132,6 +149,7 @@ class Events:
         rest, self.pending = self.pending, b""
         if self.held is not None:
             rest, self.held = self.held + b"\n\n" + rest, None
+        self.usage.sent += rest.count(b"data: {")
         return rest
 
     def _strip(self, chunk: bytes, first_mark: int) -> bytes:

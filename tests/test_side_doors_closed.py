@@ -15,6 +15,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -161,6 +162,75 @@ def test_an_answer_whose_tokens_cannot_be_read_is_charged_what_the_request_allow
     sglang = Usage.asking({})
     sglang.add({"text": "…", "meta_info": {"prompt_tokens": 4, "completion_tokens": 9}})
     assert (sglang.prompt, sglang.completion) == (4, 9)
+
+
+def test_every_field_that_limits_an_answer_and_anthropics_cached_prompt_are_counted():
+    assert Usage.asking({"max_output_tokens": 400}).settled().completion == 400  # Responses API
+    cached = Usage.asking({"max_tokens": 50})
+    cached.add({"usage": {"input_tokens": 1, "cache_read_input_tokens": 280, "output_tokens": 5}})
+    assert (cached.prompt, cached.completion) == (281, 5)
+    # Streamed: message_start has the prompt, message_delta the output so far.
+    streamed = Usage.asking({"max_tokens": 50})
+    streamed.add(
+        {
+            "type": "message_start",
+            "message": {"usage": {"input_tokens": 3, "cache_creation_input_tokens": 7, "output_tokens": 1}},
+        }
+    )
+    streamed.add({"type": "message_delta", "usage": {"output_tokens": 12}})
+    assert (streamed.prompt, streamed.completion) == (10, 12)
+
+
+def _hang_up_after(url: str, key: str, path: str, body: dict[str, Any], events: int) -> int:
+    """Stream ``body`` and hang up after ``events`` data events; how many came."""
+    seen = 0
+    with httpx.stream(
+        "POST", url + path, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60
+    ) as streamed:
+        assert streamed.status_code == 200
+        for line in streamed.iter_lines():
+            if line.startswith("data: {"):
+                seen += 1
+                if seen >= events:
+                    break
+    return seen
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stream_hung_up_before_its_usage_is_charged_what_was_sent_or_allowed(
+    gateway_url, world, llama_server_bin, tiny_gguf
+):
+    """Streams whose usage never comes (the caller hangs up first) are charged at least the
+    events they were sent, or what their request allowed (``max_output_tokens`` included)."""
+    args = ("--alias", "tiny", "-c", "512", "-t", "1")
+    with running_llama_server(llama_server_bin, tiny_gguf, *args) as port:
+        serve(world.other, factories.llm("tiny"), port)
+        snapshot_seen(gateway_url)
+        chat = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "Hello"}],
+            "stream": True,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        sent = [_hang_up_after(gateway_url, world.bo_key, "/v1/chat/completions", chat, 40) for _ in range(3)]
+        responses = {
+            "model": "tiny",
+            "input": "Hello",
+            "stream": True,
+            "max_output_tokens": 400,
+            "ignore_eos": True,
+        }
+        _hang_up_after(gateway_url, world.bo_key, "/v1/responses", responses, 30)
+    counted_out(world.other)
+    flush_request_log(redis_client())
+    chats = list(
+        RequestLog.objects.filter(path="/v1/chat/completions").values_list("completion_tokens", flat=True)
+    )
+    assert len(chats) == 3 and all(tokens >= 38 for tokens in chats), (chats, sent)
+    assert list(
+        RequestLog.objects.filter(path="/v1/responses").values_list("completion_tokens", flat=True)
+    ) == [400]
 
 
 # --- CSV exports never write formulas -----------------------------------------------------------
