@@ -387,6 +387,37 @@ def test_a_users_webhook_hears_only_of_their_own_bookings(ana, bo):
     assert {r.json["data"]["booking"]["id"] for r in receiver.received} == {mine.pk}
 
 
+def test_user_text_in_a_slack_compatible_body_is_escaped_as_slack_says(staff, ana, bo):
+    """A key named ``<!here> <http://evil.example|Reset>`` and an approver's reason must reach
+    staff's Slack as text, not as a live mention and link: ``&``, ``<`` and ``>`` escaped."""
+    channel = factories.channel("a100-1", policy="all")
+    hostile = "<!here> <http://evil.example|Reset> & more"
+    with Receiver() as receiver:
+        webhook_create(owner=staff, url=receiver.url, scope="all", body="slack")
+        api_key_create(user=ana, name=hostile, expires_at=timezone.now() + timedelta(days=3))
+        tell_keys_expiring(now=timezone.now())
+        asked = reservation_create(
+            user=bo, channel=channel, start=hour(2), end=hour(3), exclusive=True, now=timezone.now()
+        )
+        reservation_reject(reservation=asked, by=staff, reason=hostile, now=timezone.now())
+        assert eventually(lambda: {"key.expiring", "booking.rejected"} <= set(_slack_kinds(receiver)))
+    texts = [r.json["text"] for r in receiver.received]
+    hostile_ones = [t for t in texts if "evil.example" in t]
+    assert len(hostile_ones) >= 2, texts
+    for text in hostile_ones:
+        assert "<!here>" not in text and "<http://evil.example|Reset>" not in text, text
+        assert "&lt;!here&gt; &lt;http://evil.example|Reset&gt; &amp; more" in text, text
+
+
+def _slack_kinds(receiver: Receiver) -> list[str]:
+    kinds = []
+    for r in receiver.received:
+        text = r.json["text"]
+        kinds += ["key.expiring"] if "API key" in text else []
+        kinds += ["booking.rejected"] if "reject" in text else []
+    return kinds
+
+
 def test_a_slack_compatible_body_is_in_the_owners_words_and_zone(settings, ana):
     from reservations.profiles import profile_for
 

@@ -72,12 +72,19 @@ def standard_body(event: Event, happening: Happening) -> str:
     return json.dumps(payload(event, link), separators=(",", ":"))
 
 
+def slack_escaped(text: str) -> str:
+    """``&``, ``<`` and ``>`` as Slack says to escape them in a message's text: the names and
+    reasons people type (a key named ``<!here>``) stay text, never a mention or a link."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def slack_body(webhook: Webhook, happening: Happening) -> str:
-    """``{"text": …}``: the happening in words, in the webhook owner's time zone, with its link."""
+    """``{"text": …}``: the happening in words, in the webhook owner's time zone, with its link.
+    SlotServe's words carry no markup of their own, so the whole text is escaped."""
     words = happening.words
     text = words(zone_of(webhook.owner)) if callable(words) else words
     whole = public_url(happening.link)
-    return json.dumps({"text": f"{text} {whole}" if whole else text})
+    return json.dumps({"text": slack_escaped(f"{text} {whole}" if whole else text)})
 
 
 def listening(happening: Happening) -> list[Webhook]:
