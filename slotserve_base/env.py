@@ -10,6 +10,7 @@ import ipaddress
 import os
 import secrets
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 
 class SettingError(Exception):
@@ -28,6 +29,17 @@ def env_url(name: str, default: str = "") -> str:
     if not raw.startswith(("http://", "https://")) or not raw.split("://", 1)[1]:
         raise SettingError(f"{name}={raw!r}: write the address people open, e.g. https://gpu.lab.example")
     return raw
+
+
+def redis_broker_url(url: str) -> str:
+    """Celery's broker URL for the Redis at ``url``. redis-py names a Unix socket
+    ``unix://[:password@]/path?db=N``; Kombu, Celery's transport, ``redis+socket://`` with the
+    database as ``virtual_host``. Any other URL is the same for both."""
+    if not url.startswith("unix://"):
+        return url
+    parts = urlsplit(url)
+    database = parse_qs(parts.query).get("db", ["0"])[0]
+    return urlunsplit(("redis+socket", parts.netloc, parts.path, f"virtual_host={database}", ""))
 
 
 def env_bool(name: str, default: bool) -> bool:

