@@ -7,6 +7,7 @@ import django_filters
 from django.db.models import QuerySet
 
 from gateway.models import RequestLog
+from slotserve_base.api_fields import is_id
 
 
 class RequestLogFilter(django_filters.FilterSet):
@@ -22,13 +23,9 @@ class RequestLogFilter(django_filters.FilterSet):
         fields = ["user", "channel", "model", "status", "since", "until"]
 
     def by_user(self, queryset: QuerySet[RequestLog], name: str, value: str) -> QuerySet[RequestLog]:
-        return (
-            queryset.filter(user_id=int(value)) if value.isdigit() else queryset.filter(user__username=value)
-        )
+        return queryset.filter(user_id=int(value)) if is_id(value) else queryset.filter(user__username=value)
 
     def by_channel(self, queryset: QuerySet[RequestLog], name: str, value: str) -> QuerySet[RequestLog]:
         return (
-            queryset.filter(channel_id=int(value))
-            if value.isdigit()
-            else queryset.filter(channel__name=value)
+            queryset.filter(channel_id=int(value)) if is_id(value) else queryset.filter(channel__name=value)
         )

@@ -31,7 +31,7 @@ from reservations import services
 from reservations.models import Reservation, ReservationStatus, WaitlistEntry
 from reservations.services import InvalidTransition, ReservationConflict, SeriesConflict
 from reservations.wording import slot_words
-from slotserve_base.api_fields import in_range
+from slotserve_base.api_fields import in_range, is_id
 from slotserve_base.errors import InvalidInput
 
 
@@ -133,7 +133,7 @@ def _prefilled(request: HttpRequest) -> dict[str, Any]:
     dragged over, as ISO times) or the free-slot finder; else the next full hour."""
     initial: dict[str, Any] = {}
     for name in ("channel", "model", "preset"):
-        if request.GET.get(name, "").isdigit():
+        if is_id(request.GET.get(name, "")):
             initial[name] = request.GET[name]
     start, end = _moment(request.GET.get("start")), _moment(request.GET.get("end"))
     if start is None:

@@ -25,6 +25,7 @@ from portal.views import MANUAL, PRELOADING, target_label, viewer_of
 from reservations.hints import adjacent_switch_minutes
 from reservations.models import Reservation, ReservationStatus
 from reservations.wording import slot_words
+from slotserve_base.api_fields import is_id
 from slotserve_base.target import Target
 
 
@@ -190,7 +191,7 @@ FIRST_DAY, LAST_DAY = date(1970, 1, 8), date(8999, 12, 24)
 
 
 def _number(raw: str | None) -> int | None:
-    return int(raw) if raw and raw.isdigit() and len(raw) < 12 else None
+    return int(raw) if raw and is_id(raw) and len(raw) < 12 else None
 
 
 def _day(raw: str | None, today: date) -> date:

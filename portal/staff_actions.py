@@ -28,6 +28,7 @@ from reservations import services
 from reservations.models import Reservation, ReservationStatus
 from reservations.selectors import reviewable_by
 from reservations.services import InvalidTransition, ReservationConflict
+from slotserve_base.api_fields import is_id
 from slotserve_base.errors import InvalidInput
 
 
@@ -95,7 +96,8 @@ def _around(asked: Reservation, near: list[Reservation]) -> dict[str, Any]:
 def approve_several(request: HttpRequest) -> HttpResponse:
     """Approve the ticked requests at once (each as ``approve`` would); those that cannot be
     approved now are named."""
-    ids = [int(pk) for pk in request.POST.getlist("reservation") if pk.isdigit()]
+    # Only ASCII digits: "²" and "١" pass isdigit() and fail int().
+    ids = [int(pk) for pk in request.POST.getlist("reservation") if is_id(pk)]
     chosen = reviewable_by(me(request)).filter(pk__in=ids).select_related("user", "channel")
     approved, refused = 0, []
     for reservation in chosen:

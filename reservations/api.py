@@ -19,7 +19,7 @@ from reservations.filters import NotificationFilter, ReservationFilter
 from reservations.models import Notification, Profile, Reservation, WaitlistEntry
 from reservations.profiles import profile_for
 from reservations.selectors import reviewable_by
-from slotserve_base.api_fields import IdOrNameField, MomentField, current_user, moment_param
+from slotserve_base.api_fields import IdOrNameField, MomentField, current_user, is_id, moment_param
 from slotserve_base.iso import iso_moment
 from slotserve_base.public_url import public_url
 from slotserve_base.vocabulary import NotificationEvent
@@ -167,9 +167,9 @@ class ReservationViewSet(
         """A reservation the caller may approve or reject (staff, or an approver of the booker's
         group); their own answers 403, anyone else's 404."""
         user = current_user(request)
-        found = reviewable_by(user).filter(pk=pk).first() if pk and str(pk).isdigit() else None
+        found = reviewable_by(user).filter(pk=pk).first() if pk and is_id(str(pk)) else None
         if found is None:
-            if self.get_queryset().filter(pk=pk).exists() if pk and str(pk).isdigit() else False:
+            if self.get_queryset().filter(pk=pk).exists() if pk and is_id(str(pk)) else False:
                 raise PermissionDenied("only staff or an approver of the booker's group may decide this")
             raise NotFound("no such reservation")
         return found

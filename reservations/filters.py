@@ -7,6 +7,7 @@ import django_filters
 from django.db.models import QuerySet
 
 from reservations.models import Notification, Reservation, ReservationStatus
+from slotserve_base.api_fields import is_id
 
 
 class ReservationFilter(django_filters.FilterSet):
@@ -19,9 +20,7 @@ class ReservationFilter(django_filters.FilterSet):
 
     def by_channel(self, queryset: QuerySet[Reservation], name: str, value: str) -> QuerySet[Reservation]:
         return (
-            queryset.filter(channel_id=int(value))
-            if value.isdigit()
-            else queryset.filter(channel__name=value)
+            queryset.filter(channel_id=int(value)) if is_id(value) else queryset.filter(channel__name=value)
         )
 
 

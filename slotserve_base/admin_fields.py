@@ -13,6 +13,8 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 
+from slotserve_base.api_fields import is_id
+
 LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$")
 
 
@@ -41,7 +43,7 @@ class GpuIndexesField(forms.Field):
         for part in re.split(r"[,\s]+", text):
             if not part:
                 continue
-            if not part.isdigit():
+            if not is_id(part):
                 raise ValidationError(f"{part!r} is not a GPU index: write numbers like 0, 1")
             indexes.append(int(part))
         if not indexes and self.required:

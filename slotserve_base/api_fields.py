@@ -19,7 +19,7 @@ class IdOrNameField(serializers.PrimaryKeyRelatedField):  # type: ignore[type-ar
     """A related object given by id (``3``) or by its unique ``name`` (``"a100-0"``)."""
 
     def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, str) and not data.isdigit():
+        if isinstance(data, str) and not is_id(data):
             queryset = self.get_queryset()
             assert queryset is not None, "IdOrNameField needs a queryset"
             try:
@@ -84,6 +84,12 @@ def moment_param(request: Request, name: str, default: datetime | None = None) -
     if not in_range(value):
         raise serializers.ValidationError({name: OUT_OF_RANGE})
     return value
+
+
+def is_id(text: str) -> bool:
+    """Whether ``text`` is a whole number ``int()`` reads: ASCII digits only ("²" and "١" pass
+    ``str.isdigit`` and fail ``int``)."""
+    return text.isascii() and text.isdigit()
 
 
 def current_user(request: Request) -> User:

@@ -88,6 +88,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A body in a charset other than UTF-8 is refused before anything reads it.
+    "slotserve_site.middleware.BodyCharsetMiddleware",
     # Static files (the admin's styles, the API docs' Swagger UI) served by SlotServe itself.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

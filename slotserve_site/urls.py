@@ -20,6 +20,7 @@ from reservations.api import MeView, NotificationViewSet, ReservationViewSet, Wa
 from reservations.webhooks.api import WebhookViewSet
 from slotserve_site import sign_in
 from slotserve_site.metrics import metrics_view
+from slotserve_site.password_reset import PublicAddressResetView
 
 router = DefaultRouter()
 # The API spells collections with a slash (/api/nodes/) and actions without one
@@ -55,6 +56,7 @@ handler500 = "slotserve_site.busy.server_error"
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("accounts/password_reset/", PublicAddressResetView.as_view(), name="password_reset"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("oidc/authenticate/", sign_in.oidc_start, name="oidc_authentication_init"),
     path("oidc/callback/", sign_in.oidc_callback, name="oidc_authentication_callback"),

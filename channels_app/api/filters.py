@@ -6,6 +6,7 @@ import django_filters
 from django.db.models import QuerySet
 
 from channels_app.models import LLMModel, ModelFile, Preset
+from slotserve_base.api_fields import is_id
 
 
 class PresetFilter(django_filters.FilterSet):
@@ -16,7 +17,7 @@ class PresetFilter(django_filters.FilterSet):
         fields = ["model"]
 
     def by_model(self, queryset: QuerySet[Preset], name: str, value: str) -> QuerySet[Preset]:
-        return queryset.filter(model_id=int(value)) if value.isdigit() else queryset.filter(model__name=value)
+        return queryset.filter(model_id=int(value)) if is_id(value) else queryset.filter(model__name=value)
 
 
 class ModelFileFilter(django_filters.FilterSet):

@@ -19,6 +19,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from slotserve_base.api_fields import is_id
 from slotserve_base.redis_client import redis_client
 from slotserve_base.vocabulary import RedisKey, redis_key
 
@@ -148,7 +149,7 @@ def lines_after(channel_id: int, cursor: str, count: int) -> tuple[list[str], st
 def valid_cursor(cursor: str) -> bool:
     """Whether ``cursor`` has the form of a stream position (``<ms>-<seq>`` or ``0``)."""
     head, _, tail = cursor.partition("-")
-    return head.isdigit() and (tail.isdigit() or (not tail and "-" not in cursor))
+    return is_id(head) and (is_id(tail) or (not tail and "-" not in cursor))
 
 
 def _line(fields: Any) -> str:

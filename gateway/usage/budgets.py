@@ -9,6 +9,7 @@ import redis
 from django.contrib.auth import get_user_model
 
 from gateway.counter_scripts import week_start
+from slotserve_base.api_fields import is_id
 from slotserve_base.happenings import Happening, tell, user_ref
 from slotserve_base.iso import iso_moment
 from slotserve_base.vocabulary import RedisKey, WebhookEvent
@@ -27,7 +28,7 @@ def tell_budgets_used(client: redis.Redis, *, now: datetime) -> int:
     for found in client.scan_iter(match=key(RedisKey.WEEK_TOKENS, f"*-{label}")):
         name = found.decode() if isinstance(found, bytes) else str(found)
         ident = name.rsplit(":", 1)[1].split("-", 1)[0]
-        if not ident.isdigit():
+        if not is_id(ident):
             continue
         user_id = int(ident)
         mine = limits(user_id, None, None)

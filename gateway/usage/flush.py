@@ -8,6 +8,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import F
 from django.utils import timezone
 
+from slotserve_base.api_fields import is_id
 from slotserve_base.vocabulary import RedisKey
 from slotserve_base.vocabulary import redis_key as key
 
@@ -31,7 +32,7 @@ def flush_usage(client: redis.Redis) -> int:
         for found in client.scan_iter(match=key(kind, "*")):
             name = found.decode() if isinstance(found, bytes) else str(found)
             ident = name.rsplit(":", 1)[1]
-            if not ident.isdigit():
+            if not is_id(ident):
                 continue  # a hash being flushed right now
             flushing = f"{name}:flushing"
             try:
