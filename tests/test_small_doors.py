@@ -90,3 +90,40 @@ def test_csv_cells_with_a_semicolon_are_quoted_for_spreadsheets_that_split_on_it
     # A spreadsheet that splits on ";" keeps the cell whole (quoted), so its formula is text.
     cells = next(csv.reader(io.StringIO(line), delimiter=";"))
     assert not any(cell.startswith("=") for cell in cells), cells
+
+
+def test_ports_squatted_by_another_local_user_are_named_in_the_error():
+    import os
+    import subprocess
+
+    from channels_app.node_agent.processes import free_port
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to act as another local user")
+    ports = range(30950, 30954)
+    squatter = subprocess.Popen(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            "import socket, time\n"
+            f"held = [socket.create_server(('0.0.0.0', p)) for p in range({ports.start}, {ports.stop})]\n"
+            "print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert squatter.stdout is not None and squatter.stdout.readline().strip() == "ready"
+        with pytest.raises(OSError, match="no free port") as refused:
+            free_port("127.0.0.1", ports)
+    finally:
+        squatter.kill()
+        squatter.wait()
+    message = str(refused.value)
+    assert "no free port on 127.0.0.1 in SLOTSERVE_PROCESS_PORTS (30950-30953)" in message
+    assert "4 are listened on, by uid 65534 (4 of them, port 30950 first)" in message, message
+    assert "Ports taken by another user" in message

@@ -214,7 +214,37 @@ def free_port(host: str, ports: range | None = None) -> int:
                 continue
         _handed_out.append(port)
         return port
-    raise OSError(f"no free port on {host} in SLOTSERVE_PROCESS_PORTS ({ports.start}-{ports.stop - 1})")
+    raise OSError(
+        f"no free port on {host} in SLOTSERVE_PROCESS_PORTS ({ports.start}-{ports.stop - 1})"
+        + _who_listens(ports)
+        + " (docs/security.md, 'Ports taken by another user')"
+    )
+
+
+def _who_listens(ports: range) -> str:
+    """Who holds the listening sockets in ``ports``, from /proc/net/tcp and tcp6: ``: 1000 are
+    listened on, by uid 1001 (port 31000 first)``; "" where that cannot be read."""
+    holders: dict[int, list[int]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) < 8 or fields[3] != "0A":  # 0A: LISTEN
+                continue
+            port = int(fields[1].rsplit(":", 1)[1], 16)
+            if port in ports:
+                holders.setdefault(int(fields[7]), []).append(port)
+    if not holders:
+        return ""
+    taken = sorted({port for held in holders.values() for port in held})
+    who = ", ".join(
+        f"uid {uid} ({len(set(held))} of them, port {min(held)} first)"
+        for uid, held in sorted(holders.items())
+    )
+    return f": {len(taken)} are listened on, by {who}"
 
 
 def start(launch: Launch) -> Started:
