@@ -12,7 +12,7 @@ scripts of ``gateway.places``, each one atomic step. The order is ``gateway.fair
                                       request's arrival (``a:<member>``), and for /metrics the
                                       requests taken from the queue and the seconds they waited
 ``<prefix>:queue:served:<channel>``   when requests were taken in the last minute: the drain
-                                      rate that ``Retry-After`` is told from
+                                      rate that ``Retry-After`` is told from (the last 10)
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do forget(
 # Answers {1, free places left, held} when the request takes a place (counted in flight under
 # its id), {2, requests ahead, held} while it waits, {0} at a closed gate (the channel switches:
 # it leaves the queue), {-1, retry after} when the user already holds as many as they may,
-# {-2, retry after} when the channel's queue is full.
+# {-2, retry after} when the channel's queue is full. Retry-After is the turns to wait (until the
+# user's first held request is taken; for a full queue, one) at the drain of the last 10 taken
+# (at least one a second): a burst after a quiet minute is judged by the burst.
 TURN = (
     REDIS_NOW
     + _FORGET
@@ -60,15 +62,23 @@ redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - 60)
 local function retry_after(ahead)
   local served = redis.call('ZCARD', KEYS[6])
   if served == 0 then return 60 end
-  local oldest = tonumber(redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')[2])
-  local seconds = (ahead + 1) * math.max(now - oldest, 1) / served
+  local n = math.min(served, 10)
+  local since = tonumber(redis.call('ZRANGE', KEYS[6], -n, -n, 'WITHSCORES')[2])
+  local seconds = (ahead + 1) * math.max(now - since, 1) / n
   return math.min(math.max(math.ceil(seconds), 1), 600)
+end
+local function first_of(user)
+  local members = redis.call('ZRANGE', KEYS[3], 0, -1)
+  for i, m in ipairs(members) do
+    if string.sub(m, 1, #user + 1) == user .. '|' then return i - 1 end
+  end
+  return #members
 end
 local held = redis.call('ZCARD', KEYS[3])
 if not tag then
   local mine = tonumber(redis.call('HGET', KEYS[5], 'n:' .. ARGV[2]) or '0')
-  if mine >= tonumber(ARGV[7]) then return {-1, retry_after(held)} end
-  if held >= tonumber(ARGV[8]) then return {-2, retry_after(held)} end
+  if mine >= tonumber(ARGV[7]) then return {-1, retry_after(first_of(ARGV[2]))} end
+  if held >= tonumber(ARGV[8]) then return {-2, retry_after(0)} end
   local vt = tonumber(redis.call('HGET', KEYS[5], 'vt') or '0')
   local last = tonumber(redis.call('HGET', KEYS[5], 't:' .. ARGV[2]) or '0')
   tag = math.max(vt, last) + tonumber(ARGV[3])

@@ -81,12 +81,14 @@ def test_the_queues_bounds_answer_with_a_retry_after_from_the_drain_rate(setting
         assert (await one.turn(CHANNEL, 1, "a0", 1, 100)).taken
         for n in (1, 2):
             assert not (await one.turn(CHANNEL, 1, f"a{n}", 1, 100)).taken
-        # One request taken in the last second: a turn a second, and the queue's length to wait.
+        # One request taken in the last second: a turn a second at least. ana's first waiting
+        # request is next: one turn to wait.
         mine = await one.turn(CHANNEL, 1, "a3", 1, 100)
-        assert (mine.full, mine.retry_after) == ("user", 3)
+        assert (mine.full, mine.retry_after) == ("user", 1)
         assert not (await one.turn(CHANNEL, 1, "b1", 2, 100)).taken
+        # The queue is full: a try succeeds once one of them is taken.
         theirs = await one.turn(CHANNEL, 1, "c1", 3, 100)
-        assert (theirs.full, theirs.retry_after) == ("channel", 4)
+        assert (theirs.full, theirs.retry_after) == ("channel", 1)
         # Refused requests were never held: the queue holds the three it took.
         assert queue_stats(redis_client(), [CHANNEL])[CHANNEL][0] == 3
         one.counters.close()
@@ -198,6 +200,33 @@ def test_a_request_whose_client_leaves_while_it_waits_its_turn_never_reaches_the
     first.join(timeout=30)
     assert first.status == 200
     assert throughout(lambda: log.read_text().count("generating for") == 1, 0.5), log.read_text()
+
+
+def test_retry_after_comes_from_the_recent_drain_and_the_callers_own_place(settings):
+    """A burst after a quiet minute: forty requests taken in the last two seconds, one 55 s
+    before. The drain is the burst's, not the minute's average, and a caller at their limit
+    waits for their own first request's turn, not for the whole queue."""
+    settings.SLOTSERVE_QUEUE_PER_USER = 2
+    settings.SLOTSERVE_QUEUE_PER_CHANNEL = 50
+
+    async def run() -> None:
+        one, _ = two_gateways()
+        assert (await one.turn(CHANNEL, 1, "x0", 9, 100)).taken
+        for user in range(3, 8):
+            assert not (await one.turn(CHANNEL, 1, f"u{user}", user, 100)).taken
+        for n in (1, 2):  # ana's, behind the other five (her cost puts them last)
+            assert (await one.turn(CHANNEL, 1, f"a{n}", 1, 1000)).ahead == 4 + n
+        client = redis_client()
+        now = float(client.time()[0]) + client.time()[1] / 1e6
+        served = redis_key(RedisKey.QUEUE_SERVED, CHANNEL)
+        client.delete(served)
+        client.zadd(served, {"long-ago": now - 55, **{f"r{i}": now - 2 + i * 0.05 for i in range(40)}})
+        mine = await one.turn(CHANNEL, 1, "a3", 1, 1000)
+        # Six turns ahead of ana's first (five, and hers) at twenty a second: under a second.
+        assert (mine.full, mine.retry_after) == ("user", 1)
+        one.counters.close()
+
+    asyncio.run(run())
 
 
 def test_past_its_bounds_the_queue_answers_429_or_503_with_retry_after(
