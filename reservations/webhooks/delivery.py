@@ -9,14 +9,17 @@ deliveries of one object (a booking, a channel) leave in the order they happened
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
+import math
 import ssl
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
+import httpcore
 import httpx
 from django.conf import settings
 from django.db import transaction
@@ -84,67 +87,124 @@ def _tls() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-class Sender:
-    """Sends a run's deliveries over one connection pool, each try within its deadline.
-
-    The deadline, ``SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS``, is the whole of a try: connecting,
-    sending and reading the answer. httpx's timeouts are per step (a receiver that sends a byte
-    every few seconds never trips a read timeout), so the try runs in an event loop of its own,
-    which cancels it wherever it is when the deadline passes. The loop runs only inside
-    ``post``: between tries this thread has none, and the ORM works as anywhere else."""
+class _Deadline:
+    """The moment a try must be over; every step of the connection asks it how long it may take."""
 
     def __init__(self) -> None:
-        self._loop = asyncio.Runner()
-        self._http = self._loop.run(self._client())
+        self.at = math.inf
 
-    @staticmethod
-    async def _client() -> httpx.AsyncClient:
-        # No proxies from the environment, no redirects followed; answers uncompressed, so
-        # that the bytes read are the bytes received.
-        return httpx.AsyncClient(
-            timeout=settings.SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS,
-            verify=_tls(),
-            trust_env=False,
-            follow_redirects=False,
-            headers={"accept-encoding": "identity"},
+    def left(self, timeout: float | None, late: type[Exception]) -> float:
+        """``timeout`` cut to what is left of the try; ``late`` raised when nothing is."""
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise late("the delivery's deadline passed")
+        return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read and write ends by the try's deadline."""
+
+    def __init__(self, inner: httpcore.NetworkStream, deadline: _Deadline) -> None:
+        self._inner, self._deadline = inner, deadline
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, self._deadline.left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, self._deadline.left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        limit = self._deadline.left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, limit), self._deadline)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's own network backend, each connection's steps cut to the try's deadline."""
+
+    def __init__(self, deadline: _Deadline) -> None:
+        self._inner, self._deadline = httpcore.SyncBackend(), deadline
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        limit = self._deadline.left(timeout, httpcore.ConnectTimeout)
+        inner = self._inner.connect_tcp(host, port, limit, local_address, socket_options)
+        return _DeadlineStream(inner, self._deadline)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        raise httpcore.UnsupportedProtocol("webhooks are sent over TCP")
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+class Sender:
+    """Sends a run's deliveries over one pool of connections, each try within its deadline.
+
+    The deadline, ``SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS``, is the whole of a try: connecting,
+    sending and reading the answer. A client's timeouts are per step (a receiver that sends a
+    byte every few seconds never trips a read timeout), so the connections come from a network
+    backend of httpcore's (httpx's own core) whose every read and write is cut to what is left
+    of the try, and fails once nothing is. Measured against an event loop cancelling the try,
+    this keeps the plain client's pace (``bench/webhook_bench.py``)."""
+
+    def __init__(self) -> None:
+        self._deadline = _Deadline()
+        timeout = float(settings.SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS)
+        self._timeouts = {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
+        # No proxies from the environment, no redirects followed (httpcore follows none).
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=_tls(), max_connections=4, network_backend=_DeadlineBackend(self._deadline)
         )
 
     def post(self, url: str, body: bytes, headers: dict[str, str], extensions: dict[str, str]) -> Answer:
         """One POST; its status and first bytes, or what went wrong."""
         began = time.monotonic()
-        deadline = float(settings.SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS)
+        whole = float(settings.SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS)
+        self._deadline.at = began + whole
+        sent = [(name.encode(), value.encode()) for name, value in headers.items()]
+        # Answers uncompressed, so that the bytes read are the bytes received.
+        sent += [(b"content-length", str(len(body)).encode()), (b"accept-encoding", b"identity")]
         try:
-            status, first = self._loop.run(self._post(url, body, headers, extensions, deadline))
-        except TimeoutError:
-            took = time.monotonic() - began
-            return Answer(None, took * 1000, "", f"no whole answer within {deadline:g} s (the deadline)")
-        except httpx.HTTPError as exc:
-            what = type(exc).__name__
-            return Answer(None, (time.monotonic() - began) * 1000, "", f"{what}: {exc}"[:ANSWER_KEPT])
-        text = first[:ANSWER_KEPT].decode("utf-8", errors="replace")
-        return Answer(status, (time.monotonic() - began) * 1000, text, "")
-
-    async def _post(
-        self, url: str, body: bytes, headers: dict[str, str], extensions: dict[str, str], deadline: float
-    ) -> tuple[int, bytes]:
-        async with asyncio.timeout(deadline):
-            request = self._http.build_request(
-                "POST", url, content=body, headers=headers, extensions=extensions
-            )
-            answer = await self._http.send(request, stream=True)
-            try:
+            with self._pool.stream(
+                "POST", url, headers=sent, content=body, extensions={"timeout": self._timeouts, **extensions}
+            ) as answer:
                 first = bytearray()
-                async for chunk in answer.aiter_raw():
+                for chunk in answer.iter_stream():
                     first += chunk
                     if len(first) >= ANSWER_READ:
                         break
-            finally:
-                await answer.aclose()
-            return answer.status_code, bytes(first)
+                status = answer.status
+        except httpcore.TimeoutException as exc:
+            took = time.monotonic() - began
+            if took >= whole:
+                return Answer(None, took * 1000, "", f"no whole answer within {whole:g} s (the deadline)")
+            return Answer(None, took * 1000, "", f"{type(exc).__name__}: {exc}"[:ANSWER_KEPT])
+        except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol) as exc:
+            what = type(exc).__name__
+            return Answer(None, (time.monotonic() - began) * 1000, "", f"{what}: {exc}"[:ANSWER_KEPT])
+        finally:
+            self._deadline.at = math.inf
+        text = bytes(first[:ANSWER_KEPT]).decode("utf-8", errors="replace")
+        return Answer(status, (time.monotonic() - began) * 1000, text, "")
 
     def close(self) -> None:
-        self._loop.run(self._http.aclose())
-        self._loop.close()
+        self._pool.close()
 
     def __enter__(self) -> Sender:
         return self
