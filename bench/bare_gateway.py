@@ -1,8 +1,8 @@
 """The gateway's design with none of its work: a second floor for ``gateway_bench.py --bare``.
 
-    uvicorn bare_gateway:application --app-dir bench --http gateway.server:GatewayHttp
+    uvicorn bare_gateway:application --app-dir bench --http gateway.serve.server:GatewayHttp
 
-The gateway's own HTTP server (``gateway.server``) and upstream client (``gateway.upstream``)
+The gateway's own HTTP server (``gateway.serve.server``) and upstream client (``gateway.wire.upstream``)
 pass each request to one upstream (``SLOTSERVE_BENCH_UPSTREAM``, ``http://host:port``) and its
 answer back, chunk by chunk, as the gateway does; but nothing is authenticated, routed, counted
 in or out, read for usage or logged. Between the byte relay and SlotServe it splits what the
@@ -21,13 +21,13 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "slotserve_site.settings")
 django.setup()
 
-from gateway.outgoing import HOP_BY_HOP  # noqa: E402
-from gateway.proxy import Gateway  # noqa: E402
-from gateway.upstream import UpstreamTransport  # noqa: E402
+from gateway.serve.proxy import Gateway  # noqa: E402
+from gateway.stream.outgoing import HOP_BY_HOP  # noqa: E402
+from gateway.wire.upstream import UpstreamTransport  # noqa: E402
 
 
 class BareGateway(Gateway):
-    """A ``Gateway`` (so that ``gateway.server`` serves it) that only passes requests through."""
+    """A ``Gateway`` (so that ``gateway.serve.server`` serves it) that only passes requests through."""
 
     lane = False  # every request through the application, as the gateway's were before its lane
 

@@ -315,7 +315,7 @@ def prepare_gateway(
 
 def uvicorn_argv(app: str, port: int, *, own_http: bool = True) -> list[str]:
     """uvicorn serving ``app`` on ``port`` quietly; with the gateway's own HTTP server in front
-    (``gateway.server``, as ``./slotserve start`` runs it) unless ``own_http`` is false."""
+    (``gateway.serve.server``, as ``./slotserve start`` runs it) unless ``own_http`` is false."""
     return [
         str(Path(sys.executable).parent / "uvicorn"),
         app,
@@ -326,7 +326,7 @@ def uvicorn_argv(app: str, port: int, *, own_http: bool = True) -> list[str]:
         "--no-access-log",
         "--lifespan",
         "off",
-        *(["--http", "gateway.server:GatewayHttp"] if own_http else []),
+        *(["--http", "gateway.serve.server:GatewayHttp"] if own_http else []),
     ]
 
 
@@ -338,7 +338,7 @@ def main() -> None:
         "--server",
         choices=["gateway", "uvicorn", "daphne"],
         default="gateway",
-        help="gateway: uvicorn with the gateway's own HTTP server in front (gateway.server, what "
+        help="gateway: uvicorn with the gateway's own HTTP server in front (gateway.serve.server, what "
         "./slotserve start runs); uvicorn: uvicorn's own HTTP for every request; daphne",
     )
     parser.add_argument("--seconds", type=float, default=5)

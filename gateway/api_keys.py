@@ -12,8 +12,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from channels_app.models import Channel, LLMModel
-from gateway.key_scope import KeyLimits, beyond
 from gateway.models import ApiKey, hash_key, new_key
+from gateway.rules.key_scope import KeyLimits, beyond
 from slotserve_base.errors import InvalidInput, OutsideScope
 from slotserve_base.happenings import Happening, tell, user_ref
 from slotserve_base.iso import iso_moment

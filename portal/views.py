@@ -106,7 +106,7 @@ def channel_cards(*, now: datetime, staff: bool) -> list[ChannelCard]:
 def _tell_how_busy(cards: list[ChannelCard]) -> None:
     """Each card's places in use and fair queue (docs/gateway.md, "Fair sharing under
     contention"), read from Redis; nothing said while Redis is away."""
-    from gateway.queue_scripts import queue_stats
+    from gateway.wire.queue_scripts import queue_stats
     from slotserve_base.inflight import in_flight_counts
     from slotserve_base.redis_client import redis_client
 

@@ -1,4 +1,4 @@
-"""Requests in flight per channel, as the gateway records them in Redis (``gateway.counters``).
+"""Requests in flight per channel, as the gateway records them in Redis (``gateway.wire.counters``).
 
 The node agent reads the count to drain before a switch; /metrics shows it. Each request
 is an entry that expires unless its gateway refreshes it, so the count is the entries not

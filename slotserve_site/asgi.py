@@ -17,8 +17,8 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path  # noqa: E402
 
-from gateway.proxy import Gateway  # noqa: E402
-from gateway.request import is_gateway_path  # noqa: E402
+from gateway.admit.request import is_gateway_path  # noqa: E402
+from gateway.serve.proxy import Gateway  # noqa: E402
 from portal.live import OverviewConsumer  # noqa: E402
 
 gateway_app = Gateway()
@@ -44,7 +44,7 @@ application = ProtocolTypeRouter(
     }
 )
 
-# gateway.server.GatewayHttp (uvicorn --http) serves the gateway's requests itself: it finds it here.
+# gateway.serve.server.GatewayHttp (uvicorn --http) serves the gateway's requests itself: it finds it here.
 application.gateway = gateway_app
 
 # What start-up made lives as long as the process: out of the garbage collector's sight, a full

@@ -15,9 +15,9 @@ from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from gateway.counter_scripts import TTFT_BUCKETS
-from gateway.queue_scripts import queue_stats
 from gateway.usage.request_log import dead_letters
+from gateway.wire.counter_scripts import TTFT_BUCKETS
+from gateway.wire.queue_scripts import queue_stats
 from slotserve_base.inflight import in_flight_counts
 from slotserve_base.vocabulary import Phase, RedisKey
 from slotserve_base.vocabulary import redis_key as key

@@ -201,17 +201,17 @@ def free_port() -> int:
 
 @pytest.fixture(params=["lane", "application"])
 def gateway_url(request, settings, transactional_db):
-    """A live server running only the gateway (through its own HTTP server, ``gateway.server``),
+    """A live server running only the gateway (through its own HTTP server, ``gateway.serve.server``),
     with a snapshot that is never stale for long. It needs the database first, so it stops (and
     its snapshot reads end) before the database is flushed after the test.
 
-    Each test runs twice: with the fast lane (``gateway.fast_lane``) carrying what it can, as
+    Each test runs twice: with the fast lane (``gateway.serve.fast_lane``) carrying what it can, as
     ``./slotserve start`` serves, and with every request through the ASGI application. The lane
     carries only requests that find a fresh snapshot, so for the lane a test in the gateway's
     ``world`` has the gateway read that world before the test begins: its first request is the
     lane's too."""
     settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.05
-    from gateway.proxy import Gateway
+    from gateway.serve.proxy import Gateway
 
     settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES = 64 * 1024
     gateway = Gateway()
@@ -275,7 +275,7 @@ def serving(app, **options) -> Iterator[str]:
             port=port,
             lifespan="off",
             log_level="warning",
-            http="gateway.server:GatewayHttp",
+            http="gateway.serve.server:GatewayHttp",
             **options,
         )
     )

@@ -220,8 +220,8 @@ def test_deleting_the_model_a_channel_runs_is_refused_by_name(world, staff):
 
 @pytest.mark.django_db
 def test_a_usage_flush_for_a_deleted_user_drops_its_counts(world, bo):
-    from gateway.counters import USAGE_RESERVATION, USAGE_USER, key
     from gateway.usage.flush import flush_usage
+    from gateway.wire.counters import USAGE_RESERVATION, USAGE_USER, key
     from slotserve_base.redis_client import redis_client
 
     client = redis_client()

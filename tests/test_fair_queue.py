@@ -1,11 +1,11 @@
-"""The order a channel's held requests are served in (gateway.fair_queue), as a table:
+"""The order a channel's held requests are served in (gateway.rules.fair_queue), as a table:
 the requests that arrive, the places of the process → the order in which they start."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.fair_queue import DEFAULT_COST, MAX_COST, Arrival, FairQueue, cost_of, order_served
+from gateway.rules.fair_queue import DEFAULT_COST, MAX_COST, Arrival, FairQueue, cost_of, order_served
 
 
 def flood(user: str, count: int, *, at: float = 0.0, cost: int = 2000, seconds: float = 10) -> list[Arrival]:

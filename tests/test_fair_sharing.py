@@ -17,10 +17,10 @@ from django.conf import settings as django_settings
 
 from channels_app.models import ChannelRuntime
 from channels_app.node_agent.worker import in_flight
+from gateway.admit.places import Places
 from gateway.api_keys import api_key_create
-from gateway.counters import Counters
-from gateway.places import Places
-from gateway.queue_scripts import queue_stats
+from gateway.wire.counters import Counters
+from gateway.wire.queue_scripts import queue_stats
 from slotserve_base.redis_client import redis_client
 from slotserve_base.vocabulary import RedisKey, redis_key
 from tests import factories
@@ -97,7 +97,7 @@ def test_the_queues_bounds_answer_with_a_retry_after_from_the_drain_rate(setting
 
 
 def test_a_closed_gate_sends_held_requests_away_and_a_turn_not_looked_after_expires(monkeypatch):
-    monkeypatch.setattr("gateway.places.HELD_SECONDS", 0.3)
+    monkeypatch.setattr("gateway.admit.places.HELD_SECONDS", 0.3)
 
     async def run() -> None:
         one, _ = two_gateways()
@@ -280,7 +280,7 @@ def test_the_booker_in_their_slot_is_never_queued(gateway_url, world, standins):
 
 
 def test_two_gateway_processes_share_a_channels_places(gateway_url, world, standins):
-    from gateway.proxy import Gateway
+    from gateway.serve.proxy import Gateway
 
     busy_channel(world, standins, 1)
     snapshot_seen(gateway_url)
@@ -299,7 +299,7 @@ def test_two_gateway_processes_share_a_channels_places(gateway_url, world, stand
 def test_a_groups_share_weight_is_its_members_weight_in_the_queue(ana, bo):
     from django.contrib.auth.models import Group
 
-    from gateway.snapshot import read_snapshot
+    from gateway.admit.snapshot import read_snapshot
     from reservations.models import GroupPolicy
 
     for name, weight in (("vision", 3), ("speech", 2)):

@@ -19,7 +19,7 @@ from django.utils import timezone
 from channels_app.models import Channel
 from channels_app.node_agent import worker
 from gateway.api_keys import api_key_create
-from gateway.counters import GATE, key
+from gateway.wire.counters import GATE, key
 from tests import factories
 from tests.clock import eventually, throughout
 from tests.conftest import free_port, serve
@@ -85,7 +85,7 @@ def own_redis(settings, tmp_path, monkeypatch):
     server = RedisServer(tmp_path)
     server.start()
     settings.REDIS_URL = server.url
-    monkeypatch.setattr("gateway.counters.INFLIGHT_TTL_SECONDS", 1.5)
+    monkeypatch.setattr("gateway.wire.counters.INFLIGHT_TTL_SECONDS", 1.5)
     yield server
     server.stop()
 
@@ -159,8 +159,8 @@ def test_a_gateway_that_died_mid_request_leaves_no_count_behind(own_redis, slow_
     """An entry nobody refreshes expires: a gateway killed mid-stream cannot wedge a channel."""
     channel, _ = slow_channel
     client = redis.Redis.from_url(own_redis.url)
-    from gateway.counter_scripts import ENTER
-    from gateway.counters import INFLIGHT
+    from gateway.wire.counter_scripts import ENTER
+    from gateway.wire.counters import INFLIGHT
 
     assert client.eval(ENTER, 2, key(INFLIGHT, channel.pk), key(GATE, channel.pk), "orphan", "1.5") == 1
     assert worker.in_flight(channel.pk) == 1
@@ -244,7 +244,7 @@ def test_a_database_that_hangs_gets_a_503_naming_it_not_a_hung_gateway(gateway_u
     hold every request: after SNAPSHOT_TIMEOUT_SECONDS the caller hears why."""
     import threading as threads
 
-    import gateway.snapshot as snapshot
+    import gateway.admit.snapshot as snapshot
 
     release = threads.Event()
     monkeypatch.setattr(snapshot, "SNAPSHOT_TIMEOUT_SECONDS", 0.5)

@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gateway.access import Booking, ChannelView, admit, models_for, route
+from gateway.rules.access import Booking, ChannelView, admit, models_for, route
 
 NOW = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
 ANA, BO = 1, 2
@@ -247,7 +247,7 @@ def test_the_channel_index_chooses_as_route_does_without_looking_through_every_c
     the rest (no ready channel, a choice among several) to ``route``."""
     import random
 
-    from gateway.access import ChannelIndex
+    from gateway.rules.access import ChannelIndex
 
     rng = random.Random(7)
     cy = 3

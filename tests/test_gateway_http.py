@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 from channels_app.models import ChannelRuntime
 from channels_app.node_agent.worker import in_flight
 from gateway.api_keys import api_key_revoke
-from gateway.counters import GATE, INFLIGHT, key
+from gateway.wire.counters import GATE, INFLIGHT, key
 from slotserve_base.redis_client import redis_client
 from tests import factories
 from tests.clock import eventually, throughout
@@ -517,7 +517,7 @@ def test_a_client_that_leaves_while_the_gateway_looks_again_is_not_forwarded(gat
     waits (reading a fresh view), and the model is ready by the next look. It must not go on."""
     import asyncio
 
-    from gateway.snapshot import SnapshotCache
+    from gateway.admit.snapshot import SnapshotCache
 
     real_get = SnapshotCache.get
     looks: list[float] = []
@@ -579,7 +579,7 @@ def test_a_caller_far_from_its_limits_goes_upstream_while_redis_counts_it_in(
     """Limits cost no wait while the caller has room under them: its first request is checked
     before it goes upstream; the next ones go up while the same check runs in Redis, and are
     counted against the limits all the same."""
-    from gateway.counters import Counters
+    from gateway.wire.counters import Counters
     from slotserve_base.vocabulary import RedisKey
 
     settings.SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE = 100
@@ -708,7 +708,7 @@ def test_a_held_stream_gets_sse_comments_then_the_answer(gateway_url, world, mon
     clients skip them); then the answer's events follow in the same stream."""
     import openai
 
-    monkeypatch.setattr("gateway.holding.COMMENT_SECONDS", 0.2)
+    monkeypatch.setattr("gateway.stream.holding.COMMENT_SECONDS", 0.2)
     port = ChannelRuntime.objects.get(channel=world.channel).port
     serve(world.channel, world.model, port, phase="loading")
     snapshot_seen(gateway_url)
@@ -740,7 +740,7 @@ def test_a_held_stream_gets_sse_comments_then_the_answer(gateway_url, world, mon
 
 
 def test_a_held_stream_that_times_out_ends_with_an_error_event(gateway_url, world, monkeypatch):
-    monkeypatch.setattr("gateway.holding.COMMENT_SECONDS", 0.2)
+    monkeypatch.setattr("gateway.stream.holding.COMMENT_SECONDS", 0.2)
     port = ChannelRuntime.objects.get(channel=world.channel).port
     serve(world.channel, world.model, port, phase="loading")
     snapshot_seen(gateway_url)

@@ -1,4 +1,4 @@
-"""``gateway.server``: the gateway's own HTTP/1.1 server in front of uvicorn's, over real
+"""``gateway.serve.server``: the gateway's own HTTP/1.1 server in front of uvicorn's, over real
 sockets: gateway requests served by it, every other request (and the rest of its connection)
 handed to uvicorn on the same port, answers framed as HTTP/1.1 says."""
 
@@ -12,7 +12,7 @@ from collections import deque
 import httptools
 import pytest
 
-from gateway import fast_lane, http_cycle
+from gateway.serve import fast_lane, http_cycle
 from tests.clock import eventually
 from tests.conftest import SERVING_SERVERS, serving
 
@@ -143,7 +143,7 @@ def site_url(settings, transactional_db, monkeypatch):
     """The whole site (portal, REST API, WebSockets, gateway) as ``./slotserve start`` serves it,
     with a gateway of its own (a gateway's connections and locks belong to one event loop)."""
     settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.05
-    from gateway.proxy import Gateway
+    from gateway.serve.proxy import Gateway
     from slotserve_site import asgi
     from slotserve_site.asgi import application
 
@@ -284,7 +284,7 @@ def test_what_can_go_upstream_at_once_is_carried_by_the_fast_lane_and_the_rest_b
     settings, transactional_db, world, monkeypatch
 ):
     settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 30  # the first snapshot stays fresh throughout
-    from gateway.proxy import Gateway
+    from gateway.serve.proxy import Gateway
 
     carried: list[bool] = []
     take = fast_lane.take
@@ -332,11 +332,11 @@ def test_what_can_go_upstream_at_once_is_carried_by_the_fast_lane_and_the_rest_b
 def test_the_lane_declines_what_the_application_refuses_and_the_application_refuses_it(
     settings, transactional_db, world, monkeypatch, body, headers, status, code
 ):
-    """Both run the same stages (``gateway.request.asked``, ``gateway.admission``): a request the
+    """Both run the same stages (``gateway.admit.request.asked``, ``gateway.admit.admission``): a request the
     application refuses is never carried by the lane; the application gives the refusal."""
     settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 30
     settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES = 256
-    from gateway.proxy import Gateway
+    from gateway.serve.proxy import Gateway
 
     carried: list[bool] = []
     take = fast_lane.take
@@ -371,7 +371,7 @@ def test_a_redis_that_forgot_the_scripts_still_counts_requests_in_and_out(gatewa
     """The count in leaves before the request goes upstream, without a task (``enter_soon``);
     after a Redis restart (its scripts gone) it loads the script and counts again."""
     from channels_app.node_agent.worker import in_flight
-    from gateway.counters import key
+    from gateway.wire.counters import key
     from slotserve_base.redis_client import redis_client
     from slotserve_base.vocabulary import RedisKey
 
@@ -423,7 +423,7 @@ def test_a_204_has_neither_length_nor_body(cors_anywhere, gateway_url, world):
 def test_uvicorns_concurrency_limit_refuses_gateway_requests_past_it(settings, transactional_db, world):
     """``uvicorn --limit-concurrency`` holds for the gateway's requests too: past it a 503 in
     the caller's API's shape, with Retry-After, and the connection closed (as uvicorn does)."""
-    from gateway.proxy import Gateway
+    from gateway.serve.proxy import Gateway
 
     settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.05
     with serving(Gateway(), limit_concurrency=2) as url:

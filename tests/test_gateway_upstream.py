@@ -14,9 +14,9 @@ import httpx
 import pytest
 from django.conf import settings
 
-from gateway.counters import GATE, INFLIGHT, Counters, key
-from gateway.events import Events, Usage
-from gateway.upstream import HIGH_WATER, Cancel, UpstreamTransport, client_for
+from gateway.stream.events import Events, Usage
+from gateway.wire.counters import GATE, INFLIGHT, Counters, key
+from gateway.wire.upstream import HIGH_WATER, Cancel, UpstreamTransport, client_for
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -377,9 +377,9 @@ def test_a_caller_may_go_ahead_of_its_count_in_for_half_its_room_and_not_for_lon
     """``may_go_ahead``: after a count in that left room for three more requests (a limit of
     four at once), one request may go up before its count in is known; then none. Room noted
     over a second ago counts for nothing; a count in over a limit takes the room away."""
-    from gateway import counters as counting
-    from gateway.counter_scripts import OverLimit
-    from gateway.snapshot import Limits
+    from gateway.admit.snapshot import Limits
+    from gateway.wire import counters as counting
+    from gateway.wire.counter_scripts import OverLimit
 
     limits = Limits(
         user_concurrent=4, key_concurrent=0, user_per_minute=0, key_per_minute=0, user_weekly_tokens=0
@@ -392,7 +392,7 @@ def test_a_caller_may_go_ahead_of_its_count_in_for_half_its_room_and_not_for_lon
         seen += [counters.may_go_ahead(8, 9), counters.may_go_ahead(8, 9)]
         ahead = await counters.enter_soon(1, limits, user_id=8, key_id=9)  # counted like any
         clock = time.monotonic() + counting.ROOM_SECONDS
-        monkeypatch.setattr("gateway.counters.time.monotonic", lambda: clock)
+        monkeypatch.setattr("gateway.wire.counters.time.monotonic", lambda: clock)
         seen.append(counters.may_go_ahead(8, 9))  # its answer left one place, but a second ago
         monkeypatch.undo()
         seen.append(counters.may_go_ahead(8, 9))  # now: room for two, one place
@@ -435,7 +435,7 @@ def test_an_unreachable_redis_fails_each_waiting_request():
 def test_the_snapshot_is_kept_fresh_in_the_background_and_requests_do_not_wait(monkeypatch, read_seconds):
     import time
 
-    from gateway import snapshot as snapshots
+    from gateway.admit import snapshot as snapshots
 
     max_age = 0.4
     reads = []
@@ -475,7 +475,7 @@ def test_the_snapshot_is_kept_fresh_in_the_background_and_requests_do_not_wait(m
 
 
 def test_the_pipe_selects_its_database_reloads_forgotten_scripts_and_fails_waiters_clearly():
-    """``gateway.redis_protocol``: the URL's database is selected before any command; a script Redis
+    """``gateway.wire.redis_protocol``: the URL's database is selected before any command; a script Redis
     forgot (a restart) is loaded again; a Redis that stops answering fails every waiting command
     with redis-py's TimeoutError, and the next command connects afresh."""
     import socket as sockets
@@ -483,7 +483,7 @@ def test_the_pipe_selects_its_database_reloads_forgotten_scripts_and_fails_waite
 
     import redis
 
-    from gateway.redis_protocol import RespPipe
+    from gateway.wire.redis_protocol import RespPipe
 
     base = settings.REDIS_URL.rsplit("/", 1)[0]
     other_db = redis.Redis.from_url(f"{base}/3")

@@ -76,7 +76,7 @@ def others(world):
 
 def count_a_request(reservation: Reservation) -> None:
     """One request through the gateway's own counting (in, then out with the reservation)."""
-    from gateway.counters import Counters
+    from gateway.wire.counters import Counters
 
     async def once():
         counters = Counters(settings.REDIS_URL)

@@ -19,7 +19,7 @@ from django.utils import timezone
 from channels_app.models import ChannelRuntime, ChannelTarget, LoadRecord
 from channels_app.node_agent import processes, registration, worker
 from channels_app.scheduling.services import decide_channels
-from gateway.counters import INFLIGHT, key
+from gateway.wire.counters import INFLIGHT, key
 from reservations.models import Notification
 from slotserve_base.redis_client import redis_client
 from slotserve_base.vocabulary import Phase

@@ -174,7 +174,7 @@ def test_redact_hides_the_secret_and_any_api_key_option():
 
 def test_gateway_sends_the_secret_upstream(node_env, tiny, ana):
     """The snapshot hands the run's secret to the gateway, and only there."""
-    from gateway.snapshot import read_snapshot
+    from gateway.admit.snapshot import read_snapshot
 
     channel = factories.channel("cpu-0", default=tiny["small"])
     decide_channels(now=timezone.now())

@@ -25,8 +25,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from channels_app.backends import Backend, effective_args
-from gateway.events import Usage
 from gateway.models import ApiKey, RequestLog, SharingLimits
+from gateway.stream.events import Usage
 from gateway.usage.request_log import flush_request_log
 from slotserve_base.redis_client import redis_client
 from slotserve_base.vocabulary import RedisKey

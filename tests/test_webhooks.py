@@ -19,8 +19,8 @@ from standardwebhooks.webhooks import WebhookVerificationError
 from channels_app.node_agent.announce import channel_events
 from channels_app.node_agent.lifecycle import ProcessState, Tell
 from gateway.api_keys import api_key_create, tell_keys_expiring
-from gateway.counter_scripts import week_tokens_key
 from gateway.usage.budgets import tell_budgets_used
+from gateway.wire.counter_scripts import week_tokens_key
 from reservations.idle import apply_idle_rule
 from reservations.models import Notification
 from reservations.reminders import send_starting_soon

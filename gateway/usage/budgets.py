@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 import redis
 from django.contrib.auth import get_user_model
 
-from gateway.counter_scripts import week_start
+from gateway.wire.counter_scripts import week_start
 from slotserve_base.api_fields import is_id
 from slotserve_base.happenings import Happening, tell, user_ref
 from slotserve_base.iso import iso_moment
@@ -18,7 +18,7 @@ from slotserve_base.vocabulary import redis_key as key
 
 def tell_budgets_used(client: redis.Redis, *, now: datetime) -> int:
     """Announce each user whose tokens this week reached their budget; returns how many."""
-    from gateway.snapshot import limits_reader
+    from gateway.admit.snapshot import limits_reader
     from reservations.webhooks.models import Event
 
     monday = week_start(now)

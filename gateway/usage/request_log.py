@@ -1,5 +1,5 @@
 """The request log, from Redis into the database: the gateway pushes one record per request
-(``gateway.counters.LEAVE``, off the hot path's database), and the periodic flush writes them
+(``gateway.wire.counters.LEAVE``, off the hot path's database), and the periodic flush writes them
 in batches, keeps the roll-ups usage reads (``gateway.usage.rollups``) and drops rows older than
 ``SLOTSERVE_REQUEST_LOG_DAYS``."""
 
@@ -100,7 +100,7 @@ def _refused_for_its_content(exc: Exception) -> bool:
 
 
 class _Record(NamedTuple):
-    """One record as the gateway wrote it (``gateway.proxy.Answer.record``), read back."""
+    """One record as the gateway wrote it (``gateway.serve.proxy.Answer.record``), read back."""
 
     at: datetime
     user: int

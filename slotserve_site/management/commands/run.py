@@ -266,7 +266,7 @@ class Command(BaseCommand):
 
 def web_command(host: str, port: int) -> list[str]:
     """The web part: uvicorn with uvloop and httptools, measured faster than daphne for the
-    gateway's streams; the gateway's requests through its own HTTP server (gateway.server),
+    gateway's streams; the gateway's requests through its own HTTP server (gateway.serve.server),
     the rest through uvicorn's (bench/gateway_bench.py, docs/benchmarks.md). At most
     ``SLOTSERVE_GATEWAY_MAX_CONNECTIONS`` connections and requests at once (more get a 503 in
     the caller's API's shape). The client's address is the socket's: SlotServe reads
@@ -287,7 +287,7 @@ def web_command(host: str, port: int) -> list[str]:
         "--limit-concurrency",
         str(settings.SLOTSERVE_GATEWAY_MAX_CONNECTIONS),
         "--http",
-        "gateway.server:GatewayHttp",
+        "gateway.serve.server:GatewayHttp",
     ]
 
 

@@ -36,7 +36,7 @@ class Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
         # Called whenever more of the answer arrived, it ended or the connection failed (for an
-        # exchange carried by callbacks, ``gateway.fast_lane``), instead of a waiting task.
+        # exchange carried by callbacks, ``gateway.serve.fast_lane``), instead of a waiting task.
         self.listener: Callable[[], None] | None = None
         # llhttp hands each chunk of a chunked body over on its own: straight into the list.
         self.body: list[bytes] = []

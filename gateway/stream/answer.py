@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import time
 
-from gateway.access import ChannelView
-from gateway.body import dumps
-from gateway.events import Usage
-from gateway.request import Message, Send
-from gateway.snapshot import Caller
+from gateway.admit.request import Message, Send
+from gateway.admit.snapshot import Caller
+from gateway.rules.access import ChannelView
+from gateway.rules.body import dumps
+from gateway.stream.events import Usage
 
 
 class Answer:
     """Watches what is sent to the client: the status, and when the first body bytes went out."""
 
     def __init__(self, send: Send | None = None) -> None:
-        self._send = send  # None: the gateway's server is written to directly (``gateway.fast_lane``)
+        self._send = send  # None: the gateway's server is written to directly (``gateway.serve.fast_lane``)
         self.started = time.perf_counter()
         self.arrived = time.time()
         self.status: int | None = None
@@ -30,7 +30,7 @@ class Answer:
         self.served = ""  # the model that served it: the channel's
         self.channel_id: int | None = None
         self.reservation_id: int | None = None
-        self.queued_seconds: float | None = None  # how long it waited its turn (gateway.places)
+        self.queued_seconds: float | None = None  # how long it waited its turn (gateway.admit.places)
 
     def goes_to(self, channel: ChannelView) -> None:
         """The request goes to ``channel``: its log record names the channel, the model that

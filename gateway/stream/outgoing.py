@@ -6,15 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.access import ChannelView
-from gateway.body import dumps
-from gateway.cors import is_cors_header
-from gateway.request import Asked
-from gateway.upstream import UpstreamTransport
+from gateway.admit.request import Asked
+from gateway.rules.access import ChannelView
+from gateway.rules.body import dumps
+from gateway.rules.cors import is_cors_header
+from gateway.wire.upstream import UpstreamTransport
 
 # Where the gateway asks for usage in streams (to count tokens) when the caller did not: the
 # OpenAI routes. llama-server's ``/completion`` and ``/completions`` are its own API, whose
-# every event says the tokens so far (``gateway.events``).
+# every event says the tokens so far (``gateway.stream.events``).
 USAGE_OPTION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/chat/completions"})
 
 

@@ -12,17 +12,17 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from gateway.access import ChannelView
-from gateway.admission import Entry, cancel_unless_counted, settled
-from gateway.body import loads
-from gateway.events import Events, Usage
-from gateway.outgoing import Outgoing, passed_on
-from gateway.refusals import broke_off, did_not_answer, process_failed_event, refuse
-from gateway.request import Message, Receive, Send
-from gateway.upstream import Cancel, Reply
+from gateway.admit.admission import Entry, cancel_unless_counted, settled
+from gateway.admit.refusals import broke_off, did_not_answer, process_failed_event, refuse
+from gateway.admit.request import Message, Receive, Send
+from gateway.rules.access import ChannelView
+from gateway.rules.body import loads
+from gateway.stream.events import Events, Usage
+from gateway.stream.outgoing import Outgoing, passed_on
+from gateway.wire.upstream import Cancel, Reply
 
 if TYPE_CHECKING:
-    from gateway.proxy import Gateway
+    from gateway.serve.proxy import Gateway
 
 
 async def forward(
@@ -117,7 +117,7 @@ async def relay(
     await send({"type": "http.response.body", "body": last + tail})
 
 
-# A server's offer in the scope's extensions (gateway.server does): ``on_disconnect(callback)``
+# A server's offer in the scope's extensions (gateway.serve.server does): ``on_disconnect(callback)``
 # calls ``callback`` if the client leaves before the answer ends (``None`` takes it back), so
 # no task has to wait on ``receive`` for it.
 ON_DISCONNECT = "slotserve.on_disconnect"

@@ -2,8 +2,8 @@
 "Fair sharing under contention").
 
 A channel whose process's places are known (``ChannelView.places``) takes at most that many
-requests at once, counted by every gateway process together in Redis (``gateway.queue_scripts``).
-A request past them waits its turn in the channel's fair queue (``gateway.fair_queue``): each
+requests at once, counted by every gateway process together in Redis (``gateway.wire.queue_scripts``).
+A request past them waits its turn in the channel's fair queue (``gateway.rules.fair_queue``): each
 place that frees goes to the held request with the smallest finish tag. The waiting request
 looks again when a request of this gateway leaves the channel, and every ``POLL_SECONDS``
 (a place freed by another gateway process).
@@ -21,20 +21,20 @@ from django.conf import settings
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from gateway.counter_scripts import cached_key, script_sha
-from gateway.counters import INFLIGHT_TTL_SECONDS, Counters
-from gateway.fair_queue import cost_of
-from gateway.queue_scripts import LEAVE_QUEUE, STATE_SECONDS, TURN
-from gateway.refusals import queue_full, switching_refusal
+from gateway.admit.refusals import queue_full, switching_refusal
+from gateway.rules.fair_queue import cost_of
+from gateway.wire.counter_scripts import cached_key, script_sha
+from gateway.wire.counters import INFLIGHT_TTL_SECONDS, Counters
+from gateway.wire.queue_scripts import LEAVE_QUEUE, STATE_SECONDS, TURN
 from slotserve_base.vocabulary import RedisKey
 
 if TYPE_CHECKING:
-    from gateway.access import Refusal
-    from gateway.admission import Go
-    from gateway.answer import Answer
-    from gateway.holding import Holding
-    from gateway.request import Asked
-    from gateway.snapshot import Caller
+    from gateway.admit.admission import Go
+    from gateway.admit.request import Asked
+    from gateway.admit.snapshot import Caller
+    from gateway.rules.access import Refusal
+    from gateway.stream.answer import Answer
+    from gateway.stream.holding import Holding
 
 # A waiting request looks again this often at the latest.
 POLL_SECONDS = 0.1
@@ -163,7 +163,7 @@ class Places:
 async def wait_turn(
     places: Places, go: Go, caller: Caller, request: Asked, holding: Holding, answer: Answer
 ) -> tuple[str | None, Refusal | None]:
-    """A place on the channel, waiting for it in the channel's fair queue (``gateway.places``):
+    """A place on the channel, waiting for it in the channel's fair queue (``gateway.admit.places``):
     the id the request took it with; or why it may not wait (the queue is full, the channel
     switches); or neither when the client left (it is no longer held)."""
     channel = go.channel

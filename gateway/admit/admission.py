@@ -10,14 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from gateway.access import ChannelView, Refusal, admit
-from gateway.counter_scripts import OverLimit
-from gateway.counters import Counters
-from gateway.places import Places
-from gateway.refusals import refusal_after_count_in
-from gateway.request import Asked, is_booker
-from gateway.snapshot import Caller, Limits, Snapshot
-from gateway.upstream import Cancel
+from gateway.admit.places import Places
+from gateway.admit.refusals import refusal_after_count_in
+from gateway.admit.request import Asked, is_booker
+from gateway.admit.snapshot import Caller, Limits, Snapshot
+from gateway.rules.access import ChannelView, Refusal, admit
+from gateway.wire.counter_scripts import OverLimit
+from gateway.wire.counters import Counters
+from gateway.wire.upstream import Cancel
 from slotserve_base.vocabulary import ErrorCode
 
 
@@ -28,7 +28,7 @@ class Go:
     channel: ChannelView
     limits: Limits | None  # the caller's limits; none for the channel's booker in their slot
     at_once: bool  # nothing to wait for and room under the limits: it goes up as it is counted in
-    queued: bool = False  # it takes one of the channel's places, or waits its turn (gateway.places)
+    queued: bool = False  # it takes one of the channel's places, or waits its turn (gateway.admit.places)
 
 
 def going(
@@ -44,7 +44,7 @@ def going(
     the caller will not wait, has no limits or room under them, and the channel's places are
     not counted or had room at the last look; else counted in first. The channel's booker in
     their slot is alone on it and never queued, and a request that ``takes_place`` not
-    (``gateway.places.takes_place``) never waits for one."""
+    (``gateway.admit.places.takes_place``) never waits for one."""
     booker = is_booker(channel, caller)
     limits = None if booker else caller.limits
     queued = takes_place and channel.places is not None and not booker

@@ -2,12 +2,12 @@
 
 Most requests need nothing but their channel: a known key, a model ready on one channel, no
 wish to wait, and room under the caller's limits if it has any. The gateway's server
-(``gateway.server``) gives each such request, its body read, to ``take``; from there it is
+(``gateway.serve.server``) gives each such request, its body read, to ``take``; from there it is
 carried by the callbacks of the client's connection, of the upstream connection and of Redis'
 reply to its count in, with no task and no ASGI messages. Carried so, the gateway's design costs
 what a byte relay costs (``bench/gateway_bench.py``), and its CPU goes to its work.
 
-Everything else is the ASGI application's (``gateway.proxy``), and the lane answers as it does:
+Everything else is the ASGI application's (``gateway.serve.proxy``), and the lane answers as it does:
 the same channel, count in and out, refusals, headers, stream, usage and log record, by the same
 functions. ``take`` declines what the lane does not carry (another origin's request, a wish to
 wait, a refusal to give, a choice among channels, no idle connection to the process); the
@@ -27,23 +27,16 @@ import httpx
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from gateway.access import ChannelView, Refusal
-from gateway.admission import Entry, chosen_at_once, going
-from gateway.answer import Answer
-from gateway.body import loads
-from gateway.counter_scripts import OverLimit
-from gateway.events import Events, Usage
-from gateway.outgoing import Outgoing, passed_on
-from gateway.places import takes_place
-from gateway.proxy import Gateway
-from gateway.refusals import (
+from gateway.admit.admission import Entry, chosen_at_once, going
+from gateway.admit.places import takes_place
+from gateway.admit.refusals import (
     broke_off,
     did_not_answer,
     process_failed_event,
     refusal_answer,
     unreachable,
 )
-from gateway.request import (
+from gateway.admit.request import (
     ROOT_PATHS,
     asked,
     authenticate,
@@ -52,11 +45,18 @@ from gateway.request import (
     is_admin_endpoint,
     path_problem,
 )
-from gateway.snapshot import Caller
-from gateway.upstream import Connection, UpstreamTransport
+from gateway.admit.snapshot import Caller
+from gateway.rules.access import ChannelView, Refusal
+from gateway.rules.body import loads
+from gateway.serve.proxy import Gateway
+from gateway.stream.answer import Answer
+from gateway.stream.events import Events, Usage
+from gateway.stream.outgoing import Outgoing, passed_on
+from gateway.wire.counter_scripts import OverLimit
+from gateway.wire.upstream import Connection, UpstreamTransport
 
 if TYPE_CHECKING:
-    from gateway.http_cycle import Cycle
+    from gateway.serve.http_cycle import Cycle
 
 log = logging.getLogger(__name__)
 

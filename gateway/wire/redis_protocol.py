@@ -1,6 +1,6 @@
 """The gateway's hot-path connection to Redis: one connection, every command pipelined.
 
-Each request the gateway forwards runs two scripts in Redis (in and out, ``gateway.counters``).
+Each request the gateway forwards runs two scripts in Redis (in and out, ``gateway.wire.counters``).
 Through redis-py's asyncio client those two cost about half of the gateway's CPU per streamed
 request and most of the time it adds to the first token (``bench/gateway_bench.py``): a pool
 checkout, a retry wrapper, a command packer and a reply parser in Python, and a write of its own

@@ -10,21 +10,21 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from django.utils import timezone
 
-from gateway import key_scope
-from gateway.access import ChannelView, models_for
-from gateway.refusals import (
+from gateway.admit.refusals import (
     error_body,
     respond,
 )
-from gateway.request import (
+from gateway.admit.request import (
     Send,
     with_switching,
 )
-from gateway.snapshot import Caller, Snapshot
+from gateway.admit.snapshot import Caller, Snapshot
+from gateway.rules import key_scope
+from gateway.rules.access import ChannelView, models_for
 from slotserve_base.vocabulary import ErrorCode
 
 if TYPE_CHECKING:
-    from gateway.proxy import Gateway
+    from gateway.serve.proxy import Gateway
 
 
 async def list_models(

@@ -3,15 +3,16 @@
 Any ``POST`` under ``/v1/`` (chat, completions, embeddings, the Responses and Anthropic
 Messages APIs, rerank, audio …) or to llama-server's own paths (``/tokenize``, ``/infill`` …)
 whose JSON names a ``model`` is routed by that model; ``GET``/``HEAD /v1/models`` and
-``/v1/models/{id}`` list what the caller may use (``gateway.model_list``); under
+``/v1/models/{id}`` list what the caller may use (``gateway.serve.model_list``); under
 ``/channels/<name>/`` every path and method goes to that channel's process.
 
-A request goes through the same stages here and in the fast lane (``gateway.fast_lane``), each a
-module: who is calling and what they ask (``gateway.request``), where it goes
-(``gateway.access``, pure), may it go now (``gateway.admission``, with ``gateway.counters``),
-send it (``gateway.outgoing``, ``gateway.relay``), count it (``gateway.answer``). Every refusal
-is built in ``gateway.refusals``, in the caller's API's own shape. This module holds what only
-the application does: holding a request that asked to wait, and answering the rest.
+A request goes through the same stages here and in the fast lane (``gateway.serve.fast_lane``),
+each a room of the gateway along its flow (docs/architecture.md): who is calling and what they
+ask (``gateway.admit.request``), where it goes (``gateway.rules.access``, pure), may it go now
+(``gateway.admit.admission``, with ``gateway.wire.counters``), send it (``gateway.stream.outgoing``,
+``gateway.stream.relay``), count it (``gateway.stream.answer``). Every refusal is built in
+``gateway.admit.refusals``, in the caller's API's own shape. This module holds what only the
+application does: holding a request that asked to wait, and answering the rest.
 """
 
 from __future__ import annotations
@@ -28,20 +29,9 @@ from django.db import DatabaseError
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from gateway import key_scope
-from gateway.access import ChannelView, Refusal, route
-from gateway.admission import Entry, Go, going
-from gateway.answer import Answer
-from gateway.body import BodyTooLarge
-from gateway.cors import CorsPolicy
-from gateway.counter_scripts import OverLimit
-from gateway.counters import HELD_TTL_SECONDS, Counters
-from gateway.events import Usage
-from gateway.holding import Holding
-from gateway.model_list import list_models
-from gateway.outgoing import Outgoing
-from gateway.places import Places, takes_place, wait_turn
-from gateway.refusals import (
+from gateway.admit.admission import Entry, Go, going
+from gateway.admit.places import Places, takes_place, wait_turn
+from gateway.admit.refusals import (
     error_body,
     error_flavour,
     held_cap,
@@ -53,14 +43,7 @@ from gateway.refusals import (
     too_many_held,
     unreachable,
 )
-from gateway.relay import (
-    ON_DISCONNECT,
-    adding_headers,
-    continuing_stream,
-    forward,
-    without_body,
-)
-from gateway.request import (
+from gateway.admit.request import (
     ROOT_PATHS,
     Receive,
     Scope,
@@ -74,8 +57,26 @@ from gateway.request import (
     split_path,
     too_large,
 )
-from gateway.snapshot import Caller, Snapshot, SnapshotCache
-from gateway.upstream import UpstreamTransport
+from gateway.admit.snapshot import Caller, Snapshot, SnapshotCache
+from gateway.rules import key_scope
+from gateway.rules.access import ChannelView, Refusal, route
+from gateway.rules.body import BodyTooLarge
+from gateway.rules.cors import CorsPolicy
+from gateway.serve.model_list import list_models
+from gateway.stream.answer import Answer
+from gateway.stream.events import Usage
+from gateway.stream.holding import Holding
+from gateway.stream.outgoing import Outgoing
+from gateway.stream.relay import (
+    ON_DISCONNECT,
+    adding_headers,
+    continuing_stream,
+    forward,
+    without_body,
+)
+from gateway.wire.counter_scripts import OverLimit
+from gateway.wire.counters import HELD_TTL_SECONDS, Counters
+from gateway.wire.upstream import UpstreamTransport
 from slotserve_base.vocabulary import ErrorCode, Phase
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ log = logging.getLogger(__name__)
 
 class Gateway:
     # Whether the gateway's server may carry requests that can go upstream at once in its fast
-    # lane (``gateway.fast_lane``), outside this application.
+    # lane (``gateway.serve.fast_lane``), outside this application.
     lane = True
 
     def __init__(self) -> None:
@@ -343,7 +344,7 @@ class Gateway:
                         record=answer.record(usage),
                     )
                 except RedisError:
-                    # The answer went out; its in-flight entry expires by itself (gateway.counters).
+                    # The answer went out; its in-flight entry expires by itself (gateway.wire.counters).
                     log.warning(
                         "gateway: could not count request %s out of channel %s", entry.request_id, channel.id
                     )

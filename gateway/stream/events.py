@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.body import dumps, loads
+from gateway.rules.body import dumps, loads
 
 USAGE_MARK = b'"usage":{'
 USAGE_MARK_SPACED = b'"usage": {'

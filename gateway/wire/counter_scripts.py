@@ -1,6 +1,6 @@
 """The Redis scripts that count a request in and out, each one atomic step in Redis, and what
 they deal in: the keys of weekly token budgets, the buckets of times to first token, the
-refusal of a limit. ``gateway.counters`` runs them; the node worker reads what they write.
+refusal of a limit. ``gateway.wire.counters`` runs them; the node worker reads what they write.
 Redis' own clock is ``now`` in each (``slotserve_base.inflight.REDIS_NOW``), the one clock every
 gateway and node worker shares."""
 

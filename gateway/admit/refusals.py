@@ -10,10 +10,10 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
-from gateway.access import ChannelView, Refusal, admit
-from gateway.counter_scripts import OverLimit, week_start
-from gateway.request import Send, with_switching
-from gateway.snapshot import Caller
+from gateway.admit.request import Send, with_switching
+from gateway.admit.snapshot import Caller
+from gateway.rules.access import ChannelView, Refusal, admit
+from gateway.wire.counter_scripts import OverLimit, week_start
 from slotserve_base.vocabulary import ErrorCode
 
 # Seconds a client waits before trying again when Redis or the database is unreachable.
@@ -114,7 +114,7 @@ def too_many_held(caller: Caller) -> Refusal:
 
 
 def queue_full(whose: str, retry_after: int, channel: ChannelView) -> Refusal:
-    """The answer when a request may not wait for a place on ``channel`` (``gateway.places``):
+    """The answer when a request may not wait for a place on ``channel`` (``gateway.admit.places``):
     the caller has as many waiting as they may (429), or the channel's queue is full (503)."""
     if whose == "user":
         message = (

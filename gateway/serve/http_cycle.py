@@ -1,6 +1,6 @@
-"""One request and its answer on a connection of the gateway's HTTP server (``gateway.server``):
+"""One request and its answer on a connection of the gateway's HTTP server (``gateway.serve.server``):
 the ASGI messages its application receives and sends, written to the connection as they come,
-and the fast lane's (``gateway.fast_lane``) exchange, carried in callbacks."""
+and the fast lane's (``gateway.serve.fast_lane``) exchange, carried in callbacks."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gateway.server import GatewayHttp
+    from gateway.serve.server import GatewayHttp
 
-log = logging.getLogger("gateway.server")
+log = logging.getLogger("gateway.serve.server")
 
 STATUS_LINES = {
     status: b"HTTP/1.1 %d %s\r\n" % (status, http.HTTPStatus(status).phrase.encode())

@@ -1,6 +1,6 @@
 """A request the application holds before it goes upstream: while its model loads (it asked to
 wait, ``X-SlotServe-Wait``) or while it waits its turn for a place on a busy channel
-(``gateway.places``). Its client's leaving is watched, so that nothing goes upstream for a
+(``gateway.admit.places``). Its client's leaving is watched, so that nothing goes upstream for a
 client that is gone; a stream gets an SSE comment every ``COMMENT_SECONDS``, so that nothing
 between the client and the gateway closes a quiet connection (its answer has begun then)."""
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 
-from gateway.relay import until_disconnect
-from gateway.request import Receive, Send
+from gateway.admit.request import Receive, Send
+from gateway.stream.relay import until_disconnect
 
 COMMENT_SECONDS = 5.0
 

@@ -4,7 +4,7 @@ Each gateway process keeps a snapshot of API keys, channels, what runs on
 them and the active reservations, read in one go and refreshed at most every
 ``SLOTSERVE_GATEWAY_REFRESH_SECONDS``. The facts that must be exact at the
 moment of a request — in-flight counts and a channel's switching gate — live
-in Redis (``gateway.counters``).
+in Redis (``gateway.wire.counters``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from channels_app.node_agent.processes import url_host
-from gateway.access import Booking, ChannelIndex, ChannelView
+from gateway.rules.access import Booking, ChannelIndex, ChannelView
 from slotserve_base.vocabulary import SERVING_PHASES, Phase
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class Snapshot:
 
     @cached_property
     def index(self) -> ChannelIndex:
-        """The channels by booker and by ready model (``gateway.fast_lane``'s look-up)."""
+        """The channels by booker and by ready model (``gateway.serve.fast_lane``'s look-up)."""
         return ChannelIndex.of(self.channels)
 
 

@@ -1,9 +1,9 @@
 """The gateway's own HTTP/1.1 server, in front of uvicorn's.
 
-    uvicorn slotserve_site.asgi:application --http gateway.server:GatewayHttp
+    uvicorn slotserve_site.asgi:application --http gateway.serve.server:GatewayHttp
 
 (what ``./slotserve start``, the Dockerfile and Compose run). Each connection's requests to
-the gateway's paths (``gateway.proxy.is_gateway_path``) are parsed here by llhttp
+the gateway's paths (``gateway.serve.proxy.is_gateway_path``) are parsed here by llhttp
 (``httptools``, the parser uvicorn uses) and given to the gateway's ASGI application directly;
 at its first request to any other path the connection, with that request's bytes, goes to
 uvicorn's own httptools protocol for the rest of its life: the portal, the REST API and the
@@ -17,7 +17,7 @@ streamed answer leaves in as many writes as its chunks came from the process
 (``bench/gateway_bench.py`` measures it against a byte relay).
 
 A ``POST``, once its body is in (up to the gateway's limit), is first offered to the fast lane
-(``gateway.fast_lane``), which carries a request that can go upstream at once in callbacks, with no
+(``gateway.serve.fast_lane``), which carries a request that can go upstream at once in callbacks, with no
 task; whatever the lane declines, and every other gateway request, is answered by the gateway's
 ASGI application in a task of its own.
 
@@ -39,12 +39,12 @@ from urllib.parse import unquote
 
 import httptools
 
-from gateway import fast_lane
-from gateway.http_cycle import STATUS_LINES, Cycle
-from gateway.proxy import Gateway
-from gateway.refusals import error_body
-from gateway.relay import ON_DISCONNECT
-from gateway.request import flavour_of, is_gateway_path
+from gateway.admit.refusals import error_body
+from gateway.admit.request import flavour_of, is_gateway_path
+from gateway.serve import fast_lane
+from gateway.serve.http_cycle import STATUS_LINES, Cycle
+from gateway.serve.proxy import Gateway
+from gateway.stream.relay import ON_DISCONNECT
 from slotserve_base.vocabulary import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class GatewayHttp(asyncio.Protocol):
         self.app_state = app_state
         self.loop = _loop or asyncio.get_event_loop()
         self.gateway = find_gateway(config.loaded_app)
-        # The fast lane (gateway.fast_lane) carries what it can.
+        # The fast lane (gateway.serve.fast_lane) carries what it can.
         self.fast_lane = self.gateway is not None and self.gateway.lane
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
@@ -127,7 +127,7 @@ class GatewayHttp(asyncio.Protocol):
         self.drained: asyncio.Future[None] | None = None
         self.on_drained: Callable[[], None] | None = None  # a lane exchange waiting to read on
         self.closing = False
-        # A request that may go to the fast lane (``gateway.fast_lane``) once its body is in.
+        # A request that may go to the fast lane (``gateway.serve.fast_lane``) once its body is in.
         self.lane_candidate: Cycle | None = None
 
     # asyncio.Protocol

@@ -1,8 +1,8 @@
 """A channel's places and its fair queue in Redis, shared by every gateway process: the Redis
-scripts of ``gateway.places``, each one atomic step. The order is ``gateway.fair_queue``'s
+scripts of ``gateway.admit.places``, each one atomic step. The order is ``gateway.rules.fair_queue``'s
 (self-clocked fair queueing), kept in these keys of each channel:
 
-``<prefix>:inflight:<channel>``       the requests in the process (``gateway.counters``): a
+``<prefix>:inflight:<channel>``       the requests in the process (``gateway.wire.counters``): a
                                       place is free while fewer than the channel's places
 ``<prefix>:queue:<channel>``          held requests (``<user>|<request id>``) by finish tag
 ``<prefix>:queue:alive:<channel>``    held requests by when they expire unless their gateway

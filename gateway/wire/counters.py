@@ -34,7 +34,8 @@ from typing import Any
 from django.conf import settings
 from redis.exceptions import NoScriptError, RedisError
 
-from gateway.counter_scripts import (
+from gateway.admit.snapshot import Limits
+from gateway.wire.counter_scripts import (
     ENTER,
     ENTER_LIMITED,
     HOLD,
@@ -46,8 +47,7 @@ from gateway.counter_scripts import (
     script_sha,
     week_tokens_key,
 )
-from gateway.redis_protocol import RespPipe
-from gateway.snapshot import Limits
+from gateway.wire.redis_protocol import RespPipe
 from slotserve_base.inflight import COUNT
 from slotserve_base.vocabulary import RedisKey, redis_key
 
@@ -93,7 +93,7 @@ LEAVE_DEFER_SECONDS = 0.002
 class Counters:
     """The gateway's side: each request runs two scripts, one in (``enter``), one out (``leave``).
 
-    The scripts go through one pipelined connection (``gateway.redis_protocol``): those of every request
+    The scripts go through one pipelined connection (``gateway.wire.redis_protocol``): those of every request
     that the same turn of the event loop handles leave together, in one write. Each request
     still waits for its own script's answer, so a count is in Redis before the request goes on.
     """
@@ -114,7 +114,7 @@ class Counters:
         self._key_cache: dict[tuple[str, object], str] = {}
         # (user, key) → (until when, requests that may still go ahead of their count in).
         self.room: dict[tuple[int, int], tuple[float, int]] = {}
-        # Told of each request counted out, by channel (``gateway.places``: a place freed).
+        # Told of each request counted out, by channel (``gateway.admit.places``: a place freed).
         self.on_leave: Callable[[int], None] | None = None
 
     def _keys(self) -> dict[tuple[str, object], str]:
@@ -151,7 +151,7 @@ class Counters:
         The checks and the count are one atomic step in Redis, so a node worker
         that closes the gate and then reads the count sees every request admitted,
         and two requests racing for a user's last slot cannot both get it. A request that took a
-        place on the channel (``gateway.places``) is counted in under the id it took it with.
+        place on the channel (``gateway.admit.places``) is counted in under the id it took it with.
         """
         request_id = request_id or next(self._ids)
         script, keys, args, sets = self._entering(channel_id, limits, user_id, key_id, request_id)

@@ -14,7 +14,7 @@ colleague's short request arrives tagged just past the virtual time and is serve
 freed place. A user alone still fills every place (the queue only orders; it never keeps a
 place empty), and a user of long completions gets no more tokens than one of short ones.
 
-``gateway.queue_scripts`` does the same in Redis, shared by every gateway process; this module
+``gateway.wire.queue_scripts`` does the same in Redis, shared by every gateway process; this module
 is the specification the tests read, and the cost of a request.
 """
 
@@ -51,7 +51,7 @@ def finish_tag(virtual_time: float, user_last_tag: float, cost: int, weight: int
 
 @dataclass
 class FairQueue:
-    """One channel's held requests, as ``gateway.queue_scripts`` keeps them in Redis."""
+    """One channel's held requests, as ``gateway.wire.queue_scripts`` keeps them in Redis."""
 
     virtual_time: float = 0.0
     last_tags: dict[str, float] = field(default_factory=dict)  # per user

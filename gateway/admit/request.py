@@ -8,9 +8,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gateway.access import ChannelView, Refusal
-from gateway.body import parse_body
-from gateway.snapshot import Caller, Snapshot
+from gateway.admit.snapshot import Caller, Snapshot
+from gateway.rules.access import ChannelView, Refusal
+from gateway.rules.body import parse_body
 from slotserve_base.vocabulary import ErrorCode
 
 Scope = MutableMapping[str, Any]
