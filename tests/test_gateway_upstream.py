@@ -377,7 +377,7 @@ def test_a_caller_may_go_ahead_of_its_count_in_for_half_its_room_and_not_for_lon
     """``may_go_ahead``: after a count in that left room for three more requests (a limit of
     four at once), one request may go up before its count in is known; then none. Room noted
     over a second ago counts for nothing; a count in over a limit takes the room away."""
-    from gateway.admit.snapshot import Limits
+    from gateway.rules.callers import Limits
     from gateway.wire import counters as counting
     from gateway.wire.counter_scripts import OverLimit
 

@@ -65,6 +65,12 @@ def test_the_tree_keeps_its_layers(tree_copy):
         ),
         # Settings importing app code.
         ("slotserve_site/settings_extra.py", "", ""),
+        # A pure rule of the gateway reaching up into the application that runs it.
+        (
+            "gateway/rules/bad.py",
+            "from gateway.serve import proxy\n",
+            "gateway.rules is not allowed to import gateway.serve",
+        ),
     ],
 )
 def test_a_forbidden_import_fails_the_check(tree_copy, module, source, complaint):
@@ -92,3 +98,51 @@ def test_between_packages_one_arrow_runs_up_the_scheduler_reading_bookings():
         for i in graph.find_matching_direct_imports(import_expression=f"{lower}.** -> {higher}.**")
     }
     assert direct == {("channels_app.scheduling.selectors", "reservations.models")}, sorted(direct)
+
+
+GATEWAY_ROOMS = ("serve", "stream", "admit", "wire", "rules", "types")
+
+
+def _gateway_graph() -> grimp.ImportGraph:
+    # Imports for type hints too: a circle that only type hints hide is still a circle to a reader.
+    return grimp.build_graph("gateway", cache_dir=None, exclude_type_checking_imports=False)
+
+
+def test_the_gateways_rooms_keep_their_order_even_through_type_hints():
+    graph = _gateway_graph()
+    upward = graph.find_illegal_dependencies_for_layers(layers=GATEWAY_ROOMS, containers={"gateway"})
+    assert upward == set(), sorted((d.importer, d.imported) for d in upward)
+
+
+def test_no_module_of_the_gateway_imports_itself_round_a_circle():
+    graph = _gateway_graph()
+    modules = sorted(graph.modules)
+    circles = [
+        (module, other)
+        for module in modules
+        for other in graph.find_modules_directly_imported_by(module)
+        if other != module and graph.chain_exists(importer=other, imported=module)
+    ]
+    assert circles == [], circles[:10]
+
+
+def test_every_stage_of_the_gateway_lives_in_a_room():
+    """Along the flow only the rooms, the Django app's own modules and the usage reports sit in
+    ``gateway/``: a newcomer names each stage's room from the folder names."""
+    top = sorted(p.stem for p in (ROOT / "gateway").glob("*.py"))
+    assert top == [
+        "__init__",
+        "admin",
+        "api",
+        "api_keys",
+        "apps",
+        "authentication",
+        "filters",
+        "models",
+        "tasks",
+        "types",
+    ]
+    rooms = sorted(
+        p.name for p in (ROOT / "gateway").iterdir() if p.is_dir() and (p / "__init__.py").exists()
+    )
+    assert rooms == ["admit", "management", "migrations", "rules", "serve", "stream", "usage", "wire"]

@@ -13,8 +13,9 @@ from datetime import datetime
 from gateway.admit.places import Places
 from gateway.admit.refusals import refusal_after_count_in
 from gateway.admit.request import Asked, is_booker
-from gateway.admit.snapshot import Caller, Limits, Snapshot
+from gateway.admit.snapshot import Snapshot
 from gateway.rules.access import ChannelView, Refusal, admit
+from gateway.rules.callers import Caller, Limits
 from gateway.wire.counter_scripts import OverLimit
 from gateway.wire.counters import Counters
 from gateway.wire.upstream import Cancel

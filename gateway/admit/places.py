@@ -6,35 +6,22 @@ requests at once, counted by every gateway process together in Redis (``gateway.
 A request past them waits its turn in the channel's fair queue (``gateway.rules.fair_queue``): each
 place that frees goes to the held request with the smallest finish tag. The waiting request
 looks again when a request of this gateway leaves the channel, and every ``POLL_SECONDS``
-(a place freed by another gateway process).
+(a place freed by another gateway process); the waiting itself, which holds the client, is
+``gateway.stream.holding.wait_turn``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.utils import timezone
-from redis.exceptions import RedisError
 
-from gateway.admit.refusals import queue_full, switching_refusal
-from gateway.rules.fair_queue import cost_of
 from gateway.wire.counter_scripts import cached_key, script_sha
 from gateway.wire.counters import INFLIGHT_TTL_SECONDS, Counters
 from gateway.wire.queue_scripts import LEAVE_QUEUE, STATE_SECONDS, TURN
 from slotserve_base.vocabulary import RedisKey
-
-if TYPE_CHECKING:
-    from gateway.admit.admission import Go
-    from gateway.admit.request import Asked
-    from gateway.admit.snapshot import Caller
-    from gateway.rules.access import Refusal
-    from gateway.stream.answer import Answer
-    from gateway.stream.holding import Holding
 
 # A waiting request looks again this often at the latest.
 POLL_SECONDS = 0.1
@@ -158,39 +145,3 @@ class Places:
             waiters.discard(waiter)
             if not waiters:
                 self.waiting.pop(channel_id, None)
-
-
-async def wait_turn(
-    places: Places, go: Go, caller: Caller, request: Asked, holding: Holding, answer: Answer
-) -> tuple[str | None, Refusal | None]:
-    """A place on the channel, waiting for it in the channel's fair queue (``gateway.admit.places``):
-    the id the request took it with; or why it may not wait (the queue is full, the channel
-    switches); or neither when the client left (it is no longer held)."""
-    channel = go.channel
-    assert channel.places is not None
-    request_id = places.counters.new_id()
-    cost = cost_of(request.body) / max(caller.weight, 1)
-    loop = asyncio.get_running_loop()
-    started, waited = loop.time(), False
-    try:
-        while True:
-            turn = await places.turn(channel.id, channel.places, request_id, caller.user_id, cost)
-            if turn.taken:
-                if waited:  # the log keeps the time it waited its turn
-                    answer.queued_seconds = loop.time() - started
-                return request_id, None
-            if turn.switching:
-                return None, switching_refusal(channel, caller, timezone.now())
-            if turn.full:
-                return None, queue_full(turn.full, turn.retry_after, channel)
-            waited = True
-            await holding.comment(
-                f"waiting for a place on {channel.name}: {turn.ahead} requests before this one"
-            )
-            if await holding.pause(POLL_SECONDS, places.until_freed(channel.id, POLL_SECONDS)):
-                await places.leave(channel.id, request_id, caller.user_id)
-                return None, None
-    except BaseException:
-        with contextlib.suppress(RedisError):  # its turn expires by itself anyway
-            await asyncio.shield(places.leave(channel.id, request_id, caller.user_id))
-        raise

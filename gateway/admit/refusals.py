@@ -10,9 +10,10 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
-from gateway.admit.request import Send, with_switching
-from gateway.admit.snapshot import Caller
+from gateway.admit.request import with_switching
 from gateway.rules.access import ChannelView, Refusal, admit
+from gateway.rules.callers import Caller
+from gateway.types import Send
 from gateway.wire.counter_scripts import OverLimit, week_start
 from slotserve_base.vocabulary import ErrorCode
 

@@ -4,26 +4,15 @@ how long they will wait. The first stage of every request, in the fast lane and 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gateway.admit.snapshot import Caller, Snapshot
+from gateway.admit.snapshot import Snapshot
 from gateway.rules.access import ChannelView, Refusal
 from gateway.rules.body import parse_body
+from gateway.rules.callers import Caller
+from gateway.types import Scope
 from slotserve_base.vocabulary import ErrorCode
-
-Scope = MutableMapping[str, Any]
-
-
-Message = MutableMapping[str, Any]
-
-
-Receive = Callable[[], Awaitable[Message]]
-
-
-Send = Callable[[Message], Awaitable[None]]
-
 
 # Paths outside /v1/ that llama-server answers and the gateway routes by ``model``.
 ROOT_PATHS = frozenset(

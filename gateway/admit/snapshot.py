@@ -17,7 +17,7 @@ import zoneinfo
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, tzinfo
+from datetime import UTC, tzinfo
 from functools import cached_property
 
 from django.conf import settings
@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from channels_app.node_agent.processes import url_host
 from gateway.rules.access import Booking, ChannelIndex, ChannelView
+from gateway.rules.callers import Caller, Limits
 from slotserve_base.vocabulary import SERVING_PHASES, Phase
 
 log = logging.getLogger(__name__)
@@ -38,40 +39,6 @@ def zone_named(name: str) -> tzinfo:
         return zoneinfo.ZoneInfo(name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
         return UTC
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What a caller may use outside their own slot (0: no limit), per user and per key."""
-
-    user_concurrent: int = 0
-    user_per_minute: int = 0
-    user_weekly_tokens: int = 0
-    key_concurrent: int = 0
-    key_per_minute: int = 0
-
-
-@dataclass(frozen=True)
-class Caller:
-    user_id: int
-    username: str
-    key_id: int
-    wait_seconds: int = 0  # the key's default hold (X-SlotServe-Wait overrides it)
-    limits: Limits | None = None  # None: nothing to check
-    is_staff: bool = False  # may reach a process's admin endpoints through the pinned path
-    weight: int = 1  # the user's share in a channel's fair queue (their groups' largest)
-    zone: tzinfo = UTC  # their profile's time zone: refusals tell times in it
-    # The key's scope (None: all) and expiry (docs/api.md, "Keys scoped like a team's keys").
-    models_allowed: frozenset[str] | None = None  # model names
-    channels_allowed: frozenset[int] | None = None
-    expires_at: datetime | None = None
-
-    @property
-    def scoped(self) -> bool:
-        return self.models_allowed is not None or self.channels_allowed is not None
-
-    def expired(self, now: datetime) -> bool:
-        return self.expires_at is not None and self.expires_at <= now
 
 
 @dataclass(frozen=True)

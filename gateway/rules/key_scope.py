@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from gateway.admit.snapshot import Caller
 from gateway.rules.access import ChannelView, Refusal, told_at
+from gateway.rules.callers import Caller
 from slotserve_base.vocabulary import ErrorCode
 
 

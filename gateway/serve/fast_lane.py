@@ -45,9 +45,9 @@ from gateway.admit.request import (
     is_admin_endpoint,
     path_problem,
 )
-from gateway.admit.snapshot import Caller
 from gateway.rules.access import ChannelView, Refusal
 from gateway.rules.body import loads
+from gateway.rules.callers import Caller
 from gateway.serve.proxy import Gateway
 from gateway.stream.answer import Answer
 from gateway.stream.events import Events, Usage

@@ -8,10 +8,23 @@ import asyncio
 import http
 import logging
 from collections.abc import Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from gateway.serve.server import GatewayHttp
+
+class Connection(Protocol):
+    """What a cycle needs of its connection (``gateway.serve.server.GatewayHttp``): to write, to
+    wait while writing is paused, and to say that its answer is whole."""
+
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    writing_paused: bool
+    on_drained: Callable[[], None] | None
+    server_state: Any  # uvicorn's ServerState: its default headers, its request count
+
+    async def drain(self) -> None: ...
+
+    def answered(self, cycle: Cycle) -> None: ...
+
 
 log = logging.getLogger("gateway.serve.server")
 
@@ -25,7 +38,7 @@ STATUS_LINES = {
 class Cycle:
     """One request and its answer, as ASGI's ``receive`` and ``send``."""
 
-    def __init__(self, protocol: GatewayHttp, scope: dict[str, Any], keep_alive: bool) -> None:
+    def __init__(self, protocol: Connection, scope: dict[str, Any], keep_alive: bool) -> None:
         self.protocol = protocol
         self.scope = scope
         self.keep_alive = keep_alive

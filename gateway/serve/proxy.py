@@ -22,7 +22,6 @@ import contextlib
 import logging
 import uuid
 from datetime import datetime
-from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -30,7 +29,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from gateway.admit.admission import Entry, Go, going
-from gateway.admit.places import Places, takes_place, wait_turn
+from gateway.admit.places import Places, takes_place
 from gateway.admit.refusals import (
     error_body,
     error_flavour,
@@ -45,9 +44,6 @@ from gateway.admit.refusals import (
 )
 from gateway.admit.request import (
     ROOT_PATHS,
-    Receive,
-    Scope,
-    Send,
     asked,
     authenticate,
     flavour_of,
@@ -57,15 +53,16 @@ from gateway.admit.request import (
     split_path,
     too_large,
 )
-from gateway.admit.snapshot import Caller, Snapshot, SnapshotCache
+from gateway.admit.snapshot import Snapshot, SnapshotCache
 from gateway.rules import key_scope
 from gateway.rules.access import ChannelView, Refusal, route
 from gateway.rules.body import BodyTooLarge
+from gateway.rules.callers import Caller
 from gateway.rules.cors import CorsPolicy
-from gateway.serve.model_list import list_models
+from gateway.serve.model_list import ModelList
 from gateway.stream.answer import Answer
 from gateway.stream.events import Usage
-from gateway.stream.holding import Holding
+from gateway.stream.holding import Holding, wait_turn
 from gateway.stream.outgoing import Outgoing
 from gateway.stream.relay import (
     ON_DISCONNECT,
@@ -74,6 +71,7 @@ from gateway.stream.relay import (
     forward,
     without_body,
 )
+from gateway.types import Receive, Scope, Send
 from gateway.wire.counter_scripts import OverLimit
 from gateway.wire.counters import HELD_TTL_SECONDS, Counters
 from gateway.wire.upstream import UpstreamTransport
@@ -96,7 +94,7 @@ class Gateway:
         self.max_wait = settings.SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS
         self.cors = CorsPolicy(settings.SLOTSERVE_CORS_ORIGINS)
         # What each run's process says of its model (llama-server's meta, n_ctx), asked once.
-        self.meta: dict[tuple[str, str], dict[str, Any]] = {}
+        self.models = ModelList(self.counters, self)
 
     def upstream_for(self, upstream: str) -> UpstreamTransport:
         """One pool of connections per upstream process."""
@@ -170,9 +168,9 @@ class Gateway:
             await refuse(send, gone)
             return
         if path == "/v1/models" and method == "GET":
-            await list_models(self, send, snapshot, caller, pinned)
+            await self.models.answer(send, snapshot, caller, pinned)
         elif path.startswith("/v1/models/") and method == "GET":
-            await list_models(self, send, snapshot, caller, pinned, only=path[len("/v1/models/") :])
+            await self.models.answer(send, snapshot, caller, pinned, only=path[len("/v1/models/") :])
         elif is_admin_endpoint(method, path) and not caller.is_staff:
             whose = f"channel {pinned}'s process" if pinned is not None else "a model's process"
             message = f"{method} {path} is an admin endpoint of {whose}: staff only"

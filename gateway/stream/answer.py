@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 
-from gateway.admit.request import Message, Send
-from gateway.admit.snapshot import Caller
 from gateway.rules.access import ChannelView
 from gateway.rules.body import dumps
+from gateway.rules.callers import Caller
 from gateway.stream.events import Usage
+from gateway.types import Message, Send
 
 
 class Answer:

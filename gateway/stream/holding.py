@@ -7,10 +7,22 @@ between the client and the gateway closes a quiet connection (its answer has beg
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 
-from gateway.admit.request import Receive, Send
+from django.utils import timezone
+from redis.exceptions import RedisError
+
+from gateway.admit.admission import Go
+from gateway.admit.places import POLL_SECONDS, Places
+from gateway.admit.refusals import queue_full, switching_refusal
+from gateway.admit.request import Asked
+from gateway.rules.access import Refusal
+from gateway.rules.callers import Caller
+from gateway.rules.fair_queue import cost_of
+from gateway.stream.answer import Answer
 from gateway.stream.relay import until_disconnect
+from gateway.types import Receive, Send
 
 COMMENT_SECONDS = 5.0
 
@@ -61,3 +73,40 @@ class Holding:
         if self.left is not None:
             self.left.cancel()
         return gone
+
+
+async def wait_turn(
+    places: Places, go: Go, caller: Caller, request: Asked, holding: Holding, answer: Answer
+) -> tuple[str | None, Refusal | None]:
+    """A place on the channel, waiting for it in the channel's fair queue (``gateway.admit.places``)
+    and telling a held stream how many are before it: the id the request took it with; or why it
+    may not wait (the queue is full, the channel switches); or neither when the client left (it
+    is no longer held)."""
+    channel = go.channel
+    assert channel.places is not None
+    request_id = places.counters.new_id()
+    cost = cost_of(request.body) / max(caller.weight, 1)
+    loop = asyncio.get_running_loop()
+    started, waited = loop.time(), False
+    try:
+        while True:
+            turn = await places.turn(channel.id, channel.places, request_id, caller.user_id, cost)
+            if turn.taken:
+                if waited:  # the log keeps the time it waited its turn
+                    answer.queued_seconds = loop.time() - started
+                return request_id, None
+            if turn.switching:
+                return None, switching_refusal(channel, caller, timezone.now())
+            if turn.full:
+                return None, queue_full(turn.full, turn.retry_after, channel)
+            waited = True
+            await holding.comment(
+                f"waiting for a place on {channel.name}: {turn.ahead} requests before this one"
+            )
+            if await holding.pause(POLL_SECONDS, places.until_freed(channel.id, POLL_SECONDS)):
+                await places.leave(channel.id, request_id, caller.user_id)
+                return None, None
+    except BaseException:
+        with contextlib.suppress(RedisError):  # its turn expires by itself anyway
+            await asyncio.shield(places.leave(channel.id, request_id, caller.user_id))
+        raise

@@ -8,25 +8,21 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import httpx
 
 from gateway.admit.admission import Entry, cancel_unless_counted, settled
 from gateway.admit.refusals import broke_off, did_not_answer, process_failed_event, refuse
-from gateway.admit.request import Message, Receive, Send
 from gateway.rules.access import ChannelView
 from gateway.rules.body import loads
 from gateway.stream.events import Events, Usage
 from gateway.stream.outgoing import Outgoing, passed_on
-from gateway.wire.upstream import Cancel, Reply
-
-if TYPE_CHECKING:
-    from gateway.serve.proxy import Gateway
+from gateway.types import Message, Receive, Send
+from gateway.wire.upstream import Cancel, Reply, Upstreams
 
 
 async def forward(
-    gateway: Gateway,
+    upstreams: Upstreams,
     receive: Receive,
     send: Send,
     channel: ChannelView,
@@ -36,7 +32,7 @@ async def forward(
     on_disconnect: Callable[[Callable[[], None] | None], None] | None = None,
 ) -> None:
     assert channel.upstream is not None and channel.model is not None
-    upstream = gateway.upstream_for(channel.upstream)
+    upstream = upstreams.upstream_for(channel.upstream)
     target, headers, content, streaming, strip_usage = outgoing.to(channel, upstream)
     cancel = Cancel()
     # A client that goes away cancels the upstream's work at once, whatever stage it is at;

@@ -34,7 +34,7 @@ from typing import Any
 from django.conf import settings
 from redis.exceptions import NoScriptError, RedisError
 
-from gateway.admit.snapshot import Limits
+from gateway.rules.callers import Limits
 from gateway.wire.counter_scripts import (
     ENTER,
     ENTER_LIMITED,

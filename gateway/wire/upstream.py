@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 import httptools
 import httpx
@@ -231,6 +232,13 @@ class Cancel:
         self.fired = True
         if self._connection is not None:
             self._connection.abort()
+
+
+class Upstreams(Protocol):
+    """What hands out one pool of connections per upstream process (the application does): the
+    stages that send take it, never the application itself."""
+
+    def upstream_for(self, upstream: str) -> UpstreamTransport: ...
 
 
 class UpstreamTransport(httpx.AsyncBaseTransport):
