@@ -1,6 +1,6 @@
 """The node worker's news of a channel, told to the people it concerns
 (``channels_app.node_agent.news``): the booker of the reservation it is about, and the admins
-of failures and fallbacks, each in their own time zone."""
+of failures, fallbacks and recoveries, each in their own time zone."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ SERVING_PHASES = (Phase.LOADING, Phase.READY, Phase.DRAINING)
 
 
 class Reason(models.TextChoices):
-    """Why a channel runs what it runs (docs/scheduling.md and §4)."""
+    """Why a channel runs what it runs (docs/scheduling.md, "The decision, per channel")."""
 
     ACTIVE_RESERVATION = "active_reservation"
     ACTIVE_EXCLUSIVE = "active_exclusive"

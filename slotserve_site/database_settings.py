@@ -8,7 +8,7 @@ from typing import Any
 
 import dj_database_url
 
-from slotserve_base.env import SettingError, env_int
+from slotserve_base.env import SettingError, env_float, env_int
 
 
 def databases(url: str, data_dir: Path) -> dict[str, Any]:
@@ -44,7 +44,7 @@ def databases(url: str, data_dir: Path) -> dict[str, Any]:
                 "pool": {
                     "min_size": 1,
                     "max_size": env_int("SLOTSERVE_DB_POOL_SIZE", 10, minimum=1),
-                    "timeout": 20,
+                    "timeout": env_float("SLOTSERVE_DB_POOL_TIMEOUT", 20.0, minimum=0.1),
                 },
                 **chosen["default"].get("OPTIONS", {}),
             }

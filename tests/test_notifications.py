@@ -145,3 +145,30 @@ def test_without_a_public_address_an_email_carries_no_link_it_cannot_make_whole(
         made = book(ana_api, world, T0 + HOUR, T0 + 2 * HOUR)
         staff_api.post(f"/api/reservations/{made['id']}/approve")
     assert mail.outbox and not any("/reservations/" in m.body or "/approvals/" in m.body for m in mail.outbox)
+
+
+@pytest.mark.django_db
+def test_the_admins_told_of_a_bookings_failure_hear_of_its_recovery_too(ana, staff):
+    """docs/scheduling.md: each episode tells the booker and the admins once of its first
+    failure, its fallback and its recovery."""
+    from channels_app.models import ChannelTarget
+    from channels_app.node_agent.lifecycle import Tell
+    from channels_app.node_agent.worker import _tell
+    from slotserve_base.vocabulary import NotificationEvent
+
+    target = factories.preset(factories.llm("qwen"), "chat")
+    channel = factories.channel("a100-0")
+    booking = factories.reservation(
+        owner=ana, on=channel, start=T0 - timedelta(minutes=5), end=T0 + timedelta(hours=1), target=target
+    )
+    row = ChannelTarget.objects.create(
+        channel=channel, model=target.model, preset=target, reason="active_reservation", reservation=booking
+    )
+    for event, words in (
+        (NotificationEvent.LOAD_FAILED, "failed to load: out of memory"),
+        (NotificationEvent.RECOVERED, "the booked model loaded after a retry and serves again"),
+    ):
+        _tell(channel, row, Tell(event, words, episode=T0))
+    for person in (ana, staff):
+        told = set(Notification.objects.filter(user=person).values_list("event", flat=True))
+        assert told == {NotificationEvent.LOAD_FAILED, NotificationEvent.RECOVERED}, (person, told)

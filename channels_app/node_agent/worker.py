@@ -197,10 +197,14 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
 
 def _tell(channel: Channel, target_row: ChannelTarget | None, action: Tell) -> None:
     """The booker hears of their reservation's model; the admins of failures and fallbacks,
-    a booking's or not (``news``). Each failure episode's news goes out once: its key names
-    the episode."""
+    a booking's or not, and of the recovery that ends them (``news``; docs/scheduling.md). Each
+    failure episode's news goes out once: its key names the episode."""
     reservation = target_row.reservation if target_row is not None else None
-    for_admins = action.event in {NotificationEvent.LOAD_FAILED, NotificationEvent.FALLBACK}
+    for_admins = action.event in {
+        NotificationEvent.LOAD_FAILED,
+        NotificationEvent.FALLBACK,
+        NotificationEvent.RECOVERED,
+    }
     if reservation is None and not for_admins:
         return
     about = f"channel:{channel.pk}" if reservation is None else str(reservation.pk)

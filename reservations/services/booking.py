@@ -1,4 +1,4 @@
-"""Booking a slot: on a named channel, or on the best channel that fits (docs/scheduling.md, §7)."""
+"""Booking a slot: on a named channel, or on the best channel that fits (docs/scheduling.md, "Placement")."""
 
 from __future__ import annotations
 

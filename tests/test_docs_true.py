@@ -1,0 +1,67 @@
+"""What docs/ says of the code is true: every setting docs/settings.md lists is one SlotServe
+reads, and every one it reads is listed there."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.test_compose_file import settings_read
+
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCT = ("channels_app", "gateway", "portal", "reservations", "slotserve_base", "slotserve_site")
+
+
+def settings_documented() -> set[str]:
+    """The variables named in the first column of docs/settings.md's tables."""
+    names: set[str] = set()
+    for line in (ROOT / "docs" / "settings.md").read_text().splitlines():
+        if line.startswith("| `"):
+            first = line.split("|")[1]
+            names |= set(re.findall(r"`([A-Z][A-Z0-9_]+)`", first))
+    return names
+
+
+def test_every_documented_setting_is_read_and_every_read_setting_documented():
+    documented, read = settings_documented(), settings_read()
+    assert documented - read == set(), f"documented, never read: {sorted(documented - read)}"
+    assert read - documented == set(), f"read, not in docs/settings.md: {sorted(read - documented)}"
+
+
+def test_the_pool_timeout_docs_name_is_the_one_the_pool_waits(monkeypatch, tmp_path):
+    from slotserve_site.database_settings import databases
+
+    monkeypatch.setenv("SLOTSERVE_DB_POOL_TIMEOUT", "3.5")
+    chosen = databases("postgres://u@db.example/slotserve", tmp_path)
+    assert chosen["default"]["OPTIONS"]["pool"]["timeout"] == 3.5
+    monkeypatch.delenv("SLOTSERVE_DB_POOL_TIMEOUT")
+    assert (
+        databases("postgres://u@db.example/slotserve", tmp_path)["default"]["OPTIONS"]["pool"]["timeout"]
+        == 20
+    )
+
+
+def test_every_gateway_error_code_is_in_the_api_docs_table():
+    from slotserve_base.vocabulary import ErrorCode
+
+    table = [line for line in (ROOT / "docs" / "api.md").read_text().splitlines() if line.startswith("| `")]
+    listed = {code for line in table for code in re.findall(r"`([a-z_]+)`", line.split("|")[1])}
+    assert set(ErrorCode.values) - listed == set(), sorted(set(ErrorCode.values) - listed)
+
+
+def test_no_comment_cites_a_section_number_no_document_has():
+    cited = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for folder in (
+            "channels_app",
+            "gateway",
+            "portal",
+            "reservations",
+            "slotserve_base",
+            "slotserve_site",
+        )
+        for path in (ROOT / folder).rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "\u00a7" in line
+    ]
+    assert cited == []
