@@ -194,50 +194,20 @@ LOGOUT_REDIRECT_URL = "/accounts/login/"
 # Local accounts keep working; nobody registers themselves. Directory groups become SlotServe
 # groups (Django groups of the same name) at each sign-in; one directory group may make staff.
 SLOTSERVE_LDAP_URL = env_str("SLOTSERVE_LDAP_URL", "")
-if SLOTSERVE_LDAP_URL:
-    from slotserve_site.sign_in_settings import ldap_settings
-
-    globals().update(
-        ldap_settings(
-            url=SLOTSERVE_LDAP_URL,
-            bind_dn=env_str("SLOTSERVE_LDAP_BIND_DN", ""),
-            bind_password=env_str("SLOTSERVE_LDAP_BIND_PASSWORD", ""),
-            start_tls=env_bool("SLOTSERVE_LDAP_START_TLS", False),
-            user_base=env_str("SLOTSERVE_LDAP_USER_BASE", ""),
-            user_filter=env_str("SLOTSERVE_LDAP_USER_FILTER", "(uid=%(user)s)"),
-            group_base=env_str("SLOTSERVE_LDAP_GROUP_BASE", ""),
-            group_type=env_str("SLOTSERVE_LDAP_GROUP_TYPE", "groupOfNames"),
-            staff_group=env_str("SLOTSERVE_LDAP_STAFF_GROUP", ""),
-        )
-    )
-    AUTHENTICATION_BACKENDS.insert(1, "django_auth_ldap.backend.LDAPBackend")
 SLOTSERVE_LDAP_NAME = env_str("SLOTSERVE_LDAP_NAME", "your directory account")
+if SLOTSERVE_LDAP_URL:
+    from slotserve_site.sign_in_settings import ldap_settings_from_env
 
+    globals().update(ldap_settings_from_env(SLOTSERVE_LDAP_URL))
+    AUTHENTICATION_BACKENDS.insert(1, "django_auth_ldap.backend.LDAPBackend")
+
+from slotserve_site.sign_in_settings import oidc_settings_from_env  # noqa: E402 (the section's own)
+
+globals().update(oidc_settings_from_env())
 SLOTSERVE_OIDC_CLIENT_ID = env_str("SLOTSERVE_OIDC_CLIENT_ID", "")
-SLOTSERVE_OIDC_NAME = env_str("SLOTSERVE_OIDC_NAME", "single sign-on")
-SLOTSERVE_OIDC_GROUPS_CLAIM = env_str("SLOTSERVE_OIDC_GROUPS_CLAIM", "groups")
-SLOTSERVE_OIDC_STAFF_GROUP = env_str("SLOTSERVE_OIDC_STAFF_GROUP", "")
-OIDC_RP_CLIENT_ID = SLOTSERVE_OIDC_CLIENT_ID
-OIDC_RP_CLIENT_SECRET = env_str("SLOTSERVE_OIDC_CLIENT_SECRET", "")
-OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("SLOTSERVE_OIDC_AUTHORIZATION_ENDPOINT", "")
-OIDC_OP_TOKEN_ENDPOINT = env_str("SLOTSERVE_OIDC_TOKEN_ENDPOINT", "")
-OIDC_OP_USER_ENDPOINT = env_str("SLOTSERVE_OIDC_USERINFO_ENDPOINT", "")
-OIDC_OP_JWKS_ENDPOINT = env_str("SLOTSERVE_OIDC_JWKS_ENDPOINT", "")
-OIDC_RP_SIGN_ALGO = env_str("SLOTSERVE_OIDC_SIGN_ALGO", "RS256")
-OIDC_RP_SCOPES = env_str("SLOTSERVE_OIDC_SCOPES", "openid email profile")
 OIDC_AUTHENTICATION_CALLBACK_URL = "oidc_authentication_callback"
 LOGIN_REDIRECT_URL_FAILURE = "/accounts/login/?sign_in_failed=1"
 if SLOTSERVE_OIDC_CLIENT_ID:
-    from slotserve_site.sign_in_settings import require_oidc_endpoints
-
-    require_oidc_endpoints(
-        {
-            "SLOTSERVE_OIDC_AUTHORIZATION_ENDPOINT": OIDC_OP_AUTHORIZATION_ENDPOINT,
-            "SLOTSERVE_OIDC_TOKEN_ENDPOINT": OIDC_OP_TOKEN_ENDPOINT,
-            "SLOTSERVE_OIDC_USERINFO_ENDPOINT": OIDC_OP_USER_ENDPOINT,
-            "SLOTSERVE_OIDC_JWKS_ENDPOINT": OIDC_OP_JWKS_ENDPOINT,
-        }
-    )
     AUTHENTICATION_BACKENDS.append("slotserve_site.sign_in.DirectoryOIDCBackend")
 
 # --- Email: printed to the console unless an SMTP server is configured ------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from slotserve_base.env import env_bool, env_str
+
 
 def ldap_settings(
     *,
@@ -68,3 +70,45 @@ def require_oidc_endpoints(endpoints: dict[str, str]) -> None:
             f"SLOTSERVE_OIDC_CLIENT_ID is set, so OpenID Connect sign-in needs {', '.join(missing)} "
             "(the provider's discovery document, /.well-known/openid-configuration, lists them)"
         )
+
+
+def ldap_settings_from_env(url: str) -> dict[str, Any]:
+    """``ldap_settings`` from the ``SLOTSERVE_LDAP_*`` variables (docs/settings.md)."""
+    return ldap_settings(
+        url=url,
+        bind_dn=env_str("SLOTSERVE_LDAP_BIND_DN", ""),
+        bind_password=env_str("SLOTSERVE_LDAP_BIND_PASSWORD", ""),
+        start_tls=env_bool("SLOTSERVE_LDAP_START_TLS", False),
+        user_base=env_str("SLOTSERVE_LDAP_USER_BASE", ""),
+        user_filter=env_str("SLOTSERVE_LDAP_USER_FILTER", "(uid=%(user)s)"),
+        group_base=env_str("SLOTSERVE_LDAP_GROUP_BASE", ""),
+        group_type=env_str("SLOTSERVE_LDAP_GROUP_TYPE", "groupOfNames"),
+        staff_group=env_str("SLOTSERVE_LDAP_STAFF_GROUP", ""),
+    )
+
+
+def oidc_settings_from_env() -> dict[str, Any]:
+    """mozilla-django-oidc's settings and SlotServe's own from the ``SLOTSERVE_OIDC_*``
+    variables (docs/settings.md); with a client id, all four endpoints or start-up stops."""
+    client_id = env_str("SLOTSERVE_OIDC_CLIENT_ID", "")
+    endpoints = {
+        "SLOTSERVE_OIDC_AUTHORIZATION_ENDPOINT": env_str("SLOTSERVE_OIDC_AUTHORIZATION_ENDPOINT", ""),
+        "SLOTSERVE_OIDC_TOKEN_ENDPOINT": env_str("SLOTSERVE_OIDC_TOKEN_ENDPOINT", ""),
+        "SLOTSERVE_OIDC_USERINFO_ENDPOINT": env_str("SLOTSERVE_OIDC_USERINFO_ENDPOINT", ""),
+        "SLOTSERVE_OIDC_JWKS_ENDPOINT": env_str("SLOTSERVE_OIDC_JWKS_ENDPOINT", ""),
+    }
+    if client_id:
+        require_oidc_endpoints(endpoints)
+    return {
+        "SLOTSERVE_OIDC_NAME": env_str("SLOTSERVE_OIDC_NAME", "single sign-on"),
+        "SLOTSERVE_OIDC_GROUPS_CLAIM": env_str("SLOTSERVE_OIDC_GROUPS_CLAIM", "groups"),
+        "SLOTSERVE_OIDC_STAFF_GROUP": env_str("SLOTSERVE_OIDC_STAFF_GROUP", ""),
+        "OIDC_RP_CLIENT_ID": client_id,
+        "OIDC_RP_CLIENT_SECRET": env_str("SLOTSERVE_OIDC_CLIENT_SECRET", ""),
+        "OIDC_OP_AUTHORIZATION_ENDPOINT": endpoints["SLOTSERVE_OIDC_AUTHORIZATION_ENDPOINT"],
+        "OIDC_OP_TOKEN_ENDPOINT": endpoints["SLOTSERVE_OIDC_TOKEN_ENDPOINT"],
+        "OIDC_OP_USER_ENDPOINT": endpoints["SLOTSERVE_OIDC_USERINFO_ENDPOINT"],
+        "OIDC_OP_JWKS_ENDPOINT": endpoints["SLOTSERVE_OIDC_JWKS_ENDPOINT"],
+        "OIDC_RP_SIGN_ALGO": env_str("SLOTSERVE_OIDC_SIGN_ALGO", "RS256"),
+        "OIDC_RP_SCOPES": env_str("SLOTSERVE_OIDC_SCOPES", "openid email profile"),
+    }
