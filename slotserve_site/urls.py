@@ -16,7 +16,8 @@ from channels_app.api.views import (
 from channels_app.placement.api import FreeSlotsView, PlacementView
 from gateway.api import ApiKeyViewSet, RequestLogViewSet
 from gateway.usage.views import UsageView
-from reservations.api import MeView, NotificationViewSet, ReservationViewSet, WaitlistViewSet
+from reservations.account_api import MeView, NotificationViewSet, WaitlistViewSet
+from reservations.api import ReservationViewSet
 from reservations.webhooks.api import WebhookViewSet
 from slotserve_site import sign_in
 from slotserve_site.metrics import metrics_view

