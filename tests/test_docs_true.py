@@ -77,3 +77,11 @@ def test_no_module_of_the_product_passes_400_lines():
         if "migrations" not in path.parts and (count := len(path.read_text().splitlines())) > 400
     }
     assert long == {}
+
+
+def test_the_pre_commit_hook_runs_what_ci_checks():
+    import yaml
+
+    hooks = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())["repos"][0]["hooks"]
+    assert [hook["entry"] for hook in hooks] == ["./slotserve check"]
+    assert "./slotserve check" in (ROOT / ".ci" / "run").read_text()
