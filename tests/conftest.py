@@ -393,7 +393,7 @@ def running_llama_server(binary: str, model: Path, *args: str, secret: str = "")
         stderr=subprocess.DEVNULL,
     )
     try:
-        eventually(lambda: healthy(port), timeout=30, every=0.05)
+        assert eventually(lambda: healthy(port), timeout=30, every=0.05)
         yield port
     finally:
         child.terminate()

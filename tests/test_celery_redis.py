@@ -22,6 +22,8 @@ def test_redecide_task_travels_through_redis_to_a_worker():
     celery_app.conf.task_always_eager = False
     with start_worker(celery_app, pool="solo", perform_ping_check=False, queues=[queue], loglevel="WARNING"):
         channel_redecide.apply_async(args=(channel.pk,), queue=queue)
-        eventually(lambda: ChannelTarget.objects.filter(channel=channel).exists(), timeout=20, every=0.05)
+        assert eventually(
+            lambda: ChannelTarget.objects.filter(channel=channel).exists(), timeout=20, every=0.05
+        )
     target = ChannelTarget.objects.get(channel=channel)
     assert (target.model_id, target.reason) == (channel.default_model_id, "default")

@@ -96,8 +96,11 @@ def test_env_example_defines_every_variable_compose_needs():
 
 def test_dockerfile_copies_every_package():
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
-    for package in ("slotserve_site", "channels_app", "reservations", "gateway", "portal", "templates"):
-        assert f"COPY {package} {package}" in dockerfile
+    packages = ("slotserve_site", "channels_app", "reservations", "gateway", "portal", "slotserve_base")
+    for package in (*packages, "templates"):
+        assert f"COPY {package} {package}" in dockerfile, package
+    # devtools: the demo's tiny model and stand-in, which `manage.py run --demo` imports
+    assert "COPY devtools devtools" in dockerfile
 
 
 def test_redis_and_postgres_are_not_published_to_everyone_and_redis_has_a_password():

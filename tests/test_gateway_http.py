@@ -246,7 +246,7 @@ def test_unreachable_upstream_is_502(gateway_url, world):
     answer = call(gateway_url, world.ana_key, model="llama")
     assert error(answer) == (502, "upstream_unreachable")
     # Counted out right after the answer went to the client.
-    eventually(lambda: in_flight(world.other.pk) == 0, timeout=5)
+    assert eventually(lambda: in_flight(world.other.pk) == 0, timeout=5)
     assert in_flight(world.other.pk) == 0
 
 
@@ -267,7 +267,7 @@ def test_upstream_dying_mid_stream_ends_with_an_error_event(gateway_url, world, 
         lines = [line for line in answer.iter_lines() if line.startswith("data: ")]
     assert "upstream_failed" in lines[-1]
     # The gateway counts the request out just after the stream's last bytes leave.
-    eventually(lambda: in_flight(world.other.pk) == 0, timeout=5)
+    assert eventually(lambda: in_flight(world.other.pk) == 0, timeout=5)
     assert in_flight(world.other.pk) == 0
 
 
@@ -287,9 +287,8 @@ def test_client_disconnect_cancels_the_upstream_and_releases_the_count(gateway_u
         lines = answer.iter_lines()
         next(lines)
         assert in_flight(counter) == 1
-    eventually(lambda: in_flight(counter) == 0, timeout=5)
-    assert in_flight(counter) == 0
-    eventually(lambda: "client went away" in log.read_text(), timeout=5)
+    assert eventually(lambda: in_flight(counter) == 0, timeout=5)
+    assert eventually(lambda: "client went away" in log.read_text(), timeout=5), log.read_text()
     assert "generation cancelled" in log.read_text()
 
 
@@ -341,7 +340,7 @@ def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, w
     reader.join(timeout=30)
     assert received[-1] == "data: [DONE]" and len(received) == 61
     # Counted out right after the last bytes went to the client: now the switch can proceed.
-    eventually(lambda: worker.in_flight(world.other.pk) == 0, timeout=5)
+    assert eventually(lambda: worker.in_flight(world.other.pk) == 0, timeout=5)
     assert worker.in_flight(world.other.pk) == 0
 
 
@@ -424,7 +423,7 @@ def test_client_leaving_before_the_first_token_cancels_the_upstream(gateway_url,
         def all_cancelled(wanted: int = 1 + streaming) -> bool:
             return bool(log.read_text().count("before the first token") >= wanted)
 
-        eventually(all_cancelled, timeout=3)
+        assert eventually(all_cancelled, timeout=3)
         assert log.read_text().count("before the first token") == 1 + streaming
         assert time.monotonic() - started < 3, "cancelled long before the 5 s prefill would end"
 

@@ -95,7 +95,7 @@ def test_a_second_machine_with_the_same_node_name_stops_at_once_naming_the_first
             assert first.poll() is None, (tmp_path / "first.log").read_text()[-2000:]
             return "node gpu-1:" in (tmp_path / "first.log").read_text()
 
-        eventually(started, timeout=60, every=0.2)
+        assert eventually(started, timeout=60, every=0.2)
         python = sys.executable
         second = subprocess.run(
             ["unshare", "-u", "sh", "-c", f"hostname gpu-clone && exec {python} manage.py nodeworker"],

@@ -342,7 +342,7 @@ def test_tick_reaches_the_node_worker_through_redis(node_env, tiny, real_node_qu
         loglevel="WARNING",
     ):
         scheduler_tick.apply_async(queue=scheduler_queue)
-        eventually(
+        assert eventually(
             lambda: ChannelRuntime.objects.filter(channel=channel, phase=Phase.READY).exists(),
             timeout=60,
             every=0.1,
@@ -400,7 +400,7 @@ def test_the_run_log_reaches_hosts_that_do_not_have_the_file(node_env, tiny, ana
         lines[:] = api.get(f"/api/channels/{channel.pk}/log", {"lines": 5000}).data["lines"]
         return any("listening" in line for line in lines)
 
-    eventually(listening, timeout=10, every=0.05)
+    assert eventually(listening, timeout=10, every=0.05)
     assert lines[0].startswith("$ ") and "--alias tiny" in lines[0], lines[:3]
     assert any("listening" in line for line in lines)
     portal = Client()

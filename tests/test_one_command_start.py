@@ -100,7 +100,7 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
             listed[:] = [m["id"] for m in answer.json()["data"]] if answer.status_code == 200 else []
             return "tiny" in listed
 
-        eventually(tiny_listed, timeout=max(deadline - time.monotonic(), 0), every=0.5)
+        assert eventually(tiny_listed, timeout=max(deadline - time.monotonic(), 0), every=0.5)
         assert "tiny" in listed, (tmp_path / "run.log").read_text()[-3000:]
         client = openai.OpenAI(base_url=f"{base}/v1", api_key=key)
         chunks = list(
@@ -157,7 +157,7 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
         scheduler = next(pid for pid in processes_of(tmp_path) if _is_part(pid, run.pid, b"--beat"))
         os.kill(scheduler, signal.SIGKILL)
         assert client.models.list().data[0].id == "tiny"
-        eventually(lambda: "scheduler started again" in log_text(tmp_path), timeout=60, every=0.2)
+        assert eventually(lambda: "scheduler started again" in log_text(tmp_path), timeout=60, every=0.2)
         assert "scheduler exited with status -9; starting it again in 1 s" in log_text(tmp_path)
         assert "scheduler started again" in log_text(tmp_path)
         assert run.poll() is None, log_text(tmp_path)[-3000:]
@@ -167,7 +167,7 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
     assert code == 0, (tmp_path / "run.log").read_text()[-3000:]
     text = (tmp_path / "run.log").read_text()
     assert "Stopped 1 inference process(es)." in text and "SlotServe stopped." in text, text[-3000:]
-    eventually(lambda: not processes_of(tmp_path), timeout=10, every=0.2)
+    assert eventually(lambda: not processes_of(tmp_path), timeout=10, every=0.2)
     assert processes_of(tmp_path) == []
 
 

@@ -92,7 +92,7 @@ def test_a_real_llama_server_refuses_callers_without_the_runs_secret(node_env, t
         shown[:] = api.get(f"/api/channels/{channel.pk}/log", {"lines": 5}).data["lines"]
         return "main: api key [redacted] set" in shown
 
-    eventually(shipped, timeout=5, every=0.05)
+    assert eventually(shipped, timeout=5, every=0.05)
     assert "main: api key [redacted] set" in shown
     assert not any(secret in line for line in shown)
     staff = factories.user("boss", staff=True)

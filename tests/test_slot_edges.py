@@ -5,7 +5,6 @@ access table). Every caller gets an answer they can act on while a channel loads
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 
 import httpx
@@ -16,6 +15,7 @@ from channels_app.scheduling.services import decide_channels
 from gateway.api_keys import api_key_create
 from slotserve_base.vocabulary import Phase
 from tests import factories
+from tests.clock import eventually
 from tests.test_node_worker import converge
 
 
@@ -72,7 +72,7 @@ def test_at_a_back_to_back_boundary_the_booker_is_served_only_their_own_preset(
         owner=ana, on=channel, start=start, end=start + timedelta(hours=1), target=tiny["big"]
     )
     decide_channels(now=timezone.now())
-    time.sleep(max((start - timezone.now()).total_seconds(), 0) + 0.1)
+    assert eventually(lambda: timezone.now() >= start + timedelta(seconds=0.1), timeout=5, every=0.02)
     switching = ask(gateway_url, ana_key)
     assert code(switching) == (503, "model_switching"), switching.text  # not the last preset's answer
     assert code(ask(gateway_url, bo_key))[0] == 403  # her slot, whatever runs
