@@ -11,6 +11,7 @@ from django.conf import settings
 from django.utils.safestring import SafeString, mark_safe
 
 from channels_app.models import Channel, LLMModel, Preset
+from reservations.recurrence import MAX_OCCURRENCES
 from reservations.webhooks.models import Body
 from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 
@@ -48,7 +49,9 @@ class BookingForm(forms.Form):
     until = forms.DateField(
         required=False, widget=forms.DateInput(attrs={"type": "date"}), label="Until (the last day)"
     )
-    count = forms.IntegerField(required=False, min_value=1, max_value=60, label="or this many times")
+    count = forms.IntegerField(
+        required=False, min_value=1, max_value=MAX_OCCURRENCES, label="or this many times"
+    )
     skip_conflicts = forms.BooleanField(
         required=False, label="Book the others, skipping the dates that cannot be booked"
     )
@@ -72,10 +75,6 @@ class ChangeForm(forms.Form):
 
 class ExtendForm(forms.Form):
     end = LocalDateTimeField(label="New end")
-
-
-class RejectForm(forms.Form):
-    reason = forms.CharField(max_length=2000)
 
 
 class OverrideForm(forms.Form):

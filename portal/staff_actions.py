@@ -22,9 +22,9 @@ from channels_app.scheduling.services import channel_reload, override_clear, ove
 from portal.actions import PAGE, me, reservation_action
 from portal.forms import (
     OverrideForm,
-    RejectForm,
 )
 from reservations import services
+from reservations.forms import RejectForm
 from reservations.models import Reservation, ReservationStatus
 from reservations.selectors import reviewable_by
 from reservations.services import InvalidTransition, ReservationConflict

@@ -22,6 +22,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from reservations import people_admin, services  # noqa: F401  (people_admin: the User admin)
+from reservations.forms import RejectForm
 from reservations.models import GroupPolicy, Notification, Reservation
 from slotserve_base.admin_services import SavedByServicesAdmin
 from slotserve_base.errors import InvalidInput
@@ -89,10 +90,6 @@ class ReservationAdminForm(forms.ModelForm[Reservation]):
                 )
             )
         return data
-
-
-class RejectForm(forms.Form):
-    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), help_text="The booker reads this.")
 
 
 @admin.register(Reservation)

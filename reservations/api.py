@@ -16,8 +16,9 @@ from rest_framework.response import Response
 from channels_app.models import Channel, LLMModel, Preset
 from reservations import hints, services
 from reservations.filters import ReservationFilter
-from reservations.models import Reservation
+from reservations.models import REJECT_REASON_MOST, Reservation
 from reservations.profiles import profile_for
+from reservations.recurrence import MAX_OCCURRENCES
 from reservations.selectors import reviewable_by
 from slotserve_base.api_fields import IdOrNameField, MomentField, current_user, is_id, moment_param
 from slotserve_base.iso import iso_moment
@@ -81,7 +82,7 @@ class SeriesInput(ReservationInput):
     until = serializers.DateField(
         required=False, allow_null=True, help_text="the last day (local), inclusive"
     )
-    count = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=60)
+    count = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=MAX_OCCURRENCES)
     time_zone = serializers.CharField(
         required=False, max_length=64, help_text="whose wall-clock times the series keeps; default: yours"
     )
@@ -117,7 +118,7 @@ class ChangeInput(serializers.Serializer[Any]):
 
 
 class RejectInput(serializers.Serializer[Any]):
-    reason = serializers.CharField(allow_blank=False, max_length=2000)
+    reason = serializers.CharField(allow_blank=False, max_length=REJECT_REASON_MOST)
 
 
 class ReservationViewSet(

@@ -16,6 +16,9 @@ from django.utils import timezone
 from slotserve_base.target import Target
 from slotserve_base.vocabulary import NotificationEvent
 
+# The longest reason an approver may give for a rejection (portal, API and admin alike).
+REJECT_REASON_MOST = 2000
+
 
 class ReservationStatus(models.TextChoices):
     """A reservation's state. Allowed transitions:
@@ -105,7 +108,7 @@ class Reservation(models.Model):
     status = models.CharField(
         max_length=20, choices=ReservationStatus.choices, default=ReservationStatus.PENDING
     )
-    reject_reason = models.TextField(blank=True)
+    reject_reason = models.TextField(blank=True)  # at most REJECT_REASON_MOST characters
     note = models.TextField(blank=True)
     created = models.DateTimeField(default=timezone.now)
     reviewed_by = models.ForeignKey(

@@ -203,8 +203,12 @@ if SLOTSERVE_LDAP_URL:
 
 from slotserve_site.sign_in_settings import oidc_settings_from_env  # noqa: E402 (the section's own)
 
-globals().update(oidc_settings_from_env())
+_oidc = oidc_settings_from_env()
+globals().update(_oidc)  # mozilla-django-oidc's OIDC_* settings
 SLOTSERVE_OIDC_CLIENT_ID = env_str("SLOTSERVE_OIDC_CLIENT_ID", "")
+SLOTSERVE_OIDC_NAME: str = _oidc["SLOTSERVE_OIDC_NAME"]
+SLOTSERVE_OIDC_GROUPS_CLAIM: str = _oidc["SLOTSERVE_OIDC_GROUPS_CLAIM"]
+SLOTSERVE_OIDC_STAFF_GROUP: str = _oidc["SLOTSERVE_OIDC_STAFF_GROUP"]
 OIDC_AUTHENTICATION_CALLBACK_URL = "oidc_authentication_callback"
 LOGIN_REDIRECT_URL_FAILURE = "/accounts/login/?sign_in_failed=1"
 if SLOTSERVE_OIDC_CLIENT_ID:

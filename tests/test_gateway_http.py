@@ -524,11 +524,13 @@ def test_a_client_that_leaves_while_the_gateway_looks_again_is_not_forwarded(gat
     async def slow_get(self):
         looks.append(time.monotonic())
         if len(looks) > 1:
-            await asyncio.sleep(0.6)  # each look after the first is slow: the client leaves meanwhile
+            await asyncio.sleep(1.5)  # each look after the first is slow: the client leaves meanwhile
         return await real_get(self)
 
     monkeypatch.setattr(SnapshotCache, "get", slow_get)
-    _leave_while_held(gateway_url, world, after=0.35)
+    # The second look begins within a hold's poll of the request's arrival (HOLD_POLL_SECONDS),
+    # and the client leaves while it lasts, however slowly the machine let the request in.
+    _leave_while_held(gateway_url, world, after=1.0)
     assert eventually(lambda: len(looks) >= 2, timeout=5)
     # Had the gateway sent it on after its slow look, it would reach the process within this.
     assert throughout(lambda: "POST /v1/chat/completions" not in world.log.read_text(), 1.5)

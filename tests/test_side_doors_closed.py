@@ -202,7 +202,8 @@ def test_a_stream_hung_up_before_its_usage_is_charged_what_was_sent_or_allowed(
 ):
     """Streams whose usage never comes (the caller hangs up first) are charged at least the
     events they were sent, or what their request allowed (``max_output_tokens`` included)."""
-    args = ("--alias", "tiny", "-c", "512", "-t", "1")
+    # -n: the server's own cap on an answer that sets none, so a stream nobody reads ends soon.
+    args = ("--alias", "tiny", "-c", "512", "-n", "120", "-t", "1")
     with running_llama_server(llama_server_bin, tiny_gguf, *args) as port:
         serve(world.other, factories.llm("tiny"), port)
         snapshot_seen(gateway_url)
