@@ -6,7 +6,7 @@ Charts are SVG drawn here by pygal: nothing loads from elsewhere, nothing runs i
 from __future__ import annotations
 
 import re
-from datetime import date, datetime
+from datetime import date
 from typing import Any
 
 import pygal
@@ -33,6 +33,7 @@ from gateway.usage.reports import (
 )
 from gateway.usage.utilisation import SHARES
 from slotserve_base.csv_cells import SafeWriter
+from slotserve_base.iso import iso_moment
 
 COLUMNS = [
     "name",
@@ -198,13 +199,9 @@ class UsageView(APIView):
             {
                 "by": found["by"],
                 "period": found["period"],
-                "from": _iso(found["lo"]),
-                "to": _iso(found["hi"]),
+                "from": iso_moment(found["lo"]),
+                "to": iso_moment(found["hi"]),
                 "rows": found["rows"],
                 "shares": found["shares"],
             }
         )
-
-
-def _iso(moment: datetime) -> str:
-    return moment.isoformat()

@@ -20,7 +20,6 @@ from reservations.services.common import (
     _check_limits,
     _hold_channel,
     _is_overlap,
-    _iso,
     _retrying_deadlocks,
     _tell_approvers,
     _whole_booking,
@@ -31,6 +30,7 @@ from reservations.services.waitlist import tell_waiting
 from reservations.wording import slot_words
 from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InvalidInput
+from slotserve_base.iso import iso_moment
 from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 
 
@@ -238,7 +238,7 @@ def reservation_change(
                     f"Your reservation of {reservation.channel} was changed by {by}: now "
                     f"{slot_words(start, end, zone)}, {reservation.what}."
                 ),
-                key=f"changed:{reservation.pk}:{_iso(start)}:{_iso(end)}:{reservation.target}",
+                key=f"changed:{reservation.pk}:{iso_moment(start)}:{iso_moment(end)}:{reservation.target}",
             )
         if moved or retargeted:
             announce_booking(WebhookEvent.BOOKING_CHANGED, reservation, at=now)

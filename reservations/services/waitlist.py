@@ -74,7 +74,7 @@ def tell_waiting(*, channel_id: int, now: datetime) -> int:
             user=entry.user,
             event=NotificationEvent.SLOT_FREED,
             text=functools.partial(_freed_words, entry.channel.name, start, entry.end),
-            link=f"/book/?channel={entry.channel_id}&start={_iso(start)}&end={_iso(entry.end)}",
+            link=f"/book/?channel={entry.channel_id}&start={iso_moment(start)}&end={iso_moment(entry.end)}",
             key=f"slot_freed:{entry.pk}",
         )
         _announce_freed(entry, start, now)
@@ -83,7 +83,7 @@ def tell_waiting(*, channel_id: int, now: datetime) -> int:
 
 
 def _announce_freed(entry: WaitlistEntry, start: datetime, now: datetime) -> None:
-    link = f"/book/?channel={entry.channel_id}&start={_iso(start)}&end={_iso(entry.end)}"
+    link = f"/book/?channel={entry.channel_id}&start={iso_moment(start)}&end={iso_moment(entry.end)}"
     tell(
         Happening(
             type=WebhookEvent.WAITLIST_SLOT_FREED,
@@ -106,7 +106,3 @@ def _announce_freed(entry: WaitlistEntry, start: datetime, now: datetime) -> Non
 def _freed_words(channel: str, start: datetime, end: datetime, zone: tzinfo) -> str:
     slot = slot_words(start, end, zone)
     return f"{channel} is free {slot}, the time you waited for: book it before someone else does."
-
-
-def _iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
