@@ -25,6 +25,7 @@ from channels_app.models import (
     Preset,
     ReloadRequest,
 )
+from channels_app.models.channel import CHANNEL_SETTINGS
 from channels_app.scheduling import services
 from slotserve_base.admin_fields import GpuIndexesField, LabelsField
 from slotserve_base.admin_services import SavedByServicesAdmin
@@ -108,24 +109,7 @@ class ChannelAdminForm(forms.ModelForm[Channel]):
 
     class Meta:
         model = Channel
-        fields = [
-            "name",
-            "node",
-            "gpu_indexes",
-            "approval_policy",
-            "default_model",
-            "default_preset",
-            "labels",
-            "allow_whole_card",
-            "min_booking_minutes",
-            "max_booking_minutes",
-            "max_days_ahead",
-            "weekly_quota_hours",
-            "allowed_groups",
-            "group_weekly_quota_hours",
-            "idle_warn_minutes",
-            "idle_release_minutes",
-        ]
+        fields = list(CHANNEL_SETTINGS)
 
     def _post_clean(self) -> None:
         super()._post_clean()  # type: ignore[misc]  # builds the instance, runs Channel.clean

@@ -22,6 +22,7 @@ from channels_app.models import (
     model_name_problem,
     preset_args_error,
 )
+from channels_app.models.channel import CHANNEL_SETTINGS
 from channels_app.scheduling.decision import Decision, PlanSegment
 from slotserve_base.api_fields import IdOrNameField
 from slotserve_base.target import Target
@@ -120,27 +121,7 @@ class ChannelSerializer(serializers.ModelSerializer[Channel]):
 
     class Meta:
         model = Channel
-        fields = [
-            "id",
-            "name",
-            "node",
-            "gpu_indexes",
-            "approval_policy",
-            "default_model",
-            "default_preset",
-            "labels",
-            "allow_whole_card",
-            "min_booking_minutes",
-            "max_booking_minutes",
-            "max_days_ahead",
-            "weekly_quota_hours",
-            "allowed_groups",
-            "group_weekly_quota_hours",
-            "idle_warn_minutes",
-            "idle_release_minutes",
-            "vram_bytes",
-            "state",
-        ]
+        fields = ["id", *CHANNEL_SETTINGS, "vram_bytes", "state"]
 
     def get_vram_bytes(self, channel: Channel) -> int:
         return channel.vram_bytes()

@@ -23,6 +23,28 @@ class ApprovalPolicy(models.TextChoices):
     ALL = "all", "Every booking needs approval"
 
 
+# What staff set on a channel, in the admin and through the API alike (the API adds its id and
+# what it reads of the channel's state): one list for both.
+CHANNEL_SETTINGS = (
+    "name",
+    "node",
+    "gpu_indexes",
+    "approval_policy",
+    "default_model",
+    "default_preset",
+    "labels",
+    "allow_whole_card",
+    "min_booking_minutes",
+    "max_booking_minutes",
+    "max_days_ahead",
+    "weekly_quota_hours",
+    "allowed_groups",
+    "group_weekly_quota_hours",
+    "idle_warn_minutes",
+    "idle_release_minutes",
+)
+
+
 class Channel(models.Model):
     """A group of GPUs on one node; runs at most one inference process."""
 

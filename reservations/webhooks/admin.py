@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from reservations.webhooks.models import Delivery, DeliveryTry, Webhook
+from reservations.webhooks.models import WEBHOOK_SHOWN, Delivery, DeliveryTry, Webhook
 from reservations.webhooks.services import webhook_pause, webhook_resume, webhook_test
 from slotserve_base.errors import TooManyTries
 
@@ -33,18 +33,7 @@ class WebhookAdmin(admin.ModelAdmin[Webhook]):
     list_filter = ["scope", "body", ("paused_at", admin.EmptyFieldListFilter)]
     search_fields = ["name", "url", "owner__username"]
     list_select_related = ["owner"]
-    readonly_fields = [
-        "owner",
-        "name",
-        "url",
-        "events",
-        "scope",
-        "channels",
-        "body",
-        "created",
-        "paused_at",
-        "paused_reason",
-    ]
+    readonly_fields = ["owner", *WEBHOOK_SHOWN]
     exclude = ["secret", "lease_until"]
     inlines = [DeliveryInline]
     actions = ["pause", "resume", "send_test"]

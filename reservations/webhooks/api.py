@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from channels_app.models import Channel
-from reservations.webhooks.models import Delivery, DeliveryTry, Webhook
+from reservations.webhooks.models import WEBHOOK_SHOWN, Delivery, DeliveryTry, Webhook
 from reservations.webhooks.services import (
     delivery_redeliver,
     webhook_change,
@@ -45,19 +45,7 @@ class WebhookOutput(serializers.ModelSerializer[Webhook]):
 
     class Meta:
         model = Webhook
-        fields = [
-            "id",
-            "name",
-            "url",
-            "secret",
-            "events",
-            "scope",
-            "channels",
-            "body",
-            "created",
-            "paused_at",
-            "paused_reason",
-        ]
+        fields = ["id", "name", "url", "secret", *WEBHOOK_SHOWN[2:]]
 
 
 class WebhookInput(serializers.Serializer[Any]):

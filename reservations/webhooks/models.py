@@ -19,6 +19,21 @@ class Body(models.TextChoices):
     SLACK = "slack", 'Slack-compatible {"text": …} (Slack, Mattermost, Rocket.Chat)'
 
 
+# What a webhook is, as its owner and staff read it (the API adds its id and secret; the admin
+# shows these read-only): one list for both.
+WEBHOOK_SHOWN = (
+    "name",
+    "url",
+    "events",
+    "scope",
+    "channels",
+    "body",
+    "created",
+    "paused_at",
+    "paused_reason",
+)
+
+
 class Webhook(models.Model):
     """A URL that hears of events: its owner's own (``mine``), or, for staff, everyone's, of every
     channel or of the chosen ones. Signed with ``secret`` (``whsec_…``)."""
