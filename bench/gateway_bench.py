@@ -313,7 +313,14 @@ def prepare_gateway(
     return env, key
 
 
-def uvicorn_argv(app: str, port: int, *, own_http: bool = True) -> list[str]:
+def own_http_server(root: Path) -> str:
+    """The gateway's own HTTP server in the checkout at ``root``: ``gateway.serve.server`` since
+    the gateway has rooms, ``gateway.server`` before (a checkout measured with --against)."""
+    room = root / "gateway" / "serve" / "server.py"
+    return "gateway.serve.server:GatewayHttp" if room.exists() else "gateway.server:GatewayHttp"
+
+
+def uvicorn_argv(app: str, port: int, *, own_http: bool = True, root: Path = ROOT) -> list[str]:
     """uvicorn serving ``app`` on ``port`` quietly; with the gateway's own HTTP server in front
     (``gateway.serve.server``, as ``./slotserve start`` runs it) unless ``own_http`` is false."""
     return [
@@ -326,7 +333,7 @@ def uvicorn_argv(app: str, port: int, *, own_http: bool = True) -> list[str]:
         "--no-access-log",
         "--lifespan",
         "off",
-        *(["--http", "gateway.serve.server:GatewayHttp"] if own_http else []),
+        *(["--http", own_http_server(root)] if own_http else []),
     ]
 
 
@@ -462,7 +469,11 @@ def main() -> None:
         against_port = free_port()
         against_root = Path(args.against).resolve()
         against = subprocess.Popen(
-            [*uvicorn_argv("slotserve_site.asgi:application", against_port), "--app-dir", str(against_root)],
+            [
+                *uvicorn_argv("slotserve_site.asgi:application", against_port, root=against_root),
+                "--app-dir",
+                str(against_root),
+            ],
             env={**env, "PYTHONPATH": str(against_root)},
             cwd=against_root,
         )
