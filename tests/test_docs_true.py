@@ -85,3 +85,28 @@ def test_the_pre_commit_hook_runs_what_ci_checks():
     hooks = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())["repos"][0]["hooks"]
     assert [hook["entry"] for hook in hooks] == ["./slotserve check"]
     assert "./slotserve check" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_defaults_docs_settings_md_states_are_the_codes():
+    """Where the table gives a plain number as a setting's default, the code reads the same."""
+    from tests.test_compose_file import SETTINGS_SOURCES
+
+    source = "\n".join((ROOT / path).read_text() for path in SETTINGS_SOURCES)
+    checked, wrong = 0, []
+    for line in (ROOT / "docs" / "settings.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        if len(cells) < 2 or not re.fullmatch(r"`[A-Z0-9_]+`", cells[0]):
+            continue
+        name, stated = cells[0].strip("`"), cells[1].split(" ")[0].strip("`")
+        if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", stated):
+            continue
+        read = re.search(rf'env_\w+\(\s*"{name}",\s*([0-9. *]+)[,)]', source)
+        if read is None:
+            continue
+        checked += 1
+        value = 1.0
+        for factor in read.group(1).split("*"):  # 10 * 1024 * 1024
+            value *= float(factor)
+        if value != float(stated):
+            wrong.append((name, stated, read.group(1)))
+    assert checked >= 20 and wrong == [], (checked, wrong)

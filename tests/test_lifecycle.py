@@ -44,9 +44,11 @@ def state(
     return ProcessState(phase=phase, running=running, since=since, pid=pid, **extra)
 
 
-WANT_B = Wanted(target=B, default=A, serves_reservation=True)
-WANT_A = Wanted(target=A, default=A)
-WANT_NONE = Wanted(target=None, default=A)
+# The bounds of each phase, as the settings give them by default (docs/settings.md).
+BOUNDS = {"drain_seconds": 30.0, "stop_timeout_seconds": 15.0, "load_timeout_seconds": 600.0}
+WANT_B = Wanted(target=B, default=A, serves_reservation=True, **BOUNDS)
+WANT_A = Wanted(target=A, default=A, **BOUNDS)
+WANT_NONE = Wanted(target=None, default=A, **BOUNDS)
 ALIVE = Observed(alive=True)
 HEALTHY = Observed(alive=True, healthy=True)
 DEAD = Observed(alive=False, exit_code=1, log_tail="error: bad magic\n")
@@ -404,10 +406,12 @@ def test_failure_schedules_growing_retries_and_success_resets():
         assert failed.failure is not None
         delays.append((failed.failure.retry_at - now).total_seconds())
         now = failed.failure.retry_at
-        current = step(dataclasses.replace(failed, fallback=False), Wanted(target=B), GONE, now).state
+        current = step(
+            dataclasses.replace(failed, fallback=False), Wanted(target=B, **BOUNDS), GONE, now
+        ).state
         assert current.phase == Phase.LOADING
     assert delays == [30, 60, 120, 240, 480, 600, 600]
-    ready = step(current, Wanted(target=B), HEALTHY, now).state
+    ready = step(current, Wanted(target=B, **BOUNDS), HEALTHY, now).state
     assert ready.failure is None and ready.error == ""
 
 

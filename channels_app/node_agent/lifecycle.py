@@ -60,9 +60,12 @@ class ProcessState:
     reload_generation: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Wanted:
-    """What the scheduler stored for the channel, and the settings that bound each phase."""
+    """What the scheduler stored for the channel, and the settings that bound each phase
+    (``SLOTSERVE_DRAIN_SECONDS``, ``SLOTSERVE_STOP_TIMEOUT_SECONDS``,
+    ``SLOTSERVE_LOAD_TIMEOUT_SECONDS``: given by ``rows.wanted_of``, defaults nowhere but in
+    the settings)."""
 
     target: Target | None
     default: Target | None = None
@@ -71,9 +74,9 @@ class Wanted:
     # episode belongs to one purpose: a later booking of the same model starts afresh.
     purpose: str = ""
     reload_generation: int = 0
-    drain_seconds: float = 30.0
-    stop_timeout_seconds: float = 15.0
-    load_timeout_seconds: float = 600.0
+    drain_seconds: float
+    stop_timeout_seconds: float
+    load_timeout_seconds: float
 
 
 @dataclass(frozen=True)
