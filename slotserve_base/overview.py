@@ -1,4 +1,5 @@
-"""The announcement of channel changes to the live overview (``portal.live`` listens)."""
+"""Refreshing the open live overviews when channels change (``portal.live`` listens). Not to be
+confused with announcing a happening to webhooks (``slotserve_base.happenings``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ log = logging.getLogger(__name__)
 OVERVIEW_GROUP = "overview"
 
 
-def announce(channel_ids: list[int], what: str) -> None:
+def refresh(channel_ids: list[int], what: str) -> None:
     """Tell the open overviews that channels changed, in one message. Never fails the caller."""
     layer = get_channel_layer()
     if layer is None or not channel_ids:
@@ -23,4 +24,4 @@ def announce(channel_ids: list[int], what: str) -> None:
             OVERVIEW_GROUP, {"type": "channel.changed", "channels": channel_ids, "what": what}
         )
     except Exception:
-        log.warning("could not announce a change of channels %s to the overview", channel_ids, exc_info=True)
+        log.warning("could not refresh the overview for channels %s", channel_ids, exc_info=True)

@@ -42,7 +42,7 @@ def channel_events(
     return events
 
 
-def announce(
+def announce_channel(
     channel: Channel,
     target_row: ChannelTarget | None,
     before: ProcessState,

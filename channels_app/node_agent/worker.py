@@ -29,7 +29,7 @@ from channels_app.models import (
     ReloadRequest,
 )
 from channels_app.node_agent import gpus, locks, log_shipping, processes
-from channels_app.node_agent.announce import announce
+from channels_app.node_agent.announce import announce_channel
 from channels_app.node_agent.lifecycle import (
     LAUNCH_FAILED,
     Action,
@@ -271,10 +271,10 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
     result = step(before, wanted, observe(runtime, channel, now), now)
     if result.state.phase != before.phase:
         log.info("channel %s: %s → %s", channel.name, before.phase, result.state.phase)
-        overview.announce([channel_id], result.state.phase.value)
+        overview.refresh([channel_id], result.state.phase.value)
     act(result.actions, runtime, channel, target_row, now)
     after = result.state
-    announce(channel, target_row, before, after, result.actions, runtime.load_id, now)
+    announce_channel(channel, target_row, before, after, result.actions, runtime.load_id, now)
     if any(isinstance(a, Start) for a in result.actions):
         after = dataclasses.replace(after, pid=runtime.pid)  # known once the process runs
     if after.phase not in (Phase.READY, Phase.DRAINING):

@@ -94,7 +94,7 @@ def decide_channels(*, now: datetime, channel_ids: Iterable[int] | None = None) 
             update_fields=["model", "preset", "reason", "valid_until", "reservation", "decided_at"],
         )
     changed = [row.channel_id for row in changed_rows]
-    overview.announce(changed, "target")
+    overview.refresh(changed, "target")
     if changed:
         log.info("scheduler: %d of %d channels have a new target", len(changed), len(facts))
     return TickResult(channels=len(facts), changed=changed, valid_until=valid_until)
