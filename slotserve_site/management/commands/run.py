@@ -259,9 +259,8 @@ def web_command(host: str, port: int) -> list[str]:
     ]
 
 
-def scheduler_command() -> list[str]:
-    """The scheduler: beat and the worker of the scheduler's queue (decisions, node news, the
-    request log's flush, a slot's edges)."""
+def celery_worker(name: str, *options: str) -> list[str]:
+    """A Celery worker of SlotServe's named ``name`` (``<name>@<host>``) with two processes."""
     return [
         sys.executable,
         "-m",
@@ -269,14 +268,20 @@ def scheduler_command() -> list[str]:
         "-A",
         "slotserve_site",
         "worker",
-        "--beat",
+        *options,
         "--hostname",
-        "scheduler@%h",
+        f"{name}@%h",
         "--loglevel",
         settings.SLOTSERVE_LOG_LEVEL,
         "--concurrency",
         "2",
     ]
+
+
+def scheduler_command() -> list[str]:
+    """The scheduler: beat and the worker of the scheduler's queue (decisions, node news, the
+    request log's flush, a slot's edges)."""
+    return celery_worker("scheduler", "--beat")
 
 
 def webhooks_command() -> list[str]:
@@ -284,22 +289,7 @@ def webhooks_command() -> list[str]:
     holds its processes and none of the scheduler's (docs/webhooks.md, "Delivery")."""
     from slotserve_base.dispatch import webhook_queue
 
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "slotserve_site",
-        "worker",
-        "--queues",
-        webhook_queue(),
-        "--hostname",
-        "webhooks@%h",
-        "--loglevel",
-        settings.SLOTSERVE_LOG_LEVEL,
-        "--concurrency",
-        "2",
-    ]
+    return celery_worker("webhooks", "--queues", webhook_queue())
 
 
 def _restart_pause(deaths: int, ran: float) -> float:
