@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterable
 from datetime import datetime, timedelta, tzinfo
@@ -86,16 +87,15 @@ def api_key_change(
     models = list(models) if models is not None else None
     channels = list(channels) if channels is not None else None
     if by_key is not None:
-        _within(by_key, limits_of(api_key), "change")
-        _within(
-            by_key,
-            KeyLimits(
-                models=_ids(models) if models is not None else limits_of(api_key).models,
-                channels=_ids(channels) if channels is not None else limits_of(api_key).channels,
-                expires_at=api_key.expires_at if expires_at is UNCHANGED else expires_at,
-            ),
-            "change",
+        now_limits = limits_of(api_key)
+        _within(by_key, now_limits, "change")
+        changed = dataclasses.replace(
+            now_limits,
+            models=_ids(models) if models is not None else now_limits.models,
+            channels=_ids(channels) if channels is not None else now_limits.channels,
+            expires_at=api_key.expires_at if expires_at is UNCHANGED else expires_at,
         )
+        _within(by_key, changed, "change")
     if expires_at is not UNCHANGED:
         _check_expiry(expires_at, now or timezone.now())
         if expires_at != api_key.expires_at:
