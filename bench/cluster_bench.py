@@ -190,7 +190,7 @@ def main() -> None:
                     ],
                     cwd=ROOT,
                     env=env,
-                    stdout=(home / "nodeworker.log").open("wb"),
+                    stdout=(home / "node-worker.log").open("wb"),
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )

@@ -118,7 +118,7 @@ def main() -> None:
         queues=["celery", node_queue(node.name)],
         loglevel="WARNING",
     ):
-        from channels_app.node_agent.tasks import channel_reconcile
+        from channels_app.node_worker.tasks import channel_reconcile
 
         channel_reconcile.apply_async(args=(channel.pk,), queue=node_queue(node.name))
         wait_ready(presets[0])

@@ -9,7 +9,7 @@ class ChannelsAppConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
-        from channels_app.node_agent.gpus import FakeGpuSpecError, parse_fake_gpus
+        from channels_app.node_worker.gpus import FakeGpuSpecError, parse_fake_gpus
         from channels_app.scheduling.beat import register_tick
         from slotserve_base.env import SettingError
 
@@ -20,7 +20,7 @@ class ChannelsAppConfig(AppConfig):
                 raise SettingError(str(exc)) from None
 
         # The stages' tasks, registered in every process (slotserve_base.dispatch sends by name).
-        import channels_app.node_agent.tasks
+        import channels_app.node_worker.tasks
         import channels_app.scheduling.tasks  # noqa: F401
 
         post_migrate.connect(register_tick, sender=self, dispatch_uid="slotserve_register_tick")

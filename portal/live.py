@@ -1,6 +1,6 @@
 """Live overview: phase and target changes pushed to browsers over a WebSocket.
 
-The node worker and the scheduler announce a change of a channel to the
+The node worker and the scheduler refresh the overview by sending a change of a channel to the
 ``overview`` group of the channel layer (Redis in production); each open
 overview page is told which channel changed and refreshes its cards.
 """

@@ -145,7 +145,7 @@ def overview(request: HttpRequest) -> HttpResponse:
 def run_log(request: HttpRequest, pk: int) -> HttpResponse:
     """The last lines of the channel's current or last run, as the process wrote them; the page
     then follows new lines live (``GET /api/channels/{id}/log?after=<cursor>``)."""
-    from channels_app.node_agent.run_logs import recent_lines_with_cursor
+    from channels_app.node_worker.run_logs import recent_lines_with_cursor
 
     channel = get_object_or_404(Channel, pk=pk)
     lines, cursor = recent_lines_with_cursor(channel, 200)

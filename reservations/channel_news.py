@@ -1,5 +1,5 @@
 """The node worker's news of a channel, told to the people it concerns
-(``channels_app.node_agent.news``): the booker of the reservation it is about, and the admins
+(``channels_app.node_worker.news``): the booker of the reservation it is about, and the admins
 of failures, fallbacks and recoveries, each in their own time zone."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.dispatch import receiver
 
-from channels_app.node_agent.news import News, channel_news
+from channels_app.node_worker.news import News, channel_news
 from reservations.models import Reservation
 from reservations.notifications import notify
 from reservations.wording import slot_words

@@ -1,8 +1,8 @@
 """Where work is sent: the Celery task names and queues the stages share.
 
-The scheduler, the node agent and the reservation services hand work to each
+The scheduler, the node worker and the reservation services hand work to each
 other through Celery by *name*, so no stage imports another's tasks: the
-scheduler never imports the node agent, and the services never import a
+scheduler never imports the node worker, and the services never import a
 task module (no import cycles; ``./slotserve check`` enforces it).
 
 The scheduler's tasks run on the default queue (beat's worker); each node's
@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 
 SCHEDULER_TICK = "channels_app.scheduling.tasks.scheduler_tick"
 CHANNEL_REDECIDE = "channels_app.scheduling.tasks.channel_redecide"
-NODE_TICK = "channels_app.node_agent.tasks.node_tick"
-CHANNEL_RECONCILE = "channels_app.node_agent.tasks.channel_reconcile"
+NODE_TICK = "channels_app.node_worker.tasks.node_tick"
+CHANNEL_RECONCILE = "channels_app.node_worker.tasks.channel_reconcile"
 NOTIFICATION_EMAIL = "reservations.tasks.send_notification_email"
 STARTING_SOON = "reservations.tasks.send_starting_soon_reminders"
 FLUSH_USAGE = "gateway.tasks.flush_gateway_usage"

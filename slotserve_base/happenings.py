@@ -3,7 +3,7 @@
 
 A booking approved, a channel ready, a node gone quiet: each stage that knows sends a
 ``Happening`` with ``tell``. The stages do not know who listens (the webhooks,
-``reservations.webhooks``), so the node agent and the gateway need import nothing of the
+``reservations.webhooks``), so the node worker and the gateway need import nothing of the
 bookings to be heard. A happening sent inside a transaction is kept with it: the webhooks store
 their deliveries in the same transaction, and a change rolled back announces nothing.
 """

@@ -1,6 +1,6 @@
 """Requests in flight per channel, as the gateway records them in Redis (``gateway.wire.counters``).
 
-The node agent reads the count to drain before a switch; /metrics shows it. Each request
+The node worker reads the count to drain before a switch; /metrics shows it. Each request
 is an entry that expires unless its gateway refreshes it, so the count is the entries not
 yet expired, by Redis' own clock.
 """

@@ -1,6 +1,6 @@
 """SlotServe's words, defined once: phases, reasons, notification events, error codes and the
 names of the facts shared through Redis. Models use them as ``choices``; the services, the
-node agent, the gateway and the metrics use the same members (README; docs/scheduling.md).
+node worker, the gateway and the metrics use the same members (README; docs/scheduling.md).
 
 This module imports nothing of SlotServe's: every other module may import it.
 """

@@ -13,7 +13,7 @@ app = Celery("slotserve")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 # The stages of channels_app keep their tasks in their own packages.
-app.autodiscover_tasks(["channels_app.scheduling", "channels_app.node_agent"])
+app.autodiscover_tasks(["channels_app.scheduling", "channels_app.node_worker"])
 
 # Celery's lines for each task run: received, succeeded, and beat's "Sending due task".
 ROUTINE_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace", "celery.beat")

@@ -26,7 +26,7 @@ from gateway.api_keys import api_key_create
 from slotserve_site.celery import app as celery_app
 from tests import factories
 from tests.clock import eventually
-from tests.world import World
+from tests.world import Tiny, World
 
 STANDIN = f"{sys.executable} -m devtools.standin"
 
@@ -56,7 +56,7 @@ REAL_SEND_TO_NODE = slotserve_base.dispatch.send_to_node
 @pytest.fixture(autouse=True)
 def node_queue_sends(monkeypatch):
     """What the scheduler sent to node queues. Tests drive node workers themselves
-    (``channels_app.node_agent.worker.reconcile`` with ``now`` injected), so nothing runs here."""
+    (``channels_app.node_worker.worker.reconcile`` with ``now`` injected), so nothing runs here."""
     sent: list[tuple[str, tuple[Any, ...], str]] = []
     monkeypatch.setattr(
         "slotserve_base.dispatch.send_to_node",
@@ -152,7 +152,7 @@ def node_env(settings, tmp_path, llama_server_bin):
     yield
     # Stop whatever a failing test left running.
     from channels_app.models import ChannelRuntime
-    from channels_app.node_agent import processes
+    from channels_app.node_worker import processes
 
     for runtime in ChannelRuntime.objects.exclude(pid=None):
         processes.send(runtime.pid, signal.SIGKILL)
@@ -163,11 +163,11 @@ def tiny(tiny_gguf):
     model = factories.llm("tiny", size=tiny_gguf.stat().st_size)
     model.path = str(tiny_gguf)
     model.save()
-    return {
-        "model": model,
-        "small": factories.preset(model, "small", "-c 256 --port 1 -t 1"),
-        "big": factories.preset(model, "big", "-c 512 -t 1"),
-    }
+    return Tiny(
+        model=model,
+        small=factories.preset(model, "small", "-c 256 --port 1 -t 1"),
+        big=factories.preset(model, "big", "-c 512 -t 1"),
+    )
 
 
 def _port_block() -> Iterator[int]:

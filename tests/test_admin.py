@@ -13,6 +13,7 @@ from django.utils import timezone
 from channels_app.models import ChannelTarget, Override
 from reservations.models import Notification, Reservation
 from tests import factories
+from tests.world import World
 
 # Re-decisions are sent after commit: real transactions.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -44,7 +45,7 @@ def booking(ana):
         target=target,
         status="pending",
     )
-    return {"channel": channel, "target": target, "pending": pending, "now": now}
+    return World(channel=channel, model=target.model, preset=target, ana=ana, booked=pending, now=now)
 
 
 def _form(reservation: Reservation, **changes) -> dict[str, str]:
@@ -61,7 +62,7 @@ def _form(reservation: Reservation, **changes) -> dict[str, str]:
 
 
 def test_status_cannot_be_set_by_hand(admin_client, booking):
-    pending = booking["pending"]
+    pending = booking.booked
     page = admin_client.get(f"/admin/reservations/reservation/{pending.pk}/change/")
     assert page.status_code == 200
     assert 'name="status"' not in page.content.decode()
@@ -74,7 +75,7 @@ def test_status_cannot_be_set_by_hand(admin_client, booking):
 
 
 def test_approve_action_notifies_and_redecides(admin_client, booking, ana):
-    pending = booking["pending"]
+    pending = booking.booked
     answer = admin_client.post(
         "/admin/reservations/reservation/", {"action": "approve", ACTION_CHECKBOX_NAME: [pending.pk]}
     )
@@ -82,12 +83,12 @@ def test_approve_action_notifies_and_redecides(admin_client, booking, ana):
     pending.refresh_from_db()
     assert pending.status == "approved" and pending.reviewed_by is not None
     assert Notification.objects.filter(user=ana, event="approved").exists()
-    target = ChannelTarget.objects.get(channel=booking["channel"])
+    target = ChannelTarget.objects.get(channel=booking.channel)
     assert target.reservation_id == pending.pk and target.reason == "active_reservation"
 
 
 def test_reject_action_asks_for_a_reason_then_rejects_and_notifies(admin_client, booking, ana):
-    pending = booking["pending"]
+    pending = booking.booked
     asked = admin_client.post(
         "/admin/reservations/reservation/", {"action": "reject", ACTION_CHECKBOX_NAME: [pending.pk]}
     )
@@ -105,13 +106,13 @@ def test_reject_action_asks_for_a_reason_then_rejects_and_notifies(admin_client,
 
 
 def test_cancel_action_goes_through_the_transition_rules(admin_client, booking, ana):
-    now = booking["now"]
+    now = booking.now
     future = factories.reservation(
         owner=ana,
-        on=booking["channel"],
+        on=booking.channel,
         start=now + timedelta(hours=2),
         end=now + timedelta(hours=3),
-        target=booking["target"],
+        target=booking.preset,
         status="approved",
     )
     admin_client.post(
@@ -123,10 +124,10 @@ def test_cancel_action_goes_through_the_transition_rules(admin_client, booking, 
     # A reservation that is over cannot be cancelled: a message, not a change.
     past = factories.reservation(
         owner=ana,
-        on=booking["channel"],
+        on=booking.channel,
         start=now - timedelta(hours=3),
         end=now - timedelta(hours=2),
-        target=booking["target"],
+        target=booking.preset,
         status="approved",
     )
     answer = admin_client.post(
@@ -140,14 +141,14 @@ def test_cancel_action_goes_through_the_transition_rules(admin_client, booking, 
 
 
 def test_adding_an_overlapping_reservation_is_a_form_error_on_every_database(admin_client, booking, bo):
-    pending = booking["pending"]
+    pending = booking.booked
     before = Reservation.objects.count()
     start, end = pending.end - timedelta(minutes=30), pending.end + timedelta(minutes=30)
     data = {
         "user": str(bo.pk),
-        "channel": str(booking["channel"].pk),
-        "model": str(booking["target"].model_id),
-        "preset": str(booking["target"].pk),
+        "channel": str(booking.channel.pk),
+        "model": str(booking.preset.model_id),
+        "preset": str(booking.preset.pk),
         "start_0": start.strftime("%Y-%m-%d"),
         "start_1": start.strftime("%H:%M:%S"),
         "end_0": end.strftime("%Y-%m-%d"),
@@ -160,12 +161,12 @@ def test_adding_an_overlapping_reservation_is_a_form_error_on_every_database(adm
 
 
 def test_adding_through_the_admin_books_for_the_user_approved_and_redecides(admin_client, booking, bo, staff):
-    now = booking["now"]
+    now = booking.now
     data = {
         "user": str(bo.pk),
-        "channel": str(booking["channel"].pk),
-        "model": str(booking["target"].model_id),
-        "preset": str(booking["target"].pk),
+        "channel": str(booking.channel.pk),
+        "model": str(booking.preset.model_id),
+        "preset": str(booking.preset.pk),
         "note": "for the demo",
         "start_0": (now + timedelta(hours=2)).strftime("%Y-%m-%d"),
         "start_1": (now + timedelta(hours=2)).strftime("%H:%M:%S"),
@@ -179,20 +180,20 @@ def test_adding_through_the_admin_books_for_the_user_approved_and_redecides(admi
 
 
 def test_moving_a_reservation_checks_overlap_and_tells_the_owner(admin_client, booking, ana, bo):
-    now = booking["now"]
+    now = booking.now
     other = factories.reservation(
         owner=bo,
-        on=booking["channel"],
+        on=booking.channel,
         start=now + timedelta(hours=2),
         end=now + timedelta(hours=3),
-        target=booking["target"],
+        target=booking.preset,
         status="approved",
     )
     onto = {
         "end_0": (now + timedelta(hours=2, minutes=30)).strftime("%Y-%m-%d"),
         "end_1": (now + timedelta(hours=2, minutes=30)).strftime("%H:%M:%S"),
     }
-    pending = booking["pending"]
+    pending = booking.booked
     refused = admin_client.post(
         f"/admin/reservations/reservation/{pending.pk}/change/", _form(pending, **onto)
     )
@@ -211,15 +212,15 @@ def test_moving_a_reservation_checks_overlap_and_tells_the_owner(admin_client, b
 
 
 def test_reservations_cannot_be_deleted_in_the_admin(admin_client, booking):
-    pending = booking["pending"]
+    pending = booking.booked
     answer = admin_client.post(f"/admin/reservations/reservation/{pending.pk}/delete/", {"post": "yes"})
     assert answer.status_code == 403
     assert Reservation.objects.filter(pk=pending.pk).exists()
 
 
 def test_override_saved_in_the_admin_redecides_and_is_validated(admin_client, booking):
-    channel, target = booking["channel"], booking["target"]
-    booking["pending"].delete()
+    channel, target = booking.channel, booking.preset
+    booking.booked.delete()
     until = timezone.now() + timedelta(hours=1)
     data = {
         "channel": str(channel.pk),

@@ -12,7 +12,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from channels_app.models import ChannelRuntime, LoadRecord, Preset
-from channels_app.node_agent.tasks import node_tick
+from channels_app.node_worker.tasks import node_tick
 from channels_app.scheduling.services import decide_channels
 from slotserve_base.vocabulary import Phase
 from tests import factories

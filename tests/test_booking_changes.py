@@ -9,10 +9,12 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from channels_app.models import Preset
 from reservations.models import Notification, Reservation
 from tests import factories
 from tests.factories import iso
 from tests.test_concurrency import _race
+from tests.world import World
 
 HOUR = timedelta(hours=1)
 
@@ -20,20 +22,18 @@ HOUR = timedelta(hours=1)
 @pytest.fixture
 def setup(db, ana, bo, staff):
     qwen = factories.llm("qwen")
-    chat, long = factories.preset(qwen, "chat"), factories.preset(qwen, "long")
+    chat = factories.preset(qwen, "chat")
     llama = factories.llm("llama")
     open_channel = factories.channel("open-0")
     strict = factories.channel("strict-0", policy="all")
     start = (timezone.now() + timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
-    return {
-        "qwen": qwen,
-        "chat": chat,
-        "long": long,
-        "llama": llama,
-        "open": open_channel,
-        "strict": strict,
-        "start": start,
-    }
+    factories.preset(qwen, "long")
+    return World(channel=open_channel, model=qwen, preset=chat, other=strict, other_model=llama, start=start)
+
+
+def longer(world: World) -> Preset:
+    """qwen's second preset, "long"."""
+    return Preset.objects.get(model=world.model, name="long")
 
 
 def api(user) -> APIClient:
@@ -45,30 +45,30 @@ def api(user) -> APIClient:
 def test_the_owner_moves_and_retargets_a_booking_with_the_booking_checks(setup, ana, bo):
     s = setup
     mine = factories.reservation(
-        owner=ana, on=s["open"], start=s["start"], end=s["start"] + 2 * HOUR, target=s["chat"]
+        owner=ana, on=s.channel, start=s.start, end=s.start + 2 * HOUR, target=s.preset
     )
     factories.reservation(
-        owner=bo, on=s["open"], start=s["start"] + 4 * HOUR, end=s["start"] + 5 * HOUR, target=s["chat"]
+        owner=bo, on=s.channel, start=s.start + 4 * HOUR, end=s.start + 5 * HOUR, target=s.preset
     )
     moved = api(ana).post(
         f"/api/reservations/{mine.pk}/change",
-        {"start": iso(s["start"] + HOUR), "end": iso(s["start"] + 3 * HOUR), "preset": s["long"].pk},
+        {"start": iso(s.start + HOUR), "end": iso(s.start + 3 * HOUR), "preset": longer(s).pk},
         format="json",
     )
     assert moved.status_code == 200, moved.data
-    assert (moved.data["status"], moved.data["preset"]) == ("approved", s["long"].pk)
+    assert (moved.data["status"], moved.data["preset"]) == ("approved", longer(s).pk)
     mine.refresh_from_db()
-    assert (mine.start, mine.end) == (s["start"] + HOUR, s["start"] + 3 * HOUR)
+    assert (mine.start, mine.end) == (s.start + HOUR, s.start + 3 * HOUR)
     clash = api(ana).post(
-        f"/api/reservations/{mine.pk}/change", {"end": iso(s["start"] + 5 * HOUR)}, format="json"
+        f"/api/reservations/{mine.pk}/change", {"end": iso(s.start + 5 * HOUR)}, format="json"
     )
     assert clash.status_code == 409 and "bo's" in clash.data["message"]
     other_model = api(ana).post(
         f"/api/reservations/{mine.pk}/change", {"model": "llama", "preset": None}, format="json"
     )
-    assert other_model.status_code == 200 and other_model.data["model"] == s["llama"].pk
+    assert other_model.status_code == 200 and other_model.data["model"] == s.other_model.pk
     wrong = api(ana).post(
-        f"/api/reservations/{mine.pk}/change", {"model": "llama", "preset": s["chat"].pk}, format="json"
+        f"/api/reservations/{mine.pk}/change", {"model": "llama", "preset": s.preset.pk}, format="json"
     )
     assert wrong.status_code == 400 and "preset" in str(wrong.data)
     nothing = api(ana).post(f"/api/reservations/{mine.pk}/change", {}, format="json")
@@ -77,7 +77,7 @@ def test_the_owner_moves_and_retargets_a_booking_with_the_booking_checks(setup, 
         api(bo).post(f"/api/reservations/{mine.pk}/change", {"note": "x"}, format="json").status_code == 404
     )
     too_long = api(ana).post(
-        f"/api/reservations/{mine.pk}/change", {"end": iso(s["start"] + 30 * HOUR)}, format="json"
+        f"/api/reservations/{mine.pk}/change", {"end": iso(s.start + 30 * HOUR)}, format="json"
     )
     assert too_long.status_code == 400 and "end" in too_long.data
 
@@ -85,15 +85,15 @@ def test_the_owner_moves_and_retargets_a_booking_with_the_booking_checks(setup, 
 def test_approval_again_where_the_policy_asks_and_never_for_shortening(setup, ana, staff):
     s = setup
     booking = factories.reservation(
-        owner=ana, on=s["strict"], start=s["start"], end=s["start"] + 3 * HOUR, target=s["chat"]
+        owner=ana, on=s.other, start=s.start, end=s.start + 3 * HOUR, target=s.preset
     )
     shorter = api(ana).post(
-        f"/api/reservations/{booking.pk}/change", {"end": iso(s["start"] + 2 * HOUR)}, format="json"
+        f"/api/reservations/{booking.pk}/change", {"end": iso(s.start + 2 * HOUR)}, format="json"
     )
     assert shorter.data["status"] == "approved"
     later = api(ana).post(
         f"/api/reservations/{booking.pk}/change",
-        {"start": iso(s["start"] + 5 * HOUR), "end": iso(s["start"] + 6 * HOUR)},
+        {"start": iso(s.start + 5 * HOUR), "end": iso(s.start + 6 * HOUR)},
         format="json",
     )
     assert later.data["status"] == "pending"
@@ -103,13 +103,13 @@ def test_approval_again_where_the_policy_asks_and_never_for_shortening(setup, an
     assert "asks for strict-0" in asked.text
     api(staff).post(f"/api/reservations/{booking.pk}/approve")
     retarget = api(ana).post(
-        f"/api/reservations/{booking.pk}/change", {"preset": s["long"].pk}, format="json"
+        f"/api/reservations/{booking.pk}/change", {"preset": longer(s).pk}, format="json"
     )
     assert retarget.data["status"] == "pending"
     # Staff change it for her: no approval needed, and she is told.
     api(staff).post(f"/api/reservations/{booking.pk}/approve")
     by_staff = api(staff).post(
-        f"/api/reservations/{booking.pk}/change", {"end": iso(s["start"] + 7 * HOUR)}, format="json"
+        f"/api/reservations/{booking.pk}/change", {"end": iso(s.start + 7 * HOUR)}, format="json"
     )
     assert by_staff.data["status"] == "approved"
     assert Notification.objects.filter(user=ana, event="changed").exists()
@@ -119,7 +119,7 @@ def test_a_started_booking_keeps_its_start_and_cannot_end_in_the_past(setup, ana
     s = setup
     now = timezone.now()
     running = factories.reservation(
-        owner=ana, on=s["open"], start=now - HOUR, end=now + HOUR, target=s["chat"]
+        owner=ana, on=s.channel, start=now - HOUR, end=now + HOUR, target=s.preset
     )
     moved = api(ana).post(f"/api/reservations/{running.pk}/change", {"start": iso(now + HOUR)}, format="json")
     assert moved.status_code == 400 and "start" in moved.data
@@ -140,26 +140,26 @@ def test_the_change_page_in_the_portal(setup, ana):
 
     s = setup
     booking = factories.reservation(
-        owner=ana, on=s["open"], start=s["start"], end=s["start"] + HOUR, target=s["chat"]
+        owner=ana, on=s.channel, start=s.start, end=s.start + HOUR, target=s.preset
     )
     client = Client()
     client.force_login(ana)
     page = client.get(f"/reservations/{booking.pk}/change")
     assert page.status_code == 200 and "Change your booking of open-0" in page.content.decode()
-    local = timezone.localtime(s["start"])
+    local = timezone.localtime(s.start)
     answer = client.post(
         f"/reservations/{booking.pk}/change",
         {
             "start": local.strftime("%Y-%m-%dT%H:%M"),
             "end": (local + 2 * HOUR).strftime("%Y-%m-%dT%H:%M"),
-            "model": s["qwen"].pk,
-            "preset": s["chat"].pk,
+            "model": s.model.pk,
+            "preset": s.preset.pk,
             "note": "longer",
         },
     )
     assert answer.status_code == 302
     booking.refresh_from_db()
-    assert (booking.end, booking.note) == (s["start"] + 2 * HOUR, "longer")
+    assert (booking.end, booking.note) == (s.start + 2 * HOUR, "longer")
     assert f'href="/reservations/{booking.pk}/change"' in client.get("/reservations/").content.decode()
 
 

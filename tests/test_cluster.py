@@ -219,7 +219,7 @@ def _start_node(cluster: dict[str, Any], name: str, host: int, llama_server: str
         f'{python} -m devtools.tinymodel "$HOME/models/tiny-{name}.gguf" {host} >/dev/null && '
         f'exec {python} manage.py nodeworker --name "$SLOTSERVE_NODE_NAME"'
     )
-    log = (outside / "nodeworker.log").open("wb")
+    log = (outside / "node-worker.log").open("wb")
     cluster["started"].append(
         subprocess.Popen(
             ["ip", "netns", "exec", namespace, *UNSHARE, "sh", "-c", script],

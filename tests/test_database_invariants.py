@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from reservations.models import Reservation
 from tests import factories
+from tests.world import World
 
 
 @pytest.fixture
@@ -18,27 +19,27 @@ def slot(db):
     target = factories.preset(factories.llm("m"), "p")
     channel = factories.channel("c")
     start = timezone.now() + timedelta(hours=1)
-    return {"owner": owner, "target": target, "channel": channel, "start": start}
+    return World(channel=channel, model=target.model, preset=target, ana=owner, start=start)
 
 
 def make(slot, start, end, status="approved"):
     return factories.reservation(
-        owner=slot["owner"], on=slot["channel"], start=start, end=end, target=slot["target"], status=status
+        owner=slot.ana, on=slot.channel, start=start, end=end, target=slot.preset, status=status
     )
 
 
 def test_end_after_start(slot):
     with pytest.raises(IntegrityError), transaction.atomic():
-        make(slot, slot["start"], slot["start"])
+        make(slot, slot.start, slot.start)
 
 
 def test_model_or_whole_card(slot):
     with pytest.raises(IntegrityError), transaction.atomic():
         Reservation.objects.create(
-            user=slot["owner"],
-            channel=slot["channel"],
-            start=slot["start"],
-            end=slot["start"] + timedelta(hours=1),
+            user=slot.ana,
+            channel=slot.channel,
+            start=slot.start,
+            end=slot.start + timedelta(hours=1),
             exclusive=False,
             model=None,
         )
@@ -46,7 +47,7 @@ def test_model_or_whole_card(slot):
 
 def test_the_database_refuses_overlapping_blocking_reservations(slot):
     """An exclusion constraint on PostgreSQL, triggers on SQLite: no code path can break it."""
-    start = slot["start"]
+    start = slot.start
     make(slot, start, start + timedelta(hours=2))
     with pytest.raises(IntegrityError, match="reservation_no_overlap"), transaction.atomic():
         make(slot, start + timedelta(hours=1), start + timedelta(hours=3), status="pending")
@@ -64,12 +65,12 @@ def _raw_insert(slot, start, end, status):
             "status, reject_reason, note, created, requests, prompt_tokens, completion_tokens) "
             "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, '', '', %s, 0, 0, 0)",
             [
-                slot["owner"].pk,
-                slot["channel"].pk,
+                slot.ana.pk,
+                slot.channel.pk,
                 start,
                 end,
-                slot["target"].model_id,
-                slot["target"].pk,
+                slot.preset.model_id,
+                slot.preset.pk,
                 False,
                 status,
                 timezone.now(),
@@ -78,7 +79,7 @@ def _raw_insert(slot, start, end, status):
 
 
 def test_raw_sql_cannot_write_an_overlap_either(slot):
-    start = slot["start"]
+    start = slot.start
     kept = make(slot, start, start + timedelta(hours=2))
     with pytest.raises(IntegrityError, match="reservation_no_overlap"), transaction.atomic():
         _raw_insert(slot, start + timedelta(minutes=30), start + timedelta(hours=1), "pending")

@@ -6,10 +6,11 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from channels_app.models import ChannelTarget
+from channels_app.models import Channel, ChannelTarget, Gpu, LLMModel, Node, Preset
 from channels_app.scheduling.tasks import scheduler_tick
 from tests.clock import T0
 from tests.factories import iso
+from tests.world import World
 
 HOUR = timedelta(hours=1)
 GiB = 2**30
@@ -24,8 +25,6 @@ def setup(frozen, staff_api, ana_api):
     """
     node = staff_api.post("/api/nodes/", {"name": "gpu-a", "labels": {"gpu": "a100"}}, format="json")
     assert node.status_code == 201, node.data
-    from channels_app.models import Gpu, Node
-
     Gpu.objects.create(node=Node.objects.get(name="gpu-a"), index=0, name="A100", memory_bytes=80 * GiB)
     model_a = staff_api.post(
         "/api/models/", {"name": "A", "backend": "llama.cpp", "path": "/m/a.gguf", "size_bytes": 4 * 10**9}
@@ -52,22 +51,28 @@ def setup(frozen, staff_api, ana_api):
     )
     assert channel.status_code == 201, channel.data
     assert channel.data["vram_bytes"] == 80 * GiB
-    return {"channel": channel.data["id"], "A": model_a, "B": model_b, "pa": preset_a, "pb": preset_b}
+    return World(
+        channel=Channel.objects.get(pk=channel.data["id"]),
+        model=LLMModel.objects.get(pk=model_a["id"]),
+        preset=Preset.objects.get(pk=preset_a["id"]),
+        other_model=LLMModel.objects.get(pk=model_b["id"]),
+        other_preset=Preset.objects.get(pk=preset_b["id"]),
+    )
 
 
 def book(client, setup, start, end, *, exclusive=False):
-    body = {"channel": setup["channel"], "start": iso(start), "end": iso(end)}
+    body = {"channel": setup.channel.pk, "start": iso(start), "end": iso(end)}
     if exclusive:
         body["exclusive"] = True
     else:
-        body.update(model=setup["B"]["id"], preset=setup["pb"]["id"])
+        body.update(model=setup.other_model.pk, preset=setup.other_preset.pk)
     answer = client.post("/api/reservations/", body, format="json")
     assert answer.status_code == 201, answer.data
     return answer.data
 
 
 def decision(client, setup, at):
-    answer = client.get(f"/api/channels/{setup['channel']}/decision", {"at": iso(at)})
+    answer = client.get(f"/api/channels/{setup.channel.pk}/decision", {"at": iso(at)})
     assert answer.status_code == 200, answer.data
     return answer.data
 
@@ -76,8 +81,8 @@ def test_decisions_at_several_moments(setup, ana_api):
     booked = book(ana_api, setup, T0 + 2 * HOUR, T0 + 3 * HOUR)
     assert booked["status"] == "approved"
     whole = book(ana_api, setup, T0 + 3 * HOUR, T0 + 4 * HOUR, exclusive=True)
-    a, b = setup["A"]["id"], setup["B"]["id"]
-    pa, pb = setup["pa"]["id"], setup["pb"]["id"]
+    a, b = setup.model.pk, setup.other_model.pk
+    pa, pb = setup.preset.pk, setup.other_preset.pk
     preload_from = T0 + 2 * HOUR - timedelta(seconds=180)
 
     expected = [
@@ -108,7 +113,7 @@ def test_decisions_at_several_moments(setup, ana_api):
 def test_plan_matches_the_decisions(setup, ana_api):
     book(ana_api, setup, T0 + 2 * HOUR, T0 + 3 * HOUR)
     answer = ana_api.get(
-        f"/api/channels/{setup['channel']}/plan", {"from": iso(T0), "to": iso(T0 + 4 * HOUR)}
+        f"/api/channels/{setup.channel.pk}/plan", {"from": iso(T0), "to": iso(T0 + 4 * HOUR)}
     )
     assert answer.status_code == 200, answer.data
     assert [(s["from"], s["to"], s["reason"]) for s in answer.data] == [
@@ -124,7 +129,7 @@ def test_plan_matches_the_decisions(setup, ana_api):
 
 
 def test_pending_reservation_changes_nothing(setup, staff_api, ana_api):
-    staff_api.patch(f"/api/channels/{setup['channel']}/", {"approval_policy": "all"}, format="json")
+    staff_api.patch(f"/api/channels/{setup.channel.pk}/", {"approval_policy": "all"}, format="json")
     pending = book(ana_api, setup, T0 + HOUR, T0 + 2 * HOUR)
     assert pending["status"] == "pending"
     assert decision(ana_api, setup, T0 + 90 * timedelta(minutes=1))["reason"] == "default"
@@ -132,12 +137,11 @@ def test_pending_reservation_changes_nothing(setup, staff_api, ana_api):
 
 def test_recorded_loads_move_the_preload_window(setup, ana_api):
     """After successful loads, the mean of the last five replaces the size guess (docs/scheduling.md)."""
-    from channels_app.models import Channel, LLMModel, Preset
     from tests.factories import load
 
-    channel = Channel.objects.get(pk=setup["channel"])
-    preset_b = Preset.objects.get(pk=setup["pb"]["id"])
-    assert LLMModel.objects.get(pk=setup["B"]["id"]).size_bytes == 10 * 10**9
+    channel = setup.channel
+    preset_b = setup.other_preset
+    assert setup.other_model.size_bytes == 10 * 10**9
     for seconds in (400, 500, 600):
         load(preset_b, channel, started=T0 - 5 * HOUR, seconds=seconds)
     book(ana_api, setup, T0 + 2 * HOUR, T0 + 3 * HOUR)
@@ -151,18 +155,18 @@ def test_tick_stores_what_the_decision_endpoint_says(setup, ana_api, frozen):
     for moment in (T0 + HOUR, T0 + 2 * HOUR - timedelta(seconds=100), T0 + 2 * HOUR + timedelta(seconds=5)):
         frozen.move_to(moment)
         scheduler_tick()
-        stored = ChannelTarget.objects.get(channel_id=setup["channel"])
+        stored = ChannelTarget.objects.get(channel_id=setup.channel.pk)
         now = decision(ana_api, setup, moment)
         assert stored.reason == now["reason"]
         assert stored.model_id == now["target"]["model"]
         assert stored.valid_until is not None
         assert stored.valid_until.isoformat().replace("+00:00", "Z") == now["valid_until"]
-        state = ana_api.get(f"/api/channels/{setup['channel']}/").data["state"]
+        state = ana_api.get(f"/api/channels/{setup.channel.pk}/").data["state"]
         assert state["target"]["reason"] == now["reason"]
 
 
 def test_bad_time_and_range_are_named(setup, ana_api):
-    url = f"/api/channels/{setup['channel']}"
+    url = f"/api/channels/{setup.channel.pk}"
     bad = ana_api.get(f"{url}/decision", {"at": "next tuesday"})
     assert bad.status_code == 400
     assert "at" in bad.data and "ISO 8601" in bad.data["message"], bad.data

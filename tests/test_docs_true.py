@@ -110,3 +110,39 @@ def test_the_defaults_docs_settings_md_states_are_the_codes():
         if value != float(stated):
             wrong.append((name, stated, read.group(1)))
     assert checked >= 20 and wrong == [], (checked, wrong)
+
+
+def words_in_the_house(pattern: str) -> list[str]:
+    """Where ``pattern`` occurs in the product, its tests, benches and docs (path:line)."""
+    found = []
+    folders = (*PRODUCT, "tests", "bench", "docs", "docker", "scripts", "devtools")
+    for folder in folders:
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix not in {".py", ".md", ".yaml", ".html", ".txt", ""} or not path.is_file():
+                continue
+            for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if re.search(pattern, line) and path != Path(__file__):
+                    found.append(f"{path.relative_to(ROOT)}:{number}")
+    return found
+
+
+def test_the_node_worker_has_one_name():
+    """ "node worker" in words, ``node_worker`` in code, ``nodeworker`` only as the command
+    (Django's spelling of commands, as ``runserver``)."""
+    assert words_in_the_house(r"node[_ -]agent") == []
+    # The command, as typed (``manage.py nodeworker``) or as an argument list's element.
+    as_the_command = re.compile(r"manage\.py\W+nodeworker|^\s*\"nodeworker\",$")
+    commands = [hit for hit in words_in_the_house(r"nodeworker") if not as_the_command.search(_line(hit))]
+    assert commands == [], "nodeworker appears other than as the command's name"
+
+
+def test_announce_means_a_happening_told_outside_and_the_overview_is_refreshed():
+    """docs/architecture.md gives the word its one meaning; nothing else uses it for the overview."""
+    said = {hit for hit in words_in_the_house(r"[Aa]nnounce") if "overview" in _line(hit)}
+    assert {hit for hit in said if '"announce" means one thing' not in _line(hit)} == set()
+    assert len(said) == 1, "the glossary line says it"
+
+
+def _line(hit: str) -> str:
+    path, number = hit.rsplit(":", 1)
+    return (ROOT / path).read_text().splitlines()[int(number) - 1]

@@ -16,7 +16,7 @@ import pytest
 from django.conf import settings as django_settings
 
 from channels_app.models import ChannelRuntime
-from channels_app.node_agent.worker import in_flight
+from channels_app.node_worker.worker import in_flight
 from gateway.admit.places import Places
 from gateway.api_keys import api_key_create
 from gateway.wire.counters import Counters

@@ -17,7 +17,7 @@ from django.test import Client
 from django.utils import timezone
 
 from channels_app.models import Channel
-from channels_app.node_agent import worker
+from channels_app.node_worker import worker
 from gateway.api_keys import api_key_create
 from gateway.wire.counters import GATE, key
 from tests import factories
@@ -204,7 +204,7 @@ def test_redis_down_gives_an_openai_503_with_retry_after_and_health_says_so(
 HOLDER = """
 import sys, time
 import redis
-from channels_app.node_agent.locks import held
+from channels_app.node_worker.locks import held
 
 url, name, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
 with held(redis.Redis.from_url(url), name, ttl) as mine:

@@ -15,7 +15,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from channels_app.models import ChannelRuntime
-from channels_app.node_agent.worker import in_flight
+from channels_app.node_worker.worker import in_flight
 from gateway.api_keys import api_key_revoke
 from gateway.wire.counters import GATE, INFLIGHT, key
 from slotserve_base.redis_client import redis_client
@@ -295,7 +295,7 @@ def test_client_disconnect_cancels_the_upstream_and_releases_the_count(gateway_u
 def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, world, standins):
     """A slow stream is in flight when the target changes: it completes; new requests get 503."""
     from channels_app.models import ChannelTarget
-    from channels_app.node_agent import rows, worker
+    from channels_app.node_worker import rows, worker
     from slotserve_base.vocabulary import Phase
 
     port, _ = standins("qwen2", "--standin-chunks", "60", "--standin-chunk-delay", "30")

@@ -370,7 +370,7 @@ def test_a_request_split_across_reads_is_put_together(gateway_url, world):
 def test_a_redis_that_forgot_the_scripts_still_counts_requests_in_and_out(gateway_url, world):
     """The count in leaves before the request goes upstream, without a task (``enter_soon``);
     after a Redis restart (its scripts gone) it loads the script and counts again."""
-    from channels_app.node_agent.worker import in_flight
+    from channels_app.node_worker.worker import in_flight
     from gateway.wire.counters import key
     from slotserve_base.redis_client import redis_client
     from slotserve_base.vocabulary import RedisKey

@@ -51,17 +51,17 @@ def test_the_tree_keeps_its_layers(tree_copy):
 @pytest.mark.parametrize(
     ("module", "source", "complaint"),
     [
-        # The node agent reaching into the gateway: a layer upside down.
+        # The node worker reaching into the gateway: a layer upside down.
         (
-            "channels_app/node_agent/bad.py",
+            "channels_app/node_worker/bad.py",
             "import gateway.proxy\n",
-            "channels_app.node_agent is not allowed to import gateway",
+            "channels_app.node_worker is not allowed to import gateway",
         ),
-        # A cycle: the scheduler's decision importing the node agent that imports it.
+        # A cycle: the scheduler's decision importing the node worker that imports it.
         (
             "channels_app/scheduling/bad.py",
-            "from channels_app.node_agent import worker\n",
-            "not allowed to import channels_app.node_agent",
+            "from channels_app.node_worker import worker\n",
+            "not allowed to import channels_app.node_worker",
         ),
         # Settings importing app code.
         ("slotserve_site/settings_extra.py", "", ""),

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from channels_app.node_agent.lifecycle import (
+from channels_app.node_worker.lifecycle import (
     Failure,
     Kill,
     LoadFinished,
@@ -541,7 +541,7 @@ def test_retry_delay():
     ],
 )
 def test_follow_up_delay(phase, age, delay):
-    from channels_app.node_agent.tasks import follow_up_delay
+    from channels_app.node_worker.tasks import follow_up_delay
 
     assert follow_up_delay(phase, age) == (pytest.approx(delay) if delay is not None else None)
 

@@ -9,7 +9,7 @@ from django.test import Client
 from django.utils import timezone
 
 from channels_app.models import LLMModel, ModelFile
-from channels_app.node_agent import registration
+from channels_app.node_worker import registration
 from devtools.tinymodel import write_tiny_llama
 from tests import factories
 

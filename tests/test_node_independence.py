@@ -14,8 +14,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from channels_app.models import Channel, Node
-from channels_app.node_agent import heartbeat
-from channels_app.node_agent import tasks as node_tasks
+from channels_app.node_worker import heartbeat
+from channels_app.node_worker import tasks as node_tasks
 from channels_app.scheduling.tasks import fan_out_node_ticks
 from slotserve_base import dispatch
 from tests import factories

@@ -20,7 +20,7 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from channels_app.models import HEARTBEAT_TICKS, Node
-from channels_app.node_agent import registration
+from channels_app.node_worker import registration
 from tests.clock import eventually
 
 ROOT = Path(__file__).resolve().parent.parent

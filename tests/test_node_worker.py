@@ -17,7 +17,7 @@ import pytest
 from django.utils import timezone
 
 from channels_app.models import ChannelRuntime, ChannelTarget, LoadRecord
-from channels_app.node_agent import processes, registration, worker
+from channels_app.node_worker import processes, registration, worker
 from channels_app.scheduling.services import decide_channels
 from gateway.wire.counters import INFLIGHT, key
 from reservations.models import Notification
@@ -49,7 +49,7 @@ def out_of_memory(tiny, name: str = "big-vllm", args: str = "--standin-oom --max
     """A vLLM model, run by the stand-in (it checks only that the path exists), and its preset
     ``greedy`` that runs out of memory while it loads."""
     model = factories.llm(name, backend="vllm")
-    model.path = str(tiny["model"].path)
+    model.path = str(tiny.model.path)
     model.save()
     return factories.preset(model, "greedy", args)
 
@@ -63,20 +63,20 @@ def phase_after(channel, now: datetime) -> Phase:
 
 @pytest.mark.django_db(transaction=True)
 def test_reservation_is_preloaded_with_a_real_llama_server(node_env, tiny, ana):
-    channel = factories.channel("cpu-0", default=tiny["small"])
+    channel = factories.channel("cpu-0", default=tiny.small)
     now = timezone.now()
     booking = factories.reservation(
         owner=ana,
         on=channel,
         start=now + timedelta(seconds=120),
         end=now + timedelta(hours=1),
-        target=tiny["big"],
+        target=tiny.big,
     )
     decide_channels(now=now)
     assert ChannelTarget.objects.get(channel=channel).reason == "preload_next"
     runtime = converge(channel, until={Phase.READY})
     assert timezone.now() < booking.start  # ready before the slot starts
-    assert (runtime.model_id, runtime.preset_id) == (tiny["model"].pk, tiny["big"].pk)
+    assert (runtime.model_id, runtime.preset_id) == (tiny.model.pk, tiny.big.pk)
     load = LoadRecord.objects.get(channel=channel)
     assert load.succeeded and load.duration_seconds is not None and load.duration_seconds < 30
     log = Path(runtime.log_path).read_text()
@@ -93,7 +93,7 @@ def test_reservation_is_preloaded_with_a_real_llama_server(node_env, tiny, ana):
 
 @pytest.mark.django_db(transaction=True)
 def test_switching_presets_drains_then_restarts(node_env, tiny, settings):
-    channel = factories.channel("cpu-0", default=tiny["small"])
+    channel = factories.channel("cpu-0", default=tiny.small)
     now = timezone.now()
     decide_channels(now=now)
     first = converge(channel, until={Phase.READY})
@@ -103,8 +103,8 @@ def test_switching_presets_drains_then_restarts(node_env, tiny, settings):
 
     override_set(
         channel=channel,
-        model=tiny["model"],
-        preset=tiny["big"],
+        model=tiny.model,
+        preset=tiny.big,
         until=now + timedelta(hours=1),
         now=now,
         by=None,
@@ -122,14 +122,14 @@ def test_switching_presets_drains_then_restarts(node_env, tiny, settings):
     finally:
         redis.delete(key(INFLIGHT, channel.pk))
     second = converge(channel, until={Phase.READY})
-    assert second.preset_id == tiny["big"].pk and second.pid != first_pid
+    assert second.preset_id == tiny.big.pk and second.pid != first_pid
     with pytest.raises(ProcessLookupError):
         os.kill(first_pid, 0)
 
 
 @pytest.mark.django_db(transaction=True)
 def test_kill_9_fails_retries_after_30_s_and_recovers(node_env, tiny):
-    channel = factories.channel("cpu-0", default=tiny["small"])
+    channel = factories.channel("cpu-0", default=tiny.small)
     decide_channels(now=timezone.now())
     runtime = converge(channel, until={Phase.READY})
     os.kill(runtime.pid, signal.SIGKILL)
@@ -148,7 +148,7 @@ def test_kill_9_fails_retries_after_30_s_and_recovers(node_env, tiny):
 def test_out_of_memory_falls_back_to_the_default_and_switches_back(node_env, tiny, ana, staff):
     greedy = out_of_memory(tiny)
     vllm_model = greedy.model
-    channel = factories.channel("cpu-0", default=tiny["small"])
+    channel = factories.channel("cpu-0", default=tiny.small)
     now = timezone.now()
     factories.reservation(
         owner=ana, on=channel, start=now - timedelta(minutes=1), end=now + timedelta(hours=1), target=greedy
@@ -161,7 +161,7 @@ def test_out_of_memory_falls_back_to_the_default_and_switches_back(node_env, tin
     assert LoadRecord.objects.get(channel=channel, model=vllm_model).succeeded is False
     # While the booked model waits for its retry, the default serves the booking.
     fallback = converge(channel, until={Phase.READY})
-    assert fallback.model_id == tiny["model"].pk and fallback.fallback
+    assert fallback.model_id == tiny.model.pk and fallback.fallback
     from rest_framework.test import APIClient
 
     api = APIClient()
@@ -198,7 +198,7 @@ def test_a_failure_episode_belongs_to_its_booking(node_env, tiny, ana, bo, staff
 
     greedy = out_of_memory(tiny, "never", "--standin-oom")
     never = greedy.model
-    channel = factories.channel("cpu-0", default=tiny["small"])
+    channel = factories.channel("cpu-0", default=tiny.small)
     now = timezone.now()
     first = factories.reservation(
         owner=ana,
@@ -215,7 +215,7 @@ def test_a_failure_episode_belongs_to_its_booking(node_env, tiny, ana, bo, staff
     after = first.end + timedelta(seconds=1)
     decide_channels(now=after)
     clean = converge(channel, until={Phase.READY}, now=after)
-    assert clean.model_id == tiny["model"].pk and clean.pid is not None
+    assert clean.model_id == tiny.model.pk and clean.pid is not None
     assert (clean.fallback, clean.retry_at, clean.error, clean.attempts) == (False, None, "", 0)
     api = APIClient()
     api.force_authenticate(staff)
@@ -257,7 +257,7 @@ def test_a_failure_episode_belongs_to_its_booking(node_env, tiny, ana, bo, staff
 @pytest.mark.django_db(transaction=True)
 def test_a_load_that_never_becomes_healthy_fails_at_the_load_timeout(node_env, tiny, settings):
     stuck = factories.llm("stuck", backend="sglang")
-    stuck.path = str(tiny["model"].path)
+    stuck.path = str(tiny.model.path)
     stuck.save()
     channel = factories.channel("cpu-0", default=factories.preset(stuck, "hang", "--standin-hang"))
     now = timezone.now()
@@ -277,7 +277,7 @@ def test_a_load_that_never_becomes_healthy_fails_at_the_load_timeout(node_env, t
 @pytest.mark.django_db(transaction=True)
 def test_sigkill_after_the_stop_timeout(node_env, tiny, settings):
     stubborn = factories.llm("stubborn", backend="vllm")
-    stubborn.path = str(tiny["model"].path)
+    stubborn.path = str(tiny.model.path)
     stubborn.save()
     channel = factories.channel(
         "cpu-0", default=factories.preset(stubborn, "deaf", "--standin-ignore-sigterm")
@@ -297,7 +297,7 @@ def test_sigkill_after_the_stop_timeout(node_env, tiny, settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_restarted_worker_adopts_its_processes_and_ignores_strangers(node_env, tiny):
-    channel = factories.channel("cpu-0", default=tiny["small"])
+    channel = factories.channel("cpu-0", default=tiny.small)
     decide_channels(now=timezone.now())
     runtime = converge(channel, until={Phase.READY})
     processes._children.clear()  # a new worker process knows nothing of the old one's children
@@ -331,7 +331,7 @@ def test_tick_reaches_the_node_worker_through_redis(node_env, tiny, real_node_qu
 
     suffix = uuid.uuid4().hex[:8]
     node = factories.node(f"node-{suffix}")
-    channel = factories.channel(f"cpu-{suffix}", on=node, default=tiny["small"])
+    channel = factories.channel(f"cpu-{suffix}", on=node, default=tiny.small)
     scheduler_queue = f"scheduler-{suffix}"  # this test's own, so parallel tests never share queues
     with start_worker(
         app,
@@ -349,7 +349,7 @@ def test_tick_reaches_the_node_worker_through_redis(node_env, tiny, real_node_qu
         )
     runtime = ChannelRuntime.objects.get(channel=channel)
     assert runtime.phase == Phase.READY, runtime.error
-    assert (runtime.model_id, runtime.preset_id) == (tiny["model"].pk, tiny["small"].pk)
+    assert (runtime.model_id, runtime.preset_id) == (tiny.model.pk, tiny.small.pk)
     assert ChannelTarget.objects.get(channel=channel).reason == "default"
     node.refresh_from_db()
     assert node.is_ready(timezone.now())
@@ -360,7 +360,7 @@ def test_run_log_through_the_api_and_the_portal(node_env, tiny, ana, staff):
     from django.test import Client
     from rest_framework.test import APIClient
 
-    channel = factories.channel("cpu-0", default=tiny["small"])
+    channel = factories.channel("cpu-0", default=tiny.small)
     decide_channels(now=timezone.now())
     converge(channel, until={Phase.READY})
     api = APIClient()
@@ -385,13 +385,13 @@ def test_the_run_log_reaches_hosts_that_do_not_have_the_file(node_env, tiny, ana
     from django.test import Client
     from rest_framework.test import APIClient
 
-    from channels_app.node_agent import log_shipping
+    from channels_app.node_worker import log_shipping
 
-    channel = factories.channel("cpu-0", default=tiny["small"])
+    channel = factories.channel("cpu-0", default=tiny.small)
     decide_channels(now=timezone.now())
     runtime = converge(channel, until={Phase.READY})
     # The web host is another machine: the node's file is not there.
-    monkeypatch.setattr("channels_app.node_agent.run_logs.run_log_of", lambda c: (None, runtime.api_secret))
+    monkeypatch.setattr("channels_app.node_worker.run_logs.run_log_of", lambda c: (None, runtime.api_secret))
     api = APIClient()
     api.force_authenticate(ana)
     lines: list[str] = []
@@ -425,7 +425,7 @@ def test_the_run_log_is_followed_live_from_a_cursor(ana):
     from django.test import Client
     from rest_framework.test import APIClient
 
-    from channels_app.node_agent import log_shipping
+    from channels_app.node_worker import log_shipping
 
     channel = factories.channel("cpu-0")
     log_shipping._add(channel.pk, "run-1", ["$ llama-server", "loading"])
@@ -462,23 +462,23 @@ def test_an_edited_preset_is_a_new_target_and_reaches_the_node_at_once(
     restart), at once, not at the next tick and not never."""
     from rest_framework.test import APIClient
 
-    channel = factories.channel("cpu-0", default=tiny["small"])
+    channel = factories.channel("cpu-0", default=tiny.small)
     decide_channels(now=timezone.now())
     first = converge(channel, until={Phase.READY})
     assert phase_after(channel, timezone.now()) == Phase.READY  # steady: nothing to do
     api = APIClient()
     api.force_authenticate(staff)
     with django_capture_on_commit_callbacks(execute=True):
-        edited = api.patch(f"/api/presets/{tiny['small'].pk}/", {"args": "-c 384 -t 1"}, format="json")
+        edited = api.patch(f"/api/presets/{tiny.small.pk}/", {"args": "-c 384 -t 1"}, format="json")
     assert edited.status_code == 200, edited.data
     assert (
-        "channels_app.node_agent.tasks.channel_reconcile",
+        "channels_app.node_worker.tasks.channel_reconcile",
         (channel.pk,),
         channel.node.name,
     ) in node_queue_sends
     assert phase_after(channel, timezone.now()) == Phase.STOPPING  # nothing in flight: no drain
     again = converge(channel, until={Phase.READY})
-    assert again.pid != first.pid and again.preset_id == tiny["small"].pk
+    assert again.pid != first.pid and again.preset_id == tiny.small.pk
     command = Path(again.log_path).read_text().splitlines()[0]
     assert "-c 384" in command and "-c 256" not in command
     assert phase_after(channel, timezone.now()) == Phase.READY  # and it stays
@@ -486,7 +486,7 @@ def test_an_edited_preset_is_a_new_target_and_reaches_the_node_at_once(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_process_from_before_fingerprints_is_not_restarted_by_the_upgrade(node_env, tiny):
-    channel = factories.channel("cpu-0", default=tiny["small"])
+    channel = factories.channel("cpu-0", default=tiny.small)
     decide_channels(now=timezone.now())
     first = converge(channel, until={Phase.READY})
     ChannelRuntime.objects.filter(pk=first.pk).update(fingerprint="")  # as an older node stored it
@@ -500,7 +500,7 @@ def test_a_runs_exit_code_is_known_to_every_look_not_only_the_first(tmp_path):
     looks first after a kill, the reconcile still learns the signal (it once heard "gone"
     whenever the shipper had looked first)."""
     from channels_app.backends import Backend
-    from channels_app.node_agent import processes
+    from channels_app.node_worker import processes
 
     started = processes.start(
         processes.Launch(
@@ -524,7 +524,7 @@ def test_a_runs_exit_code_is_known_to_every_look_not_only_the_first(tmp_path):
 def test_the_places_of_a_real_llama_server_are_read_when_it_is_ready(node_env, tiny):
     """The gateway's fair queue needs the requests a process serves at once: llama-server's own
     ``/props`` tells (``-np 2``); a preset's ``places`` overrides it; a stopped channel has none."""
-    parallel = factories.preset(tiny["model"], "two", "-c 512 -t 1 -np 2")
+    parallel = factories.preset(tiny.model, "two", "-c 512 -t 1 -np 2")
     channel = factories.channel("cpu-0", default=parallel)
     decide_channels(now=timezone.now())
     assert converge(channel, until={Phase.READY}).places == 2
@@ -551,14 +551,14 @@ def test_processes_listen_in_the_port_range_and_a_full_range_fails_naming_it(nod
         taken.bind(("127.0.0.1", first))
         taken.listen()
         settings.SLOTSERVE_PROCESS_PORTS = range(first, first + 2)
-        channel = factories.channel("cpu-0", default=tiny["small"])
+        channel = factories.channel("cpu-0", default=tiny.small)
         decide_channels(now=timezone.now())
         runtime = converge(channel, until={Phase.READY})
         assert runtime.port == first + 1
         assert httpx.get(f"http://127.0.0.1:{runtime.port}/health", timeout=5).status_code == 200
 
         # A second channel finds no port left: its load fails, saying which setting to widen.
-        other = factories.channel("cpu-1", default=tiny["small"])
+        other = factories.channel("cpu-1", default=tiny.small)
         decide_channels(now=timezone.now())
         failed = converge(other, until={Phase.FAILED})
         assert f"no free port on 127.0.0.1 in SLOTSERVE_PROCESS_PORTS ({first}-{first + 1})" in failed.error

@@ -152,8 +152,8 @@ def test_the_admins_told_of_a_bookings_failure_hear_of_its_recovery_too(ana, sta
     """docs/scheduling.md: each episode tells the booker and the admins once of its first
     failure, its fallback and its recovery."""
     from channels_app.models import ChannelTarget
-    from channels_app.node_agent.lifecycle import Tell
-    from channels_app.node_agent.worker import _tell
+    from channels_app.node_worker.lifecycle import Tell
+    from channels_app.node_worker.worker import _tell
     from slotserve_base.vocabulary import NotificationEvent
 
     target = factories.preset(factories.llm("qwen"), "chat")

@@ -501,7 +501,7 @@ def test_the_node_reports_its_ram_and_the_estimate_what_stays_in_it(tiny_gguf, s
     preset offloading fewer layers than the model has leaves the rest in RAM."""
     import os
 
-    from channels_app.node_agent import registration
+    from channels_app.node_worker import registration
     from channels_app.placement.memory import estimate_for
 
     settings.SLOTSERVE_MODEL_DIRS = []

@@ -13,7 +13,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from channels_app.models import ChannelRuntime
-from channels_app.node_agent import processes
+from channels_app.node_worker import processes
 from channels_app.scheduling.services import decide_channels
 from slotserve_base.vocabulary import Phase
 from tests import factories
@@ -46,7 +46,7 @@ def test_a_real_llama_server_refuses_callers_without_the_runs_secret(node_env, t
     for name, value in WORKER_SECRETS.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("LLAMA_API_KEY", "a-key-someone-set-for-their-own-server")
-    channel = factories.channel("cpu-0", default=tiny["small"])
+    channel = factories.channel("cpu-0", default=tiny.small)
     decide_channels(now=timezone.now())
     runtime = converge(channel, until={Phase.READY})
     secret = runtime.api_secret
@@ -107,7 +107,7 @@ def test_a_real_llama_server_refuses_callers_without_the_runs_secret(node_env, t
 
 
 def test_files_of_a_run_are_private(node_env, tiny):
-    channel = factories.channel("cpu-0", default=tiny["small"])
+    channel = factories.channel("cpu-0", default=tiny.small)
     decide_channels(now=timezone.now())
     runtime = converge(channel, until={Phase.READY})
     log_path = Path(runtime.log_path)
@@ -176,7 +176,7 @@ def test_gateway_sends_the_secret_upstream(node_env, tiny, ana):
     """The snapshot hands the run's secret to the gateway, and only there."""
     from gateway.admit.snapshot import read_snapshot
 
-    channel = factories.channel("cpu-0", default=tiny["small"])
+    channel = factories.channel("cpu-0", default=tiny.small)
     decide_channels(now=timezone.now())
     runtime = converge(channel, until={Phase.READY})
     view = next(c for c in read_snapshot().channels if c.id == channel.pk)

@@ -287,7 +287,7 @@ def test_reload_endpoint(world, staff_api, ana_api, node_queue_sends, django_cap
     # It reaches the node at once, not at its next tick.
     node = world.channel.node.name
     assert (
-        "channels_app.node_agent.tasks.channel_reconcile",
+        "channels_app.node_worker.tasks.channel_reconcile",
         (world.channel.pk,),
         node,
     ) in node_queue_sends

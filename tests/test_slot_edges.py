@@ -35,7 +35,7 @@ def code(answer: httpx.Response) -> tuple[int, str]:
 @pytest.mark.django_db(transaction=True)
 def test_a_request_sent_as_a_channel_is_created_is_held_and_answered(gateway_url, node_env, tiny, ana):
     _, key = api_key_create(user=ana, name="t")
-    channel = factories.channel("cpu-0", default=tiny["small"])
+    channel = factories.channel("cpu-0", default=tiny.small)
     decide_channels(now=timezone.now())
     # Nothing runs yet, but the decision names the model: it is loading, not missing.
     refused = ask(gateway_url, key)
@@ -62,22 +62,20 @@ def test_at_a_back_to_back_boundary_the_booker_is_served_only_their_own_preset(
 
     _, ana_key = api_key_create(user=ana, name="t")
     _, bo_key = api_key_create(user=bo, name="t")
-    channel = factories.channel("cpu-0", default=tiny["small"])
+    channel = factories.channel("cpu-0", default=tiny.small)
     decide_channels(now=timezone.now())
     small = converge(channel, until={Phase.READY})
     assert ask(gateway_url, bo_key).status_code == 200  # the default, open to all
     # Ana booked the other preset; her slot begins before the node worker has switched.
     start = timezone.now() + timedelta(seconds=1.5)
-    factories.reservation(
-        owner=ana, on=channel, start=start, end=start + timedelta(hours=1), target=tiny["big"]
-    )
+    factories.reservation(owner=ana, on=channel, start=start, end=start + timedelta(hours=1), target=tiny.big)
     decide_channels(now=timezone.now())
     assert eventually(lambda: timezone.now() >= start + timedelta(seconds=0.1), timeout=5, every=0.02)
     switching = ask(gateway_url, ana_key)
     assert code(switching) == (503, "model_switching"), switching.text  # not the last preset's answer
     assert code(ask(gateway_url, bo_key))[0] == 403  # her slot, whatever runs
     big = converge(channel, until={Phase.READY})
-    assert (big.preset_id, big.pid != small.pid) == (tiny["big"].pk, True)
+    assert (big.preset_id, big.pid != small.pid) == (tiny.big.pk, True)
     served = ask(gateway_url, ana_key, **{"X-SlotServe-Wait": "10"})  # the gateway may look once more
     assert served.status_code == 200, served.text
     flush_request_log(redis_client())

@@ -96,7 +96,7 @@ def test_ports_squatted_by_another_local_user_are_named_in_the_error():
     import os
     import subprocess
 
-    from channels_app.node_agent.processes import free_port
+    from channels_app.node_worker.processes import free_port
 
     if os.geteuid() != 0:
         pytest.skip("needs root, to act as another local user")

@@ -16,8 +16,8 @@ from django.utils import timezone
 from standardwebhooks.webhooks import Webhook as Verifier
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from channels_app.node_agent.announce import channel_events
-from channels_app.node_agent.lifecycle import ProcessState, Tell
+from channels_app.node_worker.announce import channel_events
+from channels_app.node_worker.lifecycle import ProcessState, Tell
 from gateway.api_keys import api_key_create, tell_keys_expiring
 from gateway.usage.budgets import tell_budgets_used
 from gateway.wire.counter_scripts import week_tokens_key
@@ -172,7 +172,7 @@ def test_a_channels_events_come_from_the_node_worker_with_a_real_process(node_en
     from tests.test_node_worker import converge, out_of_memory, phase_after
 
     greedy = out_of_memory(tiny)
-    channel = factories.channel("cpu-0", default=tiny["small"])
+    channel = factories.channel("cpu-0", default=tiny.small)
     with Receiver() as receiver, Receiver() as staffs:
         channel_events_only = [e for e in WebhookEvent.values if e.startswith("channel.")]
         webhook_create(owner=ana, url=receiver.url, events=channel_events_only)
@@ -218,7 +218,7 @@ def test_a_channels_events_come_from_the_node_worker_with_a_real_process(node_en
     assert "ran out of memory" in failed_event["data"]["error"]
     assert failed_event["data"]["booking"] == {"id": booking.pk, "user": {"id": ana.pk, "username": "ana"}}
     switched = next(e for e in mine if e["type"] == "channel.switched")
-    assert switched["data"]["previous_model"]["name"] == tiny["model"].name
+    assert switched["data"]["previous_model"]["name"] == tiny.model.name
     assert switched["data"]["model"]["name"] == "big-vllm"
 
 

@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from django.contrib.auth.models import User
+from rest_framework.test import APIClient
 
 from channels_app.models import Channel, LLMModel, Node, Preset
 from reservations.models import Reservation
@@ -33,3 +34,15 @@ class World:
     booked: Reservation | None = None  # the booking the tests are about
     start: datetime | None = None  # when ``booked`` starts
     log: Path | None = None  # the run log of ``channel``'s process
+    now: datetime | None = None  # the moment the tests take as now, where it is not a frozen T0
+    api: APIClient | None = None  # a REST client signed in as the module's booker
+
+
+@dataclass(frozen=True)
+class Tiny:
+    """The tiny GGUF model written at test time, with two presets: ``small`` (256 tokens of
+    context) and ``big`` (512), so a test can switch between two real loads."""
+
+    model: LLMModel
+    small: Preset
+    big: Preset

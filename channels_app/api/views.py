@@ -28,8 +28,8 @@ from channels_app.api.serializers import (
 )
 from channels_app.inventory import services as inventory_services
 from channels_app.models import Channel, LLMModel, ModelAlias, ModelFile, Node, Override, Preset
-from channels_app.node_agent.log_shipping import valid_cursor
-from channels_app.node_agent.run_logs import lines_since, recent_lines_with_cursor, whole_log
+from channels_app.node_worker.log_shipping import valid_cursor
+from channels_app.node_worker.run_logs import lines_since, recent_lines_with_cursor, whole_log
 from channels_app.scheduling import services
 from channels_app.scheduling.selectors import preset_load_estimates
 from slotserve_base.api_fields import (

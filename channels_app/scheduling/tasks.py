@@ -25,7 +25,7 @@ def fan_out_node_ticks() -> int:
 
     Only nodes whose own heartbeat is recent: a node without a running worker gets nothing
     (its tasks would only pile up), and each node worker ticks itself anyway
-    (``channels_app.node_agent.heartbeat``), so nodes keep converging while the scheduler is down.
+    (``channels_app.node_worker.heartbeat``), so nodes keep converging while the scheduler is down.
     """
     since = timezone.now() - timedelta(seconds=HEARTBEAT_TICKS * settings.SLOTSERVE_TICK_SECONDS)
     live = Node.objects.filter(channels__isnull=False, last_heartbeat__gte=since).distinct()

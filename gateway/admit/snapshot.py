@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
-from channels_app.node_agent.processes import url_host
+from channels_app.node_worker.processes import url_host
 from gateway.rules.access import Booking, ChannelIndex, ChannelView
 from gateway.rules.callers import Caller, Limits
 from slotserve_base.vocabulary import SERVING_PHASES, Phase

@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from channels_app.models import Channel
-from channels_app.node_agent import heartbeat, processes, registration, worker
+from channels_app.node_worker import heartbeat, processes, registration, worker
 from slotserve_base.dispatch import node_queue
 
 
@@ -46,7 +46,7 @@ class Command(BaseCommand):
             self.stderr.write(f"warning: {warning}")
         for channel_id in Channel.objects.filter(node=node).values_list("pk", flat=True):
             worker.reconcile(channel_id=channel_id, now=timezone.now())
-        # The node's own pulse, independent of the scheduler (channels_app.node_agent.heartbeat).
+        # The node's own pulse, independent of the scheduler (channels_app.node_worker.heartbeat).
         heartbeat.start(name)
         # Threads, not forks: the worker must be the parent of the processes it
         # starts, to see their exit codes and reap them.

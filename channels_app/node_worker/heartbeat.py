@@ -20,8 +20,8 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
-from channels_app.node_agent import registration
-from channels_app.node_agent.tasks import node_tick
+from channels_app.node_worker import registration
+from channels_app.node_worker.tasks import node_tick
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from channels_app.models import (
     LLMModel,
     Preset,
 )
-from channels_app.node_agent.lifecycle import (
+from channels_app.node_worker.lifecycle import (
     Failure,
     ProcessState,
     Wanted,

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from channels_app.models import LLMModel, LoadRecord
-from channels_app.node_agent.lifecycle import Action, ProcessState, Tell
+from channels_app.node_worker.lifecycle import Action, ProcessState, Tell
 from slotserve_base.happenings import Happening, named, tell, user_ref
 from slotserve_base.vocabulary import NotificationEvent, Phase, WebhookEvent
 

@@ -1,4 +1,4 @@
-"""The node worker's shell around ``channels_app.node_agent.lifecycle``: observe, step, act, store.
+"""The node worker's shell around ``channels_app.node_worker.lifecycle``: observe, step, act, store.
 
 The node worker is the only writer of ``ChannelRuntime`` and of load records
 (docs/architecture.md, one writer per fact). Each reconcile is short and never waits for
@@ -28,9 +28,9 @@ from channels_app.models import (
     Preset,
     ReloadRequest,
 )
-from channels_app.node_agent import gpus, locks, log_shipping, processes
-from channels_app.node_agent.announce import announce_channel
-from channels_app.node_agent.lifecycle import (
+from channels_app.node_worker import gpus, locks, log_shipping, processes
+from channels_app.node_worker.announce import announce_channel
+from channels_app.node_worker.lifecycle import (
     LAUNCH_FAILED,
     Action,
     Kill,
@@ -44,9 +44,9 @@ from channels_app.node_agent.lifecycle import (
     effective_target,
     step,
 )
-from channels_app.node_agent.news import News, channel_news
-from channels_app.node_agent.registration import executable_for
-from channels_app.node_agent.rows import state_of, store, wanted_of
+from channels_app.node_worker.news import News, channel_news
+from channels_app.node_worker.registration import executable_for
+from channels_app.node_worker.rows import state_of, store, wanted_of
 from slotserve_base import overview
 from slotserve_base.inflight import in_flight_counts
 from slotserve_base.redis_client import redis_client
@@ -55,7 +55,7 @@ from slotserve_base.vocabulary import NotificationEvent, Phase, RedisKey, redis_
 
 log = logging.getLogger(__name__)
 
-# A reconcile holds its channel's lock for this long, renewed while it runs (channels_app.node_agent.locks):
+# A reconcile holds its channel's lock for this long, renewed while it runs (channels_app.node_worker.locks):
 # a worker that dies holding it frees the channel within the lock time, less than a tick.
 LOCK_SECONDS = 2.0
 # A closed gate outlives a worker that died while switching, but not forever.
@@ -96,7 +96,7 @@ def publish_gate(channel_id: int, state: ProcessState, wanted: Wanted, now: date
 
 
 def _follow_log(channel_id: int, run_id: str, pid: int, path: Path, *, from_start: bool) -> None:
-    """Ship the run's output to the control plane as it is written (node_agent.log_shipping)."""
+    """Ship the run's output to the control plane as it is written (node_worker.log_shipping)."""
     log_shipping.follow(
         channel_id, run_id, path, alive=lambda: processes.alive(pid, run_id)[0], from_start=from_start
     )

@@ -1,8 +1,8 @@
 """What the node worker has to tell people: a booking's model ready, failed, fallen back to the
 default, recovered.
 
-The node agent knows what happened to a channel; who hears of it, in whose words and time zone,
-is the reservations app's business, and the node agent does not import the bookings
+The node worker knows what happened to a channel; who hears of it, in whose words and time zone,
+is the reservations app's business, and the node worker does not import the bookings
 (docs/architecture.md). It sends ``channel_news``; ``reservations.channel_news`` listens and
 notifies the booker and, for failures and fallbacks, the admins.
 """

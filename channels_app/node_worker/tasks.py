@@ -1,4 +1,4 @@
-"""The node agent's Celery tasks, consumed on each node's own queue (``node.<name>``)."""
+"""The node worker's Celery tasks, consumed on each node's own queue (``node.<name>``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from celery import shared_task
 from django.utils import timezone
 
 from channels_app.models import Channel
-from channels_app.node_agent import registration, worker
-from channels_app.node_agent.lifecycle import ProcessState
+from channels_app.node_worker import registration, worker
+from channels_app.node_worker.lifecycle import ProcessState
 from slotserve_base import dispatch
 from slotserve_base.vocabulary import Phase
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from redis.exceptions import RedisError
 
 from channels_app.models import Channel, ChannelRuntime
-from channels_app.node_agent import log_shipping, processes
+from channels_app.node_worker import log_shipping, processes
 
 
 def run_log_of(channel: Channel) -> tuple[Path | None, str]:

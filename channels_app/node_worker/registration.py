@@ -18,7 +18,7 @@ from channels_app.models import (
     Gpu,
     Node,
 )
-from channels_app.node_agent import discovery, gpus
+from channels_app.node_worker import discovery, gpus
 
 log = logging.getLogger(__name__)
 

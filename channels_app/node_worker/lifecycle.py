@@ -2,7 +2,7 @@
 
 ``step`` takes a channel's process state, what it should run, what was
 observed of the process and ``now``, and returns the next state and the
-actions to perform. The node worker (``channels_app.node_agent.worker``) observes,
+actions to perform. The node worker (``channels_app.node_worker.worker``) observes,
 steps and acts; every step is short, never waits, and is safe to repeat.
 
 Phases: stopped → loading → ready → draining → stopping → stopped;
@@ -154,7 +154,7 @@ OOM_PATTERNS = re.compile(
 )
 
 
-# How the node worker's record of a launch that never ran begins (channels_app.node_agent.worker._launch).
+# How the node worker's record of a launch that never ran begins (channels_app.node_worker.worker._launch).
 LAUNCH_FAILED = "could not start"
 
 
