@@ -113,15 +113,16 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
     exchange = Exchange(
         gateway, cycle, upstream, channel, caller, answer, streaming, strip_usage, Usage.asking(request.body)
     )
-    # Nothing comes back before the request is counted in: the process's answer waits for it.
-    entry = Entry.soon(gateway.counters, go, caller, now)
-    exchange.why = entry.why
     exchange.request = upstream.request_bytes(b"POST", target, headers, content)
     connection = upstream.idle_connection()
     if connection is not None:
         exchange.send(connection)
     else:
         exchange.connect()
+    # Counted in while the process works (its request left first, so the first token waits for
+    # one write fewer); nothing comes back before the count in: the process's answer waits for it.
+    entry = Entry.soon(gateway.counters, go, caller, now)
+    exchange.why = entry.why
     assert entry.pending is not None
     entry.pending.add_done_callback(exchange.entered)
     return True
