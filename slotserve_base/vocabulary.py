@@ -118,6 +118,7 @@ class ErrorCode(models.TextChoices):
     KEY_SCOPE = "key_scope"  # a model or channel outside the API key's scope
     QUEUE_FULL = "queue_full"  # the caller has as many requests waiting for a channel as they may
     CHANNEL_QUEUE_FULL = "channel_queue_full"  # the channel's queue holds as many as it may
+    NODE_NOT_READY = "node_not_ready"  # the channel's node worker is not reporting: nothing loads
 
 
 class RedisKey(models.TextChoices):

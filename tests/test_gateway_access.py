@@ -28,6 +28,7 @@ def channel(name: str = "a", **changes) -> ChannelView:
         drain_seconds=30,
         switching=False,
         stop_seconds=15,
+        node="n1",
     )
     return dataclasses.replace(base, **changes)
 
@@ -124,6 +125,26 @@ ACCESS = [
         channel(phase="stopped", model=None, upstream=None),
         BO,
         (404, "model_not_loaded", None),
+    ),
+    (
+        # A node whose worker never reported (or stopped reporting) loads nothing a caller can
+        # wait for: not "about to load".
+        "the decision names qwen, its node is not ready: anyone",
+        channel(phase="stopped", model=None, upstream=None, targets_model="qwen", node_ready=False),
+        BO,
+        (503, "node_not_ready", None),
+    ),
+    (
+        "loading when its node stopped reporting: the booker",
+        channel(booking=BOOKED, phase="loading", node_ready=False),
+        ANA,
+        (503, "node_not_ready", None),
+    ),
+    (
+        "ready, its node's heartbeat late: the process still serves",
+        channel(node_ready=False),
+        BO,
+        None,
     ),
 ]
 
@@ -292,3 +313,27 @@ def test_the_channel_index_chooses_as_route_does_without_looking_through_every_c
     assert ChannelIndex.of((ready, mine)).only_choice(BO, "qwen") is ready
     assert ChannelIndex.of((ready,)).only_choice(BO, "llama") is None
     assert ChannelIndex.of((channel(phase="loading"),)).only_choice(BO, "qwen") is None
+
+
+def test_a_channel_on_a_node_that_never_reported_does_not_hide_the_403_naming_the_slot():
+    """A second channel was added on a node whose worker never started, with the default model
+    qwen; during ana's slot on a, bo asked for qwen. The answer is the 403 naming ana's slot,
+    not 503 "about to load" on a channel nothing will load."""
+    never = channel("b", phase="stopped", model=None, upstream=None, targets_model="qwen", node_ready=False)
+    chosen = route(
+        caller_id=BO,
+        model="qwen",
+        pinned=None,
+        channels=[channel("a", booking=BOOKED), never],
+        in_flight={},
+        now=NOW,
+    )
+    assert chosen.refusal is not None
+    assert (chosen.refusal.status, chosen.refusal.code) == (403, "gpu_reserved")
+    # Alone, the never-ready channel says what is wrong and where.
+    alone = route(caller_id=BO, model="qwen", pinned=None, channels=[never], in_flight={}, now=NOW)
+    assert alone.refusal is not None
+    assert (alone.refusal.status, alone.refusal.code) == (503, "node_not_ready")
+    assert alone.refusal.message == (
+        "channel b cannot load qwen: its node n1 is not ready (its node worker is not reporting)"
+    )

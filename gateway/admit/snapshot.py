@@ -193,6 +193,8 @@ def _read_snapshot() -> Snapshot:
                 targets_model=target.model.name if target and target.model else None,
                 upstream_key=runtime.api_secret if upstream is not None and runtime else "",
                 places=runtime.places if upstream is not None and runtime and queueing else None,
+                node=channel.node.name,
+                node_ready=channel.node.is_ready(now),
             )
         )
     aliases = dict(ModelAlias.objects.values_list("name", "model__name"))

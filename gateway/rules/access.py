@@ -45,6 +45,8 @@ class ChannelView:
     running: tuple[int, int | None] | None = None  # the model and preset (ids) that run or load
     fallback: bool = False  # the default serves a booking whose model failed (docs/scheduling.md)
     places: int | None = None  # requests its process serves at once; None: no fair queue
+    node: str = ""  # the node's name
+    node_ready: bool = True  # its node worker reports (docs/node-workers.md, "Heartbeats")
 
     @cached_property
     def upstream_auth(self) -> bytes:
@@ -140,6 +142,15 @@ def admit(*, caller_id: int, channel: ChannelView, now: datetime, zone: tzinfo =
                 + _margin(channel.next_load_seconds)
             ),
         )
+    if not channel.node_ready and (channel.phase != Phase.READY or channel.upstream is None):
+        # Nothing starts or finishes loading on a node whose worker does not report: no time
+        # to wait for (route prefers any other answer).
+        return Refusal(
+            503,
+            ErrorCode.NODE_NOT_READY,
+            f"channel {channel.name} cannot load {channel.targets_model or channel.model or 'a model'}: "
+            f"its node {channel.node} is not ready (its node worker is not reporting)",
+        )
     if channel.phase == Phase.LOADING:
         left = max(_remaining(channel.load_seconds, channel.since, now), 0)
         return Refusal(
@@ -224,7 +235,7 @@ def route(
     refusals = [
         r for c in heading if (r := admit(caller_id=caller_id, channel=c, now=now, zone=zone)) is not None
     ]
-    waiting = [r for r in refusals if r.status == 503]
+    waiting = [r for r in refusals if r.status == 503 and r.code != ErrorCode.NODE_NOT_READY]
     if waiting:
         return Route(None, min(waiting, key=lambda r: r.retry_after or 0))
     # Loaded, but where someone else booked it: say where and until when (the soonest free).
@@ -236,6 +247,9 @@ def route(
         return Route(None, admit(caller_id=caller_id, channel=soonest, now=now, zone=zone))
     if refusals and all(r.code == ErrorCode.GPU_RESERVED for r in refusals):
         return Route(None, refusals[0])
+    stranded = [r for r in refusals if r.code == ErrorCode.NODE_NOT_READY]
+    if stranded:
+        return Route(None, stranded[0])
     return Route(
         None,
         Refusal(404, ErrorCode.MODEL_NOT_LOADED, f"model {model!r} is not loaded" + _loaded_where(channels)),
