@@ -337,3 +337,23 @@ def test_a_channel_on_a_node_that_never_reported_does_not_hide_the_403_naming_th
     assert alone.refusal.message == (
         "channel b cannot load qwen: its node n1 is not ready (its node worker is not reporting)"
     )
+
+
+def test_a_process_that_died_while_serving_is_not_said_to_have_failed_to_load():
+    """kill -9 of a ready process: callers read that it stopped and starts again, not that it
+    failed to load (it loaded; it crashed while serving)."""
+    died = channel(
+        phase="failed",
+        model=None,
+        upstream=None,
+        targets_model="qwen",
+        retry_at=NOW + timedelta(seconds=30),
+        crashed=True,
+    )
+    refusal = admit(caller_id=BO, channel=died, now=NOW)
+    assert refusal is not None
+    assert (refusal.status, refusal.code, refusal.retry_after) == (503, "model_loading", 30 + 60 + 7)
+    assert refusal.message == "channel a stopped unexpectedly while serving qwen and starts it again in 30 s"
+    never_loaded = admit(caller_id=BO, channel=dataclasses.replace(died, crashed=False), now=NOW)
+    assert never_loaded is not None
+    assert never_loaded.message == "channel a failed to load qwen and tries again in 30 s"

@@ -155,7 +155,9 @@ def _read_snapshot() -> Snapshot:
         )
         for r in Reservation.objects.filter(status="approved", start__lte=now, end__gt=now)
     }
-    channels = list(Channel.objects.select_related("runtime__model", "target__model", "node"))
+    channels = list(
+        Channel.objects.select_related("runtime__model", "runtime__load", "target__model", "node")
+    )
     wanted: set[tuple[int, Target]] = set()
     for channel in channels:
         runtime, target = channel.runtime_or_none(), channel.target_or_none()
@@ -195,6 +197,9 @@ def _read_snapshot() -> Snapshot:
                 places=runtime.places if upstream is not None and runtime and queueing else None,
                 node=channel.node.name,
                 node_ready=channel.node.is_ready(now),
+                crashed=bool(
+                    runtime and runtime.phase == Phase.FAILED and runtime.load and runtime.load.succeeded
+                ),
             )
         )
     aliases = dict(ModelAlias.objects.values_list("name", "model__name"))

@@ -47,6 +47,7 @@ class ChannelView:
     places: int | None = None  # requests its process serves at once; None: no fair queue
     node: str = ""  # the node's name
     node_ready: bool = True  # its node worker reports (docs/node-workers.md, "Heartbeats")
+    crashed: bool = False  # failed after it was ready (killed, crashed), not while loading
 
     @cached_property
     def upstream_auth(self) -> bytes:
@@ -164,7 +165,12 @@ def admit(*, caller_id: int, channel: ChannelView, now: datetime, zone: tzinfo =
             return Refusal(
                 503,
                 ErrorCode.MODEL_LOADING,
-                f"channel {channel.name} failed to load {channel.targets_model} and tries again"
+                (
+                    f"channel {channel.name} stopped unexpectedly while serving {channel.targets_model}"
+                    " and starts it again"
+                    if channel.crashed
+                    else f"channel {channel.name} failed to load {channel.targets_model} and tries again"
+                )
                 + (
                     f" in {_seconds((channel.retry_at - now).total_seconds())} s"
                     if channel.retry_at
