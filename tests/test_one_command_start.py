@@ -251,3 +251,43 @@ def test_a_start_on_a_port_in_use_stops_at_once_naming_it(tmp_path):
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "--port" in done.stderr
     assert "SlotServe is running on" not in done.stdout
     assert processes_of(tmp_path) == []  # no embedded Redis or other part left behind
+
+
+def test_the_embedded_redis_is_started_again_when_it_dies(tmp_path):
+    """kill -9 of the embedded redis-server: ``run`` starts it again on the same socket with the
+    same password, so every part finds it again without a restart of the whole."""
+    port = free_port()
+    run = start_run(tmp_path, _run_env(tmp_path, port), "--port", str(port), "--no-node")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert healthy(base, time.monotonic() + 60), log_text(tmp_path)[-3000:]
+        servers = _redis_servers(run.pid)
+        assert len(servers) == 1, log_text(tmp_path)[-3000:]
+        os.kill(servers[0], signal.SIGKILL)
+        assert eventually(lambda: "redis started again" in log_text(tmp_path), timeout=30, every=0.2)
+        assert "redis exited with status -9; starting it again in 1 s" in log_text(tmp_path)
+        assert healthy(base, time.monotonic() + 30), log_text(tmp_path)[-3000:]
+        again = _redis_servers(run.pid)
+        assert len(again) == 1 and again != servers
+        assert run.poll() is None, log_text(tmp_path)[-3000:]
+    finally:
+        os.killpg(run.pid, signal.SIGINT)
+        run.wait(timeout=60)
+    assert not _redis_servers(run.pid), "stopped with the rest"
+
+
+def _redis_servers(parent: int) -> list[int]:
+    """The live redis-server processes ``parent`` started (Redis writes its title over its
+    command line and environment, so they are found by parent and name)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat[1]) == parent and stat[0] != "Z" and b"redis-server" in cmdline:
+            found.append(int(entry.name))
+    return found

@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 LOCK_SECONDS = 2.0
 # A closed gate outlives a worker that died while switching, but not forever.
 GATE_SECONDS = 600
+# What a gateway's snapshot read may take, beyond its age limit, before it shows a switch.
+GATE_READ_SECONDS = 1.0
 
 
 def in_flight(channel_id: int) -> int:
@@ -73,6 +75,11 @@ def publish_gate(channel_id: int, state: ProcessState, wanted: Wanted, now: date
     The gateway counts a request in before it looks at the gate; closing the
     gate first means a request either is counted (and drained) or is refused
     with ``503 model_switching`` — never sent to a process being stopped.
+
+    The gate holds the moment it closed, and opens no sooner than a gateway's snapshot can
+    be old (``SLOTSERVE_GATEWAY_REFRESH_SECONDS``, and a second for the read) after it: a
+    switch with nothing to drain stops the old process at once, and a snapshot read just
+    before still shows it ready on its port (docs/gateway.md, "Draining").
     """
     target, _ = effective_target(state, wanted, now)
     reload = wanted.reload_generation != state.reload_generation
@@ -80,10 +87,22 @@ def publish_gate(channel_id: int, state: ProcessState, wanted: Wanted, now: date
         target != state.running or reload or state.phase == Phase.STOPPING
     )
     gate = redis_key(RedisKey.GATE, channel_id)
+    client = redis_client()
     if switching:
-        redis_client().set(gate, "1", ex=GATE_SECONDS)
-    else:
-        redis_client().delete(gate)
+        with client.pipeline(transaction=False) as pipe:
+            pipe.set(gate, repr(now.timestamp()), nx=True)  # keeps the moment it first closed
+            pipe.expire(gate, GATE_SECONDS)
+            pipe.execute()
+        return
+    closed = client.get(gate)
+    if closed is None:
+        return
+    try:
+        since = float(closed)
+    except ValueError:
+        since = 0.0  # not a moment: open it
+    if now.timestamp() - since >= float(settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS) + GATE_READ_SECONDS:
+        client.delete(gate)
 
 
 # --- Heartbeat ------------------------------------------------------------------

