@@ -38,6 +38,7 @@ def test_a_quick_switch_keeps_the_gate_closed_for_a_snapshots_age(db, settings, 
     # just before the gate closed still shows the old process ready on its port.
     assert closed_at(0.3, Phase.LOADING)
     assert closed_at(1.9, Phase.LOADING)
+    assert 0 < redis_client().pttl(gate) <= 100, "and it opens by itself then, with no tick to wait for"
     assert not closed_at(2.1, Phase.LOADING), "open once every snapshot shows the switch"
     # A long switch keeps it closed while it lasts, as before.
     assert closed_at(10, Phase.READY) and closed_at(700, Phase.DRAINING)

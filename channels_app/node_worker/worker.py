@@ -76,8 +76,9 @@ def publish_gate(channel_id: int, state: ProcessState, wanted: Wanted, now: date
     gate first means a request either is counted (and drained) or is refused
     with ``503 model_switching`` — never sent to a process being stopped.
 
-    The gate holds the moment it closed, and opens no sooner than a gateway's snapshot can
-    be old (``SLOTSERVE_GATEWAY_REFRESH_SECONDS``, and a second for the read) after it: a
+    The gate holds the moment it closed, and opens (by its expiry, once the switch is over) no
+    sooner than a gateway's snapshot can be old (``SLOTSERVE_GATEWAY_REFRESH_SECONDS``, and a
+    second for the read) after it: a
     switch with nothing to drain stops the old process at once, and a snapshot read just
     before still shows it ready on its port (docs/gateway.md, "Draining").
     """
@@ -101,8 +102,11 @@ def publish_gate(channel_id: int, state: ProcessState, wanted: Wanted, now: date
         since = float(closed)
     except ValueError:
         since = 0.0  # not a moment: open it
-    if now.timestamp() - since >= float(settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS) + GATE_READ_SECONDS:
+    left = since + float(settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS) + GATE_READ_SECONDS - now.timestamp()
+    if left <= 0:
         client.delete(gate)
+    else:
+        client.pexpire(gate, max(1, int(left * 1000)))  # Redis opens it then, with no tick to wait for
 
 
 # --- Heartbeat ------------------------------------------------------------------
