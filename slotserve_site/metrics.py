@@ -7,13 +7,16 @@ same numbers whichever web, gateway or worker process is scraped.
 from __future__ import annotations
 
 import hmac
+import logging
 from collections.abc import Iterator
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.db.models import Count, Sum
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from redis.exceptions import RedisError
 
 from gateway.usage.request_log import dead_letters
 from gateway.wire.counter_scripts import TTFT_BUCKETS
@@ -24,6 +27,7 @@ from slotserve_base.vocabulary import redis_key as key
 
 PHASES = tuple(Phase.values)
 GATEWAY_STATUS, GATEWAY_TTFT = RedisKey.GATEWAY_STATUS, RedisKey.GATEWAY_TTFT
+log = logging.getLogger(__name__)
 
 
 class SlotServeCollector:
@@ -70,11 +74,21 @@ class SlotServeCollector:
             "Seconds the requests given a place by each channel's fair queue waited for it, in all",
             labels=["channel"],
         )
+        # What only Redis knows is left out while it is away: a scrape still answers with what
+        # the database knows, and says Redis is down (slotserve_redis_up 0).
         redis = redis_client()
-        counts = in_flight_counts(redis, [c.pk for c in channels])
-        queues = queue_stats(redis, [c.pk for c in channels])
+        try:
+            ids = [c.pk for c in channels]
+            counts, queues = in_flight_counts(redis, ids), queue_stats(redis, ids)
+            statuses_seen = redis.hgetall(key(GATEWAY_STATUS, "all"))
+            ttft_seen = redis.hgetall(key(GATEWAY_TTFT, "all"))
+            dead = float(redis.llen(dead_letters()))
+            redis_up = True
+        except RedisError as exc:
+            log.warning("metrics: Redis is unreachable (%s): its figures are left out", exc)
+            counts, queues, statuses_seen, ttft_seen, dead, redis_up = {}, {}, {}, {}, 0.0, False
+        yield GaugeMetricFamily("slotserve_redis_up", "1 while Redis answers", value=1.0 if redis_up else 0.0)
         for channel in channels:
-            count = counts[channel.pk]
             runtime = channel.runtime_or_none()
             current = runtime.phase if runtime else Phase.STOPPED
             for name in PHASES:
@@ -85,13 +99,14 @@ class SlotServeCollector:
                 )
             fallback.add_metric([channel.name], 1.0 if runtime and runtime.fallback else 0.0)
             retries.add_metric([channel.name], float(runtime.attempts if runtime else 0))
-            in_flight.add_metric([channel.name], float(int(count or 0)))
             if runtime is not None and runtime.places is not None:
                 places.add_metric([channel.name], float(runtime.places))
-            held, taken, seconds = queues[channel.pk]
-            waiting.add_metric([channel.name], float(held))
-            placed.add_metric([channel.name], float(taken))
-            waited.add_metric([channel.name], seconds)
+            if redis_up:
+                in_flight.add_metric([channel.name], float(int(counts[channel.pk] or 0)))
+                held, taken, seconds = queues[channel.pk]
+                waiting.add_metric([channel.name], float(held))
+                placed.add_metric([channel.name], float(taken))
+                waited.add_metric([channel.name], seconds)
         yield from (phase, model, fallback, retries, in_flight, places, waiting, placed, waited)
 
         loads = CounterMetricFamily(
@@ -131,13 +146,15 @@ class SlotServeCollector:
         tokens.add_metric(["completion"], float(usage["completion"] or 0))
         yield tokens
 
+        if not redis_up:
+            return
         statuses = CounterMetricFamily(
             "slotserve_gateway_requests", "Gateway answers by status code", labels=["code"]
         )
-        for code, n in sorted(redis.hgetall(key(GATEWAY_STATUS, "all")).items()):
+        for code, n in sorted(statuses_seen.items()):
             statuses.add_metric([_text(code)], float(int(n)))
         yield statuses
-        raw = {_text(k): float(v) for k, v in redis.hgetall(key(GATEWAY_TTFT, "all")).items()}
+        raw = {_text(k): float(v) for k, v in ttft_seen.items()}
         cumulative, buckets = 0.0, []
         for bound in [*map(str, TTFT_BUCKETS), "+Inf"]:
             cumulative += raw.get(bound, 0.0)
@@ -145,7 +162,7 @@ class SlotServeCollector:
         yield GaugeMetricFamily(
             "slotserve_request_log_dead_records",
             "Request records the database would not take, set aside in Redis for a person to look at",
-            value=float(redis.llen(dead_letters())),
+            value=dead,
         )
         yield HistogramMetricFamily(
             "slotserve_gateway_time_to_first_token_seconds",
@@ -178,5 +195,9 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     if token and not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
         return HttpResponse("metrics need Authorization: Bearer <SLOTSERVE_METRICS_TOKEN>\n", status=401)
     registry = CollectorRegistry()
-    registry.register(SlotServeCollector())
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    try:
+        registry.register(SlotServeCollector())  # (a first collect, to learn the metrics' names)
+        return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    except DatabaseError as exc:
+        log.warning("metrics: the database is unreachable: %s", exc)
+        return HttpResponse("the database cannot be reached; see /health\n", status=503)

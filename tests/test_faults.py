@@ -281,3 +281,19 @@ def test_postgresql_connections_give_up_instead_of_hanging(monkeypatch):
         importlib.reload(site_settings)  # as the environment has it again
     assert str(options["connect_timeout"]) == "9" and options["keepalives"] == 1
     assert plain["connect_timeout"] == 5 and plain["keepalives_idle"] == 10
+
+
+def test_metrics_answer_what_the_database_knows_while_redis_is_down(own_redis, db):
+    """A scrape while Redis is away is not a 500: the channels' phases, loads and bookings come
+    from the database, ``slotserve_redis_up`` says 0, and what only Redis knows is left out."""
+    serve(factories.channel("ch"), factories.llm("qwen"), 9)
+    own_redis.stop()
+    scraped = Client(raise_request_exception=False).get("/metrics")
+    assert scraped.status_code == 200, scraped.content[-500:]
+    text = scraped.content.decode()
+    assert 'slotserve_channel_phase{channel="ch",phase="ready"} 1.0' in text
+    assert "slotserve_redis_up 0.0" in text
+    assert 'slotserve_gateway_in_flight{channel="ch"}' not in text
+    own_redis.start()
+    text = Client().get("/metrics").content.decode()
+    assert "slotserve_redis_up 1.0" in text and 'slotserve_gateway_in_flight{channel="ch"} 0.0' in text
