@@ -81,3 +81,25 @@ def test_at_a_back_to_back_boundary_the_booker_is_served_only_their_own_preset(
     flush_request_log(redis_client())
     logged = RequestLog.objects.filter(user=ana).values_list("status", "served_model")
     assert sorted(logged) == [(200, "tiny"), (503, "")]  # the refusal was served by nothing
+
+
+def test_a_snapshot_holds_the_slot_that_begins_within_its_life(db, settings, ana):
+    """The gateway's snapshot carries the next booking of a channel when it begins before the
+    snapshot could be read again: the gateway keeps its booker's channel from its first moment,
+    without waiting for a new snapshot."""
+    from gateway.admit.snapshot import read_snapshot
+    from gateway.rules.access import as_of
+
+    settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 1.0
+    channel = factories.channel("ch")
+    now = timezone.now()
+    soon = factories.reservation(
+        owner=ana, on=channel, start=now + timedelta(seconds=1.5), end=now + timedelta(hours=1)
+    )
+    later = factories.channel("later")
+    factories.reservation(owner=ana, on=later, start=now + timedelta(minutes=5), end=now + timedelta(hours=1))
+    views = {view.name: view for view in read_snapshot().channels}
+    assert views["ch"].booking is None and views["ch"].upcoming is not None
+    assert views["ch"].upcoming.reservation_id == soon.pk
+    assert as_of(views["ch"], soon.start).booking == views["ch"].upcoming
+    assert views["later"].upcoming is None, "one far ahead waits for a later snapshot"

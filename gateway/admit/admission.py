@@ -14,7 +14,7 @@ from gateway.admit.places import Places
 from gateway.admit.refusals import refusal_after_count_in
 from gateway.admit.request import Asked, is_booker
 from gateway.admit.snapshot import Snapshot
-from gateway.rules.access import ChannelView, Refusal, admit
+from gateway.rules.access import ChannelView, Refusal, admit, as_of
 from gateway.rules.callers import Caller, Limits
 from gateway.wire.counter_scripts import OverLimit
 from gateway.wire.counters import Counters
@@ -64,7 +64,10 @@ def chosen_at_once(snapshot: Snapshot, asked: Asked, now: datetime) -> ChannelVi
     if asked.pinned is not None:
         return None
     channel = snapshot.index.only_choice(asked.caller.user_id, asked.model)
-    if channel is None or admit(caller_id=asked.caller.user_id, channel=channel, now=now) is not None:
+    if channel is None:
+        return None
+    channel = as_of(channel, now)
+    if admit(caller_id=asked.caller.user_id, channel=channel, now=now) is not None:
         return None
     return channel
 

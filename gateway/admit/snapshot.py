@@ -17,7 +17,7 @@ import zoneinfo
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, tzinfo
+from datetime import UTC, timedelta, tzinfo
 from functools import cached_property
 
 from django.conf import settings
@@ -91,6 +91,8 @@ def limits_reader() -> Callable[[int, int | None, int | None], Limits | None]:
 
 
 NO_LIMITS = Limits()
+# Beyond a snapshot's age limit, how far ahead it looks for a booking that begins (its read's time).
+UPCOMING_MARGIN_SECONDS = 2.0
 
 
 def _read_snapshot() -> Snapshot:
@@ -145,16 +147,28 @@ def _read_snapshot() -> Snapshot:
             "expires_at",
         )
     }
-    active = {
-        r.channel_id: Booking(
+    # The active booking of each channel, and the next one if it begins within the snapshot's
+    # life (its age limit and a read's time): the gateway lets its booker alone in from its
+    # first moment (``access.as_of``), not from the next snapshot.
+    soon = now + timedelta(
+        seconds=float(settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS) + UPCOMING_MARGIN_SECONDS
+    )
+    active: dict[int, Booking] = {}
+    upcoming: dict[int, Booking] = {}
+    approved = Reservation.objects.filter(status="approved", start__lte=soon, end__gt=now).order_by("start")
+    for r in approved:
+        booking = Booking(
             r.pk,
             r.user_id,
             r.exclusive,
             r.end,
             None if r.exclusive or r.model_id is None else (r.model_id, r.preset_id),
+            r.start,
         )
-        for r in Reservation.objects.filter(status="approved", start__lte=now, end__gt=now)
-    }
+        if r.start <= now:
+            active[r.channel_id] = booking
+        else:
+            upcoming.setdefault(r.channel_id, booking)
     channels = list(
         Channel.objects.select_related("runtime__model", "runtime__load", "target__model", "node")
     )
@@ -192,6 +206,7 @@ def _read_snapshot() -> Snapshot:
                 fallback=bool(runtime and runtime.fallback),
                 switching=False,
                 booking=active.get(channel.pk),
+                upcoming=upcoming.get(channel.pk),
                 targets_model=target.model.name if target and target.model else None,
                 upstream_key=runtime.api_secret if upstream is not None and runtime else "",
                 places=runtime.places if upstream is not None and runtime and queueing else None,

@@ -3,6 +3,7 @@ docs/gateway.md), as pure functions."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,13 +15,14 @@ from slotserve_base.vocabulary import ErrorCode, Phase
 
 @dataclass(frozen=True)
 class Booking:
-    """The reservation active on a channel now."""
+    """An approved reservation on a channel: the active one, or the next within a snapshot's life."""
 
     reservation_id: int
     user_id: int
     exclusive: bool
     end: datetime
     target: tuple[int, int | None] | None = None  # its model and preset (ids); None: whole card
+    start: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class ChannelView:
     node: str = ""  # the node's name
     node_ready: bool = True  # its node worker reports (docs/node-workers.md, "Heartbeats")
     crashed: bool = False  # failed after it was ready (killed, crashed), not while loading
+    upcoming: Booking | None = None  # the next booking, if it begins within the snapshot's life
 
     @cached_property
     def upstream_auth(self) -> bytes:
@@ -95,9 +98,22 @@ def told_at(moment: datetime, zone: tzinfo, *, year: bool = False) -> str:
     return f"{day} {local:%H:%M %Z} ({moment.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ})"
 
 
+def as_of(channel: ChannelView, now: datetime) -> ChannelView:
+    """``channel`` at ``now``: a snapshot lives up to ``SLOTSERVE_GATEWAY_REFRESH_SECONDS``, and
+    a slot that begins or ends meanwhile counts from its first or last moment, not from the
+    next snapshot."""
+    upcoming, booking = channel.upcoming, channel.booking
+    if upcoming is not None and upcoming.start is not None and upcoming.start <= now:
+        return dataclasses.replace(channel, booking=upcoming, upcoming=None)
+    if booking is not None and booking.end <= now:
+        return dataclasses.replace(channel, booking=None)
+    return channel
+
+
 def admit(*, caller_id: int, channel: ChannelView, now: datetime, zone: tzinfo = UTC) -> Refusal | None:
     """The access table (docs/gateway.md) for one caller and one channel; None means allowed.
     Times are told in the caller's ``zone``, the instant beside them."""
+    channel = as_of(channel, now)
     booking = channel.booking
     if booking is not None and booking.user_id != caller_id:
         return Refusal(
@@ -215,6 +231,7 @@ def route(
     first, ties by name; otherwise ``404 model_not_loaded`` listing what is
     loaded where.
     """
+    channels = [as_of(c, now) for c in channels]
     if pinned is not None:
         match = next((c for c in channels if c.name == pinned), None)
         if match is None:
@@ -270,23 +287,35 @@ class ChannelIndex:
 
     booked: Mapping[int, ChannelView]  # user → the channel of their active reservation
     ready: Mapping[str, tuple[ChannelView, ...]]  # model → the channels ready to serve it
+    # Whom and what a slot that begins within the snapshot's life concerns: ``route`` decides
+    # those, at the request's moment.
+    unsure_users: frozenset[int] = frozenset()
+    unsure_models: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, channels: Sequence[ChannelView]) -> ChannelIndex:
         booked: dict[int, ChannelView] = {}
         ready: dict[str, list[ChannelView]] = {}
+        users: set[int] = set()
+        models: set[str] = set()
         for c in channels:
+            if c.upcoming is not None:
+                users |= {c.upcoming.user_id} | ({c.booking.user_id} if c.booking else set())
+                models |= {m for m in (c.model, c.targets_model) if m is not None}
             if c.booking is not None:
                 booked.setdefault(c.booking.user_id, c)  # route takes the first
             if c.phase == Phase.READY and c.model is not None:
                 ready.setdefault(c.model, []).append(c)
-        return cls(booked, {model: tuple(found) for model, found in ready.items()})
+        ready_by_model = {model: tuple(found) for model, found in ready.items()}
+        return cls(booked, ready_by_model, frozenset(users), frozenset(models))
 
     def only_choice(self, caller_id: int, model: str | None) -> ChannelView | None:
         """The channel ``route`` chooses for this caller and model when it has no choice to
         make: the caller's own, or the one channel ready with the model. None leaves it to
         ``route`` (it says why nothing serves, or weighs requests in flight among several).
         ``admit`` still says whether the caller may use it."""
+        if caller_id in self.unsure_users or model in self.unsure_models:
+            return None
         mine = self.booked.get(caller_id)
         if mine is not None:
             return mine

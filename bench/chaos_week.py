@@ -1,0 +1,1064 @@
+#!/usr/bin/env python
+"""A lab's week under faults: everything runs and breaks at once, every promise checked.
+
+    sudo .venv/bin/python bench/chaos_week.py [--seed 1] [--days 7] [--hour-seconds 4]
+        [--bookings 300] [--users 10] [--json results.json] [--short]
+
+Needs root (network namespaces) and PostgreSQL's server programs (Debian's ``postgresql``: a
+cluster of the benchmark's own is made with ``initdb``, so that restarting it harms nobody).
+The cluster is ``bench/cluster_bench.py``'s: the control host runs ``manage.py run --no-node``
+(tick 1 s) on a bridge; two GPU nodes, each in its own network namespace with four fake GPUs,
+run ``manage.py nodeworker``, started again by the benchmark when they die, as systemd's
+``Restart=always`` would; every model is the stand-in server with a load time of 1-5 s.
+
+**The lab.** A compressed week (an hour lasts ``--hour-seconds``): ``--bookings`` bookings by
+``--users`` people across 8 channels (two of them need a staff approval), made, approved,
+cancelled and ended early through the REST API with each person's API key, some keys scoped to
+models; all the while everyone calls the gateway: streams and short requests, some hung up
+after the first chunk, on their own bookings and on the default model.
+
+**The faults**, at moments drawn from the seed, one after the other (each kind at least once):
+``kill -9`` of a node worker, of an inference process, of the scheduler's Celery worker and beat,
+of the web process; a Redis restart; a PostgreSQL restart; a node's link cut for shorter and
+for longer than the not-ready threshold (3 ticks). Each one's recovery is timed: until every
+channel runs what it should and ``/health`` answers 200.
+
+**The promises**, checked from the callers' answers, the database and ``ps`` (docs/faults.md
+says which promise holds under which fault, and the checker expects exactly that):
+
+1. during an approved slot nobody but the booker gets an answer from that channel;
+2. no answer is a 500, every refusal is a documented code, with ``Retry-After`` where
+   docs/api.md promises one;
+3. every answer a caller received is in the request log (records still in Redis when it
+   restarts are lost: at most the answers of the last flush before each restart);
+5. every booking whose gap was at least its model's load time + 1 s, and whose node stayed up
+   from its preload to its start, is ready at its start;
+6. within 3 ticks (and a load) of the last fault: each channel runs its decision, no request is
+   counted in flight once the callers stop, no inference process runs that no channel owns,
+   every node is ready;
+7. no booking the API confirmed is lost.
+
+(Promise 4, webhooks after every fault, is not checked yet.) It prints a table per fault kind
+and per promise, and the violations; ``--json`` writes the same. The exit status is 1 when a
+promise was broken. ``--short`` is the suite's run (``tests/test_chaos_week.py``): one
+compressed day, each fault once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import secrets
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SUBNET = "10.231.79"
+NODES = {"chaos-a": 31, "chaos-b": 32}
+GPUS_PER_NODE = 4
+LOAD_SECONDS = [1, 2, 3, 4, 5]
+WEB_PORT, REDIS_PORT, PG_PORT = 18090, 16390, 15490
+TICK = 1.0
+FAULT_KINDS = (
+    "kill node worker",
+    "kill inference process",
+    "kill scheduler",
+    "kill web",
+    "restart redis",
+    "restart postgresql",
+    "cut link briefly",
+    "cut link long",
+)
+# Codes whose answers carry Retry-After (docs/api.md, "Gateway errors").
+WITH_RETRY_AFTER = {
+    "model_loading",
+    "model_switching",
+    "gpu_exclusive",
+    "rate_limit_exceeded",
+    "insufficient_quota",
+    "queue_full",
+    "channel_queue_full",
+    "service_unavailable",
+}
+
+
+@dataclass
+class Violation:
+    promise: int
+    at: float  # seconds since the lab began
+    what: str
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float
+    target: str = ""
+    recovered_after: float | None = None  # seconds, None: not within the wait
+
+
+@dataclass
+class Answer:
+    at: float  # wall clock (time.time()) when the request was sent
+    user: str
+    model: str
+    status: int
+    code: str = ""
+    retry_after: bool = False
+    hung_up: bool = False
+    error: str = ""
+
+
+@dataclass
+class Lab:
+    """What the run saw: the callers' answers, the bookings the API confirmed, the faults."""
+
+    began: float = field(default_factory=time.time)
+    answers: list[Answer] = field(default_factory=list)
+    confirmed: dict[int, str] = field(default_factory=dict)  # reservation id → the status we left it in
+    faults: list[Fault] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+    checks: dict[int, int] = field(default_factory=dict)  # promise → checks made
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    samples: list[tuple[float, dict[int, int | None]]] = field(default_factory=list)  # ready presets
+    node_down: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # node → spells
+
+    def violated(self, promise: int, at: float, what: str) -> None:
+        with self.lock:
+            self.violations.append(Violation(promise, round(at - self.began, 2), what))
+
+    def checked(self, promise: int, count: int = 1) -> None:
+        with self.lock:
+            self.checks[promise] = self.checks.get(promise, 0) + count
+
+
+# --- The machines ----------------------------------------------------------------
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of the benchmark's own, run as the ``postgres`` user."""
+
+    def __init__(self, folder: Path, listen: str) -> None:
+        bins = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+        if not bins:
+            raise SystemExit("chaos_week: PostgreSQL's server programs are not installed (postgresql)")
+        self.bin, self.folder, self.listen = bins[-1], folder, listen
+        self.data = folder / "pg"
+
+    def _as_postgres(self, *argv: str) -> None:
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", *argv], check=True, capture_output=True, timeout=120
+        )
+
+    def create(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        shutil.chown(self.folder, "postgres")
+        self._as_postgres(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres")
+        with (self.data / "postgresql.conf").open("a") as conf:
+            conf.write(
+                f"listen_addresses = '{self.listen}'\nport = {PG_PORT}\n"
+                f"unix_socket_directories = '{self.folder}'\n"
+                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 200\n"
+            )
+        with (self.data / "pg_hba.conf").open("a") as hba:
+            hba.write(f"host all all {SUBNET}.0/24 trust\n")
+        self.start()
+
+    def start(self) -> None:
+        self._as_postgres(
+            str(self.bin / "pg_ctl"), "-D", str(self.data), "-w", "-l", str(self.folder / "pg.log"), "start"
+        )
+
+    def stop(self) -> None:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
+
+
+class Machines:
+    """The control host, the nodes, Redis and PostgreSQL, and the hands that break them."""
+
+    def __init__(self, work: Path, tag: str) -> None:
+        from devtools.cluster import Cluster
+
+        self.work, self.tag = work, tag
+        self.net = Cluster(tag, SUBNET)
+        self.pg = PrivatePostgres(work / "postgres", SUBNET + ".1")
+        self.redis_password = secrets.token_urlsafe(12)
+        self.redis: subprocess.Popen[bytes] | None = None
+        self.control: subprocess.Popen[bytes] | None = None
+        self.nodes: dict[str, subprocess.Popen[bytes] | None] = {}
+        self.env: dict[str, str] = {}
+        self.stopping = False
+
+    @property
+    def base(self) -> str:
+        return f"http://{self.net.control}:{WEB_PORT}"
+
+    def up(self) -> None:
+        from devtools.cluster import redis_answers
+
+        self.net.up()
+        self.pg.create()
+        self.start_redis()
+        redis_url = f"redis://:{self.redis_password}@{self.net.control}:{REDIS_PORT}/0"
+        for _ in range(50):
+            if redis_answers(redis_url):
+                break
+            time.sleep(0.1)
+        self.env = {
+            "PATH": os.environ.get("PATH", ""),
+            "PYTHONUNBUFFERED": "1",
+            "DJANGO_SETTINGS_MODULE": "slotserve_site.settings",
+            "DATABASE_URL": f"postgres://postgres@{self.net.control}:{PG_PORT}/postgres",
+            "SLOTSERVE_REDIS_URL": redis_url,
+            "SLOTSERVE_REDIS_PREFIX": f"chaos{self.tag}",
+            "SLOTSERVE_SECRET_KEY": secrets.token_urlsafe(32),
+            "SLOTSERVE_TICK_SECONDS": str(int(TICK)),
+            "SLOTSERVE_MIN_PRELOAD_SECONDS": "0",  # a compressed week: the real 180 s is hours
+            "SLOTSERVE_LOG_LEVEL": "WARNING",
+            "SLOTSERVE_ALLOWED_HOSTS": self.net.control,
+        }
+        os.environ.update(self.env)
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        home = self.work / "control"
+        home.mkdir()
+        self.control = subprocess.Popen(
+            [
+                sys.executable,
+                "manage.py",
+                "run",
+                "--no-node",
+                "--host",
+                self.net.control,
+                "--port",
+                str(WEB_PORT),
+            ],
+            cwd=ROOT,
+            env={**self.env, "HOME": str(home), "SLOTSERVE_DATA_DIR": str(home / "data")},
+            stdout=(home / "run.log").open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        (self.work / "models").mkdir()
+        for name, host in NODES.items():
+            self.net.add_node(name, host)
+            (self.work / name).mkdir()
+            self.start_node(name)
+
+    def start_redis(self) -> None:
+        from devtools.cluster import redis_executable
+
+        self.redis = subprocess.Popen(
+            [
+                redis_executable(),
+                *("--bind", self.net.control, "--port", str(REDIS_PORT), "--save", "", "--appendonly", "no"),
+                *("--requirepass", self.redis_password, "--dir", str(self.work)),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+
+    def start_node(self, name: str) -> None:
+        home = self.work / name
+        env = {
+            **self.env,
+            "HOME": str(home),
+            "SLOTSERVE_DATA_DIR": str(home / "data"),
+            "SLOTSERVE_NODE_NAME": name,
+            "SLOTSERVE_PROCESS_HOST": f"{SUBNET}.{NODES[name]}",
+            "SLOTSERVE_FAKE_GPUS": f"{GPUS_PER_NODE}x24GiB",
+            "SLOTSERVE_MODEL_DIRS": str(self.work / "models"),
+            "SLOTSERVE_LLAMA_SERVER": f"{shlex.quote(sys.executable)} -m devtools.standin",
+        }
+        self.nodes[name] = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.net.nodes[name],
+                sys.executable,
+                "manage.py",
+                "nodeworker",
+                "--name",
+                name,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=(home / "node-worker.log").open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def keep_nodes_running(self) -> None:
+        """As systemd's ``Restart=always``: a node worker that died is started again in 1 s."""
+        while not self.stopping:
+            for name, process in self.nodes.items():
+                if process is not None and process.poll() is not None and not self.stopping:
+                    time.sleep(1)
+                    self.start_node(name)
+            time.sleep(0.2)
+
+    def part(self, flag: bytes) -> int | None:
+        """The pid of the control host's part whose command line has ``flag``."""
+        assert self.control is not None
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if int(stat[1]) == self.control.pid and stat[0] != "Z" and any(flag in arg for arg in cmdline):
+                return int(entry.name)
+        return None
+
+    def down(self) -> None:
+        self.stopping = True
+        from_runtime_pids_stop()
+        for pid in _standins(self.work):  # what the database did not know of, or could not say
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for process in [*self.nodes.values(), self.control]:
+            if process is not None and process.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGINT)
+        for process in [*self.nodes.values(), self.control]:
+            if process is not None:
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.pid, signal.SIGKILL)
+        if self.redis is not None:
+            self.redis.kill()
+        self.pg.stop()
+        self.net.down()
+
+
+def from_runtime_pids_stop() -> None:
+    """Stop the inference processes the nodes left (their workers are stopped next)."""
+    from django.core.exceptions import ImproperlyConfigured
+    from django.db import DatabaseError
+
+    try:
+        from channels_app.models import ChannelRuntime
+
+        pids = [pid for pid in ChannelRuntime.objects.values_list("pid", flat=True) if pid]
+    except (DatabaseError, ImproperlyConfigured):
+        return
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+# --- The lab ---------------------------------------------------------------------
+
+
+@dataclass
+class Planned:
+    user: str
+    channel: str
+    start: datetime
+    end: datetime
+    load: int
+    create_at: datetime  # when its booker books it
+    then: str = ""  # "cancel" before it starts, "end" halfway, or nothing
+    reservation_id: int = 0
+    status: str = ""
+
+
+def plan_week(
+    channels: list[str], users: list[str], args: argparse.Namespace, rng: random.Random, begin: datetime
+) -> list[Planned]:
+    """``args.bookings`` slots over the compressed week, each channel's one after another with
+    gaps of 0-3 hours, booked 1-24 hours ahead by a random person."""
+    hour = args.hour_seconds
+    plan: list[Planned] = []
+    free_at = dict.fromkeys(channels, begin + timedelta(seconds=2 * hour))
+    week_end = begin + timedelta(seconds=args.days * 24 * hour)
+    for number in range(args.bookings):
+        name = channels[number % len(channels)]
+        start = free_at[name] + timedelta(seconds=rng.choice([0, 0, 0.5, 1, 2, 3]) * hour)
+        end = start + timedelta(seconds=rng.choice([1, 1.5, 2, 3, 4]) * hour)
+        if end > week_end:
+            continue
+        ahead = timedelta(seconds=rng.choice([1, 2, 6, 24]) * hour)
+        then = rng.choices(["", "cancel", "end"], weights=[8, 1, 1])[0]
+        plan.append(
+            Planned(
+                rng.choice(users), name, start, end, rng.choice(LOAD_SECONDS), max(begin, start - ahead), then
+            )
+        )
+        free_at[name] = end
+    return sorted(plan, key=lambda p: p.create_at)
+
+
+class World:
+    """The lab's people, keys, models and channels, made in the database."""
+
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        from django.contrib.auth import get_user_model
+
+        from channels_app.models import Channel, LLMModel, Node, Preset
+        from gateway.api_keys import api_key_create
+
+        deadline = time.monotonic() + 90
+        while Node.objects.filter(name__in=NODES, gpus__isnull=False).distinct().count() < len(NODES):
+            if time.monotonic() > deadline:
+                raise SystemExit("chaos_week: the nodes did not register within 90 s")
+            time.sleep(0.3)
+        self.presets: dict[int, Any] = {}
+        for load in LOAD_SECONDS:
+            path = work / "models" / f"load-{load}s.gguf"
+            path.write_bytes(b"GGUF")
+            model = LLMModel.objects.create(
+                name=f"load-{load}s", backend="llama.cpp", path=str(path), size_bytes=4
+            )
+            self.presets[load] = Preset.objects.create(
+                model=model, name="lab", args=f"--standin-load-seconds {load}"
+            )
+        default = self.presets[1]
+        self.channels: dict[str, Any] = {}
+        for node in Node.objects.filter(name__in=NODES).order_by("name"):
+            for index in range(GPUS_PER_NODE):
+                self.channels[f"{node.name}-{index}"] = Channel.objects.create(
+                    name=f"{node.name}-{index}",
+                    node=node,
+                    gpu_indexes=[index],
+                    default_model=default.model,
+                    default_preset=default,
+                    min_booking_minutes=0,
+                    approval_policy="all" if index == GPUS_PER_NODE - 1 else "none",
+                )
+        users = get_user_model()
+        chief = users.objects.create_user("chief", is_staff=True, password=secrets.token_urlsafe(12))
+        self.staff_key = api_key_create(user=chief, name="chaos")[1]
+        self.keys: dict[str, str] = {}
+        for number in range(args.users):
+            person = users.objects.create_user(f"u{number:02d}", password=secrets.token_urlsafe(12))
+            # Every third person's key is scoped to the models they use.
+            scoped = [p.model for p in self.presets.values()] if number % 3 == 0 else None
+            self.keys[person.username] = api_key_create(user=person, name="chaos", models=scoped)[1]
+
+
+def book(lab: Lab, world: World, base: str, planned: list[Planned], stop: threading.Event) -> None:
+    """The people book, staff approve, and some cancel or end early, as the plan says."""
+    from django.utils import timezone
+
+    client = httpx.Client(base_url=base, timeout=20)
+    pending: list[tuple[float, Planned]] = []
+    follow_ups: list[tuple[datetime, Planned]] = []
+    queue = list(planned)
+    while not stop.is_set() and (queue or pending or follow_ups):
+        now = timezone.now()
+        while queue and queue[0].create_at <= now:
+            slot = queue.pop(0)
+            preset = world.presets[slot.load]
+            body = {
+                "channel": world.channels[slot.channel].pk,
+                "start": slot.start.isoformat(),
+                "end": slot.end.isoformat(),
+                "model": preset.model_id,
+                "preset": preset.pk,
+            }
+            answer = _call(client, "POST", "/api/reservations/", world.keys[slot.user], body)
+            if answer is not None and answer.status_code == 201:
+                slot.reservation_id, slot.status = answer.json()["id"], answer.json()["status"]
+                with lab.lock:
+                    lab.confirmed[slot.reservation_id] = slot.status
+                if slot.status == "pending":
+                    pending.append((time.time() + 1.5, slot))
+                if slot.then == "cancel":
+                    follow_ups.append((slot.start - (slot.start - now) / 2, slot))
+                elif slot.then == "end":
+                    follow_ups.append((slot.start + (slot.end - slot.start) / 2, slot))
+        for due, slot in list(pending):
+            if due <= time.time():
+                pending.remove((due, slot))
+                answer = _call(
+                    client, "POST", f"/api/reservations/{slot.reservation_id}/approve", world.staff_key
+                )
+                if answer is not None and answer.status_code == 200:
+                    slot.status = "approved"
+                    with lab.lock:
+                        lab.confirmed[slot.reservation_id] = "approved"
+                elif answer is None or answer.status_code >= 500:
+                    pending.append((time.time() + 1, slot))  # the control host is down: again
+        for due_at, slot in list(follow_ups):
+            if due_at <= timezone.now():
+                follow_ups.remove((due_at, slot))
+                verb = "cancel" if slot.then == "cancel" else "end"
+                answer = _call(
+                    client, "POST", f"/api/reservations/{slot.reservation_id}/{verb}", world.keys[slot.user]
+                )
+                if answer is not None and answer.status_code == 200:
+                    with lab.lock:
+                        lab.confirmed[slot.reservation_id] = answer.json()["status"]
+        stop.wait(0.1)
+
+
+def _call(client: httpx.Client, method: str, path: str, key: str, body: Any = None) -> httpx.Response | None:
+    try:
+        return client.request(method, path, json=body, headers={"Authorization": f"Bearer {key}"})
+    except httpx.HTTPError:
+        return None
+
+
+def call_models(
+    lab: Lab,
+    world: World,
+    base: str,
+    user: str,
+    planned: list[Planned],
+    stop: threading.Event,
+    rng: random.Random,
+) -> None:
+    """One person calling the gateway all the time: their booked model during their slots,
+    the default model otherwise; streams and short requests, some hung up early."""
+    from django.utils import timezone
+
+    key = world.keys[user]
+    mine = [p for p in planned if p.user == user]
+    client = httpx.Client(base_url=base, timeout=30)
+    while not stop.is_set():
+        now = timezone.now()
+        slot = next((p for p in mine if p.reservation_id and p.start <= now < p.end), None)
+        model = f"load-{slot.load}s" if slot is not None else "load-1s"
+        stream, hang_up = rng.random() < 0.5, rng.random() < 0.1
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 8,
+            "stream": stream,
+        }
+        sent = time.time()
+        answer = Answer(sent, user, model, 0)
+        try:
+            with client.stream(
+                "POST", "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            ) as got:
+                answer.status = got.status_code
+                if got.status_code != 200:
+                    got.read()
+                    answer.retry_after = "retry-after" in got.headers
+                    try:
+                        answer.code = got.json()["error"]["code"]
+                    except (ValueError, KeyError, TypeError):
+                        answer.code = "(not an error body)"
+                else:
+                    for _ in got.iter_bytes():
+                        if hang_up:
+                            answer.hung_up = True
+                            break
+        except httpx.HTTPError as exc:
+            answer.error = type(exc).__name__
+        with lab.lock:
+            lab.answers.append(answer)
+        stop.wait(rng.uniform(0.1, 0.6))
+
+
+def sample(lab: Lab, stop: threading.Event) -> None:
+    """Which preset each channel has ready, every 100 ms (nothing while the database is away)."""
+    from django.db import DatabaseError, connection
+
+    from channels_app.models import ChannelRuntime
+
+    while not stop.is_set():
+        try:
+            ready = dict(ChannelRuntime.objects.filter(phase="ready").values_list("channel_id", "preset_id"))
+            with lab.lock:
+                lab.samples.append((time.time(), ready))
+        except DatabaseError:
+            connection.close()
+        stop.wait(0.1)
+
+
+# --- The faults ------------------------------------------------------------------
+
+
+def break_things(
+    lab: Lab, machines: Machines, kinds: list[tuple[float, str]], stop: threading.Event, rng: random.Random
+) -> None:
+    """Each fault at its moment (seconds after the lab began), one after the other, each timed
+    until the lab is whole again."""
+    for moment, kind in kinds:
+        if stop.wait(max(0.0, lab.began + moment - time.time())):
+            return
+        fault = Fault(kind, round(time.time() - lab.began, 2))
+        node = rng.choice(list(NODES))
+        began = time.time()
+        if kind == "kill node worker":
+            process = machines.nodes[node]
+            fault.target = node
+            if process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+        elif kind == "kill inference process":
+            pid, fault.target = _a_ready_process(rng)
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        elif kind in ("kill scheduler", "kill web"):
+            pid = machines.part(b"--beat" if kind == "kill scheduler" else b"slotserve_site.asgi:application")
+            fault.target = str(pid)
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        elif kind == "restart redis":
+            assert machines.redis is not None
+            machines.redis.kill()
+            machines.redis.wait()
+            time.sleep(rng.uniform(1, 2))
+            machines.start_redis()
+        elif kind == "restart postgresql":
+            machines.pg.stop()
+            time.sleep(rng.uniform(1, 2))
+            machines.pg.start()
+        elif kind.startswith("cut link"):
+            fault.target = node
+            machines.net.link(node, up=False)
+            time.sleep(1.5 if kind == "cut link briefly" else 3 * TICK + 3)
+            machines.net.link(node, up=True)
+        fault.recovered_after = whole_again(machines, began, timeout=60)
+        if kind in ("kill node worker", "cut link briefly", "cut link long"):
+            with lab.lock:
+                lab.node_down.setdefault(node, []).append((began, time.time()))
+        with lab.lock:
+            lab.faults.append(fault)
+
+
+def _a_ready_process(rng: random.Random) -> tuple[int | None, str]:
+    from django.db import DatabaseError
+
+    from channels_app.models import ChannelRuntime
+
+    try:
+        running = list(
+            ChannelRuntime.objects.filter(phase="ready", pid__isnull=False).values_list(
+                "pid", "channel__name"
+            )
+        )
+    except DatabaseError:
+        return None, ""
+    return rng.choice(running) if running else (None, "")
+
+
+def whole_again(machines: Machines, began: float, timeout: float) -> float | None:
+    """Seconds from ``began`` until /health answers 200, every node is ready and no channel
+    has failed; None if not within ``timeout``."""
+    from django.db import DatabaseError, connection
+    from django.utils import timezone
+
+    from channels_app.models import ChannelRuntime, Node
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            healthy = httpx.get(machines.base + "/health", timeout=2).status_code == 200
+            nodes_ready = all(node.is_ready(timezone.now()) for node in Node.objects.filter(name__in=NODES))
+            failed = ChannelRuntime.objects.filter(phase="failed").exists()
+            if healthy and nodes_ready and not failed:
+                return round(time.time() - began, 2)
+        except (httpx.HTTPError, DatabaseError):
+            connection.close()
+        time.sleep(0.25)
+    return None
+
+
+def fault_moments(args: argparse.Namespace, rng: random.Random, length: float) -> list[tuple[float, str]]:
+    """Each kind ``args.rounds`` times, at random moments of the lab's first 80 %."""
+    kinds = [kind for kind in FAULT_KINDS for _ in range(args.rounds)]
+    rng.shuffle(kinds)
+    step = 0.7 * length / len(kinds)
+    return [
+        (0.1 * length + step * number + rng.uniform(0, step / 3), kind) for number, kind in enumerate(kinds)
+    ]
+
+
+# --- The promises ----------------------------------------------------------------
+
+
+def check_answers(lab: Lab) -> None:
+    """Promise 2: no 500, every refusal a documented code, Retry-After where promised."""
+    from slotserve_base.vocabulary import ErrorCode
+
+    codes = set(ErrorCode.values)
+    for answer in lab.answers:
+        if answer.status == 0:
+            continue  # no answer at all (the web process was down): nothing to judge
+        lab.checked(2)
+        if answer.status >= 500 and answer.status not in (502, 503):
+            lab.violated(
+                2, answer.at, f"{answer.user} asked for {answer.model}: {answer.status} {answer.code}"
+            )
+        elif answer.status != 200 and answer.code not in codes:
+            lab.violated(
+                2,
+                answer.at,
+                f"{answer.user}: {answer.status} with code {answer.code!r}, not a documented one",
+            )
+        elif answer.code in WITH_RETRY_AFTER and not answer.retry_after:
+            lab.violated(2, answer.at, f"{answer.user}: {answer.status} {answer.code} without Retry-After")
+
+
+def check_slots(lab: Lab) -> None:
+    """Promise 1: during an approved slot only the booker is answered by its channel."""
+    from gateway.models import RequestLog
+    from reservations.models import Reservation
+
+    for slot in Reservation.objects.filter(status__in=["approved", "ended"]).select_related("user"):
+        lab.checked(1)
+        others = RequestLog.objects.filter(
+            channel_id=slot.channel_id, status=200, at__gte=slot.start, at__lt=slot.end
+        ).exclude(user_id=slot.user_id)
+        for row in others.select_related("user")[:5]:
+            lab.violated(
+                1,
+                row.at.timestamp(),
+                f"{row.user.username} was answered by channel {slot.channel_id} "
+                f"{(row.at - slot.start).total_seconds():.2f} s into {slot.user.username}'s slot {slot.pk}",
+            )
+
+
+def check_log(lab: Lab, redis_restarts: list[float]) -> dict[str, int]:
+    """Promise 3: every answer a caller received is in the request log, once."""
+    from django.db.models import Count
+
+    from gateway.models import RequestLog
+
+    logged = {
+        row["user__username"]: row["n"]
+        for row in RequestLog.objects.filter(status=200).values("user__username").annotate(n=Count("pk"))
+    }
+    received: dict[str, int] = {}
+    hung: dict[str, int] = {}
+    lost_allowed: dict[str, int] = {}
+    for answer in lab.answers:
+        if answer.status != 200:
+            continue
+        if answer.hung_up or answer.error:
+            hung[answer.user] = hung.get(answer.user, 0) + 1
+        else:
+            received[answer.user] = received.get(answer.user, 0) + 1
+        # Records wait in Redis until the next flush (a tick): a restart loses those.
+        if any(0 <= restart - answer.at <= 3 * TICK + 2 for restart in redis_restarts):
+            lost_allowed[answer.user] = lost_allowed.get(answer.user, 0) + 1
+    totals = {"received": 0, "logged": 0}
+    for user in set(received) | set(logged):
+        lab.checked(3)
+        got, kept = received.get(user, 0), logged.get(user, 0)
+        totals["received"] += got
+        totals["logged"] += kept
+        if kept < got - lost_allowed.get(user, 0):
+            lab.violated(3, time.time(), f"{user}: {got} answers received, {kept} in the request log")
+        if kept > got + hung.get(user, 0):
+            lab.violated(
+                3, time.time(), f"{user}: {kept} in the request log, only {got + hung.get(user, 0)} answered"
+            )
+    return totals
+
+
+def check_ready_at_start(lab: Lab, planned: list[Planned], world: World) -> dict[str, int]:
+    """Promise 5: a booking with room to load (its gap and its lead at least the load + 1 s)
+    on a node that stayed up is ready at its start."""
+    from reservations.models import Reservation
+
+    kept = {r.pk: r for r in Reservation.objects.filter(status__in=["approved", "ended"])}
+    previous_end: dict[str, datetime] = {}
+    counts = {"covered": 0, "ready": 0, "not covered": 0}
+    for slot in sorted(planned, key=lambda p: p.start):
+        reservation = kept.get(slot.reservation_id)
+        gap_from = previous_end.get(slot.channel)
+        if reservation is not None:
+            previous_end[slot.channel] = reservation.end
+        if reservation is None:
+            continue
+        room = (slot.start - max(gap_from or slot.create_at, slot.create_at)).total_seconds()
+        node = slot.channel.rsplit("-", 1)[0]
+        preload_from = slot.start.timestamp() - slot.load - 1
+        node_down = any(
+            a <= slot.start.timestamp() and b >= preload_from for a, b in lab.node_down.get(node, [])
+        )
+        seen = [
+            (at, ready)
+            for at, ready in lab.samples
+            if slot.start.timestamp() <= at <= slot.start.timestamp() + 0.3
+        ]
+        if (
+            room < slot.load + 1
+            or node_down
+            or not seen
+            or (reservation.status != "approved" and reservation.end <= slot.start)
+        ):
+            counts["not covered"] += 1
+            continue
+        counts["covered"] += 1
+        lab.checked(5)
+        channel_id, preset_id = world.channels[slot.channel].pk, world.presets[slot.load].pk
+        if seen[0][1].get(channel_id) == preset_id:
+            counts["ready"] += 1
+        else:
+            later = next(
+                (
+                    at
+                    for at, ready in lab.samples
+                    if at > slot.start.timestamp() and ready.get(channel_id) == preset_id
+                ),
+                None,
+            )
+            lab.violated(
+                5,
+                slot.start.timestamp(),
+                f"slot {slot.reservation_id} on {slot.channel} (load {slot.load} s, room {room:.1f} s) "
+                "not ready at its start"
+                + (
+                    f"; ready {later - slot.start.timestamp():.2f} s late"
+                    if later
+                    else "; never ready in the slot"
+                ),
+            )
+    return counts
+
+
+def check_whole(lab: Lab, machines: Machines, world: World) -> None:
+    """Promise 6: after the last fault, the lab is whole within 3 ticks and a load."""
+    from django.utils import timezone
+
+    from channels_app.models import ChannelRuntime, ChannelTarget, Node
+    from slotserve_base.inflight import in_flight_counts
+    from slotserve_base.redis_client import redis_client
+
+    deadline = time.time() + 3 * TICK + max(LOAD_SECONDS) + 2
+    problems: list[str] = []
+    while time.time() < deadline:
+        problems = []
+        targets = {t.channel_id: (t.model_id, t.preset_id) for t in ChannelTarget.objects.all()}
+        for runtime in ChannelRuntime.objects.select_related("channel"):
+            wanted = targets.get(runtime.channel_id)
+            if (
+                wanted is not None
+                and wanted[0] is not None
+                and (runtime.phase != "ready" or (runtime.model_id, runtime.preset_id) != wanted)
+            ):
+                problems.append(f"{runtime.channel.name} is {runtime.phase}, not running its decision")
+        counts = in_flight_counts(redis_client(), [c.pk for c in world.channels.values()])
+        problems += [
+            f"channel {cid} counts {n} requests in flight, none are" for cid, n in counts.items() if n
+        ]
+        owned = set(ChannelRuntime.objects.exclude(pid=None).values_list("pid", flat=True))
+        strays = [pid for pid in _standins(machines.work) if pid not in owned]
+        problems += [f"an inference process (pid {pid}) that no channel owns" for pid in strays]
+        problems += [
+            f"node {n.name} is not ready"
+            for n in Node.objects.filter(name__in=NODES)
+            if not n.is_ready(timezone.now())
+        ]
+        if not problems:
+            break
+        time.sleep(0.5)
+    lab.checked(6)
+    for problem in problems:
+        lab.violated(6, time.time(), problem)
+
+
+def _standins(work: Path) -> list[int]:
+    """This lab's stand-in inference processes (every node's, its models in ``work``), by pid."""
+    found = []
+    marker = str(work).encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                cmdline = (entry / "cmdline").read_bytes()
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if b"devtools.standin" in cmdline and marker in cmdline and state != "Z":
+                    found.append(int(entry.name))
+    return found
+
+
+def check_confirmed(lab: Lab) -> None:
+    """Promise 7: every booking the API confirmed is there, in the state it was left in."""
+    from reservations.models import Reservation
+
+    stored = dict(Reservation.objects.values_list("pk", "status"))
+    for reservation_id, status in lab.confirmed.items():
+        lab.checked(7)
+        now = stored.get(reservation_id)
+        allowed = {"approved": {"approved", "ended"}, "pending": {"pending", "approved", "ended"}}.get(
+            status, {status}
+        )
+        if now not in allowed:
+            lab.violated(7, time.time(), f"booking {reservation_id} was confirmed {status}, is now {now}")
+
+
+# --- The run ---------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--days", type=float, default=7)
+    parser.add_argument("--hour-seconds", type=float, default=4.0)
+    parser.add_argument("--bookings", type=int, default=300)
+    parser.add_argument("--users", type=int, default=10)
+    parser.add_argument(
+        "--rounds", type=int, default=0, help="times each fault kind is made (default: one a day)"
+    )
+    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument(
+        "--short", action="store_true", help="one compressed day, each fault once: the suite's run"
+    )
+    args = parser.parse_args()
+    if args.short:
+        args.days, args.hour_seconds, args.bookings, args.rounds = 1, 4.0, 60, 1
+    args.rounds = args.rounds or max(1, round(args.days))
+
+    from devtools.cluster import namespaces_work
+
+    why = namespaces_work()
+    if why:
+        print(f"chaos_week: {why}", file=sys.stderr)
+        return 2
+    rng = random.Random(args.seed)
+    work = Path(tempfile.mkdtemp(prefix="slotserve-chaos-"))
+    os.chmod(work, 0o755)  # the postgres user reaches its folder inside
+    machines = Machines(work, secrets.token_hex(2))
+    lab = Lab()
+    try:
+        machines.up()
+        keeper = threading.Thread(target=machines.keep_nodes_running, daemon=True)
+        keeper.start()
+        world = World(args, work)
+        from django.utils import timezone
+
+        begin = timezone.now()
+        planned = plan_week(list(world.channels), list(world.keys), args, rng, begin)
+        length = args.days * 24 * args.hour_seconds
+        print(
+            f"{len(planned)} bookings by {args.users} people on {len(world.channels)} channels over "
+            f"{args.days:g} compressed days ({length:.0f} s), {len(FAULT_KINDS) * args.rounds} faults; "
+            f"seed {args.seed}",
+            flush=True,
+        )
+        lab.began = time.time()
+        stop, stop_faults = threading.Event(), threading.Event()
+        threads = [
+            threading.Thread(target=book, args=(lab, world, machines.base, planned, stop)),
+            threading.Thread(target=sample, args=(lab, stop)),
+            *(
+                threading.Thread(
+                    target=call_models,
+                    args=(
+                        lab,
+                        world,
+                        machines.base,
+                        user,
+                        planned,
+                        stop,
+                        random.Random(args.seed * 1000 + n),
+                    ),
+                )
+                for n, user in enumerate(world.keys)
+            ),
+        ]
+        faults = threading.Thread(
+            target=break_things, args=(lab, machines, fault_moments(args, rng, length), stop_faults, rng)
+        )
+        for thread in [*threads, faults]:
+            thread.start()
+        faults.join()
+        time.sleep(max(0.0, lab.began + length - time.time()))
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+        time.sleep(3 * TICK)  # the last records reach the request log
+        from django.db import connections
+
+        connections.close_all()  # this thread's connection did not outlive PostgreSQL's restart
+        check_answers(lab)
+        check_slots(lab)
+        redis_restarts = [lab.began + f.at for f in lab.faults if f.kind == "restart redis"]
+        totals = check_log(lab, redis_restarts)
+        ready = check_ready_at_start(lab, planned, world)
+        check_whole(lab, machines, world)
+        check_confirmed(lab)
+        report(lab, args, totals, ready)
+    finally:
+        machines.down()
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if lab.violations else 0
+
+
+def report(lab: Lab, args: argparse.Namespace, totals: dict[str, int], ready: dict[str, int]) -> None:
+    by_kind: dict[str, list[Fault]] = {}
+    for fault in lab.faults:
+        by_kind.setdefault(fault.kind, []).append(fault)
+    print(f"\n{'fault':<24}{'made':>6}{'recovered':>11}{'p50 s':>8}{'p95 s':>8}")
+    for kind in FAULT_KINDS:
+        made = by_kind.get(kind, [])
+        times = sorted(f.recovered_after for f in made if f.recovered_after is not None)
+        p50 = f"{statistics.median(times):.1f}" if times else "-"
+        p95 = f"{times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]:.1f}" if times else "-"
+        print(f"{kind:<24}{len(made):>6}{len(times):>11}{p50:>8}{p95:>8}")
+    answered = [a for a in lab.answers if a.status]
+    print(
+        f"\n{len(lab.answers)} requests ({len(answered)} answered, "
+        f"{sum(a.status == 200 for a in answered)} with 200); "
+        f"{totals['received']} answers received whole, {totals['logged']} answers of 200 logged; "
+        f"{len(lab.confirmed)} bookings confirmed; ready at start {ready['ready']}/{ready['covered']} "
+        f"({ready['not covered']} not covered: no room to load, a node down, or unobserved)"
+    )
+    print(f"\n{'promise':<10}{'checks':>8}{'violations':>12}")
+    for promise in (1, 2, 3, 5, 6, 7):
+        broken = sum(v.promise == promise for v in lab.violations)
+        print(f"{promise:<10}{lab.checks.get(promise, 0):>8}{broken:>12}")
+    for violation in lab.violations[:50]:
+        print(f"  promise {violation.promise} at {violation.at:.2f} s: {violation.what}")
+    if len(lab.violations) > 50:
+        print(f"  … and {len(lab.violations) - 50} more")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "seed": args.seed,
+                    "days": args.days,
+                    "hour_seconds": args.hour_seconds,
+                    "faults": [asdict(f) for f in lab.faults],
+                    "checks": lab.checks,
+                    "violations": [asdict(v) for v in lab.violations],
+                    "requests": len(lab.answers),
+                    "bookings_confirmed": len(lab.confirmed),
+                    "ready_at_start": ready,
+                    "log": totals,
+                },
+                indent=2,
+            )
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
