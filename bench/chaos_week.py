@@ -61,6 +61,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -112,6 +113,7 @@ class Fault:
     kind: str
     at: float
     target: str = ""
+    pid: int | None = None
     recovered_after: float | None = None  # seconds, None: not within the wait
 
 
@@ -588,7 +590,9 @@ def sample(lab: Lab, stop: threading.Event) -> None:
 
     while not stop.is_set():
         try:
-            ready = dict(ChannelRuntime.objects.filter(phase="ready").values_list("channel_id", "preset_id"))
+            ready: dict[int, int | None] = dict(
+                ChannelRuntime.objects.filter(phase="ready").values_list("channel_id", "preset_id")
+            )
             with lab.lock:
                 lab.samples.append((time.time(), ready))
         except DatabaseError:
@@ -618,12 +622,13 @@ def break_things(
                     os.killpg(process.pid, signal.SIGKILL)
         elif kind == "kill inference process":
             pid, fault.target = _a_ready_process(rng)
+            fault.pid = pid
             if pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         elif kind in ("kill scheduler", "kill web"):
             pid = machines.part(b"--beat" if kind == "kill scheduler" else b"slotserve_site.asgi:application")
-            fault.target = str(pid)
+            fault.target, fault.pid = str(pid), pid
             if pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -642,7 +647,9 @@ def break_things(
             machines.net.link(node, up=False)
             time.sleep(1.5 if kind == "cut link briefly" else 3 * TICK + 3)
             machines.net.link(node, up=True)
-        fault.recovered_after = whole_again(machines, began, timeout=60)
+        fault.recovered_after = whole_again(
+            machines, began, timeout=60, also=_back(kind, fault, began, machines)
+        )
         if kind in ("kill node worker", "cut link briefly", "cut link long"):
             with lab.lock:
                 lab.node_down.setdefault(node, []).append((began, time.time()))
@@ -666,9 +673,31 @@ def _a_ready_process(rng: random.Random) -> tuple[int | None, str]:
     return rng.choice(running) if running else (None, "")
 
 
-def whole_again(machines: Machines, began: float, timeout: float) -> float | None:
-    """Seconds from ``began`` until /health answers 200, every node is ready and no channel
-    has failed; None if not within ``timeout``."""
+def _back(kind: str, fault: Fault, began: float, machines: Machines) -> Callable[[], bool]:
+    """What the broken part itself shows once it is back: the node worker beats again, the
+    channel serves from a new process, the scheduler runs again."""
+    from datetime import UTC
+
+    from channels_app.models import ChannelRuntime, Node
+
+    if kind in ("kill node worker", "cut link briefly", "cut link long"):
+        since = datetime.fromtimestamp(began + 0.5, tz=UTC)
+        return lambda: Node.objects.filter(name=fault.target, last_heartbeat__gt=since).exists()
+    if kind == "kill inference process" and fault.target:
+        killed = fault.pid
+        return lambda: (
+            ChannelRuntime.objects.filter(channel__name=fault.target, phase="ready")
+            .exclude(pid=killed)
+            .exists()
+        )
+    if kind == "kill scheduler":
+        return lambda: machines.part(b"--beat") not in (None, fault.pid)
+    return lambda: True
+
+
+def whole_again(machines: Machines, began: float, timeout: float, also: Callable[[], bool]) -> float | None:
+    """Seconds from ``began`` until the broken part is back (``also``), /health answers 200,
+    every node is ready and no channel has failed; None if not within ``timeout``."""
     from django.db import DatabaseError, connection
     from django.utils import timezone
 
@@ -680,7 +709,7 @@ def whole_again(machines: Machines, began: float, timeout: float) -> float | Non
             healthy = httpx.get(machines.base + "/health", timeout=2).status_code == 200
             nodes_ready = all(node.is_ready(timezone.now()) for node in Node.objects.filter(name__in=NODES))
             failed = ChannelRuntime.objects.filter(phase="failed").exists()
-            if healthy and nodes_ready and not failed:
+            if healthy and nodes_ready and not failed and also():
                 return round(time.time() - began, 2)
         except (httpx.HTTPError, DatabaseError):
             connection.close()

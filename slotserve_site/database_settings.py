@@ -35,6 +35,10 @@ def databases(url: str, data_dir: Path) -> dict[str, Any]:
             # connections"). A request that finds the pool busy waits up to SLOTSERVE_DB_POOL_TIMEOUT
             # (20 s) for a connection, then answers 503 with Retry-After (slotserve_site.busy).
             chosen["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them
+            # Each connection is checked as it leaves the pool (one round trip): after a database
+            # restart the pool's dead connections are replaced, not handed to the next requests
+            # to fail with (docs/deploy.md, "Database connections").
+            chosen["default"]["CONN_HEALTH_CHECKS"] = True
             chosen["default"]["OPTIONS"] = {
                 "connect_timeout": 5,
                 "keepalives": 1,

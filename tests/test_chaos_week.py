@@ -1,0 +1,54 @@
+"""A lab's day under faults, short: ``bench/chaos_week.py --short`` as a person runs it (a
+fixed seed, each kind of fault once), and not one promise broken.
+
+Needs root (network namespaces) and PostgreSQL's server programs (the run makes a cluster of
+its own, which it restarts); elsewhere it says why and skips. CI runs it in its PostgreSQL
+pass, as the cluster test."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from devtools.cluster import namespaces_work
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_short_day_under_every_kind_of_fault_breaks_no_promise(tmp_path):
+    why = namespaces_work()
+    if why:
+        pytest.skip(why)
+    if not os.environ.get("DATABASE_URL", "").startswith("postgres"):
+        pytest.skip(
+            "the lab runs on PostgreSQL: it runs in the PostgreSQL pass (DATABASE_URL=postgres://...)"
+        )
+    if not list(Path("/usr/lib/postgresql").glob("*/bin/initdb")) or not shutil.which("runuser"):
+        pytest.skip("PostgreSQL's server programs (initdb, pg_ctl) are not installed")
+    results = tmp_path / "chaos.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLOTSERVE_", "DATABASE_URL", "DJANGO_"))}
+    done = subprocess.run(
+        [sys.executable, "bench/chaos_week.py", "--short", "--seed", "1", "--json", str(results)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    report = done.stdout[-6000:] + done.stderr[-3000:]
+    assert results.exists(), report
+    found = json.loads(results.read_text())
+    kinds = {fault["kind"] for fault in found["faults"]}
+    assert len(kinds) == 8, report  # every kind of fault, once
+    assert all(fault["recovered_after"] is not None for fault in found["faults"]), report
+    assert found["violations"] == [], report
+    assert done.returncode == 0, report
+    # Each promise was checked, and on more than a handful of cases.
+    assert all(found["checks"].get(str(promise), 0) > 0 for promise in (1, 2, 3, 5, 6, 7)), report
+    assert found["requests"] > 500 and found["bookings_confirmed"] > 20, report
