@@ -171,3 +171,47 @@ def test_records_written_before_the_served_model_was_kept_still_flush(ana):
     redis_client().rpush(redis_key(RedisKey.REQUEST_LOG, "all"), old)
     assert flush_request_log(redis_client()) == 1
     assert RequestLog.objects.get().served_model == ""
+
+
+def test_two_flushes_at_once_write_each_record_once(ana, monkeypatch):
+    """After a database outage the flushes that waited for it run together (the scheduler's
+    worker runs two at once): each record is still one row (a lab's week under faults found
+    answers logged twice)."""
+    import contextlib
+    import json
+    import threading
+
+    from django.db import connection
+
+    from gateway.usage import request_log
+    from slotserve_base.vocabulary import RedisKey, redis_key
+
+    records = [
+        json.dumps(
+            [time.time(), ana.pk, None, None, None, "qwen", "POST", "/v1/x", 200, None, 1.0, 1, 2, "q", None]
+        )
+        for _ in range(5)
+    ]
+    redis_client().rpush(redis_key(RedisKey.REQUEST_LOG, "all"), *records)
+    parse = request_log._rows
+    both_read = threading.Barrier(2, timeout=2)
+
+    def slow_rows(raw):
+        rows = parse(raw)
+        # The second flush reads the same batch meanwhile, or (as it should) leaves it to this one.
+        with contextlib.suppress(threading.BrokenBarrierError):
+            both_read.wait()
+        return rows
+
+    monkeypatch.setattr(request_log, "_rows", slow_rows)
+
+    def flush() -> None:
+        flush_request_log(redis_client())
+        connection.close()
+
+    flushes = [threading.Thread(target=flush) for _ in range(2)]
+    for thread in flushes:
+        thread.start()
+    for thread in flushes:
+        thread.join(timeout=30)
+    assert RequestLog.objects.count() == 5
