@@ -215,3 +215,35 @@ def test_two_flushes_at_once_write_each_record_once(ana, monkeypatch):
     for thread in flushes:
         thread.join(timeout=30)
     assert RequestLog.objects.count() == 5
+
+
+def test_a_flush_that_died_holding_the_lock_holds_up_the_log_only_briefly(ana, monkeypatch):
+    """The scheduler's worker killed mid-flush leaves the flush's lock behind: it lapses within
+    ``FLUSH_LOCK_SECONDS`` (10 s), not after a task's whole limit (the chaos week saw half a
+    day's records wait in Redis after such a kill)."""
+    import json
+
+    from gateway.usage import request_log
+    from slotserve_base.vocabulary import RedisKey, redis_key
+
+    lock = redis_key(RedisKey.REQUEST_LOG, "flushing")
+    seen: list[int] = []
+    flush = request_log._flush
+
+    def watching(client, now):
+        seen.append(redis_client().pttl(lock))  # what a flusher killed now leaves behind
+        return flush(client, now)
+
+    monkeypatch.setattr(request_log, "_flush", watching)
+    record = json.dumps(
+        [time.time(), ana.pk, None, None, None, "q", "POST", "/v1/x", 200, None, 1.0, 1, 2, "q", None]
+    )
+    redis_client().rpush(redis_key(RedisKey.REQUEST_LOG, "all"), record)
+    assert flush_request_log(redis_client()) == 1
+    assert 0 < seen[0] <= 10_000
+    # Left behind by a dead flusher, the lock holds the next flushes back until it lapses.
+    redis_client().rpush(redis_key(RedisKey.REQUEST_LOG, "all"), record)
+    redis_client().set(lock, "dead-flusher", px=300)
+    assert flush_request_log(redis_client()) == 0, "held: left to the flush holding it"
+    assert eventually(lambda: flush_request_log(redis_client()) == 1, timeout=3)
+    assert RequestLog.objects.count() == 2

@@ -5,7 +5,6 @@ in batches, keeps the roll-ups usage reads (``gateway.usage.rollups``) and drops
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from datetime import UTC, datetime, timedelta
@@ -16,8 +15,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError, transaction
 from django.utils import timezone
-from redis.exceptions import LockError, RedisError
 
+from channels_app.node_worker import locks
 from slotserve_base.json_text import is_unicode
 from slotserve_base.vocabulary import RedisKey
 from slotserve_base.vocabulary import redis_key as key
@@ -29,9 +28,8 @@ MAX_BATCHES = 50  # per flush; the rest waits for the next one
 # Records kept for a person to look at when the database refused them (``dead_letters``); the
 # oldest go past this many.
 DEAD_LETTERS_KEPT = 10_000
-# A flush holds its lock this long at most (its task is stopped after 60 s): one that died
-# holding it lets the next flush in by then.
-FLUSH_LOCK_SECONDS = 90
+# A flush's lock lapses this long after its flusher died (it is renewed while the flush lasts).
+FLUSH_LOCK_SECONDS = 10
 
 
 def dead_letters() -> str:
@@ -45,16 +43,12 @@ def flush_request_log(client: redis.Redis, *, now: datetime | None = None) -> in
     rows are saved, so a database that fails keeps them for the next flush. A record that
     cannot be written whatever the database's state (one that does not parse, or holds text
     the database refuses) goes to the dead letters instead of holding up everyone's after it."""
-    # One flush at a time: two that read the same batch would both write it (flushes that
-    # waited out a database outage run together). The other one leaves the records to this.
-    flushing = client.lock(key(RedisKey.REQUEST_LOG, "flushing"), timeout=FLUSH_LOCK_SECONDS, blocking=False)
-    if not flushing.acquire():
-        return 0
-    try:
-        return _flush(client, now)
-    finally:
-        with contextlib.suppress(LockError, RedisError):
-            flushing.release()
+    # One flush at a time: two that read the same batch would both write it, and both take it
+    # off the list, the second taking records nobody wrote (flushes that waited out a database
+    # outage run together). The other one leaves the records to this. The lock is renewed
+    # while the flush lasts and lapses soon after a flusher that died.
+    with locks.held(client, key(RedisKey.REQUEST_LOG, "flushing"), FLUSH_LOCK_SECONDS) as mine:
+        return _flush(client, now) if mine else 0
 
 
 def _flush(client: redis.Redis, now: datetime | None) -> int:
