@@ -869,11 +869,21 @@ def check_ready_at_start(lab: Lab, planned: list[Planned], world: World) -> dict
                 ),
                 None,
             )
+            from channels_app.models import LoadRecord
+
+            load = (
+                LoadRecord.objects.filter(channel_id=channel_id, preset_id=preset_id, started__lte=slot.end)
+                .order_by("-started")
+                .first()
+            )
+            began = (
+                f"; its load began {(slot.start - load.started).total_seconds():.2f} s before" if load else ""
+            )
             lab.violated(
                 5,
                 slot.start.timestamp(),
                 f"slot {slot.reservation_id} on {slot.channel} (load {slot.load} s, room {room:.1f} s) "
-                "not ready at its start"
+                f"not ready at its start{began}"
                 + (
                     f"; ready {later - slot.start.timestamp():.2f} s late"
                     if later
