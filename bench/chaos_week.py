@@ -52,7 +52,6 @@ import json
 import os
 import random
 import secrets
-import shlex
 import shutil
 import signal
 import statistics
@@ -283,35 +282,12 @@ class Machines:
         )
 
     def start_node(self, name: str) -> None:
+        from devtools.cluster import node_worker_env, start_node_worker
+
         home = self.work / name
-        env = {
-            **self.env,
-            "HOME": str(home),
-            "SLOTSERVE_DATA_DIR": str(home / "data"),
-            "SLOTSERVE_NODE_NAME": name,
-            "SLOTSERVE_PROCESS_HOST": f"{SUBNET}.{NODES[name]}",
-            "SLOTSERVE_FAKE_GPUS": f"{GPUS_PER_NODE}x24GiB",
-            "SLOTSERVE_MODEL_DIRS": str(self.work / "models"),
-            "SLOTSERVE_LLAMA_SERVER": f"{shlex.quote(sys.executable)} -m devtools.standin",
-        }
-        self.nodes[name] = subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                self.net.nodes[name],
-                sys.executable,
-                "manage.py",
-                "nodeworker",
-                "--name",
-                name,
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=(home / "node-worker.log").open("ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        address = f"{SUBNET}.{NODES[name]}"
+        env = node_worker_env(self.env, home, name, address, GPUS_PER_NODE, self.work / "models")
+        self.nodes[name] = start_node_worker(self.net.nodes[name], name, env, home / "node-worker.log", ROOT)
 
     def keep_nodes_running(self) -> None:
         """As systemd's ``Restart=always``: a node worker that died is started again in 1 s."""
@@ -339,7 +315,9 @@ class Machines:
 
     def down(self) -> None:
         self.stopping = True
-        from_runtime_pids_stop()
+        from devtools.cluster import stop_inference_processes
+
+        stop_inference_processes()
         for pid in _standins(self.work):  # what the database did not know of, or could not say
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -358,22 +336,6 @@ class Machines:
             self.redis.kill()
         self.pg.stop()
         self.net.down()
-
-
-def from_runtime_pids_stop() -> None:
-    """Stop the inference processes the nodes left (their workers are stopped next)."""
-    from django.core.exceptions import ImproperlyConfigured
-    from django.db import DatabaseError
-
-    try:
-        from channels_app.models import ChannelRuntime
-
-        pids = [pid for pid in ChannelRuntime.objects.values_list("pid", flat=True) if pid]
-    except (DatabaseError, ImproperlyConfigured):
-        return
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
 
 
 # --- The lab ---------------------------------------------------------------------

@@ -20,11 +20,9 @@ node is ``not_ready`` (what the overview shows) is measured.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import random
 import secrets
-import shlex
 import signal
 import statistics
 import subprocess
@@ -83,7 +81,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
 
-    from devtools.cluster import Cluster, Forwarder, namespaces_work, redis_answers, redis_executable
+    from devtools.cluster import (
+        Cluster,
+        Forwarder,
+        namespaces_work,
+        node_worker_env,
+        redis_answers,
+        redis_executable,
+        start_node_worker,
+        stop_inference_processes,
+    )
 
     why = namespaces_work()
     if why:
@@ -148,7 +155,6 @@ def main() -> None:
 
         models_dir = work / "models"
         models_dir.mkdir()
-        standin = f"{shlex.quote(sys.executable)} -m devtools.standin"
         control_home = work / "control"
         control_home.mkdir()
         started.append(
@@ -165,39 +171,11 @@ def main() -> None:
             namespace = net.add_node(name, host)
             home = work / name
             home.mkdir()
-            env = {
-                **common,
-                "HOME": str(home),
-                "SLOTSERVE_DATA_DIR": str(home / "data"),
-                "SLOTSERVE_NODE_NAME": name,
-                "SLOTSERVE_PROCESS_HOST": f"{SUBNET}.{host}",
-                "SLOTSERVE_FAKE_GPUS": f"{GPUS_PER_NODE}x24GiB",
-                "SLOTSERVE_MODEL_DIRS": str(models_dir),
-                "SLOTSERVE_LLAMA_SERVER": standin,
-            }
-            started.append(
-                subprocess.Popen(
-                    [
-                        "ip",
-                        "netns",
-                        "exec",
-                        namespace,
-                        sys.executable,
-                        "manage.py",
-                        "nodeworker",
-                        "--name",
-                        name,
-                    ],
-                    cwd=ROOT,
-                    env=env,
-                    stdout=(home / "node-worker.log").open("wb"),
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
+            env = node_worker_env(common, home, name, f"{SUBNET}.{host}", GPUS_PER_NODE, models_dir)
+            started.append(start_node_worker(namespace, name, env, home / "node-worker.log", ROOT))
         run_day(args, models_dir, net)
     finally:
-        from_runtime_pids_stop()
+        stop_inference_processes()
         for process in reversed(started):
             if process.poll() is None:
                 try:
@@ -214,22 +192,6 @@ def main() -> None:
                 forwarder.stop()
         finally:
             net.down()  # whatever failed before, the bridge and namespaces go
-
-
-def from_runtime_pids_stop() -> None:
-    """Stop the inference processes the nodes left (their workers are stopped next)."""
-    from django.core.exceptions import ImproperlyConfigured
-    from django.db import DatabaseError
-
-    try:
-        from channels_app.models import ChannelRuntime
-
-        pids = [pid for pid in ChannelRuntime.objects.values_list("pid", flat=True) if pid]
-    except (DatabaseError, ImproperlyConfigured):  # not set up, or the database is what failed
-        return
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
 
 
 def run_day(args: argparse.Namespace, models_dir: Path, net: Any) -> None:

@@ -6,10 +6,15 @@ bridge, and the Redis server to start there. Used by the cluster test and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shlex
 import shutil
+import signal
 import subprocess
+import sys
 import threading
+from pathlib import Path
 
 
 def ip(*args: str) -> None:
@@ -149,3 +154,51 @@ def redis_answers(url: str) -> bool:
         return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
     except redis.RedisError:
         return False
+
+
+def node_worker_env(
+    common: dict[str, str], home: Path, name: str, address: str, gpus: int, models: Path
+) -> dict[str, str]:
+    """A GPU node's worker environment: its own home and data directory, its address for its
+    inference processes, fake GPUs, a model folder and the stand-in as every backend."""
+    return {
+        **common,
+        "HOME": str(home),
+        "SLOTSERVE_DATA_DIR": str(home / "data"),
+        "SLOTSERVE_NODE_NAME": name,
+        "SLOTSERVE_PROCESS_HOST": address,
+        "SLOTSERVE_FAKE_GPUS": f"{gpus}x24GiB",
+        "SLOTSERVE_MODEL_DIRS": str(models),
+        "SLOTSERVE_LLAMA_SERVER": f"{shlex.quote(sys.executable)} -m devtools.standin",
+    }
+
+
+def start_node_worker(
+    namespace: str, name: str, env: dict[str, str], log: Path, cwd: Path
+) -> subprocess.Popen[bytes]:
+    """``manage.py nodeworker`` inside the node's namespace, its output appended to ``log``."""
+    return subprocess.Popen(
+        ["ip", "netns", "exec", namespace, sys.executable, "manage.py", "nodeworker", "--name", name],
+        cwd=cwd,
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def stop_inference_processes() -> None:
+    """Stop the inference processes the nodes left, by the pids the database knows (their
+    workers are stopped next)."""
+    from django.core.exceptions import ImproperlyConfigured
+    from django.db import DatabaseError
+
+    try:
+        from channels_app.models import ChannelRuntime
+
+        pids = [pid for pid in ChannelRuntime.objects.values_list("pid", flat=True) if pid]
+    except (DatabaseError, ImproperlyConfigured):  # not set up, or the database is what failed
+        return
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
