@@ -524,3 +524,27 @@ def test_the_pipe_selects_its_database_reloads_forgotten_scripts_and_fails_waite
     silent.close()
     assert all(isinstance(r, redis.TimeoutError) for r in results), results
     assert protocol is None, "a connection that timed out is not used again"
+
+
+def test_requests_that_wait_on_a_slow_database_share_one_read(monkeypatch):
+    """A database slower than the snapshot's age limit: the requests waiting meanwhile take the
+    read that ended while they waited, rather than each reading again in turn."""
+    from gateway.admit import snapshot as snapshots
+
+    reads = []
+
+    def slow_read():
+        started = time.monotonic()
+        reads.append(started)
+        time.sleep(0.3)  # three times the age limit
+        return snapshots.Snapshot(taken_at=started)
+
+    monkeypatch.setattr(snapshots, "read_snapshot", slow_read)
+
+    async def main():
+        cache = snapshots.SnapshotCache(max_age=0.1)
+        await asyncio.gather(*(cache.get() for _ in range(20)))
+        cache._keeper.cancel()
+
+    asyncio.run(main())
+    assert len(reads) <= 3, f"{len(reads)} reads for 20 waiting requests"

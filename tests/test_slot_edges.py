@@ -103,3 +103,24 @@ def test_a_snapshot_holds_the_slot_that_begins_within_its_life(db, settings, ana
     assert views["ch"].upcoming.reservation_id == soon.pk
     assert as_of(views["ch"], soon.start).booking == views["ch"].upcoming
     assert views["later"].upcoming is None, "one far ahead waits for a later snapshot"
+
+
+def test_a_slow_snapshot_read_is_as_old_as_its_first_query(db, monkeypatch):
+    """A snapshot's age counts from when its data was read, not from when the read ended: a read
+    that a database restart held up for seconds must not pass as new (a lab's week under
+    faults saw someone answered 7.75 s into another person's slot after such a read)."""
+    import time
+
+    from channels_app.scheduling import selectors
+    from gateway.admit.snapshot import read_snapshot
+
+    estimates = selectors.load_estimates
+
+    def held_up(wanted):
+        time.sleep(0.5)  # the database answers slowly, mid-read
+        return estimates(wanted)
+
+    monkeypatch.setattr(selectors, "load_estimates", held_up)
+    before = time.monotonic()
+    snapshot = read_snapshot()
+    assert snapshot.taken_at <= before + 0.2, "its age counts from its first query"

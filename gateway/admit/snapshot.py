@@ -102,6 +102,9 @@ def _read_snapshot() -> Snapshot:
     from reservations.models import GroupPolicy, Profile, Reservation
     from slotserve_base.target import Target
 
+    # Its age counts from here, before the first query: a read that a slow or restarting
+    # database holds up is as old as its data, not as new as its end.
+    read_from = time.monotonic()
     now = timezone.now()
     _limits = limits_reader()
     keys = ApiKey.objects.live()  # an expired key is known, to be told it expired
@@ -218,7 +221,7 @@ def _read_snapshot() -> Snapshot:
             )
         )
     aliases = dict(ModelAlias.objects.values_list("name", "model__name"))
-    return Snapshot(callers=callers, channels=tuple(views), aliases=aliases, taken_at=time.monotonic())
+    return Snapshot(callers=callers, channels=tuple(views), aliases=aliases, taken_at=read_from)
 
 
 # How long a request waits for a fresh snapshot before it is told the database is away.
@@ -244,13 +247,14 @@ class SnapshotCache:
         self.current = Snapshot()
         self.last_used = 0.0
         self.read_seconds = 0.0  # how long the last read took
+        self.read_ended = 0.0  # when it ended (a snapshot is as old as its read's start)
         self._lock = asyncio.Lock()
         self._keeper: asyncio.Future[None] | None = None
 
     async def get(self) -> Snapshot:
         snapshot = self.fresh()
         if snapshot is None:
-            await self._refresh()
+            await self._refresh(asked_at=time.monotonic())
             snapshot = self.current
         return snapshot
 
@@ -267,8 +271,10 @@ class SnapshotCache:
         early enough, a fast one not needlessly often)."""
         return min(max(self.max_age / 4, 2 * self.read_seconds), self.max_age * 3 / 4)
 
-    async def _refresh(self) -> None:
+    async def _refresh(self, asked_at: float | None = None) -> None:
         async with self._lock:
+            if asked_at is not None and self.read_ended >= asked_at:
+                return  # a read ended while this request waited: its snapshot is the newest there is
             if time.monotonic() - self.current.taken_at >= self.max_age - self._lead():
                 from asgiref.sync import sync_to_async
 
@@ -278,7 +284,8 @@ class SnapshotCache:
                     async with asyncio.timeout(SNAPSHOT_TIMEOUT_SECONDS):
                         started = time.monotonic()
                         self.current = await sync_to_async(read_snapshot, thread_sensitive=False)()
-                        self.read_seconds = time.monotonic() - started
+                        self.read_ended = time.monotonic()
+                        self.read_seconds = self.read_ended - started
                 except TimeoutError:
                     # Requests wait on this read: a database that does not answer gets them a
                     # 503 naming it, not a hang (the read's thread gives up by itself later).
