@@ -120,12 +120,25 @@ class RequestLog(models.Model):
     )
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
+    request_id = models.CharField(
+        max_length=40,
+        blank=True,
+        default="",
+        help_text="The gateway's id of the request: a record that reaches the log twice is one row.",
+    )
 
     class Meta:
         ordering = ["-at", "-pk"]
         indexes = [
             models.Index(fields=["user", "-at"], name="requestlog_user_at"),
             models.Index(fields=["-at"], name="requestlog_at"),
+        ]
+        constraints = [
+            # A count out sent again after its reply was lost, or a batch written but not taken
+            # off Redis, brings the same record twice (gateway.usage.request_log).
+            models.UniqueConstraint(
+                fields=["request_id"], condition=~models.Q(request_id=""), name="requestlog_request_once"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -297,3 +297,31 @@ def test_metrics_answer_what_the_database_knows_while_redis_is_down(own_redis, d
     own_redis.start()
     text = Client().get("/metrics").content.decode()
     assert "slotserve_redis_up 1.0" in text and 'slotserve_gateway_in_flight{channel="ch"} 0.0' in text
+
+
+def test_a_stream_that_ends_while_redis_is_away_is_logged_once_redis_is_back(
+    own_redis, gateway_url, slow_channel, ana
+):
+    """The count out of an answer that finished while Redis was down (with its log record and
+    usage) waits in the gateway and reaches Redis once it answers again: the caller's answer
+    is in the request log, once (docs/faults.md, promise 3)."""
+    from gateway.models import RequestLog
+    from gateway.usage.request_log import flush_request_log
+    from slotserve_base.redis_client import redis_client
+
+    channel, api_key = slow_channel
+    done: list[int] = []
+    stream = _stream(gateway_url, api_key, done)
+    assert eventually(lambda: worker.in_flight(channel.pk) == 1)
+    own_redis.stop()
+    stream.join(timeout=20)
+    assert done == [200] and not stream.is_alive()
+    time.sleep(0.5)  # the count out was tried, and failed, while Redis was down
+    own_redis.start()
+    assert eventually(
+        lambda: flush_request_log(redis_client()) >= 0 and RequestLog.objects.filter(status=200).exists(),
+        timeout=10,
+    ), "the answer that ended while Redis was away never reached the request log"
+    assert flush_request_log(redis_client()) == 0
+    assert list(RequestLog.objects.values_list("user__username", "status")) == [(ana.username, 200)]
+    assert eventually(lambda: worker.in_flight(channel.pk) == 0)

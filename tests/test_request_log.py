@@ -149,6 +149,42 @@ def test_a_database_that_fails_keeps_the_records_for_the_next_flush(gateway_url,
     assert flush_request_log(redis_client()) == 1
 
 
+def test_a_record_that_reaches_redis_twice_is_one_row(gateway_url, world):
+    """A count out sent again after its reply was lost (Redis away: ``gateway.wire.counters``)
+    may push its record twice: the request's id makes it one row."""
+    from slotserve_base.vocabulary import RedisKey, redis_key
+
+    call(gateway_url, world.ana_key)
+    wait_for_records(1)
+    pushed = redis_key(RedisKey.REQUEST_LOG, "all")
+    redis_client().rpush(pushed, redis_client().lindex(pushed, 0))
+    flush_request_log(redis_client())
+    assert RequestLog.objects.count() == 1
+    assert RequestLog.objects.get().request_id
+
+
+def test_a_flush_that_could_not_take_its_batch_off_redis_writes_it_once(gateway_url, world, monkeypatch):
+    """Rows saved, then Redis gone before the batch left its list: the next flush finds the same
+    records and writes none of them again."""
+    import redis as redis_py
+
+    call(gateway_url, world.ana_key)
+    call(gateway_url, world.bo_key, model="llama")
+    wait_for_records(2)
+    client = redis_client()
+    with monkeypatch.context() as patched:
+
+        def lost(*args, **kwargs):
+            raise redis_py.ConnectionError("Redis went away")
+
+        patched.setattr(client, "ltrim", lost)
+        with pytest.raises(redis_py.ConnectionError):
+            flush_request_log(client)
+    assert RequestLog.objects.count() == 2
+    flush_request_log(client)
+    assert RequestLog.objects.count() == 2
+
+
 def test_the_log_records_the_model_that_served_beside_the_name_sent(gateway_url, world):
     """A booker's request naming any model is served by their booking's; the log says both."""
     book(world, "ana")

@@ -348,7 +348,9 @@ class Exchange:
             self._count_out()
         elif self.answer.status is not None:
             counting = asyncio.ensure_future(
-                self.gateway.counters.answered(self.answer.status, record=self.answer.record())
+                self.gateway.counters.answered(
+                    self.answer.status, record=self.answer.record(self.gateway.counters.new_id())
+                )
             )
             counting.add_done_callback(_ignore_redis_error)
 
@@ -366,7 +368,7 @@ class Exchange:
             completion=self.usage.completion,
             status=answer.status,
             ttft_seconds=answer.ttft_seconds,
-            record=answer.record(self.usage),
+            record=answer.record(self.request_id, self.usage),
         )
 
     def _stop_upstream(self) -> None:

@@ -135,7 +135,7 @@ class Gateway:
             error_flavour.reset(token)
         if not answer.counted and answer.status is not None:
             with contextlib.suppress(RedisError):  # a count for /metrics is not worth an error
-                await self.counters.answered(answer.status, record=answer.record())
+                await self.counters.answered(answer.status, record=answer.record(self.counters.new_id()))
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, answer: Answer) -> None:
         pinned, path = split_path(scope["path"])
@@ -339,7 +339,7 @@ class Gateway:
                         completion=usage.completion,
                         status=answer.status,
                         ttft_seconds=answer.ttft_seconds,
-                        record=answer.record(usage),
+                        record=answer.record(entry.request_id, usage),
                     )
                 except RedisError:
                     # The answer went out; its in-flight entry expires by itself (gateway.wire.counters).

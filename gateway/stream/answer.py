@@ -50,8 +50,10 @@ class Answer:
     def ttft_seconds(self) -> float | None:
         return None if self.first_byte is None else self.first_byte - self.started
 
-    def record(self, usage: Usage | None = None) -> bytes:
-        """The request's log record (``gateway.requestlog``), or b"" for a caller without a key."""
+    def record(self, request_id: str, usage: Usage | None = None) -> bytes:
+        """The request's log record (``gateway.usage.request_log``), or b"" for a caller without
+        a key; ``request_id`` (unique among every gateway process's) makes it one row however
+        often it reaches Redis."""
         if self.caller is None or self.status is None:
             return b""
         ttft = self.ttft_seconds
@@ -72,5 +74,6 @@ class Answer:
                 usage.completion if usage else 0,
                 self.served,
                 None if self.queued_seconds is None else round(self.queued_seconds * 1000, 2),
+                request_id,
             ]
         )

@@ -1,7 +1,9 @@
 """The request log, from Redis into the database: the gateway pushes one record per request
 (``gateway.wire.counters.LEAVE``, off the hot path's database), and the periodic flush writes them
 in batches, keeps the roll-ups usage reads (``gateway.usage.rollups``) and drops rows older than
-``SLOTSERVE_REQUEST_LOG_DAYS``."""
+``SLOTSERVE_REQUEST_LOG_DAYS``. Each record carries its request's id, unique among every gateway
+process's: one that reaches Redis twice (a count out sent again, ``gateway.wire.counters``) or a
+batch written but not taken off Redis is one row, the database's unique constraint says so."""
 
 from __future__ import annotations
 
@@ -68,7 +70,8 @@ def _flush(client: redis.Redis, now: datetime | None) -> int:
                 # The roll-ups' mark is locked before the rows get their ids, so that a report
                 # rolling up meanwhile cannot pass rows not yet committed (gateway.usage.rollups).
                 mark = lock_mark()
-                RequestLog.objects.bulk_create([row for row, _ in rows])
+                # A record already written (sent twice, or a batch whose trim failed) is skipped.
+                RequestLog.objects.bulk_create([row for row, _ in rows], ignore_conflicts=True)
                 while fold(mark) == ROLLUP_BATCH:
                     pass
         except (DatabaseError, ValueError) as exc:
@@ -79,7 +82,7 @@ def _flush(client: redis.Redis, now: datetime | None) -> int:
             for row, item in rows:
                 try:
                     with transaction.atomic():
-                        row.save(force_insert=True)
+                        RequestLog.objects.bulk_create([row], ignore_conflicts=True)
                 except (DatabaseError, ValueError) as exc:
                     if not _refused_for_its_content(exc):
                         raise
@@ -129,6 +132,7 @@ class _Record(NamedTuple):
     completion: int
     served: str
     queued: float | None
+    request_id: str
     item: bytes
 
 
@@ -149,6 +153,8 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 fields.append("")
             if isinstance(fields, list) and len(fields) == 14:  # written before waits were kept
                 fields.append(None)
+            if isinstance(fields, list) and len(fields) == 15:  # written before requests had ids
+                fields.append("")
             (
                 at,
                 user,
@@ -165,6 +171,7 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 o,
                 served,
                 queued,
+                request_id,
             ) = fields
             record = _Record(
                 datetime.fromtimestamp(float(at), tz=UTC),
@@ -182,9 +189,13 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 int(o),
                 str(served),
                 None if queued is None else float(queued),
+                str(request_id)[:40],
                 item,
             )
-            if not all(_storable(text) for text in (record.model, record.method, record.path, record.served)):
+            if not all(
+                _storable(text)
+                for text in (record.model, record.method, record.path, record.served, record.request_id)
+            ):
                 raise ValueError("text no database stores")
             records.append(record)
         except (ValueError, TypeError):
@@ -220,6 +231,7 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 completion_tokens=max(r.completion, 0),
                 served_model=r.served[:200],
                 queued_ms=r.queued,
+                request_id=r.request_id,
             ),
             r.item,
         )

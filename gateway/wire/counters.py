@@ -47,7 +47,8 @@ from gateway.wire.counter_scripts import (
     script_sha,
     week_tokens_key,
 )
-from gateway.wire.redis_protocol import RespPipe
+from gateway.wire.owed import UNREACHABLE, Owed
+from gateway.wire.redis_protocol import RespPipe, chain
 from slotserve_base.inflight import COUNT
 from slotserve_base.vocabulary import RedisKey, redis_key
 
@@ -72,18 +73,6 @@ ROOM_SECONDS = 1.0
 # A held request's entry lives this long unless its gateway refreshes it (every third of it):
 # a gateway that dies frees its callers' places within it.
 HELD_TTL_SECONDS = 30.0
-
-
-def _chain(target: asyncio.Future[Any], source: asyncio.Future[Any]) -> None:
-    """``source``'s outcome becomes ``target``'s."""
-    if target.done():
-        return
-    if source.cancelled():
-        target.cancel()
-    elif source.exception() is not None:
-        target.set_exception(source.exception())  # type: ignore[arg-type]
-    else:
-        target.set_result(source.result())
 
 
 # A count out may wait this long for the next request's count in, to reach Redis in one write.
@@ -116,6 +105,8 @@ class Counters:
         self.room: dict[tuple[int, int], tuple[float, int]] = {}
         # Told of each request counted out, by channel (``gateway.admit.places``: a place freed).
         self.on_leave: Callable[[int], None] | None = None
+        # Count outs that could not reach Redis, sent again once it answers.
+        self.owed = Owed(lambda keys, args: self._run(LEAVE, keys, args), self._counted_out)
 
     def _keys(self) -> dict[tuple[str, object], str]:
         """Keys made once (the prefix is read once per request): a request names up to ten."""
@@ -181,7 +172,7 @@ class Counters:
             error = reply.exception()
             if isinstance(error, NoScriptError):  # Redis restarted: load the script, count again
                 again = asyncio.ensure_future(self.enter(channel_id, limits, user_id=user_id, key_id=key_id))
-                again.add_done_callback(functools.partial(_chain, entered))
+                again.add_done_callback(functools.partial(chain, entered))
                 return
             if error is not None:
                 entered.set_exception(error)
@@ -294,10 +285,15 @@ class Counters:
     async def leave(self, channel_id: int, request_id: str, **counted: Any) -> None:
         """Count the request out, with its usage, its log record and (for /metrics) its answer,
         in one round trip (``counted``: as ``_leaving`` takes it)."""
-        keys, args = self._leaving(channel_id, request_id, **counted)
-        await self._run(LEAVE, keys, args, defer=LEAVE_DEFER_SECONDS)
-        if self.on_leave is not None:
-            self.on_leave(channel_id)
+        await self._leave(channel_id, *self._leaving(channel_id, request_id, **counted))
+
+    async def _leave(self, channel_id: int | None, keys: list[str], args: list[str | int | bytes]) -> None:
+        try:
+            await self._run(LEAVE, keys, args, defer=LEAVE_DEFER_SECONDS)
+        except UNREACHABLE as exc:  # Redis is away: sent again once it answers
+            self.owed.add(channel_id, keys, args, exc)
+        else:
+            self._counted_out(channel_id)
 
     def leave_soon(self, channel_id: int, request_id: str, **counted: Any) -> None:
         """``leave`` with nobody waiting for it: queued now (a failure is logged; the request's
@@ -318,19 +314,26 @@ class Counters:
         args: list[str | int | bytes],
         reply: asyncio.Future[Any],
     ) -> None:
-        """Redis' answer to a count out nobody waits for: a failure is logged; Redis that has
-        forgotten the script (a restart) loads it and counts again."""
+        """Redis' answer to a count out nobody waits for: Redis that has forgotten the script (a
+        restart) loads it and counts again; Redis away: the count out waits (``gateway.wire.owed``)."""
         error = None if reply.cancelled() else reply.exception()
-        if error is None and self.on_leave is not None:
-            self.on_leave(channel_id)
+        if error is None:
+            self._counted_out(channel_id)
         if isinstance(error, NoScriptError):
             again = asyncio.ensure_future(self._run(LEAVE, keys, args))
             again.add_done_callback(functools.partial(self._left, request_id, channel_id, keys, args))
+        elif isinstance(error, UNREACHABLE):
+            self.owed.add(channel_id, keys, args, error)
         elif error is not None:
-            # The answer went out; the request's in-flight entry expires by itself.
+            # Redis refused the script itself: the answer went out; the request's in-flight
+            # entry expires by itself.
             log.warning(
                 "gateway: could not count request %s out of channel %s: %r", request_id, channel_id, error
             )
+
+    def _counted_out(self, channel_id: int | None) -> None:
+        if channel_id is not None and self.on_leave is not None:
+            self.on_leave(channel_id)
 
     def _leaving(
         self,
@@ -368,8 +371,7 @@ class Counters:
 
     async def answered(self, status: int, ttft_seconds: float | None = None, record: bytes = b"") -> None:
         """Count an answer that reached no channel by status code (for /metrics), and log it."""
-        keys, args = leave_arguments(self._keys(), status, ttft_seconds, [], 0, 0, record=record)
-        await self._run(LEAVE, keys, args, defer=LEAVE_DEFER_SECONDS)
+        await self._leave(None, *leave_arguments(self._keys(), status, ttft_seconds, [], 0, 0, record=record))
 
     async def in_flight(self, channel_ids: Iterable[int]) -> dict[int, int]:
         ids = list(channel_ids)

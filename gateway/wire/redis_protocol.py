@@ -228,3 +228,15 @@ class RespPipe:
         if self._protocol is not None and self._protocol.transport is not None:
             self._protocol.transport.close()
         self._protocol = None
+
+
+def chain(target: asyncio.Future[Any], source: asyncio.Future[Any]) -> None:
+    """``source``'s outcome becomes ``target``'s."""
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif source.exception() is not None:
+        target.set_exception(source.exception())  # type: ignore[arg-type]
+    else:
+        target.set_result(source.result())
