@@ -30,6 +30,8 @@ from channels_app.backends import API_KEY_ENV, Backend, effective_args
 _children: dict[str, subprocess.Popen[bytes]] = {}
 # The exit codes of those that ended, kept (an int a run) for every look after the first.
 _exit_codes: dict[str, int] = {}
+# Why a run could not start, where its log could not be written (a full disk): path → the line.
+_unwritten: dict[str, str] = {}
 LOG_TAIL_BYTES = 16_384
 
 
@@ -269,10 +271,16 @@ def start(launch: Launch) -> Started:
         _private_file(config_path, f"api-key: {secret}\n".encode())
     env = child_environment(os.environ, extra_names=launch.extra_env, own=own)
     argv = command_line(launch, port, config_path)
-    _private_file(log_path)
-    with log_path.open("ab") as log:
+    try:
+        _private_file(log_path)
+        log = log_path.open("ab")
         log.write(f"$ {shlex.join(argv)}\n".encode())
         log.flush()
+    except OSError as exc:
+        raise OSError(
+            exc.errno, f"its run log cannot be written in {launch.log_dir}: {exc.strerror}"
+        ) from exc
+    with log:
         try:
             child = subprocess.Popen(
                 argv,
@@ -289,7 +297,8 @@ def start(launch: Launch) -> Started:
     return Started(run_id=run_id, pid=child.pid, port=port, log_path=log_path, secret=secret)
 
 
-def _run_id_of(pid: int) -> str | None:
+def run_id_of(pid: int) -> str | None:
+    """The run id in process ``pid``'s environment (``start``), if it has one."""
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
@@ -314,9 +323,14 @@ def alive(pid: int, run_id: str) -> tuple[bool, int | None]:
             return False, code
         return True, None
     # Started by an earlier worker: a live pid only counts if it is that run.
-    if _run_id_of(pid) == run_id and not _is_zombie(pid):
+    if run_id_of(pid) == run_id and not _is_zombie(pid):
         return True, None
     return False, None
+
+
+def children_pids() -> set[int]:
+    """The pids of the runs this worker started that still run (or are not reaped yet)."""
+    return {child.pid for child in list(_children.values())}
 
 
 def _is_zombie(pid: int) -> bool:
@@ -370,6 +384,17 @@ def log_tail(path: str | Path, limit: int = LOG_TAIL_BYTES) -> str:
             log.seek(0, os.SEEK_END)
             size = log.tell()
             log.seek(max(0, size - limit))
-            return log.read().decode(errors="replace")
+            return log.read().decode(errors="replace") or _unwritten.get(str(path), "")
     except OSError:
-        return ""
+        return _unwritten.get(str(path), "")
+
+
+def write_start_failure(path: Path, line: str) -> None:
+    """The line that says why a run could not start, as its log; kept in memory (and read back
+    by ``log_tail``) where the disk refuses it, so the reason still reaches the channel."""
+    try:
+        private_dir(path.parent)
+        path.write_text(line)
+        _unwritten.pop(str(path), None)
+    except OSError:
+        _unwritten[str(path)] = line

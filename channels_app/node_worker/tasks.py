@@ -8,7 +8,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from channels_app.models import Channel
-from channels_app.node_worker import registration, worker
+from channels_app.node_worker import registration, strays, worker
 from channels_app.node_worker.lifecycle import ProcessState
 from slotserve_base import dispatch
 from slotserve_base.vocabulary import Phase
@@ -35,6 +35,10 @@ def node_tick(node_name: str) -> int:
             )
             continue
         _follow_up(channel_id, state, node_name)
+    try:
+        strays.stop_strays(node_name)  # runs an earlier worker started and never recorded
+    except Exception:
+        log.exception("node %s: looking for processes no channel owns failed", node_name)
     return len(channel_ids)
 
 

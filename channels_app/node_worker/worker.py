@@ -199,9 +199,8 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
         what = f"preset {preset}" if isinstance(exc, ValueError) and preset else executable
         log.warning("channel %s: could not start %s: %s", channel.name, what, exc)
         runtime.run_id, runtime.pid, runtime.port, runtime.api_secret = "", None, None, ""
-        processes.private_dir(log_dir)
         runtime.log_path = str(log_dir / "start-failure.log")
-        Path(runtime.log_path).write_text(f"{LAUNCH_FAILED} {what}: {exc}\n")
+        processes.write_start_failure(Path(runtime.log_path), f"{LAUNCH_FAILED} {what}: {exc}\n")
         log_shipping.ship_file(channel.pk, f"failed-{now.timestamp():.0f}", Path(runtime.log_path))
         return
     runtime.run_id, runtime.pid, runtime.port = started.run_id, started.pid, started.port
