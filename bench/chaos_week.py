@@ -20,8 +20,13 @@ after the first chunk, on their own bookings and on the default model.
 **The faults**, at moments drawn from the seed, one after the other (each kind at least once):
 ``kill -9`` of a node worker, of an inference process, of the scheduler's Celery worker and beat,
 of the web process; a Redis restart; a PostgreSQL restart; a node's link cut for shorter and
-for longer than the not-ready threshold (3 ticks). Each one's recovery is timed: until every
-channel runs what it should and ``/health`` answers 200.
+for longer than the not-ready threshold (3 ticks); a webhook receiver that stalls for 12 s; a
+node's disk filled (its run-log folder is a tmpfs of 8 MiB) for 10 s. Each one's recovery is
+timed: until the part is back, every channel runs what it should and ``/health`` answers 200.
+
+**The webhooks.** Staff's two webhooks of every event, to a quick receiver and a slow one (past
+the 2 s deadline on one try in ten), and one person's of their own bookings, to a receiver that
+answers 500 to one try in four (``bench/chaos_receivers.py``), made through the REST API.
 
 **The promises**, checked from the callers' answers, the database and ``ps`` (docs/faults.md
 says which promise holds under which fault, and the checker expects exactly that):
@@ -30,15 +35,18 @@ says which promise holds under which fault, and the checker expects exactly that
 2. no answer is a 500, every refusal is a documented code, with ``Retry-After`` where
    docs/api.md promises one;
 3. every answer a caller received is in the request log (records still in Redis when it
-   restarts are lost: at most the answers of the last flush before each restart);
-5. every booking whose gap was at least its model's load time + 1 s, and whose node stayed up
-   from its preload to its start, is ready at its start;
+   restarts are lost: exactly those, read just before), none twice;
+4. every event reaches each webhook that hears of it, at least once, under one ``webhook-id``,
+   in order per object;
+5. every booking whose gap (from its approval and from the slot before it) was at least its
+   model's load time, as SlotServe measured it, + 1 s, and whose node stayed up from its
+   preload to its start, is ready at its start;
 6. within 3 ticks (and a load) of the last fault: each channel runs its decision, no request is
    counted in flight once the callers stop, no inference process runs that no channel owns,
    every node is ready;
-7. no booking the API confirmed is lost.
+7. no booking or webhook the API confirmed is lost.
 
-(Promise 4, webhooks after every fault, is not checked yet.) It prints a table per fault kind
+It prints a table per fault kind
 and per promise, and the violations; ``--json`` writes the same. The exit status is 1 when a
 promise was broken. ``--short`` is the suite's run (``tests/test_chaos_week.py``): one
 compressed day, each fault once.
@@ -71,6 +79,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from chaos_receivers import WEBHOOK_ENV, LabReceiver, check_webhooks, drained  # noqa: E402
+
 SUBNET = "10.231.79"
 NODES = {"chaos-a": 31, "chaos-b": 32}
 GPUS_PER_NODE = 4
@@ -86,7 +96,12 @@ FAULT_KINDS = (
     "restart postgresql",
     "cut link briefly",
     "cut link long",
+    "slow webhook receiver",
+    "fill a node's disk",
 )
+RUN_LOG_DISK = "8m"
+# The channel whose default is a real llama-server (a tiny model written at the start).
+REAL_CHANNEL, REAL_MODEL = "chaos-b-2", "tiny"  # each node's run-log folder is a tmpfs of this size
 # Codes whose answers carry Retry-After (docs/api.md, "Gateway errors").
 WITH_RETRY_AFTER = {
     "model_loading",
@@ -143,6 +158,9 @@ class Lab:
     lock: threading.Lock = field(default_factory=threading.Lock)
     samples: list[tuple[float, dict[int, int | None]]] = field(default_factory=list)  # ready presets
     node_down: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # node → spells
+    # reservation id → what the lab's calls made of it ("approved", "cancelled", "ended early")
+    made: dict[int, set[str]] = field(default_factory=dict)
+    webhooks: dict[int, LabReceiver] = field(default_factory=dict)  # the API confirmed them
 
     def violated(self, promise: int, at: float, what: str, kind: str = "") -> None:
         with self.lock:
@@ -210,6 +228,7 @@ class Machines:
         self.nodes: dict[str, subprocess.Popen[bytes] | None] = {}
         self.env: dict[str, str] = {}
         self.stopping = False
+        self.llama_server = ""
 
     @property
     def base(self) -> str:
@@ -218,6 +237,12 @@ class Machines:
     def up(self) -> None:
         from devtools.cluster import redis_answers
 
+        built = subprocess.run(
+            [str(ROOT / "scripts" / "build-llama-server")], capture_output=True, text=True, timeout=3600
+        )
+        if built.returncode != 0:
+            raise SystemExit(f"chaos_week: could not build llama-server:\n{built.stderr[-2000:]}")
+        self.llama_server = built.stdout.strip().splitlines()[-1]
         self.net.up()
         self.pg.create()
         self.start_redis()
@@ -238,6 +263,7 @@ class Machines:
             "SLOTSERVE_MIN_PRELOAD_SECONDS": "0",  # a compressed week: the real 180 s is hours
             "SLOTSERVE_LOG_LEVEL": "WARNING",
             "SLOTSERVE_ALLOWED_HOSTS": self.net.control,
+            **WEBHOOK_ENV,
         }
         os.environ.update(self.env)
         import django
@@ -268,7 +294,12 @@ class Machines:
         (self.work / "models").mkdir()
         for name, host in NODES.items():
             self.net.add_node(name, host)
-            (self.work / name).mkdir()
+            runs = self.work / name / "data" / "runs"
+            runs.mkdir(parents=True)
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={RUN_LOG_DISK},mode=0700", "tmpfs", str(runs)],
+                check=True,
+            )
             self.start_node(name)
 
     def start_redis(self) -> None:
@@ -289,6 +320,9 @@ class Machines:
         home = self.work / name
         address = f"{SUBNET}.{NODES[name]}"
         env = node_worker_env(self.env, home, name, address, GPUS_PER_NODE, self.work / "models")
+        env["SLOTSERVE_VLLM"] = env["SLOTSERVE_LLAMA_SERVER"]  # the stand-ins play vLLM
+        if REAL_CHANNEL.startswith(name + "-"):
+            env["SLOTSERVE_LLAMA_SERVER"] = self.llama_server
         self.nodes[name] = start_node_worker(self.net.nodes[name], name, env, home / "node-worker.log", ROOT)
 
     def keep_nodes_running(self) -> None:
@@ -337,6 +371,8 @@ class Machines:
         if self.redis is not None:
             self.redis.kill()
         self.pg.stop()
+        for name in NODES:
+            subprocess.run(["umount", "-l", str(self.work / name / "data" / "runs")], capture_output=True)
         self.net.down()
 
 
@@ -354,6 +390,8 @@ class Planned:
     then: str = ""  # "cancel" before it starts, "end" halfway, or nothing
     reservation_id: int = 0
     status: str = ""
+    approved_at: float = 0.0  # when the API said it was approved (time.time())
+    portal: bool = False  # booked through the portal's form, not the REST API
 
 
 def plan_week(
@@ -375,7 +413,14 @@ def plan_week(
         then = rng.choices(["", "cancel", "end"], weights=[8, 1, 1])[0]
         plan.append(
             Planned(
-                rng.choice(users), name, start, end, rng.choice(LOAD_SECONDS), max(begin, start - ahead), then
+                rng.choice(users),
+                name,
+                start,
+                end,
+                rng.choice(LOAD_SECONDS),
+                max(begin, start - ahead),
+                then,
+                portal=rng.random() < 0.25,
             )
         )
         free_at[name] = end
@@ -401,21 +446,31 @@ class World:
             path = work / "models" / f"load-{load}s.gguf"
             path.write_bytes(b"GGUF")
             model = LLMModel.objects.create(
-                name=f"load-{load}s", backend="llama.cpp", path=str(path), size_bytes=4
+                name=f"load-{load}s", backend="vllm", path=str(path), size_bytes=4
             )
             self.presets[load] = Preset.objects.create(
                 model=model, name="lab", args=f"--standin-load-seconds {load}"
             )
         default = self.presets[1]
+        # One channel's default is a real llama-server with a tiny model (REAL_CHANNEL).
+        from devtools.tinymodel import write_tiny_llama
+
+        tiny_path = write_tiny_llama(work / "models" / "tiny.gguf")
+        tiny = LLMModel.objects.create(
+            name=REAL_MODEL, backend="llama.cpp", path=str(tiny_path), size_bytes=tiny_path.stat().st_size
+        )
+        self.real = Preset.objects.create(model=tiny, name="lab", args="-c 256 -t 1")
         self.channels: dict[str, Any] = {}
         for node in Node.objects.filter(name__in=NODES).order_by("name"):
             for index in range(GPUS_PER_NODE):
-                self.channels[f"{node.name}-{index}"] = Channel.objects.create(
-                    name=f"{node.name}-{index}",
+                name = f"{node.name}-{index}"
+                own = self.real if name == REAL_CHANNEL else default
+                self.channels[name] = Channel.objects.create(
+                    name=name,
                     node=node,
                     gpu_indexes=[index],
-                    default_model=default.model,
-                    default_preset=default,
+                    default_model=own.model,
+                    default_preset=own,
                     min_booking_minutes=0,
                     approval_policy="all" if index == GPUS_PER_NODE - 1 else "none",
                 )
@@ -423,11 +478,60 @@ class World:
         chief = users.objects.create_user("chief", is_staff=True, password=secrets.token_urlsafe(12))
         self.staff_key = api_key_create(user=chief, name="chaos")[1]
         self.keys: dict[str, str] = {}
+        self.passwords: dict[str, str] = {}
         for number in range(args.users):
-            person = users.objects.create_user(f"u{number:02d}", password=secrets.token_urlsafe(12))
+            name = f"u{number:02d}"
+            self.passwords[name] = secrets.token_urlsafe(12)
+            person = users.objects.create_user(name, password=self.passwords[name])
             # Every third person's key is scoped to the models they use.
             scoped = [p.model for p in self.presets.values()] if number % 3 == 0 else None
             self.keys[person.username] = api_key_create(user=person, name="chaos", models=scoped)[1]
+
+
+def make_webhooks(lab: Lab, world: World, base: str, seed: int) -> None:
+    """Staff's webhooks of every event to the fast and the slow receiver, and one person's of
+    their own bookings to the flaky one, made through the REST API."""
+    for kind, owner_key, scope in (
+        ("fast", world.staff_key, "all"),
+        ("slow", world.staff_key, "all"),
+        ("flaky", world.keys["u00"], "mine"),
+    ):
+        receiver = LabReceiver(kind, seed)
+        answer = httpx.post(
+            base + "/api/webhooks/",
+            json={"url": receiver.url, "name": kind, "scope": scope},
+            headers={"Authorization": f"Bearer {owner_key}"},
+            timeout=20,
+        )
+        if answer.status_code != 201:
+            raise SystemExit(
+                f"chaos_week: the {kind} webhook was refused: {answer.status_code} {answer.text}"[:500]
+            )
+        lab.webhooks[answer.json()["id"]] = receiver
+
+
+def events_expected(lab: Lab, stopped: float) -> dict[int, set[str]]:
+    """booking id → the events the lab's own calls and the clock made of it (a slot that began
+    or ended at least 3 ticks before the callers stopped)."""
+    from reservations.models import Reservation
+
+    expected: dict[int, set[str]] = {}
+    margin = stopped - 3 * TICK
+    for reservation in Reservation.objects.filter(pk__in=list(lab.made)):
+        made = lab.made[reservation.pk]
+        events = {"booking.requested"}
+        if "approved" in made:
+            events.add("booking.approved")
+        if "cancelled" in made:
+            events.add("booking.cancelled")
+        if "ended early" in made:
+            events.add("booking.ended_early")
+        if reservation.status in ("approved", "ended") and reservation.start.timestamp() <= margin:
+            events.add("booking.started")
+        if reservation.status == "approved" and reservation.end.timestamp() <= margin:
+            events.add("booking.ended")
+        expected[reservation.pk] = events
+    return expected
 
 
 def book(lab: Lab, world: World, base: str, planned: list[Planned], stop: threading.Event) -> None:
@@ -435,6 +539,7 @@ def book(lab: Lab, world: World, base: str, planned: list[Planned], stop: thread
     from django.utils import timezone
 
     client = httpx.Client(base_url=base, timeout=20)
+    portals: dict[str, httpx.Client] = {}  # each person's signed-in browser session
     pending: list[tuple[float, Planned]] = []
     follow_ups: list[tuple[datetime, Planned]] = []
     queue = list(planned)
@@ -443,18 +548,25 @@ def book(lab: Lab, world: World, base: str, planned: list[Planned], stop: thread
         while queue and queue[0].create_at <= now:
             slot = queue.pop(0)
             preset = world.presets[slot.load]
-            body = {
-                "channel": world.channels[slot.channel].pk,
-                "start": slot.start.isoformat(),
-                "end": slot.end.isoformat(),
-                "model": preset.model_id,
-                "preset": preset.pk,
-            }
-            answer = _call(client, "POST", "/api/reservations/", world.keys[slot.user], body)
-            if answer is not None and answer.status_code == 201:
-                slot.reservation_id, slot.status = answer.json()["id"], answer.json()["status"]
+            if slot.portal:
+                made = book_in_portal(portals, world, base, slot)
+            else:
+                body = {
+                    "channel": world.channels[slot.channel].pk,
+                    "start": slot.start.isoformat(),
+                    "end": slot.end.isoformat(),
+                    "model": preset.model_id,
+                    "preset": preset.pk,
+                }
+                answer = _call(client, "POST", "/api/reservations/", world.keys[slot.user], body)
+                made = answer.json() if answer is not None and answer.status_code == 201 else None
+            if made is not None:
+                slot.reservation_id, slot.status = made["id"], made["status"]
+                if slot.status == "approved":
+                    slot.approved_at = time.time()
                 with lab.lock:
                     lab.confirmed[slot.reservation_id] = slot.status
+                    lab.made[slot.reservation_id] = {slot.status}
                 if slot.status == "pending":
                     pending.append((time.time() + 1.5, slot))
                 if slot.then == "cancel":
@@ -468,9 +580,10 @@ def book(lab: Lab, world: World, base: str, planned: list[Planned], stop: thread
                     client, "POST", f"/api/reservations/{slot.reservation_id}/approve", world.staff_key
                 )
                 if answer is not None and answer.status_code == 200:
-                    slot.status = "approved"
+                    slot.status, slot.approved_at = "approved", time.time()
                     with lab.lock:
                         lab.confirmed[slot.reservation_id] = "approved"
+                        lab.made[slot.reservation_id].add("approved")
                 elif answer is None or answer.status_code >= 500:
                     pending.append((time.time() + 1, slot))  # the control host is down: again
         for due_at, slot in list(follow_ups):
@@ -483,7 +596,64 @@ def book(lab: Lab, world: World, base: str, planned: list[Planned], stop: thread
                 if answer is not None and answer.status_code == 200:
                     with lab.lock:
                         lab.confirmed[slot.reservation_id] = answer.json()["status"]
+                        lab.made[slot.reservation_id].add("cancelled" if verb == "cancel" else "ended early")
         stop.wait(0.1)
+
+
+def book_in_portal(
+    portals: dict[str, httpx.Client], world: World, base: str, slot: Planned
+) -> dict[str, Any] | None:
+    """Book ``slot`` as a person does in the portal: sign in (once), open the booking page, send
+    its form in the installation's time zone; then read the booking back through the REST API.
+    None when the portal did not book it (the control host down, or a refusal)."""
+    from zoneinfo import ZoneInfo
+
+    from django.conf import settings
+
+    zone = ZoneInfo(settings.TIME_ZONE)
+    browser = portals.get(slot.user)
+    try:
+        if browser is None:
+            browser = httpx.Client(base_url=base, timeout=20)
+            browser.get("/accounts/login/")
+            signed_in = browser.post(
+                "/accounts/login/",
+                data={
+                    "username": slot.user,
+                    "password": world.passwords[slot.user],
+                    "csrfmiddlewaretoken": browser.cookies.get("csrftoken", ""),
+                },
+            )
+            if signed_in.status_code != 302:
+                return None
+            portals[slot.user] = browser
+        browser.get("/book/")
+        preset = world.presets[slot.load]
+        sent = browser.post(
+            "/book/",
+            data={
+                "channel": world.channels[slot.channel].pk,
+                "start": slot.start.astimezone(zone).strftime("%Y-%m-%dT%H:%M:%S"),
+                "end": slot.end.astimezone(zone).strftime("%Y-%m-%dT%H:%M:%S"),
+                "model": preset.model_id,
+                "preset": preset.pk,
+                "csrfmiddlewaretoken": browser.cookies.get("csrftoken", ""),
+            },
+        )
+        if sent.status_code != 302:
+            return None
+        mine = httpx.get(
+            base + "/api/reservations/",
+            params={"channel": world.channels[slot.channel].pk, "limit": 500},
+            headers={"Authorization": f"Bearer {world.keys[slot.user]}"},
+            timeout=20,
+        ).json()
+    except (httpx.HTTPError, ValueError):
+        portals.pop(slot.user, None)
+        return None
+    rows = mine["results"] if isinstance(mine, dict) else mine
+    starts = slot.start.isoformat().replace("+00:00", "Z")
+    return next((row for row in rows if row["start"] in (starts, slot.start.isoformat())), None)
 
 
 def _call(client: httpx.Client, method: str, path: str, key: str, body: Any = None) -> httpx.Response | None:
@@ -512,7 +682,9 @@ def call_models(
     while not stop.is_set():
         now = timezone.now()
         slot = next((p for p in mine if p.reservation_id and p.start <= now < p.end), None)
-        model = f"load-{slot.load}s" if slot is not None else "load-1s"
+        # Outside a slot, the default models: the stand-ins' and, one request in five, the real one's.
+        outside = REAL_MODEL if rng.random() < 0.2 else "load-1s"
+        model = f"load-{slot.load}s" if slot is not None else outside
         stream, hang_up = rng.random() < 0.5, rng.random() < 0.1
         body = {
             "model": model,
@@ -607,6 +779,20 @@ def break_things(
             machines.pg.stop()
             time.sleep(rng.uniform(1, 2))
             machines.pg.start()
+        elif kind == "slow webhook receiver":
+            slow = next(r for r in lab.webhooks.values() if r.kind == "slow")
+            fault.target = slow.url
+            slow.stall(12)
+            time.sleep(12)
+        elif kind == "fill a node's disk":
+            fault.target = node
+            filler = machines.work / node / "data" / "runs" / "filler"
+            with contextlib.suppress(OSError), filler.open("wb") as fill:
+                while True:
+                    fill.write(b"\0" * 65536)
+                    fill.flush()
+            time.sleep(10)
+            filler.unlink(missing_ok=True)
         elif kind.startswith("cut link"):
             fault.target = node
             machines.net.link(node, up=False)
@@ -657,6 +843,11 @@ def _back(kind: str, fault: Fault, began: float, machines: Machines) -> Callable
         )
     if kind == "kill scheduler":
         return lambda: machines.part(b"--beat") not in (None, fault.pid)
+    if kind == "slow webhook receiver":
+        from reservations.webhooks.models import Delivery
+
+        # Every delivery that waited for the receiver has reached it.
+        return lambda: not Delivery.objects.filter(webhook__url=fault.target, state="pending").exists()
     return lambda: True
 
 
@@ -811,11 +1002,30 @@ def check_log(lab: Lab) -> dict[str, int]:
     return totals
 
 
+def load_times(world: World) -> dict[int, float]:
+    """Each preset's load time as SlotServe measured it in this lab (the median of its loads
+    that succeeded: the stand-in's own time, its start and the probes), by the nominal load."""
+    from channels_app.models import LoadRecord
+
+    took: dict[int, list[float]] = {}
+    for preset_id, started, finished in LoadRecord.objects.filter(
+        succeeded=True, finished__isnull=False
+    ).values_list("preset_id", "started", "finished"):
+        if finished is not None:
+            took.setdefault(preset_id, []).append((finished - started).total_seconds())
+    return {
+        load: statistics.median(took[preset.pk]) if took.get(preset.pk) else float(load)
+        for load, preset in world.presets.items()
+    }
+
+
 def check_ready_at_start(lab: Lab, planned: list[Planned], world: World) -> dict[str, int]:
-    """Promise 5: a booking with room to load (its gap and its lead at least the load + 1 s)
-    on a node that stayed up is ready at its start."""
+    """Promise 5: a booking with room to load (the time from its approval, and from the slot
+    before it on its channel, at least its load time + 1 s) on a node that stayed up is ready
+    at its start."""
     from reservations.models import Reservation
 
+    measured = load_times(world)
     kept = {r.pk: r for r in Reservation.objects.filter(status__in=["approved", "ended"])}
     previous_end: dict[str, datetime] = {}
     counts = {"covered": 0, "ready": 0, "not covered": 0}
@@ -826,9 +1036,12 @@ def check_ready_at_start(lab: Lab, planned: list[Planned], world: World) -> dict
             previous_end[slot.channel] = reservation.end
         if reservation is None:
             continue
-        room = (slot.start - max(gap_from or slot.create_at, slot.create_at)).total_seconds()
+        # Room from its approval (a pending booking is not preloaded) or the slot before it.
+        since = max(gap_from.timestamp() if gap_from else 0.0, slot.approved_at)
+        room = slot.start.timestamp() - since if slot.approved_at else 0.0
+        load = measured[slot.load]
         node = slot.channel.rsplit("-", 1)[0]
-        preload_from = slot.start.timestamp() - slot.load - 1
+        preload_from = slot.start.timestamp() - load - 1
         node_down = any(
             a <= slot.start.timestamp() and b >= preload_from for a, b in lab.node_down.get(node, [])
         ) or _in_an_outage(lab, slot.channel, preload_from, slot.start.timestamp())
@@ -838,7 +1051,7 @@ def check_ready_at_start(lab: Lab, planned: list[Planned], world: World) -> dict
             if slot.start.timestamp() <= at <= slot.start.timestamp() + 0.3
         ]
         if (
-            room < slot.load + 1
+            room < load + 1
             or node_down
             or not seen
             or (reservation.status != "approved" and reservation.end <= slot.start)
@@ -861,18 +1074,20 @@ def check_ready_at_start(lab: Lab, planned: list[Planned], world: World) -> dict
             )
             from channels_app.models import LoadRecord
 
-            load = (
+            record = (
                 LoadRecord.objects.filter(channel_id=channel_id, preset_id=preset_id, started__lte=slot.end)
                 .order_by("-started")
                 .first()
             )
             began = (
-                f"; its load began {(slot.start - load.started).total_seconds():.2f} s before" if load else ""
+                f"; its load began {(slot.start - record.started).total_seconds():.2f} s before"
+                if record
+                else ""
             )
             lab.violated(
                 5,
                 slot.start.timestamp(),
-                f"slot {slot.reservation_id} on {slot.channel} (load {slot.load} s, room {room:.1f} s) "
+                f"slot {slot.reservation_id} on {slot.channel} (load {load:.1f} s, room {room:.1f} s) "
                 f"not ready at its start{began}"
                 + (
                     f"; ready {later - slot.start.timestamp():.2f} s late"
@@ -941,7 +1156,8 @@ def check_whole(lab: Lab, machines: Machines, world: World) -> None:
 
 
 def _standins(work: Path) -> list[int]:
-    """This lab's stand-in inference processes (every node's, its models in ``work``), by pid."""
+    """This lab's inference processes (every node's stand-ins and llama-servers, their models in
+    ``work``), by pid."""
     found = []
     marker = str(work).encode()
     for entry in Path("/proc").iterdir():
@@ -949,7 +1165,9 @@ def _standins(work: Path) -> list[int]:
             with contextlib.suppress(OSError):
                 cmdline = (entry / "cmdline").read_bytes()
                 state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                if b"devtools.standin" in cmdline and marker in cmdline and state != "Z":
+                program = cmdline.split(b"\0", 2)[:2]
+                runs = b"devtools.standin" in cmdline or any(p.endswith(b"llama-server") for p in program)
+                if runs and marker in cmdline and state != "Z":
                     found.append(int(entry.name))
     return found
 
@@ -967,6 +1185,13 @@ def check_confirmed(lab: Lab) -> None:
         )
         if now not in allowed:
             lab.violated(7, time.time(), f"booking {reservation_id} was confirmed {status}, is now {now}")
+    from reservations.webhooks.models import Webhook
+
+    kept = set(Webhook.objects.filter(pk__in=list(lab.webhooks)).values_list("pk", flat=True))
+    for webhook_id, receiver in lab.webhooks.items():
+        lab.checked(7)
+        if webhook_id not in kept:
+            lab.violated(7, time.time(), f"the {receiver.kind} webhook ({webhook_id}) the API made is gone")
 
 
 # --- The run ---------------------------------------------------------------------
@@ -1009,6 +1234,7 @@ def main() -> int:
         keeper = threading.Thread(target=machines.keep_nodes_running, daemon=True)
         keeper.start()
         world = World(args, work)
+        make_webhooks(lab, world, machines.base, args.seed)
         from django.utils import timezone
 
         from channels_app.models import ChannelRuntime
@@ -1020,7 +1246,7 @@ def main() -> int:
                 raise SystemExit("chaos_week: the channels did not load their default within 90 s")
             time.sleep(0.3)
 
-        begin = timezone.now()
+        begin = timezone.now().replace(microsecond=0) + timedelta(seconds=1)  # whole seconds: the portal's
         planned = plan_week(list(world.channels), list(world.keys), args, rng, begin)
         length = args.days * 24 * args.hour_seconds
         print(
@@ -1058,6 +1284,7 @@ def main() -> int:
         faults.join()
         time.sleep(max(0.0, lab.began + length - time.time()))
         stop.set()
+        stopped = time.time()
         for thread in threads:
             thread.join(timeout=60)
         time.sleep(3 * TICK)  # the last records reach the request log
@@ -1070,14 +1297,26 @@ def main() -> int:
         ready = check_ready_at_start(lab, planned, world)
         check_whole(lab, machines, world)
         check_confirmed(lab)
-        report(lab, args, totals, ready)
+        # Promise 4: the last retries (about 30 s of them) are given their time first.
+        drained(list(lab.webhooks), timeout=60)
+        hooks = check_webhooks(
+            lab.webhooks,
+            events_expected(lab, stopped),
+            lambda at, what: lab.violated(4, at, what),
+            lambda count: lab.checked(4, count),
+        )
+        report(lab, args, totals, ready, hooks)
     finally:
+        for receiver in lab.webhooks.values():
+            receiver.close()
         machines.down()
         shutil.rmtree(work, ignore_errors=True)
     return 1 if lab.violations else 0
 
 
-def report(lab: Lab, args: argparse.Namespace, totals: dict[str, int], ready: dict[str, int]) -> None:
+def report(
+    lab: Lab, args: argparse.Namespace, totals: dict[str, int], ready: dict[str, int], hooks: dict[str, int]
+) -> None:
     by_kind: dict[str, list[Fault]] = {}
     for fault in lab.faults:
         by_kind.setdefault(fault.kind, []).append(fault)
@@ -1094,10 +1333,11 @@ def report(lab: Lab, args: argparse.Namespace, totals: dict[str, int], ready: di
         f"{sum(a.status == 200 for a in answered)} with 200); "
         f"{totals['received']} answers received whole, {totals['logged']} answers of 200 logged; "
         f"{len(lab.confirmed)} bookings confirmed; ready at start {ready['ready']}/{ready['covered']} "
-        f"({ready['not covered']} not covered: no room to load, a node down, or unobserved)"
+        f"({ready['not covered']} not covered: no room to load, a node down, or unobserved); "
+        f"{hooks['deliveries']} webhook deliveries, {hooks['received']} events handled by the receivers"
     )
     print(f"\n{'promise':<10}{'checks':>8}{'violations':>12}")
-    for promise in (1, 2, 3, 5, 6, 7):
+    for promise in (1, 2, 3, 4, 5, 6, 7):
         broken = sum(v.promise == promise for v in lab.violations)
         print(f"{promise:<10}{lab.checks.get(promise, 0):>8}{broken:>12}")
     print("\nfaults: " + "; ".join(f"{f.at:.0f} s {f.kind} {f.target}".rstrip() for f in lab.faults))
@@ -1119,6 +1359,7 @@ def report(lab: Lab, args: argparse.Namespace, totals: dict[str, int], ready: di
                     "bookings_confirmed": len(lab.confirmed),
                     "ready_at_start": ready,
                     "log": totals,
+                    "webhooks": hooks,
                 },
                 indent=2,
             )
