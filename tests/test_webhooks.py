@@ -137,10 +137,21 @@ def test_every_event_arrives_once_signed_and_verified_by_the_standard_webhooks_l
     by_type: dict[str, list[dict[str, Any]]] = {}
     for event in events:
         by_type.setdefault(event["type"], []).append(event)
-    many = ("booking.requested", "booking.approved", "booking.cancelled", "node.ready", "node.not_ready")
+    many = (
+        "booking.requested",
+        "booking.approved",
+        "booking.cancelled",
+        "booking.started",
+        "node.ready",
+        "node.not_ready",
+    )
     once = {t for t in expected if t not in many}
     assert {t: len(by_type[t]) for t in once} == dict.fromkeys(once, 1)
     assert len(by_type["booking.requested"]) == 5  # each booking once
+    # Each booking that began, once: the one that ran its course (the periodic job told it), and
+    # the one ended early and the one released idle before the job ran (their ends told it).
+    started = [e["data"]["booking"]["id"] for e in by_type["booking.started"]]
+    assert len(started) == len(set(started)) == 3 and {soon.pk, early.pk} <= set(started)
     # The payload: the type, the time in UTC, the objects' ids and names, the portal link.
     rejected = by_type["booking.rejected"][0]
     assert rejected["timestamp"].endswith("Z")
@@ -677,3 +688,33 @@ def test_a_slow_receiver_does_not_hold_a_worker_its_deliveries_go_on_in_later_ru
         # The run resumed stopped starting deliveries after half a second (two at 0.3 s each).
         assert 0 < len(receiver.received) < 5
         assert eventually(lambda: webhooks_due() >= 0 and len(receiver.received) == 5, timeout=10, every=0.05)
+
+
+def test_a_slot_ended_before_the_edge_job_saw_it_begin_is_told_started_then_ended(staff, ana):
+    """The periodic job announces a slot's start within a tick; a slot ended early before it ran
+    (the scheduler down or behind) is told started by the end itself, first, once."""
+    from reservations.webhooks.models import Event
+
+    channel = factories.channel("a100-0")
+    webhook_create(owner=staff, url="https://hooks.example.invalid/lab", scope="all")
+    now = timezone.now()
+    booking = reservation_create(
+        user=ana,
+        channel=channel,
+        start=now - timedelta(minutes=5),
+        end=now + timedelta(hours=1),
+        exclusive=True,
+        now=now - timedelta(minutes=10),
+    )
+    reservation_end(reservation=booking, by=ana, now=now)  # no edge job ran since it began
+    assert announce_booking_edges(now=now + timedelta(seconds=1)) == 0
+    told = list(
+        Event.objects.filter(subject=f"reservation:{booking.pk}").order_by("pk").values_list("type", "at")
+    )
+    assert [kind for kind, _ in told] == [
+        "booking.requested",
+        "booking.approved",
+        "booking.started",
+        "booking.ended_early",
+    ]
+    assert told[2][1] == booking.start

@@ -135,6 +135,9 @@ def reservation_end(
     with transaction.atomic():
         # ``end`` must stay after ``start``: ending in the very first instant is a cancel.
         if now > reservation.start:
+            # The slot began: told by the periodic job within a tick, or here, first, if the
+            # job has not run since (the scheduler down or behind); once either way.
+            announce_booking(WebhookEvent.BOOKING_STARTED, reservation, at=reservation.start, once=True)
             changes: dict[str, Any] = {"status": ReservationStatus.ENDED, "end": now}
         else:
             changes = {"status": ReservationStatus.CANCELLED}
