@@ -21,7 +21,7 @@ after the first chunk, on their own bookings and on the default model.
 ``kill -9`` of a node worker, of an inference process, of the scheduler's Celery worker and beat,
 of the web process; a Redis restart; a PostgreSQL restart; a node's link cut for shorter and
 for longer than the not-ready threshold (3 ticks); a webhook receiver that stalls for 12 s; a
-node's disk filled (its run-log folder is a tmpfs of 8 MiB) for 10 s. Each one's recovery is
+node's disk filled (its run-log folder is a tmpfs of 64 MiB) for 10 s. Each one's recovery is
 timed: until the part is back, every channel runs what it should and ``/health`` answers 200.
 
 **The webhooks.** Staff's two webhooks of every event, to a quick receiver and a slow one (past
@@ -99,9 +99,10 @@ FAULT_KINDS = (
     "slow webhook receiver",
     "fill a node's disk",
 )
-RUN_LOG_DISK = "8m"
+# Each node's run-log folder is a tmpfs of this size (a real server logs every request).
+RUN_LOG_DISK = "64m"
 # The channel whose default is a real llama-server (a tiny model written at the start).
-REAL_CHANNEL, REAL_MODEL = "chaos-b-2", "tiny"  # each node's run-log folder is a tmpfs of this size
+REAL_CHANNEL, REAL_MODEL = "chaos-b-2", "tiny"
 # Codes whose answers carry Retry-After (docs/api.md, "Gateway errors").
 WITH_RETRY_AFTER = {
     "model_loading",
@@ -946,8 +947,9 @@ def check_answers(lab: Lab) -> None:
             lab.violated(2, answer.at, f"{answer.user}: {answer.status} {answer.code} without Retry-After")
 
 
-# A booking approved after its slot began holds from the gateway's next snapshot: within its age
-# limit (SLOTSERVE_GATEWAY_REFRESH_SECONDS, 1 s) and a read (docs/faults.md).
+# A booking approved after its slot began, or less than a snapshot's life before, holds from the
+# gateway's next snapshot: within its age limit (SLOTSERVE_GATEWAY_REFRESH_SECONDS, 1 s) and a
+# read (docs/faults.md).
 LATE_APPROVAL_SECONDS = 1.5
 
 
@@ -958,9 +960,8 @@ def check_slots(lab: Lab) -> None:
 
     for slot in Reservation.objects.filter(status__in=["approved", "ended"]).select_related("user"):
         lab.checked(1)
-        holds_from = slot.start
-        if slot.reviewed_at is not None and slot.reviewed_at > slot.start:
-            holds_from = slot.reviewed_at + timedelta(seconds=LATE_APPROVAL_SECONDS)
+        approved = slot.reviewed_at or slot.created
+        holds_from = max(slot.start, approved + timedelta(seconds=LATE_APPROVAL_SECONDS))
         others = RequestLog.objects.filter(
             channel_id=slot.channel_id, status=200, at__gte=holds_from, at__lt=slot.end
         ).exclude(user_id=slot.user_id)
