@@ -1422,6 +1422,15 @@ def report(
         f"({ready['not covered']} not covered: no room to load, a node down, or unobserved); "
         f"{hooks['deliveries']} webhook deliveries, {hooks['received']} events handled by the receivers"
     )
+    overlapped = sum(
+        1
+        for number, one in enumerate(lab.faults)
+        for other in lab.faults[number + 1 :]
+        if one.at < other.at + (other.recovered_after or 60)
+        and other.at < one.at + (one.recovered_after or 60)
+    )
+    if overlapped:
+        print(f"{overlapped} pairs of faults overlapped")
     print(f"\n{'promise':<10}{'checks':>8}{'violations':>12}")
     for promise in (1, 2, 3, 4, 5, 6, 7):
         broken = sum(v.promise == promise for v in lab.violations)
