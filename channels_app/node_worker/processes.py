@@ -30,8 +30,7 @@ from channels_app.backends import API_KEY_ENV, Backend, effective_args
 _children: dict[str, subprocess.Popen[bytes]] = {}
 # The exit codes of those that ended, kept (an int a run) for every look after the first.
 _exit_codes: dict[str, int] = {}
-# Why a run could not start, where its log could not be written (a full disk): path → the line.
-_unwritten: dict[str, str] = {}
+_unwritten: dict[str, str] = {}  # log path → why its run could not start (a full disk refused it)
 LOG_TAIL_BYTES = 16_384
 
 
@@ -271,12 +270,14 @@ def start(launch: Launch) -> Started:
         _private_file(config_path, f"api-key: {secret}\n".encode())
     env = child_environment(os.environ, extra_names=launch.extra_env, own=own)
     argv = command_line(launch, port, config_path)
+    _private_file(log_path)
+    log = log_path.open("ab")
     try:
-        _private_file(log_path)
-        log = log_path.open("ab")
         log.write(f"$ {shlex.join(argv)}\n".encode())
         log.flush()
-    except OSError as exc:
+    except OSError as exc:  # a full disk: the file is closed, what it holds cannot be written
+        with contextlib.suppress(OSError):
+            log.close()
         raise OSError(
             exc.errno, f"its run log cannot be written in {launch.log_dir}: {exc.strerror}"
         ) from exc
@@ -390,8 +391,7 @@ def log_tail(path: str | Path, limit: int = LOG_TAIL_BYTES) -> str:
 
 
 def write_start_failure(path: Path, line: str) -> None:
-    """The line that says why a run could not start, as its log; kept in memory (and read back
-    by ``log_tail``) where the disk refuses it, so the reason still reaches the channel."""
+    """Why a run could not start, as its log; kept here for ``log_tail`` where the disk refuses it."""
     try:
         private_dir(path.parent)
         path.write_text(line)

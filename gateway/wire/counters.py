@@ -296,8 +296,7 @@ class Counters:
             self._counted_out(channel_id)
 
     def leave_soon(self, channel_id: int, request_id: str, **counted: Any) -> None:
-        """``leave`` with nobody waiting for it: queued now (a failure is logged; the request's
-        in-flight entry then expires by itself)."""
+        """``leave`` with nobody waiting for it: queued now (Redis away: it waits in ``owed``)."""
         keys, args = self._leaving(channel_id, request_id, **counted)
         reply = self.pipe.send_now(
             "EVALSHA", script_sha(LEAVE), len(keys), *keys, *args, defer=LEAVE_DEFER_SECONDS
