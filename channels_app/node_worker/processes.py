@@ -329,9 +329,9 @@ def alive(pid: int, run_id: str) -> tuple[bool, int | None]:
     return False, None
 
 
-def children_pids() -> set[int]:
-    """The pids of the runs this worker started that still run (or are not reaped yet)."""
-    return {child.pid for child in list(_children.values())}
+def children() -> dict[str, int]:
+    """The runs this worker started that still run (or are not reaped yet): run id → pid."""
+    return {run_id: child.pid for run_id, child in list(_children.items())}
 
 
 def _is_zombie(pid: int) -> bool:

@@ -91,7 +91,7 @@ def stop_strays(node_name: str) -> int:
             "run_id", flat=True
         )
     )
-    lost = strays(found, owned=owned, mine=processes.children_pids())
+    lost = strays(found, owned=owned, mine=set(processes.children().values()))
     now = time.monotonic()
     for run in lost:
         sig = signal_for(

@@ -28,7 +28,7 @@ from channels_app.models import (
     Preset,
     ReloadRequest,
 )
-from channels_app.node_worker import gpus, locks, log_shipping, processes
+from channels_app.node_worker import gpus, locks, log_shipping, processes, run_log_folder
 from channels_app.node_worker.announce import announce_channel
 from channels_app.node_worker.lifecycle import (
     LAUNCH_FAILED,
@@ -192,6 +192,8 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
             extra_env=settings.SLOTSERVE_PROCESS_ENV,
             ports=settings.SLOTSERVE_PROCESS_PORTS,
         )
+        live = {*processes.children(), runtime.run_id}  # a run that still runs keeps its log
+        run_log_folder.prune(log_dir, keep=settings.SLOTSERVE_RUN_LOGS_KEPT, live=live)
         started = processes.start(launch)
     except (OSError, ValueError) as exc:
         # Recorded in a log of its own; the next step sees no process and fails the load with it
