@@ -157,6 +157,7 @@ class RequestLogOutput(serializers.ModelSerializer[RequestLog]):
             "ttft_ms",
             "duration_ms",
             "queued_ms",
+            "decided_ms",
             "prompt_tokens",
             "completion_tokens",
         ]

@@ -118,6 +118,13 @@ class RequestLog(models.Model):
     queued_ms = models.FloatField(
         null=True, blank=True, help_text="Time it waited in the channel's fair queue (empty: no wait)."
     )
+    decided_ms = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="When the gateway decided where it goes and whether it may, after its arrival: it may "
+        "have waited for the gateway's snapshot, for a loading model or for its turn (the access rules "
+        "hold at that moment).",
+    )
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     request_id = models.CharField(

@@ -5,6 +5,7 @@ a real llama-server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import signal
 import subprocess
@@ -133,6 +134,7 @@ class Stream(threading.Thread):
         # Monotonic times of the first data line and of the end (NaN, which no comparison
         # holds, until they come).
         self.first = self.ended = math.nan
+        self.code = ""  # a refusal's error code
         self.start()
 
     def run(self) -> None:
@@ -145,6 +147,8 @@ class Stream(threading.Thread):
             timeout=60,
         ) as answer:
             self.status = answer.status_code
+            if self.status != 200:
+                self.code = json.loads(answer.read())["error"]["code"]
             for line in answer.iter_lines():
                 if line.startswith("data:") and math.isnan(self.first):
                     self.first = time.monotonic()
@@ -279,6 +283,35 @@ def test_the_booker_in_their_slot_is_never_queued(gateway_url, world, standins):
     assert waiting_on(world.channel) == 0
 
 
+def test_a_request_whose_turn_comes_after_someone_elses_slot_began_is_refused(gateway_url, world, standins):
+    """bo waits his turn on channel b while ana's stream holds its one place; ana's booking of
+    the channel begins meanwhile. When the place is freed it is not bo's: the channel is
+    ana's alone now (403 gpu_reserved), however long he had waited."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    busy_channel(world, standins, 1, "--standin-chunks", "120", "--standin-chunk-delay", "25")  # 3 s
+    from channels_app.models import LLMModel
+
+    preset = factories.preset(LLMModel.objects.get(name="slow"), "mine")
+    ChannelRuntime.objects.filter(channel=world.other).update(preset=preset)
+    begins = timezone.now() + timedelta(seconds=2)
+    factories.reservation(
+        owner=world.ana, on=world.other, start=begins, end=begins + timedelta(hours=1), target=preset
+    )
+    snapshot_seen(gateway_url)
+    first = Stream(gateway_url, world.ana_key, "slow")
+    assert eventually(lambda: in_flight(world.other.pk) == 1)
+    waiting = Stream(gateway_url, world.bo_key, "slow")
+    assert eventually(lambda: waiting_on(world.other) == 1)
+    first.join(timeout=30)
+    waiting.join(timeout=30)
+    assert timezone.now() > begins  # the slot began while he waited
+    assert (first.status, waiting.status) == (200, 403)
+    assert waiting.code == "gpu_reserved"
+
+
 def test_two_gateway_processes_share_a_channels_places(gateway_url, world, standins):
     from gateway.serve.proxy import Gateway
 
@@ -339,6 +372,9 @@ def test_the_queue_is_seen_in_metrics_on_the_overview_and_in_the_request_log(gat
     queued = dict(RequestLog.objects.values_list("user__username", "queued_ms"))
     assert queued["ana"] is None  # a free place: no wait
     assert queued["bo"] is not None and queued["bo"] > 300  # it waited for ana's stream (about 1 s)
+    # Each was decided when it went: ana's at once, bo's when his turn came, not at his arrival.
+    ana, bo = (RequestLog.objects.get(user__username=name).decided_ms or 0.0 for name in ("ana", "bo"))
+    assert ana < 100 and bo > queued["bo"] - 10, (ana, bo)  # two clocks: within 10 ms
 
 
 @pytest.mark.django_db

@@ -209,6 +209,35 @@ def test_records_written_before_the_served_model_was_kept_still_flush(ana):
     assert RequestLog.objects.get().served_model == ""
 
 
+def test_records_written_before_decisions_were_timed_still_flush(ana):
+    """An upgrade finds records of 16 fields in Redis: written, with no decision time."""
+    import json
+
+    from slotserve_base.vocabulary import RedisKey, redis_key
+
+    fields = [
+        time.time(),
+        ana.pk,
+        None,
+        None,
+        None,
+        "qwen",
+        "POST",
+        "/v1/x",
+        200,
+        None,
+        1.0,
+        1,
+        2,
+        "qwen",
+        None,
+    ]
+    redis_client().rpush(redis_key(RedisKey.REQUEST_LOG, "all"), json.dumps([*fields, "r-16"]))
+    assert flush_request_log(redis_client()) == 1
+    row = RequestLog.objects.get()
+    assert (row.request_id, row.decided_ms) == ("r-16", None)
+
+
 def test_two_flushes_at_once_write_each_record_once(ana, monkeypatch):
     """After a database outage the flushes that waited for it run together (the scheduler's
     worker runs two at once): each record is still one row (a lab's week under faults found

@@ -72,6 +72,16 @@ def chosen_at_once(snapshot: Snapshot, asked: Asked, now: datetime) -> ChannelVi
     return channel
 
 
+def still_admitted(snapshot: Snapshot, channel: ChannelView, caller: Caller, now: datetime) -> Refusal | None:
+    """Whether a request that waited its turn on ``channel`` may go there at ``now``, when its
+    turn came: the access table holds at the moment a request goes upstream, and someone
+    else's slot may have begun while it waited (docs/gateway.md)."""
+    view = next((c for c in snapshot.channels if c.id == channel.id), None)
+    if view is None:
+        return Refusal(404, ErrorCode.MODEL_NOT_LOADED, f"channel {channel.name} no longer exists")
+    return admit(caller_id=caller.user_id, channel=as_of(view, now), now=now, zone=caller.zone)
+
+
 class Entry:
     """A request's count in (``Counters.enter``): known before the request goes upstream, or
     ``pending`` (the future of its id, None if the gate was shut) while it goes up alongside."""

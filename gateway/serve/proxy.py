@@ -28,7 +28,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from gateway.admit.admission import Entry, Go, going
+from gateway.admit.admission import Entry, Go, going, still_admitted
 from gateway.admit.places import Places, takes_place
 from gateway.admit.refusals import (
     error_body,
@@ -242,7 +242,7 @@ class Gateway:
         held, hold_token, hold_refresh_at = False, uuid.uuid4().hex, 0.0
         try:
             while True:
-                now = timezone.now()
+                now = answer.decide()
                 channel, refusal = await self.choose(snapshot, caller, model, pinned, now)
                 if channel is not None and caller.scoped:
                     # The scope is what the process serves, not what the body names: a pinned
@@ -270,6 +270,10 @@ class Gateway:
                         place, refusal = await wait_turn(self.places, go, caller, request, holding, answer)
                         if place is None and refusal is None:
                             return  # the client left while it waited its turn: nothing went upstream
+                        if place is not None:  # its turn: is the channel still open to it now?
+                            snapshot, now = await self.snapshots.get(), answer.decide()
+                            if refusal := still_admitted(snapshot, go.channel, caller, now):
+                                await self.places.leave(go.channel.id, place, caller.user_id)
                     if refusal is None:
                         request_id, refusal = await self.count_in(go, caller, now, place)
                         if refusal is None:

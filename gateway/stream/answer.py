@@ -4,6 +4,9 @@ request's log record."""
 from __future__ import annotations
 
 import time
+from datetime import datetime
+
+from django.utils import timezone
 
 from gateway.rules.access import ChannelView
 from gateway.rules.body import dumps
@@ -17,7 +20,7 @@ class Answer:
 
     def __init__(self, send: Send | None = None) -> None:
         self._send = send  # None: the gateway's server is written to directly (``gateway.serve.fast_lane``)
-        self.started = time.perf_counter()
+        self.started = self.decided = time.perf_counter()
         self.arrived = time.time()
         self.status: int | None = None
         self.first_byte: float | None = None
@@ -37,6 +40,12 @@ class Answer:
         serves it and the booking it is served in."""
         self.channel_id, self.served = channel.id, channel.model or ""
         self.reservation_id = channel.booking.reservation_id if channel.booking else None
+
+    def decide(self) -> datetime:
+        """The moment the gateway decides where the request goes and whether it may (after a
+        wait for its snapshot, for a loading model or for its turn): the log keeps it."""
+        self.decided = time.perf_counter()
+        return timezone.now()
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -75,5 +84,6 @@ class Answer:
                 self.served,
                 None if self.queued_seconds is None else round(self.queued_seconds * 1000, 2),
                 request_id,
+                round((self.decided - self.started) * 1000, 2),
             ]
         )

@@ -133,6 +133,7 @@ class _Record(NamedTuple):
     served: str
     queued: float | None
     request_id: str
+    decided: float | None
     item: bytes
 
 
@@ -155,6 +156,8 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 fields.append(None)
             if isinstance(fields, list) and len(fields) == 15:  # written before requests had ids
                 fields.append("")
+            if isinstance(fields, list) and len(fields) == 16:  # written before decisions were timed
+                fields.append(None)
             (
                 at,
                 user,
@@ -172,6 +175,7 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 served,
                 queued,
                 request_id,
+                decided,
             ) = fields
             record = _Record(
                 datetime.fromtimestamp(float(at), tz=UTC),
@@ -190,6 +194,7 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 str(served),
                 None if queued is None else float(queued),
                 str(request_id)[:40],
+                None if decided is None else float(decided),
                 item,
             )
             if not all(
@@ -232,6 +237,7 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 served_model=r.served[:200],
                 queued_ms=r.queued,
                 request_id=r.request_id,
+                decided_ms=r.decided,
             ),
             r.item,
         )
