@@ -239,6 +239,22 @@ class RollupMark(models.Model):
 
     last_id = models.BigIntegerField(default=0)
     locked_at = models.DateTimeField(null=True, blank=True)
+    # The backlog: rows written past the mark in a mass (a restore, an import), set aside for the
+    # catch-up task, which folds them in hour order. Those of ``(backlog_from, backlog_to]`` that
+    # arrived at or after ``backlog_hour`` are not folded yet; none, when ``backlog_to`` is 0.
+    backlog_from = models.BigIntegerField(default=0)
+    backlog_to = models.BigIntegerField(default=0)
+    backlog_hour = models.DateTimeField(null=True, blank=True)
+    backlog_until = models.DateTimeField(null=True, blank=True, help_text="Its last row's arrival.")
+    backlog_rows = models.BigIntegerField(default=0)
+    backlog_done = models.BigIntegerField(default=0)
 
     def __str__(self) -> str:
         return f"rolled up to request {self.last_id}"
+
+    @property
+    def catching_up(self) -> float | None:
+        """How far the catch-up has come through the backlog (0 to 1), or None if there is none."""
+        if not self.backlog_to:
+            return None
+        return min(self.backlog_done / max(self.backlog_rows, 1), 0.99)

@@ -144,6 +144,7 @@ class RedisKey(models.TextChoices):
     QUEUE_ALIVE = "queue:alive", "a channel's held requests by when they expire unless looked after"
     QUEUE_STATE = "queue:state", "a channel's fair queue: virtual time, users' tags, waits"
     QUEUE_SERVED = "queue:served", "when requests were taken from a channel's queue (last minute)"
+    USAGE_CATCH_UP = "usage:catchup", "set while the request log's backlog is being caught up (expires)"
 
 
 def redis_key(kind: RedisKey | str, ident: object) -> str:

@@ -338,6 +338,9 @@ SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE = env_int("SLOTSERVE_LIMIT_REQUESTS_PER_MINU
 SLOTSERVE_LIMIT_WEEKLY_TOKENS = env_int("SLOTSERVE_LIMIT_WEEKLY_TOKENS", 0, minimum=0)
 # Days the request log keeps its rows.
 SLOTSERVE_REQUEST_LOG_DAYS = env_int("SLOTSERVE_REQUEST_LOG_DAYS", 90, minimum=1)
+# More request-log rows than this past the roll-ups' mark at once (a restore, an import) are a
+# backlog: folded in the background, in hour order, never inside a page or a flush.
+SLOTSERVE_USAGE_BACKLOG_ROWS = env_int("SLOTSERVE_USAGE_BACKLOG_ROWS", 50_000, minimum=1)
 # Webhooks (docs/webhooks.md). Networks a webhook's URL may point into besides the public
 # internet: none by default, so that no webhook reaches this machine's own Redis, database or
 # inference processes; e.g. "10.20.0.0/16" for a chat server on the lab's network.

@@ -56,7 +56,7 @@ def flush_request_log(client: redis.Redis, *, now: datetime | None = None) -> in
 def _flush(client: redis.Redis, now: datetime | None) -> int:
     from gateway.models import RequestLog
     from gateway.usage.rollups import BATCH as ROLLUP_BATCH
-    from gateway.usage.rollups import fold, lock_mark, roll_up
+    from gateway.usage.rollups import fold, lock_mark, roll_up, set_aside
 
     name = key(RedisKey.REQUEST_LOG, "all")
     written = 0
@@ -72,8 +72,10 @@ def _flush(client: redis.Redis, now: datetime | None) -> int:
                 mark = lock_mark()
                 # A record already written (sent twice, or a batch whose trim failed) is skipped.
                 RequestLog.objects.bulk_create([row for row, _ in rows], ignore_conflicts=True)
-                while fold(mark) == ROLLUP_BATCH:
-                    pass
+                set_aside(mark)  # a restore's mass is the catch-up's, not this flush's
+                for _ in range(max(1, settings.SLOTSERVE_USAGE_BACKLOG_ROWS // ROLLUP_BATCH)):
+                    if fold(mark) < ROLLUP_BATCH:
+                        break
         except (DatabaseError, ValueError) as exc:
             if not _refused_for_its_content(exc):
                 raise  # the database is down or busy: the batch stays for the next flush

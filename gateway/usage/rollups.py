@@ -8,22 +8,33 @@
 ``roll_up`` folds in the log's rows past the mark (``RollupMark``), in the order they were
 written, under a lock the request-log flush holds while it inserts, so each row is folded in
 exactly once. Reports roll up whatever is left before they read: rows written to the table by
-other means (a restore, a test) count too. The roll-ups outlive the rows
-(``SLOTSERVE_REQUEST_LOG_DAYS``): a report of a period whose rows are gone still adds up.
+other means (a test, a few by hand) count too. A mass of them (more than
+``SLOTSERVE_USAGE_BACKLOG_ROWS``: a restore, an import of old logs) is never folded by a flush
+or a report: it is set aside as the *backlog*, which ``catch_up`` (the ``catch_up_usage`` task,
+or ``manage.py catch_up_usage``) folds in hour order, a bounded window a transaction, while
+reports say how far it has come. The roll-ups outlive the rows (``SLOTSERVE_REQUEST_LOG_DAYS``):
+a report of a period whose rows are gone still adds up.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, Max, Min, QuerySet, Sum
 from django.utils import timezone
 
 from gateway.models import RequestHour, RequestLog, RequestMinutes, RollupMark
 from gateway.usage.utilisation import Asked, Minutes
+from slotserve_base import dispatch
+
+log = logging.getLogger(__name__)
 
 BATCH = 20_000
 HOUR = timedelta(hours=1)
@@ -43,35 +54,142 @@ def lock_mark() -> RollupMark:
 
 
 def roll_up(*, batch: int = BATCH) -> int:
-    """Fold the log's rows past the mark into the roll-ups, a batch a transaction; how many."""
+    """Fold the log's rows past the mark into the roll-ups, a batch a transaction; how many. A
+    mass of them is set aside as the backlog instead (``set_aside``), and no call folds more
+    than ``SLOTSERVE_USAGE_BACKLOG_ROWS``: a page or a flush never does unbounded work."""
     done = 0
     while True:
         with transaction.atomic():
-            folded = fold(lock_mark(), batch=batch)
+            mark = lock_mark()
+            set_aside(mark)
+            folded = fold(mark, batch=batch)
         done += folded
-        if folded < batch:
+        if folded < batch or done >= settings.SLOTSERVE_USAGE_BACKLOG_ROWS:
             return done
+
+
+def set_aside(mark: RollupMark) -> bool:
+    """With more than ``SLOTSERVE_USAGE_BACKLOG_ROWS`` rows past ``mark`` (locked by the caller)
+    and no backlog already, make them the backlog and send the catch-up; whether it did."""
+    top = RequestLog.objects.aggregate(top=Max("pk"))["top"] or 0
+    if mark.backlog_to or top - mark.last_id <= settings.SLOTSERVE_USAGE_BACKLOG_ROWS:
+        return False
+    span = RequestLog.objects.filter(pk__gt=mark.last_id, pk__lte=top).aggregate(
+        first=Min("at"), last=Max("at"), n=Count("pk")
+    )
+    if not span["n"]:
+        return False
+    changes = {
+        "backlog_from": mark.last_id,
+        "backlog_to": top,
+        "backlog_hour": span["first"].astimezone(UTC).replace(minute=0, second=0, microsecond=0),
+        "backlog_until": span["last"],
+        "backlog_rows": span["n"],
+        "backlog_done": 0,
+        "last_id": top,
+    }
+    RollupMark.objects.filter(pk=mark.pk).update(**changes)
+    for name, value in changes.items():
+        setattr(mark, name, value)
+    log.info("usage: %d request-log rows set aside to be caught up in the background", span["n"])
+    transaction.on_commit(lambda: dispatch.send_quietly(dispatch.CATCH_UP_USAGE), robust=True)
+    return True
 
 
 def fold(mark: RollupMark, *, batch: int = BATCH) -> int:
     """One batch of rows past ``mark`` (locked by the caller) into the roll-ups; how many."""
-    rows = list(
-        RequestLog.objects.filter(pk__gt=mark.last_id)
-        .order_by("pk")
-        .values_list(
-            "pk",
-            "at",
-            "duration_ms",
-            "user_id",
-            "channel_id",
-            "reservation_id",
-            "prompt_tokens",
-            "completion_tokens",
-            "ttft_ms",
-        )[:batch]
-    )
+    rows = list(_values(RequestLog.objects.filter(pk__gt=mark.last_id).order_by("pk"))[:batch])
     if not rows:
         return 0
+    _fold_rows(rows)
+    RollupMark.objects.filter(pk=mark.pk).update(last_id=rows[-1][0])
+    mark.last_id = rows[-1][0]
+    return len(rows)
+
+
+def catching_up() -> float | None:
+    """How far the backlog is caught up (0 to 1), or None when there is none."""
+    mark = RollupMark.objects.filter(pk=1).first()
+    return None if mark is None else mark.catching_up
+
+
+@dataclass(frozen=True)
+class CaughtUp:
+    done: int  # the backlog's rows folded so far
+    rows: int  # all of them
+    finished: bool  # no backlog is left
+
+
+def catch_up(*, rows: int = BATCH, seconds: float | None = None, windows: int | None = None) -> CaughtUp:
+    """Fold the backlog in hour order: a window of hours holding about ``rows`` rows a
+    transaction (at most twice that, unless one hour holds more), until it is done, ``seconds``
+    have passed or ``windows`` were folded."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    count = 0
+    while True:
+        with transaction.atomic():
+            mark = lock_mark()
+            if mark.backlog_to:
+                _catch_up_window(mark, rows)
+                count += 1
+        if not mark.backlog_to:
+            return CaughtUp(mark.backlog_done, mark.backlog_rows, True)
+        if (deadline is not None and time.monotonic() >= deadline) or (
+            windows is not None and count >= windows
+        ):
+            return CaughtUp(mark.backlog_done, mark.backlog_rows, False)
+
+
+def _catch_up_window(mark: RollupMark, rows: int) -> None:
+    assert mark.backlog_hour is not None and mark.backlog_until is not None
+    begin = mark.backlog_hour
+    hours_left = max((mark.backlog_until - begin) / HOUR, 1.0)
+    # The hours that hold about ``rows`` of the rows left, as they spread over the hours left.
+    width = HOUR * max(1, int(hours_left * rows / max(mark.backlog_rows - mark.backlog_done, 1)))
+    backlog = RequestLog.objects.filter(pk__gt=mark.backlog_from, pk__lte=mark.backlog_to)
+    found = list(
+        _values(backlog.filter(at__gte=begin, at__lt=begin + width).order_by("at", "pk"))[: 2 * rows]
+    )
+    end = begin + width
+    if len(found) == 2 * rows:  # denser than the average: up to the last whole hour read
+        cut = found[-1][1].astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+        if cut > begin:
+            end, found = cut, [row for row in found if row[1] < cut]
+        else:  # a single hour holds more: all of it, whatever it holds
+            end = begin + HOUR
+            found = list(_values(backlog.filter(at__gte=begin, at__lt=end)))
+    if found:
+        _fold_rows(found)
+    if end > mark.backlog_until:  # done: no backlog left
+        changes: dict[str, Any] = {"backlog_from": 0, "backlog_to": 0, "backlog_hour": None}
+        changes |= {"backlog_until": None, "backlog_done": mark.backlog_rows}
+        log.info("usage: the backlog's %d request-log rows are caught up", mark.backlog_rows)
+    else:
+        changes = {"backlog_hour": end, "backlog_done": mark.backlog_done + len(found)}
+    RollupMark.objects.filter(pk=mark.pk).update(**changes)
+    for name, value in changes.items():
+        setattr(mark, name, value)
+
+
+Row = tuple[int, datetime, float, int, int | None, int | None, int, int, float | None]
+
+
+def _values(rows: QuerySet[RequestLog]) -> QuerySet[Any]:
+    return rows.values_list(
+        "pk",
+        "at",
+        "duration_ms",
+        "user_id",
+        "channel_id",
+        "reservation_id",
+        "prompt_tokens",
+        "completion_tokens",
+        "ttft_ms",
+    )
+
+
+def _fold_rows(rows: list[Row]) -> None:
+    """Add ``rows`` to the hourly sums and the touched minutes."""
     hours: dict[tuple[datetime, int, int | None], list[float]] = {}
     touched: dict[
         tuple[int, int | None, int | None], list[int]
@@ -96,9 +214,6 @@ def fold(mark: RollupMark, *, batch: int = BATCH) -> int:
     _fold_hours(hours)
     if touched:
         _fold_minutes(touched)
-    RollupMark.objects.filter(pk=mark.pk).update(last_id=rows[-1][0])
-    mark.last_id = rows[-1][0]
-    return len(rows)
 
 
 def _fold_hours(hours: dict[tuple[datetime, int, int | None], list[float]]) -> None:

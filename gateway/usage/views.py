@@ -31,6 +31,7 @@ from gateway.usage.reports import (
     share_rows,
     usage_rows,
 )
+from gateway.usage.rollups import catching_up
 from gateway.usage.utilisation import SHARES
 from slotserve_base.csv_cells import SafeWriter
 from slotserve_base.iso import iso_moment
@@ -96,7 +97,7 @@ def report(params: Any, viewer: User) -> dict[str, Any]:
     lo, hi, now = asked["lo"], asked["hi"], timezone.now()
     rows = usage_rows(by=asked["by"], lo=lo, hi=hi, now=now, viewer=viewer, touched=touched)
     shares = share_rows(lo=lo, hi=hi, now=now, viewer=viewer, touched=touched) if viewer.is_staff else []
-    return {**asked, "rows": rows, "shares": shares}
+    return {**asked, "rows": rows, "shares": shares, "catching_up": catching_up()}
 
 
 def _svg(chart: Any) -> str:
@@ -203,5 +204,7 @@ class UsageView(APIView):
                 "to": iso_moment(found["hi"]),
                 "rows": found["rows"],
                 "shares": found["shares"],
+                # How far the request log's backlog is counted (0 to 1), or null: all of it is.
+                "catching_up": found["catching_up"],
             }
         )

@@ -21,3 +21,9 @@ def get_item(mapping: Mapping[str, Any], key: str) -> Any:
 def as_json(value: Any) -> str:
     """A value as JSON for a ``data-`` attribute (the template's escaping keeps it intact)."""
     return json.dumps(value, separators=(",", ":"))
+
+
+@register.filter
+def percent(value: float) -> str:
+    """A fraction as a whole percentage: ``0.624|percent`` is "62 %"."""
+    return f"{int(value * 100)} %"
