@@ -2,7 +2,7 @@
 """Benchmark: the portal and REST API of a lab under load, with up to a year of data.
 
     .venv/bin/python bench/portal_load.py [--sizes small,medium] [--requests 20] [--users 20,50]
-        [--seconds 15] [--seed 7]
+        [--seconds 15] [--seed 7] [--log-order random|time]
 
 Needs PostgreSQL (``DATABASE_URL``, default the local server; a database ``slotserve_portal_bench``
 is made afresh for each size) and Redis (``SLOTSERVE_REDIS_URL``, default the local one). For
@@ -13,7 +13,11 @@ each size a deterministic generator fills the database through the ORM (bulk ins
     medium      20        80    300             20,000           300,000
     large       50       200  1,000            100,000         2,000,000
 
-then ``manage.py run --no-node`` (the one-command start's web server and scheduler) serves it,
+The request log is written in no time order, as a restore or an import writes it (``--log-order
+time``: in the order the requests came, as the gateway writes it): a mass of rows that usage counts
+in the background. The benchmark times a usage page while that backlog waits, then catches it up
+with ``manage.py catch_up_usage`` (its time, rows a second and peak memory). Then
+``manage.py run --no-node`` (the one-command start's web server and scheduler) serves it,
 and the benchmark reports for each page and API call, as a signed-in staff member: p50 and p95
 over ``--requests`` calls, and the SQL queries it makes (counted in this process, on the same
 database); the scheduler tick's time and queries; the request log's CSV export in rows per
@@ -65,7 +69,7 @@ PAGES = [
 ]
 
 
-def fill(size: dict[str, int], seed: int) -> dict[str, Any]:
+def fill(size: dict[str, int], seed: int, log_order: str = "random") -> dict[str, Any]:
     """The size's data, the same for the same seed: nodes of four GPUs, a channel per GPU with a
     default, users in ten groups, bookings over the last eleven months and the next one (a tenth
     of the future ones pending), and request-log rows over the last month."""
@@ -165,8 +169,11 @@ def fill(size: dict[str, int], seed: int) -> dict[str, Any]:
             )
     for chunk in range(0, len(bookings), 5000):
         Reservation.objects.bulk_create(bookings[chunk : chunk + 5000])
-    # The log as the gateway writes it: in the order the requests came.
-    moments = sorted(now - timedelta(seconds=rng.randrange(30 * 24 * 3600)) for _ in range(size["log"]))
+    # The log as a restore or an import of old logs writes it: in no time order (``--log-order
+    # time``: as the gateway writes it, in the order the requests came).
+    moments = [now - timedelta(seconds=rng.randrange(30 * 24 * 3600)) for _ in range(size["log"])]
+    if log_order == "time":
+        moments.sort()
     batch: list[RequestLog] = []
     for at in moments:
         batch.append(
@@ -188,11 +195,47 @@ def fill(size: dict[str, int], seed: int) -> dict[str, Any]:
             RequestLog.objects.bulk_create(batch)
             batch = []
     RequestLog.objects.bulk_create(batch)
-    # Written straight to the table, the rows are rolled up here, as the flush would have.
+    # Written straight to the table, the rows are rolled up here, as the flush would have: a
+    # mass of them is set aside as the backlog (caught up in run_size).
     started = time.monotonic()
     rolled = roll_up()
     print(f"   rolled up {rolled:,} request-log rows in {time.monotonic() - started:.1f} s", flush=True)
     return {"staff": staff, "users": users}
+
+
+def catch_up_backlog(page: Any) -> None:
+    """With a backlog set aside: a usage page meanwhile, then ``manage.py catch_up_usage`` in a
+    process of its own (its time and peak memory), then the roll-ups checked against the log."""
+    import resource
+
+    from django.db.models import Sum
+
+    from gateway.models import RequestHour, RequestLog
+    from gateway.usage.rollups import catching_up
+
+    if catching_up() is None:
+        return
+    timings = []
+    for _ in range(3):
+        started = time.perf_counter()
+        answer = page.get("/usage/?by=user&period=week")
+        timings.append((time.perf_counter() - started) * 1000)
+    says = "Usage is being brought up to date" in answer.content.decode()
+    print(f"usage page with the backlog waiting: {statistics.median(timings):.0f} ms, says so: {says}")
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "manage.py", "catch_up_usage"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    seconds = time.monotonic() - started
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    rows = RequestLog.objects.count()
+    counted = RequestHour.objects.aggregate(n=Sum("requests"))["n"] or 0
+    print(
+        f"backlog caught up by manage.py catch_up_usage: {rows:,} rows in {seconds:.0f} s "
+        f"({rows / seconds:,.0f} rows/s), peak memory {peak:.0f} MB; roll-ups count {counted:,} requests"
+        f" ({'all' if counted == rows else 'NOT all'}); {done.stdout.strip().splitlines()[-1]}",
+        flush=True,
+    )
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -215,6 +258,12 @@ def main() -> None:
     parser.add_argument("--users", default="20,50")
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--log-order",
+        choices=("random", "time"),
+        default="random",
+        help="the request log written in no time order (a restore, an import), or as the gateway writes it",
+    )
     options = parser.parse_args()
     base_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
     db = urlsplit(base_url)
@@ -254,13 +303,16 @@ def run_size(name: str, size: dict[str, int], options: argparse.Namespace, base_
         admin.execute(f"CREATE DATABASE {DATABASE}")
     call_command("migrate", verbosity=0)
     started = time.monotonic()
-    made = fill(size, options.seed)
+    made = fill(size, options.seed, options.log_order)
     with connection.cursor() as cursor:  # as autovacuum would have: plans from real statistics
         cursor.execute("ANALYZE")
     print(f"\n== {name}: {size} (filled in {time.monotonic() - started:.0f} s)", flush=True)
     staff = made["staff"]
     page = Client()
     page.force_login(staff)
+    catch_up_backlog(page)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
     cookie = page.cookies["sessionid"].value
 
     # Queries per page, in this process on the same database (a first visit first).

@@ -3,6 +3,7 @@ requests, and the calendar feed."""
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime, time, timedelta
 from typing import Any
 
@@ -12,7 +13,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
-from django.utils.cache import add_never_cache_headers
+from django.utils.cache import add_never_cache_headers, get_conditional_response
 from django.views.decorators.http import require_POST
 from icalendar import Calendar, Event
 
@@ -170,21 +171,33 @@ def calendar_feed(request: HttpRequest, token: str) -> HttpResponse:
         profile = Profile.objects.select_related("user").get(calendar_token=token)
     except Profile.DoesNotExist:
         raise Http404("no such calendar") from None
+    # A window, not every booking ever: from FEED_DAYS_BACK days ago on (calendar programs keep
+    # what they fetched before).
+    since = timezone.now() - timedelta(days=FEED_DAYS_BACK)
+    reservations = list(
+        Reservation.objects.filter(
+            user=profile.user,
+            status__in=[ReservationStatus.PENDING, ReservationStatus.APPROVED, ReservationStatus.ENDED],
+            end__gt=since,
+        ).select_related("channel", "model")
+    )
+    zone = zone_of(profile.user)
+    host = request.get_host()
+    # Calendar programs fetch the feed every few minutes: one whose copy is current (the same
+    # bookings, as shown, in the same zone) is told so (304), and nothing is built.
+    shown = [
+        (r.pk, r.status, r.start, r.end, r.channel.name, r.exclusive, r.model.name if r.model else "", r.note)
+        for r in reservations
+    ]
+    etag = '"' + hashlib.sha256(repr((shown, str(zone), host)).encode()).hexdigest()[:32] + '"'
+    unchanged = get_conditional_response(request, etag=etag)
+    if unchanged is not None:
+        return unchanged
     calendar = Calendar()
     calendar.add("prodid", "-//SlotServe//reservations//EN")
     calendar.add("version", "2.0")
     calendar.add("x-wr-calname", "SlotServe reservations")
-    # A window, not every booking ever: from FEED_DAYS_BACK days ago on (calendar programs keep
-    # what they fetched before).
-    since = timezone.now() - timedelta(days=FEED_DAYS_BACK)
-    reservations = Reservation.objects.filter(
-        user=profile.user,
-        status__in=[ReservationStatus.PENDING, ReservationStatus.APPROVED, ReservationStatus.ENDED],
-        end__gt=since,
-    ).select_related("channel", "model", "preset")
-    zone = zone_of(profile.user)
     calendar.add("x-wr-timezone", str(zone))
-    host = request.get_host()
     for r in reservations:
         event = Event()
         what = "whole card" if r.exclusive else (r.model.name if r.model else "")
@@ -198,4 +211,6 @@ def calendar_feed(request: HttpRequest, token: str) -> HttpResponse:
             event.add("description", r.note)
         calendar.add_component(event)
     calendar.add_missing_timezones()
-    return HttpResponse(calendar.to_ical(), content_type="text/calendar; charset=utf-8")
+    answer = HttpResponse(calendar.to_ical(), content_type="text/calendar; charset=utf-8")
+    answer["ETag"] = etag
+    return answer

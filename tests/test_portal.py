@@ -305,6 +305,22 @@ def test_calendar_feed(world, ana, bo):
     )
 
 
+def test_a_calendar_program_that_fetches_again_gets_304_until_a_booking_changes(world, ana):
+    from reservations.models import Reservation
+
+    token = profile_for(ana).calendar_token
+    first = Client().get(f"/calendar/{token}.ics")
+    assert first.status_code == 200 and first["ETag"]
+    again = Client().get(f"/calendar/{token}.ics", HTTP_IF_NONE_MATCH=first["ETag"])
+    assert again.status_code == 304 and again.content == b""
+    booking = Reservation.objects.filter(user=ana).first()
+    assert booking is not None
+    Reservation.objects.filter(pk=booking.pk).update(note="bring the eval set")
+    changed = Client().get(f"/calendar/{token}.ics", HTTP_IF_NONE_MATCH=first["ETag"])
+    assert changed.status_code == 200 and changed["ETag"] != first["ETag"]
+    assert "bring the eval set" in changed.content.decode()
+
+
 def test_openapi_schema_and_docs(db, ana):
     schema = client_for(ana).get("/api/schema/")
     assert schema.status_code == 200
