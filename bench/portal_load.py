@@ -2,7 +2,7 @@
 """Benchmark: the portal and REST API of a lab under load, with up to a year of data.
 
     .venv/bin/python bench/portal_load.py [--sizes small,medium] [--requests 20] [--users 20,50]
-        [--seconds 15] [--seed 7] [--log-order random|time]
+        [--seconds 15] [--seed 7] [--log-order random|time] [--think 2,5] [--web-processes N] [--reuse]
 
 Needs PostgreSQL (``DATABASE_URL``, default the local server; a database ``slotserve_portal_bench``
 is made afresh for each size) and Redis (``SLOTSERVE_REDIS_URL``, default the local one). For
@@ -44,6 +44,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from django.core.exceptions import ObjectDoesNotExist
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -264,6 +266,15 @@ def main() -> None:
         default="random",
         help="the request log written in no time order (a restore, an import), or as the gateway writes it",
     )
+    parser.add_argument(
+        "--think", default="2,5", help="seconds a browsing colleague waits between pages: MIN,MAX (0,0: none)"
+    )
+    parser.add_argument(
+        "--web-processes", type=int, default=0, help="SLOTSERVE_WEB_PROCESSES for the server (0: its default)"
+    )
+    parser.add_argument(
+        "--reuse", action="store_true", help="keep the database the last run filled at that size"
+    )
     options = parser.parse_args()
     base_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
     db = urlsplit(base_url)
@@ -287,6 +298,21 @@ def main() -> None:
         run_size(name, SIZES[name], options, base_url, work)
 
 
+def filled(size: dict[str, int], options: argparse.Namespace) -> Any:
+    """With ``--reuse``: the staff member of a database the last run filled at this size, or None."""
+    from django.contrib.auth import get_user_model
+    from django.db import DatabaseError
+
+    from gateway.models import RequestLog
+
+    try:
+        if RequestLog.objects.count() != size["log"]:
+            return None
+        return get_user_model().objects.get(username="bench-staff")
+    except (DatabaseError, LookupError, ObjectDoesNotExist):
+        return None
+
+
 def run_size(name: str, size: dict[str, int], options: argparse.Namespace, base_url: str, work: Path) -> None:
     import httpx
     import psycopg
@@ -298,16 +324,17 @@ def run_size(name: str, size: dict[str, int], options: argparse.Namespace, base_
     connections.close_all()
     if hasattr(connection, "close_pool"):  # pooled connections stay open until the pool closes
         connection.close_pool()
-    with psycopg.connect(base_url, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {DATABASE}")
-    call_command("migrate", verbosity=0)
     started = time.monotonic()
-    made = fill(size, options.seed, options.log_order)
+    staff = filled(size, options) if options.reuse else None
+    if staff is None:
+        with psycopg.connect(base_url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+            admin.execute(f"CREATE DATABASE {DATABASE}")
+        call_command("migrate", verbosity=0)
+        staff = fill(size, options.seed, options.log_order)["staff"]
     with connection.cursor() as cursor:  # as autovacuum would have: plans from real statistics
         cursor.execute("ANALYZE")
     print(f"\n== {name}: {size} (filled in {time.monotonic() - started:.0f} s)", flush=True)
-    staff = made["staff"]
     page = Client()
     page.force_login(staff)
     catch_up_backlog(page)
@@ -336,6 +363,8 @@ def run_size(name: str, size: dict[str, int], options: argparse.Namespace, base_
     port = free_port()
     log = (work / f"run-{name}.log").open("w")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if options.web_processes:
+        env["SLOTSERVE_WEB_PROCESSES"] = str(options.web_processes)
     server = subprocess.Popen(
         [sys.executable, "manage.py", "run", "--no-node", "--port", str(port)],
         cwd=ROOT,
@@ -380,8 +409,10 @@ def run_size(name: str, size: dict[str, int], options: argparse.Namespace, base_
             f"CSV export: {rows - 1} rows in {spent:.1f} s ({(rows - 1) / spent:,.0f} rows/s), "
             f"first byte {first_byte or 0:.2f} s"
         )
+        low, high = (float(t) for t in options.think.split(","))
+        think = (low, high)
         for users in (int(u) for u in options.users.split(",")):
-            concurrent(base, cookie, users, options.seconds, base_url)
+            concurrent(base, cookie, users, options.seconds, base_url, think)
         rss = _rss_mb(server.pid)
         print(f"web and scheduler processes' resident memory: {rss}")
     finally:
@@ -389,7 +420,9 @@ def run_size(name: str, size: dict[str, int], options: argparse.Namespace, base_
         server.wait(timeout=60)
 
 
-def concurrent(base: str, cookie: str, users: int, seconds: float, base_url: str) -> None:
+def concurrent(
+    base: str, cookie: str, users: int, seconds: float, base_url: str, think: tuple[float, float]
+) -> None:
     import httpx
     import psycopg
 
@@ -409,6 +442,7 @@ def concurrent(base: str, cookie: str, users: int, seconds: float, base_url: str
                 time.sleep(0.1)
 
     def colleague(n: int) -> None:
+        pace = random.Random(n)
         with httpx.Client(base_url=base, cookies={"sessionid": cookie}, timeout=60) as client:
             i = n
             while time.monotonic() < stop:
@@ -420,6 +454,10 @@ def concurrent(base: str, cookie: str, users: int, seconds: float, base_url: str
                 except httpx.HTTPError:
                     statuses[0] += 1
                 times.append((time.perf_counter() - begun) * 1000)
+                if think[1] > 0:  # a person reads the page before the next click
+                    time.sleep(pace.uniform(*think))
+                if think[1] > 0:  # a person reads the page before the next click
+                    time.sleep(pace.uniform(*think))
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -434,7 +472,8 @@ def concurrent(base: str, cookie: str, users: int, seconds: float, base_url: str
     spent = time.monotonic() - started
     errors = sum(n for code, n in statuses.items() if code != 200)
     print(
-        f"{users} users at once: {len(times) / spent:.1f} requests/s, p50 {statistics.median(times):.0f} ms, "
+        f"{users} users at once ({think[0]:g}-{think[1]:g} s between pages): "
+        f"{len(times) / spent:.1f} requests/s, p50 {statistics.median(times):.0f} ms, "
         f"p95 {percentile(times, 0.95):.0f} ms, errors {errors} of {len(times)} {dict(statuses)}, "
         f"PostgreSQL connections at the peak {peak[0]}"
     )

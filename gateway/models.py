@@ -199,6 +199,41 @@ class RequestHour(models.Model):
         return f"{self.hour:%Y-%m-%d %H}:00 user {self.user_id} channel {self.channel_id}: {self.requests}"
 
 
+class RequestDay(models.Model):
+    """The request log summed per day (UTC) and user, and per day and channel
+    (``gateway.usage.rollups``): what usage reads for whole days, a week's report a few thousand
+    rows whatever the lab's size. Kept past the log's own rows."""
+
+    PER = [("user", "user"), ("channel", "channel")]
+
+    day = models.DateField(help_text="The day (UTC).")
+    per = models.CharField(max_length=8, choices=PER, help_text="Summed per user or per channel.")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    channel = models.ForeignKey(
+        "channels_app.Channel", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    requests = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    ttft_ms_sum = models.FloatField(default=0.0)
+    ttft_count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["day", "per", "user", "channel"], name="requestday_once"),
+            models.CheckConstraint(
+                condition=Q(per="user", user__isnull=False, channel__isnull=True)
+                | Q(per="channel", user__isnull=True),
+                name="requestday_per_user_or_channel",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.per} {self.user_id or self.channel_id}: {self.requests}"
+
+
 class RequestMinutes(models.Model):
     """The minutes of one hour that a channel's requests touched, as bits (bit i: minute i of
     the hour), per booking (and one row for the requests outside bookings): what usage reads to

@@ -356,6 +356,10 @@ SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS = env_float("SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS
 SLOTSERVE_WEBHOOK_LOG_DAYS = env_int("SLOTSERVE_WEBHOOK_LOG_DAYS", 30, minimum=1)
 # Browser origins that may call the gateway (CORS): comma-separated, "*" for any; none by default.
 SLOTSERVE_CORS_ORIGINS = env_list("SLOTSERVE_CORS_ORIGINS", [])
+# Web processes `manage.py run` starts (pages, API and gateway; each with its own snapshot, all
+# sharing Redis). 0: one per CPU core, at most 4, on PostgreSQL; one on SQLite (one writer at a
+# time). bench/portal_load.py measured what more give (docs/benchmarks.md).
+SLOTSERVE_WEB_PROCESSES = env_int("SLOTSERVE_WEB_PROCESSES", 0, minimum=0)
 # Connections and requests the web server takes at once (`manage.py run`); past it, a 503.
 SLOTSERVE_GATEWAY_MAX_CONNECTIONS = env_int("SLOTSERVE_GATEWAY_MAX_CONNECTIONS", 2000, minimum=10)
 # Requests one user may have held at once (X-SlotServe-Wait), all gateway processes together;

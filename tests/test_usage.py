@@ -285,6 +285,73 @@ def test_the_report_reads_roll_ups_kept_as_the_log_is_written_and_counts_each_ro
     assert ana_row() == bridged
 
 
+@pytest.mark.django_db
+def test_a_weeks_report_reads_whole_days_from_the_daily_roll_ups(staff, ana, bo):
+    """A week reads seven rows per user (or channel) from the daily roll-ups, not every hour's:
+    with the hours of its whole days gone, the report is the same; the days per channel hold
+    what the hours held."""
+    from django.db.models import Sum
+
+    from gateway.models import RequestDay, RequestHour
+    from gateway.usage.reports import usage_rows
+
+    channel = factories.channel("k")
+    lo = T0.replace(hour=0)
+    hi = lo + timedelta(days=7)
+    RequestLog.objects.bulk_create(
+        [
+            _logged(lo + timedelta(hours=h, minutes=7), user=ana if h % 3 else bo, channel=channel, tokens=h)
+            for h in range(0, 7 * 24, 5)
+        ]
+    )
+
+    def rows(by: str) -> list[dict[str, Any]]:
+        return usage_rows(by=by, lo=lo, hi=hi, now=hi, viewer=staff)
+
+    before = (rows("user"), rows("channel"))
+    assert sum(r["requests"] for r in before[0]) == len(range(0, 7 * 24, 5))
+    per_channel = RequestDay.objects.filter(per="channel").aggregate(
+        n=Sum("requests"), p=Sum("prompt_tokens")
+    )
+    per_hour = RequestHour.objects.aggregate(n=Sum("requests"), p=Sum("prompt_tokens"))
+    assert per_channel == per_hour
+    RequestHour.objects.all().delete()
+    assert (rows("user"), rows("channel")) == before
+
+
+def test_the_daily_roll_ups_are_made_from_an_installations_hourly_ones(db, ana):
+    """The migration that brings the daily roll-ups sums the hours already rolled up."""
+    import importlib
+
+    from django.apps import apps
+
+    from gateway.models import RequestDay, RequestHour
+
+    made = importlib.import_module("gateway.migrations.0012_request_day")
+    channel = factories.channel("k")
+    for h in (1, 2, 25):
+        RequestHour.objects.create(
+            hour=T0.replace(hour=0) + timedelta(hours=h),
+            user=ana,
+            channel=channel,
+            requests=h,
+            prompt_tokens=10,
+        )
+    made.from_the_hours(apps, None)
+    days = sorted(
+        RequestDay.objects.values_list("day", "per", "user_id", "channel_id", "requests", "prompt_tokens")
+    )
+    first, second = T0.date(), T0.date() + timedelta(days=1)
+    assert days == sorted(
+        [
+            (first, "user", ana.pk, None, 3, 20),
+            (first, "channel", None, channel.pk, 3, 20),
+            (second, "user", ana.pk, None, 25, 10),
+            (second, "channel", None, channel.pk, 25, 10),
+        ]
+    )
+
+
 def _fields(row: RequestLog) -> dict[str, Any]:
     return {f.attname: getattr(row, f.attname) for f in RequestLog._meta.concrete_fields if f.attname != "id"}
 

@@ -15,7 +15,8 @@ from django.contrib.auth.models import Group, User
 
 from channels_app.models import Channel, LoadRecord
 from gateway.models import RequestLog
-from gateway.usage.rollups import asked_within, minutes_within, roll_up
+from gateway.usage.rollups import roll_up
+from gateway.usage.summed import asked_within, minutes_within
 from gateway.usage.utilisation import Asked, Minutes, Span, minutes, shares_of, totals_of, union
 from reservations.models import Reservation, ReservationStatus
 

@@ -1,6 +1,7 @@
 """Roll-ups of the request log, kept as it is written: what usage reads instead of every request.
 
 ``RequestHour``  per hour, user and channel: the requests, their tokens and times to first token.
+``RequestDay``   the same per day (UTC) and user, and per day and channel: what a week reads.
 ``RequestMinutes`` per hour, channel and booking: the minutes the requests touched, as bits
                  (``gateway.usage.utilisation`` counts minutes). A booking's carry its booker; those
                  outside bookings carry nobody.
@@ -20,18 +21,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Max, Min, QuerySet, Sum
+from django.db.models import Count, Max, Min, Q, QuerySet
 from django.utils import timezone
 
-from gateway.models import RequestHour, RequestLog, RequestMinutes, RollupMark
-from gateway.usage.utilisation import Asked, Minutes
+from gateway.models import RequestDay, RequestHour, RequestLog, RequestMinutes, RollupMark
 from slotserve_base import dispatch
 
 log = logging.getLogger(__name__)
@@ -212,6 +211,7 @@ def _fold_rows(rows: list[Row]) -> None:
                 found = touched.setdefault((hour, channel, booking), [0, user if booking else 0])
                 found[0] |= ((1 << (b - a)) - 1) << a
     _fold_hours(hours)
+    _fold_days(hours)
     if touched:
         _fold_minutes(touched)
 
@@ -253,6 +253,52 @@ def _fold_hours(hours: dict[tuple[datetime, int, int | None], list[float]]) -> N
     RequestHour.objects.bulk_create(new, batch_size=2000)
 
 
+def _fold_days(hours: dict[tuple[datetime, int, int | None], list[float]]) -> None:
+    """The hours' sums added to their day's, per user and per channel."""
+    days: dict[tuple[date, str, int | None], list[float]] = {}
+    for (hour, user, channel), sums in hours.items():
+        for per, key in (("user", user), ("channel", channel)):
+            into = days.setdefault((hour.date(), per, key), [0, 0, 0, 0.0, 0])
+            for i, value in enumerate(sums):
+                into[i] += value
+    users = {key for (_, per, key) in days if per == "user"}
+    channels = {key for (_, per, key) in days if per == "channel" and key is not None}
+    first, last = min(d for d, _, _ in days), max(d for d, _, _ in days)
+    stored: dict[tuple[date, str, int | None], RequestDay] = {}
+    for row in RequestDay.objects.filter(day__gte=first, day__lte=last).filter(
+        Q(per="user", user_id__in=users)
+        | Q(per="channel", channel_id__in=channels)
+        | Q(per="channel", channel__isnull=True)
+    ):
+        stored[row.day, row.per, row.user_id if row.per == "user" else row.channel_id] = row
+    changed: list[RequestDay] = []
+    new: list[RequestDay] = []
+    for (day, per, key), (n, prompt, completion, ttft_sum, ttft_n) in days.items():
+        found = stored.get((day, per, key))
+        if found is None:
+            found = RequestDay(
+                day=day,
+                per=per,
+                user_id=key if per == "user" else None,
+                channel_id=key if per == "channel" else None,
+            )
+            new.append(found)
+        else:
+            changed.append(found)
+        row = found
+        row.requests += int(n)
+        row.prompt_tokens += int(prompt)
+        row.completion_tokens += int(completion)
+        row.ttft_ms_sum += ttft_sum
+        row.ttft_count += int(ttft_n)
+    RequestDay.objects.bulk_update(
+        changed,
+        ["requests", "prompt_tokens", "completion_tokens", "ttft_ms_sum", "ttft_count"],
+        batch_size=2000,
+    )
+    RequestDay.objects.bulk_create(new, batch_size=2000)
+
+
 def _fold_minutes(touched: dict[tuple[int, int | None, int | None], list[int]]) -> None:
     """The new minutes or-ed into the stored ones of their hour, channel and booking."""
     first, last = min(h for h, _, _ in touched), max(h for h, _, _ in touched)
@@ -278,74 +324,3 @@ def _fold_minutes(touched: dict[tuple[int, int | None, int | None], list[int]]) 
             changed.append(row)
     RequestMinutes.objects.bulk_update(changed, ["minutes"], batch_size=2000)
     RequestMinutes.objects.bulk_create(new, batch_size=2000)
-
-
-def minutes_within(
-    lo: datetime, hi: datetime
-) -> dict[tuple[int | None, int | None], tuple[int | None, Minutes]]:
-    """The minutes of ``[lo, hi)`` the requests touched, per channel and booking: the booker (for
-    a booking's) and the minutes, as ``gateway.usage.utilisation`` counts them (bit i: the i-th minute
-    from ``lo``'s)."""
-    base = int(lo.timestamp() // 60)
-    period = (1 << (int(-(-hi.timestamp() // 60)) - base)) - 1
-    found: dict[tuple[int | None, int | None], tuple[int | None, Minutes]] = {}
-    rows = RequestMinutes.objects.filter(
-        hour__gte=int(lo.timestamp() // 3600), hour__lt=int(-(-hi.timestamp() // 3600))
-    ).values_list("channel_id", "reservation_id", "user_id", "hour", "minutes")
-    for channel, booking, user, hour, bits in rows:
-        shift = hour * 60 - base
-        placed = (bits << shift if shift >= 0 else bits >> -shift) & period
-        if placed:
-            _, before = found.get((channel, booking), (user, 0))
-            found[channel, booking] = (user, before | placed)
-    return found
-
-
-def _hour_after(moment: datetime) -> datetime:
-    """The first whole hour (UTC) at or after ``moment``."""
-    floor = moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
-    return floor if floor == moment else floor + HOUR
-
-
-# What a sum of requests is made of, in the roll-ups and in the log itself.
-_HOURS_SUMS = {
-    "n": Sum("requests"),
-    "prompt": Sum("prompt_tokens"),
-    "completion": Sum("completion_tokens"),
-    "ttft": Sum("ttft_ms_sum"),
-    "ttft_n": Sum("ttft_count"),
-}
-_LOG_SUMS = {
-    "n": Count("pk"),
-    "prompt": Sum("prompt_tokens"),
-    "completion": Sum("completion_tokens"),
-    "ttft": Sum("ttft_ms"),
-    "ttft_n": Count("ttft_ms"),
-}
-
-
-def asked_within(lo: datetime, hi: datetime, per: str) -> dict[int | None, Asked]:
-    """What the requests of ``[lo, hi)`` asked, per ``user_id`` or ``channel_id``: the whole
-    hours from the roll-ups, the parts of an hour at either end (a zone whose midnight is not on
-    the hour) from the log itself."""
-    inner_lo = min(_hour_after(lo), hi)
-    inner_hi = max(hi.astimezone(UTC).replace(minute=0, second=0, microsecond=0), inner_lo)
-    parts: list[QuerySet[Any]] = [
-        RequestHour.objects.filter(hour__gte=inner_lo, hour__lt=inner_hi).values(per).annotate(**_HOURS_SUMS)
-    ]
-    parts += [
-        RequestLog.objects.filter(at__gte=a, at__lt=b).values(per).annotate(**_LOG_SUMS)
-        for a, b in ((lo, inner_lo), (inner_hi, hi))
-        if a < b
-    ]
-    found: dict[int | None, Asked] = defaultdict(Asked)
-    for part in parts:
-        for row in part.order_by():
-            found[row[per]] += Asked(
-                row["n"] or 0,
-                row["prompt"] or 0,
-                row["completion"] or 0,
-                row["ttft"] or 0.0,
-                row["ttft_n"] or 0,
-            )
-    return found

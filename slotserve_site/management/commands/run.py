@@ -265,7 +265,19 @@ def web_command(host: str, port: int) -> list[str]:
         str(settings.SLOTSERVE_GATEWAY_MAX_CONNECTIONS),
         "--http",
         "gateway.serve.server:GatewayHttp",
+        "--workers",
+        str(web_processes()),
     ]
+
+
+def web_processes() -> int:
+    """``SLOTSERVE_WEB_PROCESSES``, or by default one per CPU core, at most 4, on PostgreSQL and
+    one on SQLite (which takes one writer at a time)."""
+    if settings.SLOTSERVE_WEB_PROCESSES:
+        return int(settings.SLOTSERVE_WEB_PROCESSES)
+    if settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+        return 1
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 def celery_worker(name: str, *options: str) -> list[str]:
