@@ -305,7 +305,12 @@ def filled(size: dict[str, int], options: argparse.Namespace) -> Any:
 
     from gateway.models import RequestLog
 
+    from django.core.management import call_command
+
     try:
+        started = time.monotonic()
+        call_command("migrate", verbosity=0)  # what changed since that run, as an upgrade does
+        print(f"   migrated the kept database in {time.monotonic() - started:.1f} s", flush=True)
         if RequestLog.objects.count() != size["log"]:
             return None
         return get_user_model().objects.get(username="bench-staff")
