@@ -301,11 +301,10 @@ def main() -> None:
 def filled(size: dict[str, int], options: argparse.Namespace) -> Any:
     """With ``--reuse``: the staff member of a database the last run filled at this size, or None."""
     from django.contrib.auth import get_user_model
+    from django.core.management import call_command
     from django.db import DatabaseError
 
     from gateway.models import RequestLog
-
-    from django.core.management import call_command
 
     try:
         started = time.monotonic()
