@@ -493,6 +493,13 @@ class World:
             self.keys[person.username] = api_key_create(user=person, name="chaos", models=scoped)[1]
 
 
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def make_webhooks(lab: Lab, world: World, base: str, seed: int) -> None:
     """Staff's webhooks of every event to the fast and the slow receiver, and one person's of
     their own bookings to the flaky one, made through the REST API."""
@@ -1355,6 +1362,11 @@ def main() -> int:
         keeper = threading.Thread(target=machines.keep_nodes_running, daemon=True)
         keeper.start()
         world = World(args, work)
+        up_by = time.monotonic() + 90
+        while not _answers(machines.base + "/health"):  # its web processes are started
+            if time.monotonic() > up_by:
+                raise SystemExit("chaos_week: the control host's web server did not answer within 90 s")
+            time.sleep(0.3)
         make_webhooks(lab, world, machines.base, args.seed)
         from django.utils import timezone
 

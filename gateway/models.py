@@ -269,6 +269,36 @@ class RequestMinutes(models.Model):
         return f"hour {self.hour} channel {self.channel_id} booking {self.reservation_id}"
 
 
+class RequestMinutesDay(models.Model):
+    """``RequestMinutes`` for a whole day (UTC): bit i of ``minutes`` (little-endian bytes) is
+    minute i of the day. What a week's report reads: a row per channel and day, and per booking."""
+
+    day = models.DateField(help_text="The day (UTC).")
+    channel = models.ForeignKey(
+        "channels_app.Channel", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reservation = models.ForeignKey(
+        "reservations.Reservation", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="The booker, for a booking's minutes.",
+    )
+    minutes = models.BinaryField(max_length=180, help_text="1,440 bits, little-endian: the day's minutes.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["day", "channel", "reservation"], name="requestminutesday_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} channel {self.channel_id} booking {self.reservation_id}"
+
+
 class RollupMark(models.Model):
     """How far the roll-ups have read the request log (one row), locked while they are written."""
 

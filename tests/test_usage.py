@@ -287,36 +287,50 @@ def test_the_report_reads_roll_ups_kept_as_the_log_is_written_and_counts_each_ro
 
 @pytest.mark.django_db
 def test_a_weeks_report_reads_whole_days_from_the_daily_roll_ups(staff, ana, bo):
-    """A week reads seven rows per user (or channel) from the daily roll-ups, not every hour's:
-    with the hours of its whole days gone, the report is the same; the days per channel hold
-    what the hours held."""
+    """A week reads seven rows per user (or channel) from the daily roll-ups, not every hour's,
+    and the minutes a day at a time: with the hourly roll-ups gone, the report is the same; the
+    days per channel hold what the hours held."""
     from django.db.models import Sum
 
-    from gateway.models import RequestDay, RequestHour
-    from gateway.usage.reports import usage_rows
+    from gateway.models import RequestDay, RequestHour, RequestMinutes
+    from gateway.usage.reports import share_rows, usage_rows
 
     channel = factories.channel("k")
     lo = T0.replace(hour=0)
     hi = lo + timedelta(days=7)
-    RequestLog.objects.bulk_create(
-        [
-            _logged(lo + timedelta(hours=h, minutes=7), user=ana if h % 3 else bo, channel=channel, tokens=h)
-            for h in range(0, 7 * 24, 5)
-        ]
+    booking = factories.reservation(
+        owner=ana, on=channel, start=lo + timedelta(hours=20), end=lo + timedelta(days=3)
     )
+    logged = []
+    for h in range(0, 7 * 24, 5):
+        at = lo + timedelta(hours=h, minutes=7 + h % 50)
+        mine = h % 3 != 0
+        held = booking if mine and booking.start <= at < booking.end else None
+        logged.append(
+            _logged(
+                at, user=ana if mine else bo, channel=channel, booking=held, tokens=h, seconds=h * 37 % 700
+            )
+        )
+    RequestLog.objects.bulk_create(logged)
 
-    def rows(by: str) -> list[dict[str, Any]]:
-        return usage_rows(by=by, lo=lo, hi=hi, now=hi, viewer=staff)
+    def report() -> tuple[Any, ...]:
+        return (
+            usage_rows(by="user", lo=lo, hi=hi, now=hi, viewer=staff),
+            usage_rows(by="channel", lo=lo, hi=hi, now=hi, viewer=staff),
+            share_rows(lo=lo, hi=hi, now=hi, viewer=staff),
+        )
 
-    before = (rows("user"), rows("channel"))
-    assert sum(r["requests"] for r in before[0]) == len(range(0, 7 * 24, 5))
+    before = report()
+    assert sum(r["requests"] for r in before[0]) == len(logged)
+    assert next(r for r in before[0] if r["id"] == ana.pk)["used_hours"] > 0
     per_channel = RequestDay.objects.filter(per="channel").aggregate(
         n=Sum("requests"), p=Sum("prompt_tokens")
     )
     per_hour = RequestHour.objects.aggregate(n=Sum("requests"), p=Sum("prompt_tokens"))
     assert per_channel == per_hour
     RequestHour.objects.all().delete()
-    assert (rows("user"), rows("channel")) == before
+    RequestMinutes.objects.all().delete()
+    assert report() == before
 
 
 def test_the_daily_roll_ups_are_made_from_an_installations_hourly_ones(db, ana):
@@ -325,7 +339,7 @@ def test_the_daily_roll_ups_are_made_from_an_installations_hourly_ones(db, ana):
 
     from django.apps import apps
 
-    from gateway.models import RequestDay, RequestHour
+    from gateway.models import RequestDay, RequestHour, RequestMinutes, RequestMinutesDay
 
     made = importlib.import_module("gateway.migrations.0012_request_day")
     channel = factories.channel("k")
@@ -338,6 +352,13 @@ def test_the_daily_roll_ups_are_made_from_an_installations_hourly_ones(db, ana):
             prompt_tokens=10,
         )
     made.from_the_hours(apps, None)
+    minutes = importlib.import_module("gateway.migrations.0013_request_minutes_day")
+    RequestMinutes.objects.create(hour=int(T0.timestamp() // 3600), channel=channel, minutes=0b110)
+    RequestMinutes.objects.create(hour=int(T0.timestamp() // 3600) + 1, channel=channel, minutes=0b1)
+    minutes.from_the_hours(apps, None)
+    [(day, bits)] = RequestMinutesDay.objects.values_list("day", "minutes")
+    shift = T0.hour * 60
+    assert day == T0.date() and int.from_bytes(bits, "little") == (0b110 << shift) | (1 << (shift + 60))
     days = sorted(
         RequestDay.objects.values_list("day", "per", "user_id", "channel_id", "requests", "prompt_tokens")
     )

@@ -16,7 +16,14 @@ from django.db.models import Sum
 from django.test import Client
 from rest_framework.test import APIClient
 
-from gateway.models import RequestHour, RequestLog, RequestMinutes, RollupMark
+from gateway.models import (
+    RequestDay,
+    RequestHour,
+    RequestLog,
+    RequestMinutes,
+    RequestMinutesDay,
+    RollupMark,
+)
 from gateway.usage import rollups
 from slotserve_base import dispatch
 from tests import factories
@@ -59,24 +66,36 @@ def sent(monkeypatch):
     return names
 
 
-def rolled_up() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+def rolled_up() -> tuple[list[tuple[Any, ...]], ...]:
     hours = sorted(
         RequestHour.objects.values_list(
             "hour", "user_id", "channel_id", "requests", "prompt_tokens", "completion_tokens", "ttft_count"
         )
     )
+    days = sorted(
+        RequestDay.objects.values_list("day", "per", "user_id", "channel_id", "requests", "prompt_tokens"),
+        key=repr,
+    )
     minutes = sorted(
         RequestMinutes.objects.values_list("hour", "channel_id", "reservation_id", "user_id", "minutes"),
         key=repr,
     )
-    return hours, minutes
+    minute_days = sorted(
+        (
+            (day, channel, booking, user, bytes(bits))
+            for day, channel, booking, user, bits in RequestMinutesDay.objects.values_list(
+                "day", "channel_id", "reservation_id", "user_id", "minutes"
+            )
+        ),
+        key=repr,
+    )
+    return hours, days, minutes, minute_days
 
 
-def folded_in_one_go(settings) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+def folded_in_one_go(settings) -> tuple[list[tuple[Any, ...]], ...]:
     """What the roll-ups hold when every row is folded in the order it was written, no backlog."""
-    RequestHour.objects.all().delete()
-    RequestMinutes.objects.all().delete()
-    RollupMark.objects.all().delete()
+    for model in (RequestHour, RequestDay, RequestMinutes, RequestMinutesDay, RollupMark):
+        model.objects.all().delete()
     settings.SLOTSERVE_USAGE_BACKLOG_ROWS = 10**9
     rollups.roll_up()
     return rolled_up()

@@ -30,7 +30,14 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Max, Min, Q, QuerySet
 from django.utils import timezone
 
-from gateway.models import RequestDay, RequestHour, RequestLog, RequestMinutes, RollupMark
+from gateway.models import (
+    RequestDay,
+    RequestHour,
+    RequestLog,
+    RequestMinutes,
+    RequestMinutesDay,
+    RollupMark,
+)
 from slotserve_base import dispatch
 
 log = logging.getLogger(__name__)
@@ -324,3 +331,43 @@ def _fold_minutes(touched: dict[tuple[int, int | None, int | None], list[int]]) 
             changed.append(row)
     RequestMinutes.objects.bulk_update(changed, ["minutes"], batch_size=2000)
     RequestMinutes.objects.bulk_create(new, batch_size=2000)
+    _fold_minute_days(touched)
+
+
+DAY_BYTES = 180  # 1,440 minutes
+
+
+def _fold_minute_days(touched: dict[tuple[int, int | None, int | None], list[int]]) -> None:
+    """The new minutes or-ed into their day's, per channel and booking (``RequestMinutesDay``)."""
+    days: dict[tuple[date, int | None, int | None], list[int]] = {}
+    for (hour, channel, booking), (bits, booker) in touched.items():
+        day = datetime.fromtimestamp(hour // 24 * 86400, tz=UTC).date()
+        into = days.setdefault((day, channel, booking), [0, booker])
+        into[0] |= bits << (hour % 24 * 60)
+    stored = {
+        (row.day, row.channel_id, row.reservation_id): row
+        for row in RequestMinutesDay.objects.filter(
+            day__gte=min(d for d, _, _ in days), day__lte=max(d for d, _, _ in days)
+        )
+    }
+    changed, new = [], []
+    for (day, channel, booking), (bits, booker) in days.items():
+        row = stored.get((day, channel, booking))
+        if row is None:
+            minutes = bits.to_bytes(DAY_BYTES, "little")
+            new.append(
+                RequestMinutesDay(
+                    day=day,
+                    channel_id=channel,
+                    reservation_id=booking,
+                    user_id=booker or None,
+                    minutes=minutes,
+                )
+            )
+            continue
+        before = int.from_bytes(row.minutes, "little")
+        if before | bits != before:
+            row.minutes = (before | bits).to_bytes(DAY_BYTES, "little")
+            changed.append(row)
+    RequestMinutesDay.objects.bulk_update(changed, ["minutes"], batch_size=2000)
+    RequestMinutesDay.objects.bulk_create(new, batch_size=2000)

@@ -4,12 +4,12 @@ what they asked, over any period, from the coarsest roll-up that covers each par
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, QuerySet, Sum
 
-from gateway.models import RequestDay, RequestHour, RequestLog, RequestMinutes
+from gateway.models import RequestDay, RequestHour, RequestLog, RequestMinutes, RequestMinutesDay
 from gateway.usage.utilisation import Asked, Minutes
 
 HOUR = timedelta(hours=1)
@@ -20,20 +20,48 @@ def minutes_within(
 ) -> dict[tuple[int | None, int | None], tuple[int | None, Minutes]]:
     """The minutes of ``[lo, hi)`` the requests touched, per channel and booking: the booker (for
     a booking's) and the minutes, as ``gateway.usage.utilisation`` counts them (bit i: the i-th minute
-    from ``lo``'s)."""
+    from ``lo``'s). Whole days (UTC) come from the daily rows, the hours beside them from the
+    hourly ones."""
     base = int(lo.timestamp() // 60)
     period = (1 << (int(-(-hi.timestamp() // 60)) - base)) - 1
     found: dict[tuple[int | None, int | None], tuple[int | None, Minutes]] = {}
-    rows = RequestMinutes.objects.filter(
-        hour__gte=int(lo.timestamp() // 3600), hour__lt=int(-(-hi.timestamp() // 3600))
-    ).values_list("channel_id", "reservation_id", "user_id", "hour", "minutes")
-    for channel, booking, user, hour, bits in rows:
-        shift = hour * 60 - base
+
+    def add(channel: int | None, booking: int | None, user: int | None, first_minute: int, bits: int) -> None:
+        shift = first_minute - base
         placed = (bits << shift if shift >= 0 else bits >> -shift) & period
         if placed:
             _, before = found.get((channel, booking), (user, 0))
             found[channel, booking] = (user, before | placed)
+
+    hours_lo, hours_hi = int(lo.timestamp() // 3600), int(-(-hi.timestamp() // 3600))
+    days_lo, days_hi = -(-hours_lo // 24), max(hours_hi // 24, -(-hours_lo // 24))
+    if days_lo < days_hi:
+        for channel, booking, user, day, blob in RequestMinutesDay.objects.filter(
+            day__gte=_date(days_lo), day__lt=_date(days_hi)
+        ).values_list("channel_id", "reservation_id", "user_id", "day", "minutes"):
+            add(channel, booking, user, _days(day) * 1440, int.from_bytes(blob, "little"))
+        spans = [(hours_lo, days_lo * 24), (days_hi * 24, hours_hi)]
+    else:
+        spans = [(hours_lo, hours_hi)]
+    for a, b in spans:
+        if a >= b:
+            continue
+        for channel, booking, user, hour, bits in RequestMinutes.objects.filter(
+            hour__gte=a, hour__lt=b
+        ).values_list("channel_id", "reservation_id", "user_id", "hour", "minutes"):
+            add(channel, booking, user, hour * 60, bits)
     return found
+
+
+EPOCH = date(1970, 1, 1)
+
+
+def _date(days: int) -> date:
+    return EPOCH + timedelta(days=days)
+
+
+def _days(day: date) -> int:
+    return (day - EPOCH).days
 
 
 def _day_after(moment: datetime) -> datetime:
