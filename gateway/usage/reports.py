@@ -37,7 +37,15 @@ def period_bounds(day: date, period: str, zone: tzinfo) -> tuple[datetime, datet
     return lo, hi
 
 
-def _bookings(lo: datetime, hi: datetime) -> list[tuple[Span, int]]:
+Booked = list[tuple[Span, int]]
+
+
+def bookings_within(lo: datetime, hi: datetime) -> Booked:
+    """The period's bookings, read once for a report's rows and its channels' shares."""
+    return _bookings(lo, hi)
+
+
+def _bookings(lo: datetime, hi: datetime) -> Booked:
     """Approved and ended bookings in the period (with their channel's node)."""
     found = Reservation.objects.filter(
         status__in=[ReservationStatus.APPROVED, ReservationStatus.ENDED], start__lt=hi, end__gt=lo
@@ -80,7 +88,14 @@ def _asked(lo: datetime, hi: datetime, by: str) -> list[tuple[int | None, int | 
 
 
 def usage_rows(
-    *, by: str, lo: datetime, hi: datetime, now: datetime, viewer: User, touched: Touched | None = None
+    *,
+    by: str,
+    lo: datetime,
+    hi: datetime,
+    now: datetime,
+    viewer: User,
+    touched: Touched | None = None,
+    period_bookings: Booked | None = None,
 ) -> list[dict[str, Any]]:
     """One row per user, group, channel or node: booked, used and idle booked hours until
     ``now``, booked hours still to come, requests, tokens and mean time to first token in
@@ -89,7 +104,7 @@ def usage_rows(
         raise ValueError(f"by={by!r}: use one of {', '.join(BY)}")
     if by in ("channel", "node") and not viewer.is_staff:
         raise NotYours(f"usage by {by} is for staff; you may see it by user (yours) or by group (yours)")
-    bookings = _bookings(lo, hi)
+    bookings = _bookings(lo, hi) if period_bookings is None else period_bookings
     touched = request_minutes(lo, hi) if touched is None else touched
     node_of = dict(Channel.objects.values_list("pk", "node_id"))
     groups_of: dict[int, set[int]] = defaultdict(set)
@@ -140,7 +155,13 @@ def usage_rows(
 
 
 def share_rows(
-    *, lo: datetime, hi: datetime, now: datetime, viewer: User, touched: Touched | None = None
+    *,
+    lo: datetime,
+    hi: datetime,
+    now: datetime,
+    viewer: User,
+    touched: Touched | None = None,
+    period_bookings: Booked | None = None,
 ) -> list[dict[str, Any]]:
     """How each channel's time went in ``[lo, hi)`` until ``now`` (staff): hours switching,
     serving its bookers, booked but idle, serving everyone on the default, idle; and its
@@ -156,7 +177,7 @@ def share_rows(
         started__lt=hi, started__gte=lo - timedelta(hours=1)
     ).values_list("channel_id", "started", "finished"):
         switching[loaded_on] |= minutes(started, finished or now, lo, hi)
-    for booking, _ in _bookings(lo, hi):
+    for booking, _ in _bookings(lo, hi) if period_bookings is None else period_bookings:
         booked[booking.channel_id] |= union([booking], lo, hi)
     for (served_on, reservation_id), (_, bits) in touched.items():
         (booker if reservation_id is not None else default)[served_on] |= bits

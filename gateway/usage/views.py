@@ -26,6 +26,7 @@ from gateway.usage.reports import (
     BY,
     PERIODS,
     NotYours,
+    bookings_within,
     period_bounds,
     request_minutes,
     share_rows,
@@ -93,10 +94,16 @@ def _question(params: Any, viewer: User) -> dict[str, Any]:
 
 def report(params: Any, viewer: User) -> dict[str, Any]:
     asked = _question(params, viewer)
-    touched = request_minutes(asked["lo"], asked["hi"])  # read once for both
     lo, hi, now = asked["lo"], asked["hi"], timezone.now()
-    rows = usage_rows(by=asked["by"], lo=lo, hi=hi, now=now, viewer=viewer, touched=touched)
-    shares = share_rows(lo=lo, hi=hi, now=now, viewer=viewer, touched=touched) if viewer.is_staff else []
+    touched, held = request_minutes(lo, hi), bookings_within(lo, hi)  # read once for both
+    rows = usage_rows(
+        by=asked["by"], lo=lo, hi=hi, now=now, viewer=viewer, touched=touched, period_bookings=held
+    )
+    shares = (
+        share_rows(lo=lo, hi=hi, now=now, viewer=viewer, touched=touched, period_bookings=held)
+        if viewer.is_staff
+        else []
+    )
     return {**asked, "rows": rows, "shares": shares, "catching_up": catching_up()}
 
 
