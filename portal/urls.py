@@ -28,6 +28,7 @@ urlpatterns = [
     path("approvals/approve", staff_actions.approve_several, name="approve_several"),
     path("approvals/<int:pk>/approve", staff_actions.approve, name="approve"),
     path("approvals/<int:pk>/reject", staff_actions.reject, name="reject"),
+    path("channel/<int:pk>/controls", portal.channel_controls, name="channel_controls"),
     path("channel/<int:pk>/override", staff_actions.channel_override, name="override"),
     path("channel/<int:pk>/reload", staff_actions.channel_reload_view, name="reload"),
     path("notifications/", account.notifications, name="notifications"),

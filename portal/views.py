@@ -46,6 +46,7 @@ class ChannelCard:
     loading_estimate: int | None = None
     override_form: OverrideForm | None = None
     override_selects: tuple[SafeString, SafeString] | None = None  # its model and preset lists
+    controls_lazy: bool = False  # staff's controls fetched as they are opened (``CONTROLS_INLINE``)
     busy: str = ""  # its places in use and its fair queue, e.g. "2 of 2 places in use · 3 waiting"
 
 
@@ -53,6 +54,12 @@ def target_label(model: LLMModel | None, preset: Preset | None) -> str:
     if model is None:
         return "—"
     return f"{model.name} / {preset.name}" if preset else model.name
+
+
+# Up to this many channels, each card carries its controls (the override form); past it they
+# are fetched as a card's "Channel controls" is opened (``channel_controls``): 200 cards with
+# their model and preset lists made a page of half a megabyte.
+CONTROLS_INLINE = 24
 
 
 def channel_cards(*, now: datetime, staff: bool) -> list[ChannelCard]:
@@ -68,7 +75,9 @@ def channel_cards(*, now: datetime, staff: bool) -> list[ChannelCard]:
     tz = timezone.get_current_timezone()
     cards = []
     loading: list[tuple[ChannelCard, Target]] = []
-    selects = OverrideForm.shared_selects() if staff else None
+    channels = list(channels)
+    lazy = staff and len(channels) > CONTROLS_INLINE
+    selects = OverrideForm.shared_selects() if staff and not lazy else None
     for channel in channels:
         runtime, target = channel.runtime_or_none(), channel.target_or_none()
         booking = None
@@ -90,6 +99,7 @@ def channel_cards(*, now: datetime, staff: bool) -> list[ChannelCard]:
             retry_at=runtime.retry_at if runtime else None,
             override_form=OverrideForm(prefix=f"ch{channel.pk}") if selects else None,
             override_selects=selects.for_prefix(f"ch{channel.pk}") if selects else None,
+            controls_lazy=lazy,
         )
         if runtime is not None and runtime.phase == Phase.LOADING and runtime.model_id is not None:
             card.loading_elapsed = int((now - runtime.since).total_seconds())
@@ -139,6 +149,19 @@ def overview(request: HttpRequest) -> HttpResponse:
     cards = channel_cards(now=timezone.now(), staff=request.user.is_staff)
     template = "portal/_channel_cards.html" if request.GET.get("partial") else "portal/overview.html"
     return render(request, template, {"cards": cards, "now": timezone.now()})
+
+
+@staff_member_required
+def channel_controls(request: HttpRequest, pk: int) -> HttpResponse:
+    """A channel's controls (its override form, reload), for a card that fetches them as opened."""
+    channel = get_object_or_404(Channel, pk=pk)
+    selects = OverrideForm.shared_selects()
+    card = {
+        "channel": channel,
+        "override_form": OverrideForm(prefix=f"ch{pk}"),
+        "override_selects": selects.for_prefix(f"ch{pk}"),
+    }
+    return render(request, "portal/_channel_controls.html", {"card": card})
 
 
 @login_required

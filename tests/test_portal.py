@@ -267,6 +267,23 @@ def test_approvals_page_is_for_staff(world, ana, bo, staff):
     assert (pending.status, pending.reject_reason) == ("rejected", "GPU maintenance")
 
 
+def test_a_large_labs_overview_leaves_each_cards_controls_to_be_fetched(world, staff, ana, monkeypatch):
+    from channels_app.models import Channel
+    from portal import views
+
+    monkeypatch.setattr(views, "CONTROLS_INLINE", 0)  # the world's one channel is past it
+    page = client_for(staff).get("/").content.decode()
+    channel = Channel.objects.order_by("pk").first()
+    assert channel is not None
+    assert f'data-controls="/channel/{channel.pk}/controls"' in page
+    assert "Set override" not in page and "<select" not in page
+    controls = client_for(staff).get(f"/channel/{channel.pk}/controls")
+    assert controls.status_code == 200 and "Set override" in controls.content.decode()
+    assert f'name="ch{channel.pk}-until"' in controls.content.decode()
+    assert client_for(ana).get(f"/channel/{channel.pk}/controls").status_code == 302  # staff only
+    assert client_for(staff).get("/channel/99999/controls").status_code == 404
+
+
 def test_staff_sets_an_override_from_the_overview(world, staff, django_capture_on_commit_callbacks):
     world.booked.delete()
     with django_capture_on_commit_callbacks(execute=True):

@@ -45,6 +45,30 @@ def test_clearing_an_override_needs_no_until(browser, live_server):  # noqa: F81
 
 
 @needs_chromium
+def test_a_large_labs_overview_fetches_controls_as_opened(browser, live_server, monkeypatch):  # noqa: F811
+    """Past a few dozen channels the overview carries no override form per card (200 of them
+    made a page of half a megabyte); a card's controls are fetched as they are opened, and work."""
+    from portal import views
+
+    monkeypatch.setattr(views, "CONTROLS_INLINE", 1)
+    factories.user("boss", staff=True)
+    qwen = factories.llm("qwen")
+    factories.preset(qwen, "chat")
+    for name in ("a100-0", "a100-1"):
+        ChannelRuntime.objects.create(channel=factories.channel(name), phase=Phase.READY, model=qwen)
+    page = sign_in(browser, live_server, "boss")
+    card = page.locator('section.card[data-channel="a100-1"]')
+    assert card.locator("form").count() == 0
+    card.locator("summary", has_text="Channel controls").click()
+    card.locator("select").first.select_option(label="qwen")
+    until = (timezone.localtime() + timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M")
+    card.locator("input[name$='until']").fill(until)
+    card.locator("button", has_text="Set override").click()
+    page.wait_for_selector("text=Override of a100-1 set.")
+    assert Override.objects.get().channel.name == "a100-1"
+
+
+@needs_chromium
 def test_the_waitlist_one_joined_is_listed_and_can_be_left(browser, live_server):  # noqa: F811
     from reservations.services import waitlist_join
 
