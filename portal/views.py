@@ -63,19 +63,20 @@ CONTROLS_INLINE = 24
 
 
 def channel_cards(*, now: datetime, staff: bool) -> list[ChannelCard]:
-    channels = Channel.objects.select_related(
-        "node",
-        "runtime__model",
-        "runtime__preset",
-        "target__reservation__user",
-    ).prefetch_related("node__gpus")
+    channels = list(
+        Channel.objects.select_related(
+            "node",
+            "runtime__model",
+            "runtime__preset",
+            "target__reservation__user",
+        ).prefetch_related("node__gpus")
+    )
     active = {
         r.channel_id: r for r in Reservation.objects.active_at(now).select_related("user", "model", "preset")
     }
     tz = timezone.get_current_timezone()
     cards = []
     loading: list[tuple[ChannelCard, Target]] = []
-    channels = list(channels)
     lazy = staff and len(channels) > CONTROLS_INLINE
     selects = OverrideForm.shared_selects() if staff and not lazy else None
     for channel in channels:
