@@ -175,7 +175,20 @@ class SharingLimits(models.Model):
         return f"limits of {self.user}"
 
 
-class RequestHour(models.Model):
+class RequestSums(models.Model):
+    """What a roll-up sums of its requests."""
+
+    requests = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    ttft_ms_sum = models.FloatField(default=0.0)
+    ttft_count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        abstract = True
+
+
+class RequestHour(RequestSums):
     """The request log summed per hour, user and channel (``gateway.usage.rollups``): what usage
     reads for whole hours instead of every request. Kept past the log's own rows."""
 
@@ -184,11 +197,6 @@ class RequestHour(models.Model):
     channel = models.ForeignKey(
         "channels_app.Channel", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    requests = models.PositiveIntegerField(default=0)
-    prompt_tokens = models.PositiveBigIntegerField(default=0)
-    completion_tokens = models.PositiveBigIntegerField(default=0)
-    ttft_ms_sum = models.FloatField(default=0.0)
-    ttft_count = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [
@@ -199,7 +207,7 @@ class RequestHour(models.Model):
         return f"{self.hour:%Y-%m-%d %H}:00 user {self.user_id} channel {self.channel_id}: {self.requests}"
 
 
-class RequestDay(models.Model):
+class RequestDay(RequestSums):
     """The request log summed per day (UTC) and user, and per day and channel
     (``gateway.usage.rollups``): what usage reads for whole days, a week's report a few thousand
     rows whatever the lab's size. Kept past the log's own rows."""
@@ -214,11 +222,6 @@ class RequestDay(models.Model):
     channel = models.ForeignKey(
         "channels_app.Channel", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    requests = models.PositiveIntegerField(default=0)
-    prompt_tokens = models.PositiveBigIntegerField(default=0)
-    completion_tokens = models.PositiveBigIntegerField(default=0)
-    ttft_ms_sum = models.FloatField(default=0.0)
-    ttft_count = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [

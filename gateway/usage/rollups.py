@@ -36,6 +36,7 @@ from gateway.models import (
     RequestLog,
     RequestMinutes,
     RequestMinutesDay,
+    RequestSums,
     RollupMark,
 )
 from slotserve_base import dispatch
@@ -229,35 +230,32 @@ def _fold_hours(hours: dict[tuple[datetime, int, int | None], list[float]]) -> N
         (row.hour, row.user_id, row.channel_id): row
         for row in RequestHour.objects.filter(hour__gte=first, hour__lte=last)
     }
-    changed, new = [], []
-    for (hour, user, channel), (n, prompt, completion, ttft_sum, ttft_n) in hours.items():
-        row = stored.get((hour, user, channel))
-        if row is None:
-            new.append(
-                RequestHour(
-                    hour=hour,
-                    user_id=user,
-                    channel_id=channel,
-                    requests=int(n),
-                    prompt_tokens=int(prompt),
-                    completion_tokens=int(completion),
-                    ttft_ms_sum=ttft_sum,
-                    ttft_count=int(ttft_n),
-                )
-            )
-            continue
-        row.requests += int(n)
-        row.prompt_tokens += int(prompt)
-        row.completion_tokens += int(completion)
-        row.ttft_ms_sum += ttft_sum
-        row.ttft_count += int(ttft_n)
-        changed.append(row)
-    RequestHour.objects.bulk_update(
-        changed,
-        ["requests", "prompt_tokens", "completion_tokens", "ttft_ms_sum", "ttft_count"],
-        batch_size=2000,
-    )
+    changed: list[RequestHour] = []
+    new: list[RequestHour] = []
+    for (hour, user, channel), sums in hours.items():
+        found = stored.get((hour, user, channel))
+        if found is None:
+            found = RequestHour(hour=hour, user_id=user, channel_id=channel)
+            new.append(found)
+        else:
+            changed.append(found)
+        _add(found, sums)
+    RequestHour.objects.bulk_update(changed, SUMS, batch_size=2000)
     RequestHour.objects.bulk_create(new, batch_size=2000)
+
+
+SUMS = ["requests", "prompt_tokens", "completion_tokens", "ttft_ms_sum", "ttft_count"]
+
+
+def _add(row: RequestSums, sums: list[float]) -> None:
+    """A roll-up row plus a batch's sums: requests, prompt and completion tokens, time to first
+    token summed and counted."""
+    n, prompt, completion, ttft_sum, ttft_n = sums
+    row.requests += int(n)
+    row.prompt_tokens += int(prompt)
+    row.completion_tokens += int(completion)
+    row.ttft_ms_sum += ttft_sum
+    row.ttft_count += int(ttft_n)
 
 
 def _fold_days(hours: dict[tuple[datetime, int, int | None], list[float]]) -> None:
@@ -280,7 +278,7 @@ def _fold_days(hours: dict[tuple[datetime, int, int | None], list[float]]) -> No
         stored[row.day, row.per, row.user_id if row.per == "user" else row.channel_id] = row
     changed: list[RequestDay] = []
     new: list[RequestDay] = []
-    for (day, per, key), (n, prompt, completion, ttft_sum, ttft_n) in days.items():
+    for (day, per, key), sums in days.items():
         found = stored.get((day, per, key))
         if found is None:
             found = RequestDay(
@@ -292,17 +290,8 @@ def _fold_days(hours: dict[tuple[datetime, int, int | None], list[float]]) -> No
             new.append(found)
         else:
             changed.append(found)
-        row = found
-        row.requests += int(n)
-        row.prompt_tokens += int(prompt)
-        row.completion_tokens += int(completion)
-        row.ttft_ms_sum += ttft_sum
-        row.ttft_count += int(ttft_n)
-    RequestDay.objects.bulk_update(
-        changed,
-        ["requests", "prompt_tokens", "completion_tokens", "ttft_ms_sum", "ttft_count"],
-        batch_size=2000,
-    )
+        _add(found, sums)
+    RequestDay.objects.bulk_update(changed, SUMS, batch_size=2000)
     RequestDay.objects.bulk_create(new, batch_size=2000)
 
 
