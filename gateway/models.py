@@ -237,12 +237,10 @@ class RequestDay(RequestSums):
         return f"{self.day} {self.per} {self.user_id or self.channel_id}: {self.requests}"
 
 
-class RequestMinutes(models.Model):
-    """The minutes of one hour that a channel's requests touched, as bits (bit i: minute i of
-    the hour), per booking (and one row for the requests outside bookings): what usage reads to
-    count used and served minutes (``gateway.usage.rollups``)."""
+class MinutesOf(models.Model):
+    """Whose minutes a minutes roll-up holds: a channel's, in a booking (with its booker) or
+    outside bookings."""
 
-    hour = models.IntegerField(help_text="Hours since the epoch (1970-01-01 00:00 UTC).")
     channel = models.ForeignKey(
         "channels_app.Channel", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -257,6 +255,17 @@ class RequestMinutes(models.Model):
         related_name="+",
         help_text="The booker, for a booking's minutes.",
     )
+
+    class Meta:
+        abstract = True
+
+
+class RequestMinutes(MinutesOf):
+    """The minutes of one hour that a channel's requests touched, as bits (bit i: minute i of
+    the hour), per booking (and one row for the requests outside bookings): what usage reads to
+    count used and served minutes (``gateway.usage.rollups``)."""
+
+    hour = models.IntegerField(help_text="Hours since the epoch (1970-01-01 00:00 UTC).")
     minutes = models.BigIntegerField(help_text="Bit i set: minute i of the hour was touched.")
 
     class Meta:
@@ -272,25 +281,11 @@ class RequestMinutes(models.Model):
         return f"hour {self.hour} channel {self.channel_id} booking {self.reservation_id}"
 
 
-class RequestMinutesDay(models.Model):
+class RequestMinutesDay(MinutesOf):
     """``RequestMinutes`` for a whole day (UTC): bit i of ``minutes`` (little-endian bytes) is
     minute i of the day. What a week's report reads: a row per channel and day, and per booking."""
 
     day = models.DateField(help_text="The day (UTC).")
-    channel = models.ForeignKey(
-        "channels_app.Channel", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    reservation = models.ForeignKey(
-        "reservations.Reservation", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        null=True,
-        blank=True,
-        on_delete=models.CASCADE,
-        related_name="+",
-        help_text="The booker, for a booking's minutes.",
-    )
     minutes = models.BinaryField(max_length=180, help_text="1,440 bits, little-endian: the day's minutes.")
 
     class Meta:
