@@ -291,12 +291,12 @@ def test_a_request_whose_turn_comes_after_someone_elses_slot_began_is_refused(ga
 
     from django.utils import timezone
 
-    busy_channel(world, standins, 1, "--standin-chunks", "120", "--standin-chunk-delay", "25")  # 3 s
+    busy_channel(world, standins, 1, "--standin-chunks", "320", "--standin-chunk-delay", "25")  # 8 s
     from channels_app.models import LLMModel
 
     preset = factories.preset(LLMModel.objects.get(name="slow"), "mine")
     ChannelRuntime.objects.filter(channel=world.other).update(preset=preset)
-    begins = timezone.now() + timedelta(seconds=2)
+    begins = timezone.now() + timedelta(seconds=5)  # after both requests are in, before ana's ends
     factories.reservation(
         owner=world.ana, on=world.other, start=begins, end=begins + timedelta(hours=1), target=preset
     )
