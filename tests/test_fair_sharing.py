@@ -383,7 +383,8 @@ def test_the_queue_is_seen_in_metrics_on_the_overview_and_in_the_request_log(gat
     assert queued["bo"] is not None and queued["bo"] > 300  # it waited for ana's stream (about 1 s)
     # Each was decided when it went: ana's at once, bo's when his turn came, not at his arrival.
     ana, bo = (RequestLog.objects.get(user__username=name).decided_ms or 0.0 for name in ("ana", "bo"))
-    assert ana < 100 and bo > queued["bo"] - 10, (ana, bo)  # two clocks: within 10 ms
+    # bo's after his wait (two clocks: within 10 ms); ana's at once, or after a snapshot read
+    assert bo > queued["bo"] - 10 and ana < bo - 300, (ana, bo)
 
 
 @pytest.mark.django_db
