@@ -41,12 +41,8 @@ Booked = list[tuple[Span, int]]
 
 
 def bookings_within(lo: datetime, hi: datetime) -> Booked:
-    """The period's bookings, read once for a report's rows and its channels' shares."""
-    return _bookings(lo, hi)
-
-
-def _bookings(lo: datetime, hi: datetime) -> Booked:
-    """Approved and ended bookings in the period (with their channel's node)."""
+    """Approved and ended bookings in the period (with their channel's node): read once for a
+    report's rows and its channels' shares."""
     found = Reservation.objects.filter(
         status__in=[ReservationStatus.APPROVED, ReservationStatus.ENDED], start__lt=hi, end__gt=lo
     ).values_list("pk", "user_id", "channel_id", "start", "end", "channel__node_id")
@@ -104,7 +100,7 @@ def usage_rows(
         raise ValueError(f"by={by!r}: use one of {', '.join(BY)}")
     if by in ("channel", "node") and not viewer.is_staff:
         raise NotYours(f"usage by {by} is for staff; you may see it by user (yours) or by group (yours)")
-    bookings = _bookings(lo, hi) if period_bookings is None else period_bookings
+    bookings = bookings_within(lo, hi) if period_bookings is None else period_bookings
     touched = request_minutes(lo, hi) if touched is None else touched
     node_of = dict(Channel.objects.values_list("pk", "node_id"))
     groups_of: dict[int, set[int]] = defaultdict(set)
@@ -177,7 +173,7 @@ def share_rows(
         started__lt=hi, started__gte=lo - timedelta(hours=1)
     ).values_list("channel_id", "started", "finished"):
         switching[loaded_on] |= minutes(started, finished or now, lo, hi)
-    for booking, _ in _bookings(lo, hi) if period_bookings is None else period_bookings:
+    for booking, _ in bookings_within(lo, hi) if period_bookings is None else period_bookings:
         booked[booking.channel_id] |= union([booking], lo, hi)
     for (served_on, reservation_id), (_, bits) in touched.items():
         (booker if reservation_id is not None else default)[served_on] |= bits
