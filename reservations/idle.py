@@ -13,7 +13,7 @@ import logging
 from datetime import datetime, timedelta, tzinfo
 
 from reservations.models import Reservation
-from reservations.notifications import notify
+from reservations.notifications import notify, slot_of
 from reservations.rules import IdleFacts, idle_step
 from reservations.services import InvalidTransition, reservation_end
 from reservations.wording import moment_words
@@ -84,6 +84,7 @@ def apply_idle_rule(*, now: datetime) -> dict[str, int]:
                     text=functools.partial(_warning_words, str(channel), reservation.start, then),
                     link="/reservations/",
                     key=f"idle_warning:{reservation.pk}",
+                    about=slot_of(reservation),
                 )
                 done["warned"] += 1
         elif step == "release":
@@ -99,6 +100,7 @@ def apply_idle_rule(*, now: datetime) -> dict[str, int]:
                 text=functools.partial(_released_words, str(channel), now, unused),
                 link="/reservations/",
                 key=f"idle_released:{reservation.pk}",
+                about=slot_of(reservation),
             )
             log.info("released reservation %s on %s: unused for %s minutes", reservation.pk, channel, unused)
             done["released"] += 1

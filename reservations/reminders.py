@@ -9,7 +9,7 @@ from django.db.models.functions import Concat
 
 from reservations.announce import announce_booking
 from reservations.models import Notification, Reservation, ReservationStatus
-from reservations.notifications import notify
+from reservations.notifications import notify, slot_of
 from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 
 STARTING_SOON = timedelta(minutes=15)
@@ -36,6 +36,7 @@ def send_starting_soon(*, now: datetime) -> int:
             text=f"Your reservation of {reservation.channel} starts in {minutes} minutes.",
             link="/reservations/",
             key=f"starting_soon:{reservation.pk}",
+            about=slot_of(reservation),
         ):
             sent += 1
             announce_booking(WebhookEvent.BOOKING_STARTING_SOON, reservation, at=now, once=True)

@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.permissions import AllowAny
 from rest_framework.routers import DefaultRouter
@@ -74,6 +75,8 @@ urlpatterns = [
     path("api/usage/", UsageView.as_view(), name="usage"),
     path("api/", include(router.urls)),
     path("api-auth/", include("rest_framework.urls")),
+    # Programs that ask for the icon without reading a page's <link rel="icon">.
+    path("favicon.ico", RedirectView.as_view(url="/static/portal/slotserve.svg", permanent=True)),
     path("health", health),
     path("metrics", metrics_view),
     path("", include("portal.urls")),

@@ -42,7 +42,8 @@ def book(client, world, start, end):
 
 
 def mails_to(address: str) -> list[str]:
-    return [str(m.subject) for m in mail.outbox if address in m.to]
+    """The events of the mails to ``address``: their subjects up to the channel and slot."""
+    return [str(m.subject).split(":")[0] for m in mail.outbox if address in m.to]
 
 
 def test_submitted_approved_rejected_cancelled_each_once(

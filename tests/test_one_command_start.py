@@ -146,6 +146,7 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
         text = log_text(tmp_path)
         assert text.count(" ready.") >= 2, text[-3000:]
         assert "processes on ports 31000-31999" in text  # the node worker says where to firewall
+        assert f"Emails link to {base}/ ;" in text  # no SLOTSERVE_PUBLIC_URL: the address it serves
         routine = [
             line
             for line in text.splitlines()

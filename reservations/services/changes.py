@@ -239,6 +239,7 @@ def reservation_change(
                     f"{slot_words(start, end, zone)}, {reservation.what}."
                 ),
                 key=f"changed:{reservation.pk}:{iso_moment(start)}:{iso_moment(end)}:{reservation.target}",
+                about=(str(reservation.channel), start, end),
             )
         if moved or retargeted:
             announce_booking(WebhookEvent.BOOKING_CHANGED, reservation, at=now)

@@ -16,7 +16,7 @@ from django.db import IntegrityError, OperationalError, connection, transaction
 from channels_app.models import ApprovalPolicy, Channel, LLMModel, Preset, validate_target
 from reservations.announce import announce_booking
 from reservations.models import BLOCKING_STATUSES, Reservation, ReservationSeries, ReservationStatus
-from reservations.notifications import notify
+from reservations.notifications import notify, slot_of
 from reservations.rules import BookingLimits, LimitBroken, check_length_and_horizon, check_quota
 from reservations.selectors import group_held_slots, held_slots, reviewable_by
 from reservations.wording import moment_words, slot_words
@@ -328,4 +328,5 @@ def _tell_approvers(reservation: Reservation, also: int = 0) -> None:
             text=text,
             link=f"/approvals/#reservation-{reservation.pk}",
             key=f"submitted:{reservation.pk}",
+            about=slot_of(reservation),
         )

@@ -10,7 +10,7 @@ from django.db import transaction
 
 from reservations.announce import announce_booking
 from reservations.models import Reservation, ReservationStatus
-from reservations.notifications import notify
+from reservations.notifications import notify, slot_of
 from reservations.services.common import InvalidTransition
 from reservations.services.waitlist import tell_waiting
 from reservations.wording import slot_words
@@ -49,6 +49,7 @@ def reservation_approve(*, reservation: Reservation, by: User, now: datetime) ->
                 f"{slot_words(reservation.start, reservation.end, zone)}, is approved."
             ),
             key=f"approved:{reservation.pk}",
+            about=slot_of(reservation),
         )
         announce_booking(WebhookEvent.BOOKING_APPROVED, reservation, at=now, said=f"approved by {by}")
         enqueue_redecide(reservation.channel_id)
@@ -77,6 +78,7 @@ def reservation_reject(*, reservation: Reservation, by: User, reason: str, now: 
                 f"{reservation.reject_reason}"
             ),
             key=f"rejected:{reservation.pk}",
+            about=slot_of(reservation),
         )
         announce_booking(
             WebhookEvent.BOOKING_REJECTED,
@@ -114,6 +116,7 @@ def reservation_cancel(*, reservation: Reservation, by: User, now: datetime) -> 
                     f"{slot_words(reservation.start, reservation.end, zone)}, was cancelled by {by}."
                 ),
                 key=f"cancelled:{reservation.pk}",
+                about=slot_of(reservation),
             )
         announce_booking(WebhookEvent.BOOKING_CANCELLED, reservation, at=now, said=f"cancelled by {by}")
         if was == ReservationStatus.APPROVED:
@@ -148,6 +151,7 @@ def reservation_end(
                 event=NotificationEvent.ENDED_EARLY,
                 text=f"Your reservation of {reservation.channel} was ended early by {by}.",
                 key=f"ended:{reservation.pk}",
+                about=slot_of(reservation),
             )
         if unused_minutes is not None:
             announce_booking(

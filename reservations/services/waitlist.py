@@ -76,6 +76,7 @@ def tell_waiting(*, channel_id: int, now: datetime) -> int:
             text=functools.partial(_freed_words, entry.channel.name, start, entry.end),
             link=f"/book/?channel={entry.channel_id}&start={iso_moment(start)}&end={iso_moment(entry.end)}",
             key=f"slot_freed:{entry.pk}",
+            about=(entry.channel.name, start, entry.end),
         )
         _announce_freed(entry, start, now)
         told += 1

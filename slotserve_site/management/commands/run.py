@@ -75,6 +75,7 @@ class Command(BaseCommand):
                 raise CommandError("--demo needs this machine's node worker; leave out --no-node")
             self._demo(admin, options)
         self._allow_host(options["host"])
+        self._public_url(options["host"], options["port"])
         python = sys.executable
         commands = {
             "web": web_command(options["host"], options["port"]),
@@ -161,6 +162,19 @@ class Command(BaseCommand):
             return
         os.environ["SLOTSERVE_ALLOWED_HOSTS"] = ",".join([*settings.ALLOWED_HOSTS, host])
 
+    def _public_url(self, host: str, port: int) -> None:
+        """Emails and the calendar feed link to the portal's public address: without
+        SLOTSERVE_PUBLIC_URL, the address this start serves (said, with how to change it)."""
+        if settings.SLOTSERVE_PUBLIC_URL:
+            self.stdout.write(f"Emails link to {settings.SLOTSERVE_PUBLIC_URL} (SLOTSERVE_PUBLIC_URL)")
+            return
+        address = default_public_url(host, port)
+        os.environ["SLOTSERVE_PUBLIC_URL"] = address  # for the processes started below
+        self.stdout.write(
+            f"Emails link to {address}/ ; set SLOTSERVE_PUBLIC_URL to the address people use "
+            "(e.g. https://gpu.example.org) to change it"
+        )
+
     def _check_redis(self) -> None:
         try:
             redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2).ping()
@@ -185,8 +199,6 @@ class Command(BaseCommand):
         """A channel on a fake 24 GiB GPU serving a tiny model with a real llama-server."""
         from channels_app.models import Channel, LLMModel, Node, Preset
         from devtools.tinymodel import write_tiny_llama
-        from gateway.api_keys import api_key_create
-
         os.environ.setdefault("SLOTSERVE_FAKE_GPUS", "1x24GiB")
         if "SLOTSERVE_LLAMA_SERVER" not in os.environ:
             self.stdout.write("Building llama-server once for this machine (several minutes the first time)…")
@@ -208,8 +220,14 @@ class Command(BaseCommand):
             name="demo-0",
             defaults={"node": node, "gpu_indexes": [0], "default_model": model, "default_preset": preset},
         )
-        _, key = api_key_create(user=admin, name="demo")
+        key = demo_key(admin)
         base = f"http://{options['host']}:{options['port']}"
+        if key is None:  # shown at the first start; a start does not make another
+            self.stdout.write(
+                f"Demo channel demo-0 serves the model 'tiny'. {admin.username}'s demo key was shown at the "
+                f"first start; make another at {base}/keys/"
+            )
+            return
         self.stdout.write(f"Demo channel demo-0 serves the model 'tiny'. API key for {admin.username}: {key}")
         self.stdout.write(
             f"Try: python -c \"from openai import OpenAI; c = OpenAI(base_url='{base}/v1', api_key='{key}'); "
@@ -268,6 +286,28 @@ def web_command(host: str, port: int) -> list[str]:
         "--workers",
         str(web_processes()),
     ]
+
+
+def default_public_url(host: str, port: int) -> str:
+    """The address a start on ``host:port`` is reached at: the machine's name when it listens on
+    every address, ``[::1]`` for an IPv6 one."""
+    if host in {"0.0.0.0", "::", ""}:
+        host = socket.getfqdn()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def demo_key(admin: Any) -> str | None:
+    """A demo key for ``admin``, made at the first ``--demo`` start (None later: a key is
+    shown once, and each start making one would leave a trail of them)."""
+    from gateway.api_keys import api_key_create
+    from gateway.models import ApiKey
+
+    if ApiKey.objects.filter(user=admin, name="demo", revoked_at__isnull=True).exists():
+        return None
+    _, key = api_key_create(user=admin, name="demo")
+    return str(key)
 
 
 def web_processes() -> int:

@@ -1,0 +1,162 @@
+"""What a lab's first day with the portal met (docs/portal.md): a way past the navigation by
+keyboard, an icon for the tab, navigation on one line, emails told apart by their subjects and
+carrying a link on the one-command start, one demo key however often SlotServe starts."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.core import mail
+from django.test import Client
+from django.utils import timezone
+
+from gateway.models import ApiKey
+from reservations.models import ReservationStatus
+from reservations.notifications import notify
+from reservations.profiles import profile_for
+from reservations.services import reservation_approve
+from tests import factories
+from tests.test_browser import CHROMIUM, browser, shot, sign_in  # noqa: F401  (browser: a fixture)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+needs_chromium = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason="needs Chromium (apt-get install chromium)"
+)
+
+
+@needs_chromium
+def test_a_skip_link_leads_past_the_navigation_to_the_content_and_the_calendars_first_lane(
+    browser,  # noqa: F811
+    live_server,
+):
+    factories.user("ana")
+    channel = factories.channel("a100-0")
+    page = sign_in(browser, live_server, "ana")
+    missing: list[str] = []
+    page.on("response", lambda answer: missing.append(answer.url) if answer.status == 404 else None)
+    page.goto(f"{live_server.url}/calendar/")
+    # The first Tab from the top of the page reaches "Skip to the content", shown while focused.
+    page.keyboard.press("Tab")
+    focused = page.evaluate(
+        "[document.activeElement.textContent, document.activeElement.getAttribute('href')]"
+    )
+    assert focused == ["Skip to the content", "#main"], focused
+    box = page.locator("a.skip-link").first.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["y"] >= 0
+    # The second goes to the first lane: one Enter, and the lane has the keyboard.
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Skip to the calendar's lanes"
+    page.keyboard.press("Enter")
+    lane = page.locator(f'.timeline[data-channel-id="{channel.pk}"]').first
+    assert lane.evaluate("e => e === document.activeElement")
+    # "Skip to the content" puts the next Tab inside the page's own content.
+    page.goto(f"{live_server.url}/book/")
+    page.keyboard.press("Tab")
+    page.keyboard.press("Enter")
+    page.keyboard.press("Tab")
+    assert page.evaluate("!!document.activeElement.closest('main')")
+    assert page.evaluate("!document.activeElement.closest('nav')")
+    # No page asks for something that is not there (the tab's icon included).
+    assert missing == [], missing
+
+
+@needs_chromium
+def test_the_staff_navigation_is_one_line_at_1366_pixels(browser, live_server):  # noqa: F811
+    boss = factories.user("administrator", staff=True)
+    profile = profile_for(boss)
+    profile.time_zone, profile.time_zone_chosen = "America/New_York", True
+    profile.save()
+    ana = factories.user("ana")
+    start = timezone.now() + timedelta(days=1)
+    for n in range(12):  # a count beside Approvals and Notifications
+        factories.reservation(
+            owner=ana,
+            on=factories.channel(f"a100-{n}"),
+            start=start,
+            end=start + timedelta(hours=1),
+            status=ReservationStatus.PENDING,
+        )
+        notify(user=boss, event="submitted", text=f"news {n}")
+    page = sign_in(browser, live_server, "administrator", width=1366, height=768)
+    tops = page.evaluate(
+        "[...document.querySelectorAll('#nav a, #nav button')].filter(e => e.getClientRects().length)"
+        ".map(e => e.getBoundingClientRect().top)"
+    )
+    shot(page, "nav-staff-1366")
+    assert len(tops) > 10 and max(tops) - min(tops) < 10, tops
+
+
+def test_the_tab_icon_is_served_and_named_on_every_page():
+    client = Client()
+    client.force_login(factories.user("ana"))
+    page = client.get("/").content.decode()
+    assert '<link rel="icon" href="/static/portal/slotserve.svg" type="image/svg+xml">' in page
+    icon = client.get("/static/portal/slotserve.svg")
+    assert icon.status_code == 200 and icon["content-type"] == "image/svg+xml"
+    assert b"<svg" in b"".join(icon.streaming_content)  # type: ignore[attr-defined]
+    # Programs that ask for /favicon.ico without reading the page are sent to it.
+    old = Client().get("/favicon.ico")
+    assert old.status_code == 301 and old["location"] == "/static/portal/slotserve.svg"
+
+
+def test_emails_name_the_channel_and_the_time_in_their_subject(django_capture_on_commit_callbacks):
+    staff = factories.user("boss", staff=True)
+    ana = factories.user("ana")
+    channels = [factories.channel("a100-0"), factories.channel("a100-1")]
+    start = timezone.now().replace(minute=0, second=0, microsecond=0) + timedelta(days=1)
+    made = [
+        factories.reservation(
+            owner=ana,
+            on=channels[0],
+            start=start,
+            end=start + timedelta(hours=2),
+            status=ReservationStatus.PENDING,
+        ),
+        factories.reservation(
+            owner=ana,
+            on=channels[1],
+            start=start,
+            end=start + timedelta(hours=2),
+            status=ReservationStatus.PENDING,
+        ),
+        factories.reservation(
+            owner=ana,
+            on=channels[0],
+            start=start + timedelta(hours=3),
+            end=start + timedelta(hours=4),
+            status=ReservationStatus.PENDING,
+        ),
+    ]
+    mail.outbox.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        for booking in made:
+            reservation_approve(reservation=booking, by=staff, now=timezone.now())
+    subjects = [str(m.subject) for m in mail.outbox if ana.email in m.to]
+    assert len(subjects) == 3 and len(set(subjects)) == 3, subjects
+    local = timezone.localtime(start)
+    for subject, booking in zip(subjects, made, strict=True):
+        assert subject.startswith("[SlotServe] approved: "), subject
+        assert booking.channel.name in subject, subject
+        assert f"{timezone.localtime(booking.start):%H:%M}" in subject
+        assert f"{local.day} {local:%b}" in subject
+
+
+def test_the_one_command_start_links_emails_to_the_address_it_serves_unless_told_another(monkeypatch):
+    from slotserve_site.management.commands.run import default_public_url
+
+    assert default_public_url("127.0.0.1", 8000) == "http://127.0.0.1:8000"
+    assert default_public_url("::1", 8080) == "http://[::1]:8080"
+    everywhere = default_public_url("0.0.0.0", 8000)
+    assert everywhere.startswith("http://") and "0.0.0.0" not in everywhere  # the machine's name
+
+
+def test_each_start_of_the_demo_does_not_make_another_key():
+    from slotserve_site.management.commands.run import demo_key
+
+    admin = factories.user("admin", staff=True)
+    first = demo_key(admin)
+    assert first is not None and ApiKey.objects.filter(user=admin).count() == 1
+    assert demo_key(admin) is None  # said at the first start; not made again
+    assert ApiKey.objects.filter(user=admin).count() == 1
