@@ -454,3 +454,30 @@ def test_time_still_to_come_is_neither_booked_nor_idle_yet():
     assert shares["booked_idle"] == round(58 / 60, 2) and shares["booked_to_come"] == 2.0
     assert shares["idle"] == 0.0  # the hour after the booking has not come yet either
     assert abs(sum(shares.values()) - 3) < 0.03  # the hour that passed and the booked two to come
+
+
+def test_a_chart_is_drawn_once_for_the_same_numbers_and_again_when_they_change(monkeypatch):
+    """Drawing costs more than counting: colleagues looking at the same numbers share a drawing."""
+    import pygal
+    from django.core.cache import cache
+
+    from gateway.usage.views import hours_chart
+
+    cache.clear()
+    drawn: list[str] = []
+    real_render = pygal.Bar.render
+
+    def counted(chart: Any, *args: Any, **kwargs: Any) -> Any:
+        drawn.append(chart.title)
+        return real_render(chart, *args, **kwargs)
+
+    monkeypatch.setattr(pygal.Bar, "render", counted)
+    rows = [
+        {"name": "ana", "booked_hours": 2.0, "used_hours": 1.5, "to_come_hours": 0.0, "requests": 4},
+        {"name": "bo", "booked_hours": 1.0, "used_hours": 0.25, "to_come_hours": 3.0, "requests": 1},
+    ]
+    first = hours_chart(rows, "user")
+    assert hours_chart([dict(r) for r in rows], "user") == first and len(drawn) == 1
+    rows[1]["used_hours"] = 0.5
+    changed = hours_chart(rows, "user")
+    assert len(drawn) == 2 and changed != first
