@@ -26,6 +26,7 @@ Text = str | Callable[[tzinfo], str]
 # What a notification is about, for its email's subject: a channel and a slot.
 About = tuple[str, datetime, datetime]
 
+
 def slot_of(reservation: Any) -> About:
     """What a notification of ``reservation`` is about: its channel and slot."""
     return (str(reservation.channel), reservation.start, reservation.end)

@@ -119,6 +119,13 @@ def _svg(chart: Any) -> str:
 # numbers draw the same chart, so a drawing is kept under its numbers for a while: colleagues
 # looking at the same week, or one paging through its table, draw it once.
 DRAWN_SECONDS = 600
+CHART_LOOK: dict[str, Any] = {
+    "js": [],
+    "explicit_size": False,
+    "height": 320,
+    "x_label_rotation": 20,
+    "legend_at_bottom": True,
+}
 
 
 def _drawn(kind: str, title: str, labels: list[str], series: list[tuple[str, list[Any]]], draw: Any) -> str:
@@ -155,9 +162,7 @@ def hours_chart(rows: list[dict[str, Any]], by: str) -> str:
     ]
 
     def draw() -> Any:
-        chart = pygal.Bar(
-            js=[], style=HOURS_STYLE, explicit_size=False, height=320, x_label_rotation=20, legend_at_bottom=True
-        )
+        chart = pygal.Bar(style=HOURS_STYLE, **CHART_LOOK)
         chart.title, chart.x_labels = title, labels
         for name, values in series:
             chart.add(name, values)
@@ -174,9 +179,7 @@ def shares_chart(rows: list[dict[str, Any]]) -> str:
     series = [(SHARE_LABELS[share], [r[share] for r in shown]) for share in SHARES]
 
     def draw() -> Any:
-        chart = pygal.StackedBar(
-            js=[], style=SHARES_STYLE, explicit_size=False, height=320, x_label_rotation=20, legend_at_bottom=True
-        )
+        chart = pygal.StackedBar(style=SHARES_STYLE, **CHART_LOOK)
         chart.title, chart.x_labels = title, labels
         for name, values in series:
             chart.add(name, values)

@@ -199,6 +199,7 @@ class Command(BaseCommand):
         """A channel on a fake 24 GiB GPU serving a tiny model with a real llama-server."""
         from channels_app.models import Channel, LLMModel, Node, Preset
         from devtools.tinymodel import write_tiny_llama
+
         os.environ.setdefault("SLOTSERVE_FAKE_GPUS", "1x24GiB")
         if "SLOTSERVE_LLAMA_SERVER" not in os.environ:
             self.stdout.write("Building llama-server once for this machine (several minutes the first time)…")
