@@ -153,7 +153,7 @@ def test_the_one_command_start_links_emails_to_the_address_it_serves_unless_told
 
 
 def test_each_start_of_the_demo_does_not_make_another_key():
-    from slotserve_site.management.commands.run import demo_key
+    from slotserve_site.demo import demo_key
 
     admin = factories.user("admin", staff=True)
     first = demo_key(admin)

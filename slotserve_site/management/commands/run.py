@@ -33,6 +33,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from slotserve_site.demo import demo_key
 from slotserve_site.embedded_redis import EmbeddedRedis
 
 STOP_GRACE_SECONDS = 10
@@ -297,18 +298,6 @@ def default_public_url(host: str, port: int) -> str:
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{port}"
-
-
-def demo_key(admin: Any) -> str | None:
-    """A demo key for ``admin``, made at the first ``--demo`` start (None later: a key is
-    shown once, and each start making one would leave a trail of them)."""
-    from gateway.api_keys import api_key_create
-    from gateway.models import ApiKey
-
-    if ApiKey.objects.filter(user=admin, name="demo", revoked_at__isnull=True).exists():
-        return None
-    _, key = api_key_create(user=admin, name="demo")
-    return str(key)
 
 
 def web_processes() -> int:
