@@ -27,14 +27,28 @@ from channels_app.models import (
 )
 from channels_app.models.channel import CHANNEL_SETTINGS
 from channels_app.scheduling import services
-from slotserve_base.admin_fields import GpuIndexesField, LabelsField
+from slotserve_base.admin_fields import GpuIndexesField, LabelsField, MemoryField, gib
 from slotserve_base.admin_services import SavedByServicesAdmin
 from slotserve_base.errors import InvalidInput
 
 
+class GpuAdminForm(forms.ModelForm[Gpu]):
+    memory_bytes = MemoryField(label="Memory")
+
+    class Meta:
+        model = Gpu
+        fields = ["index", "name", "memory_bytes"]
+
+
 class GpuInline(admin.TabularInline[Gpu, Node]):
     model = Gpu
+    form = GpuAdminForm
     extra = 0
+    readonly_fields = ["free"]
+
+    @admin.display(description="Free (last heard)")
+    def free(self, gpu: Gpu) -> str:
+        return gib(gpu.free_bytes) or "—"
 
 
 class NodeAdminForm(forms.ModelForm[Node]):
@@ -47,6 +61,7 @@ class NodeAdminForm(forms.ModelForm[Node]):
 
 class LLMModelAdminForm(forms.ModelForm[LLMModel]):
     labels = LabelsField(help_text="Placement's selector: channels must carry these, one key=value per line.")
+    size_bytes = MemoryField(label="Size", required=False, help_text="The weights' size, e.g. 14.2 GiB.")
 
     class Meta:
         model = LLMModel

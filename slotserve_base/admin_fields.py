@@ -1,4 +1,5 @@
-"""Admin form fields for the JSON columns staff edit by hand: GPU indexes and labels.
+"""Admin form fields for what staff edit by hand: GPU indexes and labels (JSON columns), and
+memory with its unit.
 
 A raw JSON box invites ``[0,1`` and ``{"gpu": a100}``; these read ``0, 1`` and one
 ``key=value`` per line, and say what is wrong in the same words.
@@ -89,3 +90,58 @@ class LabelsField(forms.Field):
                 raise ValidationError(f"line {number}: {key} is given twice")
             labels[key] = val
         return labels
+
+
+GiB = 2**30
+UNITS = {
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": GiB,
+    "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "b": 1,
+}
+MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+# A bare number above this many GiB was meant as bytes: no GPU or model is 16 TiB.
+BARE_GIB_AT_MOST = 16 * 1024
+
+
+def gib(size: int | None) -> str:
+    """``80 GiB``, ``74.51 GiB``: memory in binary gigabytes, named so (never "GB" for GiB)."""
+    if size is None:
+        return ""
+    return f"{size / GiB:.2f}".rstrip("0").rstrip(".") + " GiB"
+
+
+class MemoryField(forms.Field):
+    """Memory as ``80 GiB`` (or ``512 MiB``, ``1.5 TiB``, ``80 GB`` for decimal gigabytes; a bare
+    number is GiB): stored in bytes, shown in GiB."""
+
+    widget = forms.TextInput(attrs={"placeholder": "80 GiB", "size": 12})
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("help_text", "With its unit, e.g. 80 GiB or 512 MiB; a bare number is GiB.")
+        super().__init__(**kwargs)
+
+    def prepare_value(self, value: Any) -> Any:
+        return gib(value) if isinstance(value, int) else value
+
+    def to_python(self, value: Any) -> int:
+        text = str(value if value is not None else "").strip()
+        if not text:
+            if self.required:
+                raise ValidationError("give the memory, e.g. 80 GiB")
+            return 0  # not known
+        found = MEMORY.match(text)
+        unit = (found.group(2) or "gib").lower() if found else ""
+        if found is None or unit not in UNITS:
+            raise ValidationError(f"{text!r} is not an amount of memory: write it like 80 GiB or 512 MiB")
+        number = float(found.group(1))
+        if not found.group(2) and number > BARE_GIB_AT_MOST:
+            raise ValidationError(
+                f"{text} GiB is more than any GPU has: was it bytes? Write the unit, e.g. {gib(int(number))}"
+            )
+        return int(number * UNITS[unit])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from django.core import mail
+from django.core.exceptions import ValidationError
 from django.test import Client
 from django.utils import timezone
 
@@ -160,3 +161,34 @@ def test_each_start_of_the_demo_does_not_make_another_key():
     assert first is not None and ApiKey.objects.filter(user=admin).count() == 1
     assert demo_key(admin) is None  # said at the first start; not made again
     assert ApiKey.objects.filter(user=admin).count() == 1
+
+
+def test_memory_is_entered_and_shown_with_its_unit_in_gib():
+    from slotserve_base.admin_fields import MemoryField
+
+    field = MemoryField()
+    assert field.clean("80 GiB") == 80 * 2**30
+    assert field.clean("80GiB") == field.clean("80") == 80 * 2**30  # a bare number is GiB
+    assert field.clean("1.5 TiB") == int(1.5 * 2**40)
+    assert field.clean("512 MiB") == 512 * 2**20
+    assert field.clean("80 GB") == 80 * 10**9  # the decimal unit, as written
+    assert field.prepare_value(80 * 2**30) == "80 GiB"
+    assert field.prepare_value(80 * 10**9) == "74.51 GiB"
+    for wrong, said in (("80000000000", "GiB"), ("eighty", "80 GiB"), ("-1 GiB", "80 GiB")):
+        with pytest.raises(ValidationError) as caught:
+            field.clean(wrong)
+        assert said in str(caught.value), (wrong, caught.value)
+
+
+def test_the_admin_takes_a_gpus_memory_in_gib_and_the_portal_shows_gib():
+    staff = factories.user("boss", staff=True)
+    staff.is_superuser = True
+    staff.save()
+    node = factories.node("gpu-1", memory=80 * 10**9)
+    factories.channel("a100-0", on=node)
+    client = Client()
+    client.force_login(staff)
+    form = client.get(f"/admin/channels_app/node/{node.pk}/change/").content.decode()
+    assert 'value="74.51 GiB"' in form
+    overview = client.get("/").content.decode()
+    assert "74.51 GiB" in overview and " GB" not in overview

@@ -1,4 +1,4 @@
-"""Two small filters the portal's templates need."""
+"""Small filters the portal's templates need."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from django import template
+
+from slotserve_base.admin_fields import gib as gib_of
 
 register = template.Library()
 
@@ -27,3 +29,9 @@ def as_json(value: Any) -> str:
 def percent(value: float) -> str:
     """A fraction as a whole percentage: ``0.624|percent`` is "62 %"."""
     return f"{int(value * 100)} %"
+
+
+@register.filter
+def gib(size: int | None) -> str:
+    """Memory in GiB, named so: ``24 GiB`` (Django's ``filesizeformat`` writes GiB as "GB")."""
+    return gib_of(size)
