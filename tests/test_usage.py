@@ -13,9 +13,10 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from channels_app.models import Channel
 from gateway.models import RequestLog
 from gateway.usage.request_log import flush_request_log
-from gateway.usage.utilisation import Span, channel_shares, totals
+from gateway.usage.utilisation import Span, channel_shares, shares_of, totals
 from slotserve_base.redis_client import redis_client
 from tests import clock, factories
 from tests.conftest import snapshot_seen
@@ -69,6 +70,7 @@ def test_totals_count_used_minutes_per_booking_and_the_requests():
 
 @pytest.mark.django_db(transaction=True)
 def test_usage_numbers_match_the_request_log_after_real_traffic(gateway_url, world, staff):
+    Channel.objects.update(created=timezone.now() - timedelta(days=2))  # there all day
     booking = book(world, "ana")
     snapshot_seen(gateway_url)
     for _ in range(3):
@@ -143,6 +145,7 @@ def test_the_report_read_in_runs_and_sums_gives_what_every_request_read_alone_gi
     people[0].groups.add(team)
     people[1].groups.add(team)
     channels = [factories.channel(f"k{n}") for n in range(2)]
+    Channel.objects.update(created=lo - timedelta(days=1))  # there all period
     bookings = []
     for n in range(4):
         start = lo + timedelta(hours=4 * n + 1)
@@ -481,3 +484,24 @@ def test_a_chart_is_drawn_once_for_the_same_numbers_and_again_when_they_change(m
     rows[1]["used_hours"] = 0.5
     changed = hours_chart(rows, "user")
     assert len(drawn) == 2 and changed != first
+
+
+def test_a_channel_added_in_the_period_counts_its_time_from_when_it_was_added():
+    """A channel made minutes ago was not idle all week: its shares start when it was added."""
+    lo, hi = T0, T0 + 7 * 24 * 60 * MIN
+    added, now = T0 + 3 * 24 * 60 * MIN, T0 + 3 * 24 * 60 * MIN + 30 * MIN
+    shares = shares_of(switching=0, booked=0, booker=0, default=0, lo=lo, hi=hi, now=now, since=added)
+    assert shares["idle"] == 0.5 and sum(shares.values()) == 0.5
+
+
+@pytest.mark.django_db
+def test_the_usage_page_counts_a_new_channels_time_from_when_it_was_added(staff):
+    channel = factories.channel("new-0")
+    channel.created = timezone.now() - 20 * MIN
+    channel.save()
+    page = Client()
+    page.force_login(staff)
+    answer = page.get("/api/usage/", {"by": "channel", "period": "week"})
+    assert answer.status_code == 200, answer.content
+    (shares,) = [row for row in answer.json()["shares"] if row["name"] == "new-0"]
+    assert shares["idle"] <= 0.35, shares  # 20 minutes, not the week so far

@@ -190,7 +190,8 @@ def share_rows(
                 lo=lo,
                 hi=hi,
                 now=now,
+                since=added,
             ),
         }
-        for channel_id, name in Channel.objects.values_list("pk", "name")
+        for channel_id, name, added in Channel.objects.values_list("pk", "name", "created")
     ]

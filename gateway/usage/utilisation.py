@@ -84,11 +84,13 @@ def shares_of(
     lo: datetime,
     hi: datetime,
     now: datetime,
+    since: datetime | None = None,
 ) -> dict[str, float]:
     """``channel_shares`` from the minutes of loads, bookings, bookers' requests and requests
     outside bookings (the report reads the last two from the roll-ups as minutes). Time after
-    ``now`` is not idle yet: only its booked minutes count, as still to come."""
-    total = minutes(lo, min(max(now, lo), hi), lo, hi)
+    ``now`` is not idle yet: only its booked minutes count, as still to come; nor is time before
+    ``since``, when the channel was added."""
+    total = minutes(max(lo, since or lo), min(max(now, lo), hi), lo, hi)
     to_come = booked & minutes(max(now, lo), hi, lo, hi) & ~total
     switching &= total
     served_booker = booker & total & ~switching
