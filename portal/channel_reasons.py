@@ -44,3 +44,22 @@ def why(*, reason: str | None, booking: BookingFacts | None, valid_until: dateti
         "default": "default model",
         "idle": "no default model: idle",
     }.get(reason, reason.replace("_", " "))
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return "under a second"
+    if seconds < 120:
+        return f"{int(seconds)} s"
+    return f"{int(seconds // 60)} min"
+
+
+def loading_words(*, elapsed: float, estimate: float | None) -> str:
+    """A loading card's line: "loading: 12 s so far, usually about 40 s" (no "0 s of about 0 s"
+    for a model that loads in a blink; "longer than the usual …" when it is late)."""
+    said = f"loading: {_duration(elapsed)} so far"
+    if estimate is None:
+        return said
+    if estimate >= 1 and elapsed > 1.5 * estimate:
+        return f"{said}, longer than the usual {_duration(estimate)}"
+    return f"{said}, usually {'' if estimate < 1 else 'about '}{_duration(estimate)}"

@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from channels_app.models import Channel, LLMModel, ModelFile, Node, Preset
 from channels_app.scheduling import selectors
 from channels_app.scheduling.selectors import preset_load_estimates
-from portal.channel_reasons import BookingFacts, why
+from portal.channel_reasons import BookingFacts, loading_words, why
 from portal.forms import OverrideForm
 from reservations.hints import memory_estimate
 from reservations.models import Reservation
@@ -42,12 +42,14 @@ class ChannelCard:
     error: str
     fallback: bool
     retry_at: datetime | None
-    loading_elapsed: int | None = None
-    loading_estimate: int | None = None
+    loading_elapsed: float | None = None
+    loading: str = ""  # "loading: 12 s so far, usually about 40 s"
     override_form: OverrideForm | None = None
     override_selects: tuple[SafeString, SafeString] | None = None  # its model and preset lists
     controls_lazy: bool = False  # staff's controls fetched as they are opened (``CONTROLS_INLINE``)
     busy: str = ""  # its places in use and its fair queue, e.g. "2 of 2 places in use · 3 waiting"
+    default: str = ""  # what it runs when nothing else is asked, e.g. "qwen / chat"
+    start_worker: str = ""  # staff, while its node is not ready: the command that starts its worker
 
 
 def target_label(model: LLMModel | None, preset: Preset | None) -> str:
@@ -66,6 +68,8 @@ def channel_cards(*, now: datetime, staff: bool) -> list[ChannelCard]:
     channels = list(
         Channel.objects.select_related(
             "node",
+            "default_model",
+            "default_preset",
             "runtime__model",
             "runtime__preset",
             "target__reservation__user",
@@ -101,16 +105,26 @@ def channel_cards(*, now: datetime, staff: bool) -> list[ChannelCard]:
             override_form=OverrideForm(prefix=f"ch{channel.pk}") if selects else None,
             override_selects=selects.for_prefix(f"ch{channel.pk}") if selects else None,
             controls_lazy=lazy,
+            default=target_label(channel.default_model, channel.default_preset)
+            if channel.default_model_id
+            else "",
         )
+        if staff and not card.ready:
+            card.start_worker = (
+                f"SLOTSERVE_NODE_NAME={channel.node.name} .venv/bin/python manage.py nodeworker"
+            )
         if runtime is not None and runtime.phase == Phase.LOADING and runtime.model_id is not None:
-            card.loading_elapsed = int((now - runtime.since).total_seconds())
+            card.loading_elapsed = (now - runtime.since).total_seconds()
+            card.loading = loading_words(elapsed=card.loading_elapsed, estimate=None)
             loading.append((card, Target(runtime.model_id, runtime.preset_id)))
         cards.append(card)
     _tell_how_busy([c for c in cards if c.phase in (Phase.READY, Phase.DRAINING)])
     if loading:
         estimates = selectors.load_estimates((c.channel.node_id, t) for c, t in loading)
         for card, target_ in loading:
-            card.loading_estimate = int(estimates[(card.channel.node_id, target_)])
+            card.loading = loading_words(
+                elapsed=card.loading_elapsed or 0.0, estimate=estimates[(card.channel.node_id, target_)]
+            )
     return cards
 
 

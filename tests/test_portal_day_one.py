@@ -192,3 +192,77 @@ def test_the_admin_takes_a_gpus_memory_in_gib_and_the_portal_shows_gib():
     assert 'value="74.51 GiB"' in form
     overview = client.get("/").content.decode()
     assert "74.51 GiB" in overview and " GB" not in overview
+
+
+def test_a_channel_on_a_node_not_ready_says_how_to_start_its_worker_and_what_it_will_run():
+    from datetime import timedelta as delta
+
+    from channels_app.models import Node
+
+    staff, member = factories.user("boss", staff=True), factories.user("ana")
+    qwen = factories.llm("qwen")
+    chat = factories.preset(qwen, "chat", "-c 4096")
+    channel = factories.channel("a100-0", default=chat)
+    Node.objects.filter(pk=channel.node_id).update(last_heartbeat=timezone.now() - delta(hours=1))
+    client = Client()
+    client.force_login(staff)
+    card = _card(client.get("/").content.decode(), "a100-0")
+    assert "node not ready" in card
+    assert f"SLOTSERVE_NODE_NAME={channel.node.name} .venv/bin/python manage.py nodeworker" in card
+    assert "qwen / chat" in card  # its default, not "—"
+    client.force_login(member)
+    card = _card(client.get("/").content.decode(), "a100-0")
+    assert "node not ready" in card and "nodeworker" not in card and "qwen / chat" in card
+
+
+def test_a_loading_card_gives_no_estimate_it_does_not_have():
+    from channels_app.models import ChannelRuntime, LoadRecord
+    from slotserve_base.vocabulary import Phase
+
+    staff = factories.user("boss", staff=True)
+    tiny = factories.llm("tiny")
+    channel = factories.channel("a100-0")
+    now = timezone.now()
+    for n in range(3):  # a tiny model: each load took 0.3 s
+        began = now - timedelta(hours=n + 1)
+        LoadRecord.objects.create(
+            channel=channel,
+            node=channel.node,
+            model=tiny,
+            started=began,
+            finished=began + timedelta(seconds=0.3),
+            succeeded=True,
+        )
+    ChannelRuntime.objects.create(channel=channel, phase=Phase.LOADING, model=tiny, since=now)
+    client = Client()
+    client.force_login(staff)
+    card = _card(client.get("/").content.decode(), "a100-0")
+    assert "0 s" not in card and "loading: under a second so far, usually under a second" in card
+
+
+def _card(page: str, name: str) -> str:
+    begun = page.index(f'data-channel="{name}"')
+    return page[begun : page.index("</section>", begun)]
+
+
+@needs_chromium
+def test_any_channel_that_fits_tells_members_why_in_words_and_staff_the_scores(browser, live_server):  # noqa: F811
+    factories.user("ana")
+    factories.user("boss", staff=True)
+    qwen = factories.llm("qwen")
+    factories.channel("a100-0", on=factories.node("gpu-1", backends=["llama.cpp"]))
+    day = (timezone.localtime() + timedelta(days=1)).date()
+
+    def suggestion(username: str) -> str:
+        page = sign_in(browser, live_server, username)
+        page.goto(f"{live_server.url}/book/")
+        page.select_option("#id_model", str(qwen.pk))
+        page.fill("#id_start", f"{day:%Y-%m-%d}T09:00")
+        page.fill("#id_end", f"{day:%Y-%m-%d}T10:00")
+        page.wait_for_selector("#hints li[data-code=suggestion]")
+        return str(page.inner_text("#hints li[data-code=suggestion]"))
+
+    said = suggestion("ana")
+    assert said.startswith("Will book: a100-0") and "score" not in said and "placement" not in said, said
+    assert "room for qwen" in said, said
+    assert "score" in suggestion("boss")
