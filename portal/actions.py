@@ -55,7 +55,7 @@ def refusal_to_form(form: Any, exc: Exception) -> None:
 def book(request: HttpRequest) -> HttpResponse:
     conflicts: list[Any] = []
     if request.method == "POST":
-        form = BookingForm(request.POST)
+        form = BookingForm(request.POST, user=me(request))
         if form.is_valid():
             data = form.cleaned_data
             booking: dict[str, Any] = {
@@ -115,7 +115,7 @@ def book(request: HttpRequest) -> HttpResponse:
                 messages.success(request, f"Your reservation of {reservation.channel} {state}.")
                 return redirect("portal:my_reservations")
     else:
-        form = BookingForm(initial=_prefilled(request))
+        form = BookingForm(initial=_prefilled(request), user=me(request))
     presets = [{"id": p.pk, "model": p.model_id, "name": p.name} for p in Preset.objects.all()]
     # For the model list's own "exceeds the GPU memory" marks (per chosen channel).
     channels = Channel.objects.select_related("node").prefetch_related("node__gpus")

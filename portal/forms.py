@@ -12,6 +12,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from channels_app.models import Channel, LLMModel, Preset
 from reservations.recurrence import MAX_OCCURRENCES
+from reservations.selectors import bookable_by
 from reservations.webhooks.models import Body
 from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 
@@ -27,8 +28,26 @@ class LocalDateTimeField(forms.DateTimeField):
         super().__init__(input_formats=LOCAL_INPUT, **kwargs)
 
 
+class BookableChannelField(forms.ModelChoiceField[Channel]):
+    """The channels one may book (``bookable_by``); one kept for other groups is refused in the
+    same words as the booking rule (docs/portal.md, "Groups"), not as "not one of the choices"."""
+
+    def to_python(self, value: Any) -> Channel | None:
+        try:
+            return super().to_python(value)
+        except forms.ValidationError:
+            kept = Channel.objects.filter(pk=value).first() if str(value).isdigit() else None
+            if kept is None:
+                raise
+            names = ", ".join(sorted(g.name for g in kept.allowed_groups.all()))
+            raise forms.ValidationError(
+                f"channel {kept.name} is for the groups {names}; you are in none of them",
+                code="invalid_choice",
+            ) from None
+
+
 class BookingForm(forms.Form):
-    channel = forms.ModelChoiceField(
+    channel = BookableChannelField(
         queryset=Channel.objects.all(), required=False, empty_label="Any channel that fits"
     )
     start = LocalDateTimeField()
@@ -55,6 +74,13 @@ class BookingForm(forms.Form):
     skip_conflicts = forms.BooleanField(
         required=False, label="Book the others, skipping the dates that cannot be booked"
     )
+
+    def __init__(self, *args: Any, user: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if user is not None:
+            field = self.fields["channel"]
+            assert isinstance(field, BookableChannelField)
+            field.queryset = bookable_by(user)
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}

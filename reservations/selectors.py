@@ -7,7 +7,7 @@ from collections.abc import Collection
 from datetime import datetime, timedelta
 
 from django.contrib.auth.models import User
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from channels_app.models import Channel
 from reservations.models import Reservation
@@ -70,3 +70,12 @@ def held_slots(
     if exclude is not None:
         found = found.exclude(pk__in=[exclude] if isinstance(exclude, int) else exclude)
     return list(found.values_list("start", "end"))
+
+
+def bookable_by(user: User) -> QuerySet[Channel]:
+    """The channels ``user`` may book: staff every one; others those kept for no group, or for a
+    group of theirs (the rule ``reservation_create`` enforces, docs/portal.md, "Groups")."""
+    if user.is_staff:
+        return Channel.objects.all()
+    open_or_theirs = Q(allowed_groups__isnull=True) | Q(allowed_groups__in=user.groups.all())
+    return Channel.objects.filter(pk__in=Channel.objects.filter(open_or_theirs).values("pk"))

@@ -266,3 +266,39 @@ def test_any_channel_that_fits_tells_members_why_in_words_and_staff_the_scores(b
     assert said.startswith("Will book: a100-0") and "score" not in said and "placement" not in said, said
     assert "room for qwen" in said, said
     assert "score" in suggestion("boss")
+
+
+def test_the_booking_form_offers_only_the_channels_one_may_book():
+    from django.contrib.auth.models import Group
+
+    nlp, vision = Group.objects.create(name="nlp"), Group.objects.create(name="vision")
+    ana = factories.user("ana")
+    ana.groups.add(vision)
+    closed, open_, shared = (
+        factories.channel("a100-0"),
+        factories.channel("a100-1"),
+        factories.channel("a100-2"),
+    )
+    closed.allowed_groups.add(nlp)
+    shared.allowed_groups.add(nlp, vision)
+    client = Client()
+    client.force_login(ana)
+    page = client.get("/book/").content.decode()
+    offered = page[page.index('name="channel"') : page.index("</select>", page.index('name="channel"'))]
+    assert f'value="{open_.pk}"' in offered and f'value="{shared.pk}"' in offered
+    assert f'value="{closed.pk}"' not in offered
+    start = timezone.localtime() + timedelta(days=1)
+    sent = client.post(
+        "/book/",
+        {
+            "channel": closed.pk,
+            "start": f"{start:%Y-%m-%d}T09:00",
+            "end": f"{start:%Y-%m-%d}T10:00",
+            "exclusive": "on",
+        },
+    )
+    assert "for the groups nlp" in sent.content.decode()
+    staff = factories.user("boss", staff=True)
+    client.force_login(staff)
+    page = client.get("/book/").content.decode()
+    assert f'value="{closed.pk}"' in page  # staff book every channel
