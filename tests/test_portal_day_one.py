@@ -302,3 +302,37 @@ def test_the_booking_form_offers_only_the_channels_one_may_book():
     client.force_login(staff)
     page = client.get("/book/").content.decode()
     assert f'value="{closed.pk}"' in page  # staff book every channel
+
+
+@needs_chromium
+def test_a_series_with_one_clash_gives_one_verdict_not_an_all_clear_beside_it(browser, live_server):  # noqa: F811
+    from datetime import datetime, time
+
+    factories.user("ana")
+    bo = factories.user("bo")
+    qwen = factories.llm("qwen")
+    channel = factories.channel("a100-0")
+    day = (timezone.localtime() + timedelta(days=2)).date()
+    second = datetime.combine(day + timedelta(days=7), time(10), tzinfo=timezone.get_default_timezone())
+    factories.reservation(owner=bo, on=channel, start=second, end=second + timedelta(hours=1))
+    page = sign_in(browser, live_server, "ana")
+    page.goto(f"{live_server.url}/book/")
+    page.select_option("#id_channel", str(channel.pk))
+    page.fill("#id_start", f"{day:%Y-%m-%d}T10:00")
+    page.fill("#id_end", f"{day:%Y-%m-%d}T11:00")
+    page.select_option("#id_model", str(qwen.pk))
+    page.select_option("#id_repeat", "weekly")
+    page.fill("#id_count", "4")
+    page.wait_for_selector("#hints li[data-code=series]")
+    hints = page.locator("#hints li").all_inner_texts()
+    assert not any("No conflicts" in hint for hint in hints), hints
+    assert any("1 of 4 dates cannot be booked" in hint for hint in hints), hints
+    # Sent as it is, the page says why, and still gives no all-clear.
+    page.click("#booking button[type=submit]")
+    page.wait_for_selector("#hints li[data-code=series]")
+    assert "1 of 4 occurrences cannot be booked" in page.content()
+    assert not any("No conflicts" in hint for hint in page.locator("#hints li").all_inner_texts())
+    # Skipping the clash is a booking that can be made: the one verdict is then the all-clear.
+    page.check("#id_skip_conflicts")
+    page.wait_for_selector("#hints li.ok")
+    assert not page.locator("#hints li[data-code=series]").count()
