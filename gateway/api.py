@@ -9,7 +9,6 @@ from typing import Any
 from django.conf import settings
 from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
-from django.utils import timezone
 from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -24,6 +23,7 @@ from gateway.filters import RequestLogFilter
 from gateway.models import ApiKey, RequestLog
 from slotserve_base.api_fields import IdOrNameField, MomentField, current_user
 from slotserve_base.csv_stream import BATCH, csv_response
+from slotserve_base.iso import iso_moment
 
 
 class ApiKeyOutput(serializers.ModelSerializer[ApiKey]):
@@ -197,15 +197,13 @@ class RequestLogViewSet(viewsets.ReadOnlyModelViewSet[RequestLog]):
     @action(detail=False, methods=["get"], url_path="csv")
     def export(self, request: Request) -> StreamingHttpResponse:
         """The rows as CSV, streamed as they are read (``slotserve_base.csv_stream``): plain
-        values, not a serializer per row; times in the reader's zone, as the JSON gives them."""
+        values, not a serializer per row; times in UTC, as the JSON gives them (``iso_moment``)."""
         rows = self.filter_queryset(self.get_queryset()).values_list(
             *(CSV_SOURCES.get(name, name) for name in CSV_FIELDS)
         )
-        zone = timezone.get_current_timezone()
 
         def lines() -> Iterator[tuple[Any, ...]]:
             for row in rows.iterator(chunk_size=BATCH):
-                at = row[1].astimezone(zone).isoformat().replace("+00:00", "Z")
-                yield (row[0], at, *row[2:])
+                yield (row[0], iso_moment(row[1]), *row[2:])
 
         return csv_response(request._request, CSV_FIELDS, lines(), "slotserve-requests.csv")

@@ -14,6 +14,8 @@ from rest_framework.exceptions import NotAuthenticated
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
+from slotserve_base.iso import UtcDateTimeField
+
 
 class IdOrNameField(serializers.PrimaryKeyRelatedField):  # type: ignore[type-arg]
     """A related object given by id (``3``) or by its unique ``name`` (``"a100-0"``)."""
@@ -49,7 +51,7 @@ def in_range(value: datetime) -> bool:
     return EARLIEST <= value < LATEST
 
 
-class MomentField(serializers.DateTimeField):
+class MomentField(UtcDateTimeField):
     """An ISO 8601 time within ``EARLIEST`` and ``LATEST``; outside, a 400 that says so."""
 
     def to_internal_value(self, value: Any) -> datetime:

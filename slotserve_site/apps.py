@@ -26,4 +26,7 @@ class SlotServeSiteConfig(AppConfig):
     verbose_name = "SlotServe"
 
     def ready(self) -> None:
+        from slotserve_base.iso import use_utc_moments
+
         connection_created.connect(_private_sqlite_files, dispatch_uid="slotserve-private-sqlite")
+        use_utc_moments()  # every API moment in UTC (docs/api.md)

@@ -4,7 +4,7 @@ carrying a link on the one-command start, one demo key however often SlotServe s
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, timedelta
 from pathlib import Path
 
 import pytest
@@ -336,3 +336,30 @@ def test_a_series_with_one_clash_gives_one_verdict_not_an_all_clear_beside_it(br
     page.check("#id_skip_conflicts")
     page.wait_for_selector("#hints li.ok")
     assert not page.locator("#hints li[data-code=series]").count()
+
+
+def test_every_api_moment_is_written_in_utc_whoever_asks_and_wherever_it_is_made():
+    """One format (docs/api.md): a webhook body made in a Berlin user's request and one made by a
+    task, and the REST API read in a Berlin session, all write ``…Z``."""
+    import zoneinfo
+
+    from rest_framework.test import APIClient
+
+    from slotserve_base.iso import iso_moment
+
+    moment = timezone.now().replace(microsecond=0)
+    berlin = zoneinfo.ZoneInfo("Europe/Berlin")
+    with timezone.override(berlin):
+        assert iso_moment(moment) == moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    ana = factories.user("ana")
+    profile = profile_for(ana)
+    profile.time_zone, profile.time_zone_chosen = "Europe/Berlin", True
+    profile.save()
+    booking = factories.reservation(
+        owner=ana, on=factories.channel("a100-0"), start=moment, end=moment + timedelta(hours=1)
+    )
+    client = APIClient()
+    client.force_login(ana)
+    (row,) = client.get("/api/reservations/").json()
+    assert row["start"] == iso_moment(booking.start) and row["start"].endswith("Z"), row
+    assert row["created"].endswith("Z"), row

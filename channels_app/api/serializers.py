@@ -25,6 +25,7 @@ from channels_app.models import (
 from channels_app.models.channel import CHANNEL_SETTINGS
 from channels_app.scheduling.decision import Decision, PlanSegment
 from slotserve_base.api_fields import IdOrNameField
+from slotserve_base.iso import UtcDateTimeField
 from slotserve_base.target import Target
 from slotserve_base.vocabulary import Phase, Reason
 
@@ -85,7 +86,7 @@ def decision_json(decision: Decision, names: dict[str, dict[int, str]]) -> dict[
     return {
         "target": target_json(decision.target, names),
         "reason": str(decision.reason),
-        "valid_until": serializers.DateTimeField().to_representation(decision.valid_until)
+        "valid_until": UtcDateTimeField().to_representation(decision.valid_until)
         if decision.valid_until
         else None,
         "reservation": decision.reservation_id,
@@ -93,7 +94,7 @@ def decision_json(decision: Decision, names: dict[str, dict[int, str]]) -> dict[
 
 
 def plan_json(segments: list[PlanSegment], names: dict[str, dict[int, str]]) -> list[dict[str, Any]]:
-    field = serializers.DateTimeField()
+    field = UtcDateTimeField()
     return [
         {
             "from": field.to_representation(s.start),
@@ -127,7 +128,7 @@ class ChannelSerializer(serializers.ModelSerializer[Channel]):
         return channel.vram_bytes()
 
     def get_state(self, channel: Channel) -> dict[str, Any]:
-        field = serializers.DateTimeField()
+        field = UtcDateTimeField()
         runtime, target = channel.runtime_or_none(), channel.target_or_none()
         return {
             "phase": runtime.phase if runtime else Phase.STOPPED,

@@ -27,6 +27,7 @@ from reservations.webhooks.services import (
     webhook_test,
 )
 from slotserve_base.api_fields import IdOrNameField, current_user, reads_only
+from slotserve_base.iso import UtcDateTimeField
 
 
 class WebhookOutput(serializers.ModelSerializer[Webhook]):
@@ -76,7 +77,7 @@ class TryOutput(serializers.ModelSerializer[DeliveryTry]):
 class DeliveryOutput(serializers.ModelSerializer[Delivery]):
     type = serializers.CharField(source="event.type")
     msg_id = serializers.CharField(source="event.msg_id")
-    event_at = serializers.DateTimeField(source="event.at")
+    event_at = UtcDateTimeField(source="event.at")
     attempts = TryOutput(many=True)
 
     class Meta:
