@@ -181,7 +181,7 @@ EXPIRY_NOTICE = timedelta(days=7)
 def tell_keys_expiring(*, now: datetime) -> int:
     """Tell the owner of each key that stops working within ``EXPIRY_NOTICE``, once per expiry."""
     from reservations.notifications import notify
-    from reservations.wording import moment_words
+    from reservations.wording import expiry_words
 
     soon = (
         ApiKey.objects.usable(now)
@@ -195,7 +195,7 @@ def tell_keys_expiring(*, now: datetime) -> int:
 
         def text(zone: tzinfo, k: ApiKey = api_key, at: datetime = expires) -> str:
             return (
-                f"Your API key {k.name} ({k.prefix}…) stops working {moment_words(at, zone)}: "
+                f"Your API key {k.name} ({k.prefix}…) expires ({expiry_words(at, zone)}): "
                 "create a new one on the keys page, or set a later expiry."
             )
 

@@ -7,7 +7,7 @@ says "Tue 8 Dec 10:00–12:00 CET", never ``2026-12-08T09:00:00Z``; the API's fi
 from __future__ import annotations
 
 import zoneinfo
-from datetime import datetime, tzinfo
+from datetime import datetime, timedelta, tzinfo
 
 from django.contrib.auth.models import User
 from django.utils import timezone
@@ -41,3 +41,15 @@ def slot_words(start: datetime, end: datetime, zone: tzinfo | None = None) -> st
     if first.date() == last.date() and _zone_name(first) == _zone_name(last):
         return f"{moment_words(start, zone).rsplit(' ', 1)[0]}–{last:%H:%M} {_zone_name(last)}"
     return f"{moment_words(start, zone)} – {moment_words(end, zone)}"
+
+
+def expiry_words(moment: datetime, zone: tzinfo | None = None) -> str:
+    """When a key stops working, as it was asked: ``last day it works: Thu 31 Dec`` for one that
+    stops at a midnight of the reader's zone (the portal asks for the last day), else ``works
+    until Thu 31 Dec 14:30 CET``."""
+    local = moment.astimezone(zone or timezone.get_current_timezone())
+    if (local.hour, local.minute, local.second, local.microsecond) == (0, 0, 0, 0):
+        day = local - timedelta(days=1)
+        year = f" {day.year}" if day.year != timezone.now().astimezone(local.tzinfo).year else ""
+        return f"last day it works: {day:%a} {day.day} {day:%b}{year}"
+    return f"works until {moment_words(moment, zone)}"

@@ -105,7 +105,7 @@ def test_the_keys_page_makes_a_scoped_key_and_shows_its_scope(ana):
     ).content.decode()
     made = ApiKey.objects.get(name="notebook")
     assert list(made.models_allowed.all()) == [qwen] and made.read_only and made.expires_at is not None
-    assert "models qwen" in page and "read-only" in page and "until" in page
+    assert "models qwen" in page and "read-only" in page and "last day it works" in page
 
 
 def test_an_owner_is_told_once_a_week_before_their_key_stops_working(ana):

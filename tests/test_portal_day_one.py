@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core import mail
@@ -363,3 +364,34 @@ def test_every_api_moment_is_written_in_utc_whoever_asks_and_wherever_it_is_made
     (row,) = client.get("/api/reservations/").json()
     assert row["start"] == iso_moment(booking.start) and row["start"].endswith("Z"), row
     assert row["created"].endswith("Z"), row
+
+
+def test_a_keys_expiry_is_shown_as_it_was_asked_the_last_day_it_works():
+    import zoneinfo
+
+    from reservations.wording import expiry_words
+
+    berlin = zoneinfo.ZoneInfo("Europe/Berlin")
+    ana = factories.user("ana")
+    profile = profile_for(ana)
+    profile.time_zone, profile.time_zone_chosen = "Europe/Berlin", True
+    profile.save()
+    client = Client()
+    client.force_login(ana)
+    last = (timezone.now() + timedelta(days=40)).astimezone(berlin).date()
+    made = client.post("/keys/", {"name": "ci", "wait_seconds": 0, "expires": last.isoformat()})
+    assert made.status_code == 200, made.content
+    page = client.get("/keys/").content.decode()
+    said = f"last day it works: {last:%a} {last.day} {last:%b}"
+    assert said in page, page[page.index("ci") : page.index("ci") + 400]
+    after = last + timedelta(days=1)
+    assert f"{after.day} {after:%b}" not in page
+    # A moment not at midnight (set through the API) is said as a moment.
+    from datetime import datetime, time
+
+    odd = datetime.combine(last, time(14, 30), tzinfo=berlin)
+    assert expiry_words(odd, berlin) == f"works until {last:%a} {last.day} {last:%b}{_year(last)} 14:30 CET"
+
+
+def _year(day: Any) -> str:
+    return f" {day.year}" if day.year != timezone.now().year else ""

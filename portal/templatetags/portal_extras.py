@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from django import template
@@ -35,3 +36,11 @@ def percent(value: float) -> str:
 def gib(size: int | None) -> str:
     """Memory in GiB, named so: ``24 GiB`` (Django's ``filesizeformat`` writes GiB as "GB")."""
     return gib_of(size)
+
+
+@register.filter
+def expiry(moment: datetime) -> str:
+    """A key's expiry as the keys page asks it: its last day (``reservations.wording``)."""
+    from reservations.wording import expiry_words
+
+    return expiry_words(moment)
