@@ -118,6 +118,40 @@ def approve_several(request: HttpRequest) -> HttpResponse:
 
 @_approver_required
 @require_POST
+def reject_several(request: HttpRequest) -> HttpResponse:
+    """Reject the ticked requests at once with one reason (each as ``reject`` would); none is
+    rejected without a reason."""
+    form = RejectForm(request.POST)
+    ids = [int(pk) for pk in request.POST.getlist("reservation") if is_id(pk)]
+    if not ids:
+        messages.error(request, "Tick the requests to reject.")
+        return redirect("portal:approvals")
+    if not form.is_valid():
+        messages.error(request, "Say why the ticked requests are rejected (one reason for all).")
+        return redirect("portal:approvals")
+    chosen = reviewable_by(me(request)).filter(pk__in=ids).select_related("user", "channel")
+    rejected, refused = 0, []
+    for reservation in chosen:
+        try:
+            services.reservation_reject(
+                reservation=reservation,
+                by=me(request),
+                reason=form.cleaned_data["reason"],
+                now=timezone.now(),
+            )
+        except (InvalidInput, InvalidTransition) as exc:
+            refused.append(f"{reservation.user}'s booking of {reservation.channel}: {exc.message}")
+        else:
+            rejected += 1
+    if rejected:
+        messages.success(request, f"{rejected} rejected.")
+    for why in refused:
+        messages.error(request, why)
+    return redirect("portal:approvals")
+
+
+@_approver_required
+@require_POST
 def approve(request: HttpRequest, pk: int) -> HttpResponse:
     def act(r: Reservation) -> Reservation:
         return services.reservation_approve(reservation=r, by=me(request), now=timezone.now())

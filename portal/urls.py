@@ -26,6 +26,7 @@ urlpatterns = [
     path("waitlist/<int:pk>/leave", portal_actions.leave_waitlist, name="leave_waitlist"),
     path("approvals/", staff_actions.approvals, name="approvals"),
     path("approvals/approve", staff_actions.approve_several, name="approve_several"),
+    path("approvals/reject", staff_actions.reject_several, name="reject_several"),
     path("approvals/<int:pk>/approve", staff_actions.approve, name="approve"),
     path("approvals/<int:pk>/reject", staff_actions.reject, name="reject"),
     path("channel/<int:pk>/controls", portal.channel_controls, name="channel_controls"),

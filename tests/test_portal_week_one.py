@@ -341,7 +341,8 @@ def test_approvers_see_each_request_among_its_neighbours_and_approve_several_at_
     client.force_login(boss)
     page = client.get("/approvals/").content.decode()
     row = page.split(f'id="reservation-{asks[0].pk}"')[1].split("</tr>")[0]
-    assert "bo 08:00–09:00" in row and f"/calendar/?day={start:%Y-%m-%d}" in row  # what is around it
+    assert f"bo {start:%a} {start.day} {start:%b} 08:00–09:00" in row  # what is around it, dated
+    assert f"/calendar/?day={start:%Y-%m-%d}" in row
     answer = client.post("/approvals/approve", {"reservation": [asks[0].pk, asks[2].pk]})
     assert answer.status_code == 302
     assert [Reservation.objects.get(pk=r.pk).status for r in asks] == ["approved", "pending", "approved"]
