@@ -160,6 +160,8 @@ class RequestLogOutput(serializers.ModelSerializer[RequestLog]):
             "decided_ms",
             "prompt_tokens",
             "completion_tokens",
+            "error_code",
+            "error",
         ]
 
 

@@ -1,5 +1,6 @@
 """Query filters of the request log (django-filter): ``?user=`` (staff; id or username),
-``?channel=`` (id or name), ``?model=``, ``?status=``, ``?since=`` and ``?until=``."""
+``?channel=`` (id or name), ``?model=``, ``?status=``, ``?code=`` (a refusal's), ``?since=`` and
+``?until=``."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ class RequestLogFilter(django_filters.FilterSet):
     channel = django_filters.CharFilter(method="by_channel", help_text="channel id or name")
     model = django_filters.CharFilter(field_name="model")
     status = django_filters.NumberFilter(field_name="status")
+    code = django_filters.CharFilter(field_name="error_code", help_text="a refusal's code, e.g. gpu_reserved")
     since = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte")
     until = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="lt")
 
     class Meta:
         model = RequestLog
-        fields = ["user", "channel", "model", "status", "since", "until"]
+        fields = ["user", "channel", "model", "status", "code", "since", "until"]
 
     def by_user(self, queryset: QuerySet[RequestLog], name: str, value: str) -> QuerySet[RequestLog]:
         return queryset.filter(user_id=int(value)) if is_id(value) else queryset.filter(user__username=value)

@@ -127,6 +127,15 @@ class RequestLog(models.Model):
     )
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
+    error_code = models.CharField(
+        max_length=40,
+        blank=True,
+        default="",
+        help_text="A refused request's code, as the caller got it (gpu_reserved, rate_limit_exceeded…).",
+    )
+    error = models.CharField(
+        max_length=300, blank=True, default="", help_text="A refused request's reason, as the caller got it."
+    )
     request_id = models.CharField(
         max_length=40,
         blank=True,

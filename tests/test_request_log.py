@@ -77,7 +77,7 @@ def test_every_request_is_one_row_written_off_the_hot_path(gateway_url, world, s
     assert (refused.path, refused.status, refused.channel) == (
         "/channels/ch-a/v1/chat/completions",
         403,
-        None,
+        world.channel,  # the channel it was for
     )
 
 
@@ -107,7 +107,7 @@ def test_owners_see_their_rows_staff_see_all_with_filters_and_csv(gateway_url, w
     portal = Client()
     portal.force_login(world.bo)
     page = portal.get("/requests/").content.decode()
-    assert "nothing" in page and "qwen" not in page  # bo's own rows only
+    assert "nothing" in page and "<td>qwen" not in page  # bo's own rows only (not ana's qwen)
 
 
 def test_rows_older_than_the_retention_go_at_the_next_flush(settings, ana):
@@ -312,3 +312,30 @@ def test_a_flush_that_died_holding_the_lock_holds_up_the_log_only_briefly(ana, m
     assert flush_request_log(redis_client()) == 0, "held: left to the flush holding it"
     assert eventually(lambda: flush_request_log(redis_client()) == 1, timeout=3)
     assert RequestLog.objects.count() == 2
+
+
+def test_a_refused_request_is_logged_with_its_code_channel_and_reason_as_the_caller_got_them(
+    gateway_url, world, staff
+):
+    """An admin reads why bo was turned away: the code, the channel it was for, the reason."""
+    book(world, "ana")
+    snapshot_seen(gateway_url)
+    refused = call(gateway_url + "/channels/ch-a", world.bo_key)
+    assert refused.status_code == 403
+    told = refused.json()["error"]
+    assert call(gateway_url, world.bo_key, model="mistral").status_code == 404
+    wait_for_records(2)
+    flush_request_log(redis_client())
+    row = RequestLog.objects.get(status=403)
+    assert (row.error_code, row.channel, row.error) == (told["code"], world.channel, told["message"])
+    assert row.error_code == "gpu_reserved" and row.ttft_ms is None  # no token came
+    missing = RequestLog.objects.get(status=404)
+    assert missing.error_code == "model_not_loaded" and missing.channel is None
+    everyone = api_for(staff)
+    found = everyone.get("/api/requests/", {"code": "gpu_reserved"}).data
+    assert found["count"] == 1 and found["results"][0]["error_code"] == "gpu_reserved"
+    assert found["results"][0]["error"] == told["message"] and found["results"][0]["channel"] == "ch-a"
+    portal = Client()
+    portal.force_login(staff)
+    page = portal.get("/requests/", {"code": "gpu_reserved"}).content.decode()
+    assert "gpu_reserved" in page and told["message"] in page and "mistral" not in page

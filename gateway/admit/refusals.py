@@ -82,6 +82,10 @@ def refusal_answer(refusal: Refusal, flavour: str | None = None) -> tuple[bytes,
 
 
 async def refuse(send: Send, refusal: Refusal) -> None:
+    # Sent through the request's Answer (``gateway.stream.answer``): its log record keeps why.
+    noted = getattr(getattr(send, "__self__", None), "refused", None)
+    if noted is not None:
+        noted(refusal)
     body, headers = refusal_answer(refusal)
     await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -64,6 +64,7 @@ class Refusal:
     code: str
     message: str
     retry_after: int | None = None
+    channel_id: int | None = None  # the channel it was for, when one was (the request log keeps it)
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,12 @@ def as_of(channel: ChannelView, now: datetime) -> ChannelView:
 
 def admit(*, caller_id: int, channel: ChannelView, now: datetime, zone: tzinfo = UTC) -> Refusal | None:
     """The access table (docs/gateway.md) for one caller and one channel; None means allowed.
-    Times are told in the caller's ``zone``, the instant beside them."""
+    Times are told in the caller's ``zone``, the instant beside them; a refusal names the channel."""
+    refusal = _admit(caller_id, channel, now, zone)
+    return None if refusal is None else dataclasses.replace(refusal, channel_id=channel.id)
+
+
+def _admit(caller_id: int, channel: ChannelView, now: datetime, zone: tzinfo) -> Refusal | None:
     channel = as_of(channel, now)
     booking = channel.booking
     if booking is not None and booking.user_id != caller_id:

@@ -319,6 +319,7 @@ class Exchange:
             self.send(connecting.result())
 
     def _refusal(self, refusal: Refusal) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        self.answer.refused(refusal, self.channel.id)
         body, headers = refusal_answer(refusal, self.flavour)
         return refusal.status, headers, body
 

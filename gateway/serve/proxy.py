@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from dataclasses import replace
 from datetime import datetime
 
 from django.conf import settings
@@ -389,7 +390,7 @@ class Gateway:
             refusal = switching_refusal(go.channel, caller, now)
         if place is not None:
             await self.places.leave(go.channel.id, place, caller.user_id)
-        return None, refusal
+        return None, replace(refusal, channel_id=go.channel.id)
 
 
 # Refusals a caller may ask to wait out (X-SlotServe-Wait): the model will be ready.

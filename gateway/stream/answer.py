@@ -8,7 +8,7 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from gateway.rules.access import ChannelView
+from gateway.rules.access import ChannelView, Refusal
 from gateway.rules.body import dumps
 from gateway.rules.callers import Caller
 from gateway.stream.events import Usage
@@ -34,6 +34,13 @@ class Answer:
         self.channel_id: int | None = None
         self.reservation_id: int | None = None
         self.queued_seconds: float | None = None  # how long it waited its turn (gateway.admit.places)
+        self.code = self.reason = ""  # a refusal's, as the caller got them
+
+    def refused(self, refusal: Refusal, channel_id: int | None = None) -> None:
+        """The gateway refuses the request: its log record keeps the code, the reason and the
+        channel it was for (when one was), as the caller got them."""
+        self.code, self.reason = refusal.code, refusal.message[:300]
+        self.channel_id = self.channel_id or refusal.channel_id or channel_id
 
     def goes_to(self, channel: ChannelView) -> None:
         """The request goes to ``channel``: its log record names the channel, the model that
@@ -65,7 +72,7 @@ class Answer:
         often it reaches Redis."""
         if self.caller is None or self.status is None:
             return b""
-        ttft = self.ttft_seconds
+        ttft = None if self.code else self.ttft_seconds  # a refusal's body is no first token
         return dumps(
             [
                 round(self.arrived, 3),
@@ -85,5 +92,7 @@ class Answer:
                 None if self.queued_seconds is None else round(self.queued_seconds * 1000, 2),
                 request_id,
                 round((self.decided - self.started) * 1000, 2),
+                self.code,
+                self.reason,
             ]
         )

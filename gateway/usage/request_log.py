@@ -136,6 +136,8 @@ class _Record(NamedTuple):
     queued: float | None
     request_id: str
     decided: float | None
+    code: str
+    reason: str
     item: bytes
 
 
@@ -160,6 +162,8 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 fields.append("")
             if isinstance(fields, list) and len(fields) == 16:  # written before decisions were timed
                 fields.append(None)
+            if isinstance(fields, list) and len(fields) == 17:  # written before refusals were kept
+                fields += ["", ""]
             (
                 at,
                 user,
@@ -178,6 +182,8 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 queued,
                 request_id,
                 decided,
+                code,
+                reason,
             ) = fields
             record = _Record(
                 datetime.fromtimestamp(float(at), tz=UTC),
@@ -197,11 +203,21 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 None if queued is None else float(queued),
                 str(request_id)[:40],
                 None if decided is None else float(decided),
+                str(code)[:40],
+                str(reason)[:300],
                 item,
             )
             if not all(
                 _storable(text)
-                for text in (record.model, record.method, record.path, record.served, record.request_id)
+                for text in (
+                    record.model,
+                    record.method,
+                    record.path,
+                    record.served,
+                    record.request_id,
+                    record.code,
+                    record.reason,
+                )
             ):
                 raise ValueError("text no database stores")
             records.append(record)
@@ -240,6 +256,8 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 queued_ms=r.queued,
                 request_id=r.request_id,
                 decided_ms=r.decided,
+                error_code=r.code,
+                error=r.reason,
             ),
             r.item,
         )
