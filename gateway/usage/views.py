@@ -207,7 +207,9 @@ def usage_page(request: HttpRequest) -> HttpResponse:
         "by_choices": BY if request.user.is_staff else ("user", "group"),
         "share_labels": [SHARE_LABELS[share] for share in SHARES],
         # Each channel's hours in the order of the columns: the table is the longest part of the page.
-        "share_cells": [(r["name"], [r[share] for share in SHARES]) for r in found["shares"]],
+        "share_cells": [
+            (r["name"], [(SHARE_LABELS[share], r[share]) for share in SHARES]) for r in found["shares"]
+        ],
     }
     return render(request, "portal/usage.html", context)
 
