@@ -39,6 +39,7 @@ class Block:
     label: str
     title: str
     details: dict[str, Any] | None = None  # a booking's, shown when it is clicked
+    short: str = ""  # a booking's second line: what it runs, shortened (the title has it whole)
 
 
 @dataclass
@@ -147,10 +148,10 @@ def _lane_rows(
             css = f"res {r.status}" + (" mine" if mine else "") + (" exclusive" if r.exclusive else "")
             local = slot_words(r.start, r.end, tz)
             waiting = r.status == ReservationStatus.PENDING
-            # "yours" in words, not only in colour.
-            label = (
-                ("yours · " if mine else "") + ("pending: " if waiting else "") + f"{r.user.username}: {what}"
-            )
+            # Who on the first line ("yours" in words, not only in colour), what on the second:
+            # both read in a two-hour block; the title (and the focus) has it whole.
+            label = ("pending: " if waiting else "") + ("yours" if mine else r.user.username)
+            short = "whole card" if r.exclusive else (r.model.name if r.model else what)
             title = f"{r.user.username}, {local} {what}" + (" (pending approval)" if waiting else "")
             details = {
                 "who": r.user.username,
@@ -160,7 +161,7 @@ def _lane_rows(
                 "mine": mine,
                 "channel": channel.name,
             }
-            row.blocks.append(Block(*place, css, label, title, details))
+            row.blocks.append(Block(*place, css, label, title, details, short))
             if previous is not None and previous.target != r.target and r.target is not None:
                 lost = adjacent_switch_minutes(
                     load_seconds=estimates[(channel.node_id, r.target)],

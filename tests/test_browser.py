@@ -108,7 +108,7 @@ def test_book_approve_watch_cancel_and_read(browser, live_server, settings):
     booking.refresh_from_db()
     assert booking.status == "approved"
     boss.goto(f"{live_server.url}/calendar/?day={start:%Y-%m-%d}")
-    assert "ana: qwen-7b / chat" in boss.content()
+    assert '<span class="who">ana</span><span class="what">qwen-7b</span>' in boss.content()
     shot(boss, "calendar")
 
     # The overview refreshes by itself when what runs changes.

@@ -100,7 +100,8 @@ def test_calendar_shows_reservations_pending_and_preloads(world, ana, bo):
     other = factories.preset(world.other_model, "b2")
     factories.reservation(owner=bo, on=world.channel, start=T0 + HOUR, end=T0 + 2 * HOUR, target=other)
     page = client_for(ana).get("/calendar/", {"day": "2026-12-07"}).content.decode()
-    assert "ana: qwen-7b / chat" in page
+    assert '<span class="who">yours</span><span class="what">qwen-7b</span>' in page
+    assert 'title="ana, Mon 7 Dec' in page and 'qwen-7b / chat"' in page
     assert "res approved mine" in page
     assert "res pending" in page and "(pending approval)" in page
     # bo's 70B model follows ana's booking directly: its loading eats into bo's slot.
@@ -115,7 +116,8 @@ def test_calendar_shows_reservations_pending_and_preloads(world, ana, bo):
     monday = text.split('<div class="lane-label">Mon 07</div>')[1].split(
         '<div class="lane-label">Tue 08</div>'
     )[0]
-    assert "ana: qwen-7b / chat" in monday and "pending: bo: qwen-7b / chat" in monday
+    assert '<span class="who">yours</span><span class="what">qwen-7b</span>' in monday
+    assert '<span class="who">pending: bo</span><span class="what">qwen-7b</span>' in monday
     assert 'data-origin="2026-12-07T00:00:00+' in monday or 'data-origin="2026-12-07T00:00:00-' in monday
 
 

@@ -500,3 +500,36 @@ def test_on_a_phone_the_keys_requests_usage_and_models_tables_are_cards(browser,
     page.goto(f"{live_server.url}/keys/")
     box = page.locator("#keys-table button", has_text="Revoke").bounding_box()
     assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, box
+
+
+@needs_chromium
+def test_a_calendar_block_shows_who_and_what_and_in_full_on_focus(browser, live_server):  # noqa: F811
+    from datetime import datetime, time
+
+    ana, bo = factories.user("ana"), factories.user("bo")
+    qwen = factories.llm("qwen2.5-7b")
+    chat = factories.preset(qwen, "chat")
+    channel = factories.channel("a100-0")
+    day = (timezone.localtime() + timedelta(days=1)).date()
+    at = datetime.combine(day, time(10), tzinfo=timezone.get_current_timezone())
+    factories.reservation(owner=ana, on=channel, start=at, end=at + timedelta(hours=2), target=chat)
+    factories.reservation(
+        owner=bo, on=channel, start=at + timedelta(hours=3), end=at + timedelta(hours=5), target=chat
+    )
+    page = sign_in(browser, live_server, "ana", width=1366, height=768)
+    page.goto(f"{live_server.url}/calendar/?day={day:%Y-%m-%d}")
+    mine, theirs = page.locator("button.res.mine"), page.locator("button.res:not(.mine)")
+
+    def shown(block) -> list[str]:  # type: ignore[no-untyped-def]
+        """Each line of the block and whether it shows whole (not cut off)."""
+        return block.evaluate(
+            "b => [...b.children].map(s => s.textContent + (s.scrollWidth > s.clientWidth + 1 ? ' (cut)' : ''))"
+        )
+
+    assert shown(mine) == ["yours", "qwen2.5-7b"], shown(mine)
+    assert shown(theirs) == ["bo", "qwen2.5-7b"], shown(theirs)
+    theirs.focus()
+    said = page.inner_text("#lane-cursor")
+    assert "bo" in said and "qwen2.5-7b / chat" in said and "13:00–15:00" in said, said
+    assert "qwen2.5-7b / chat" in (theirs.get_attribute("title") or "")
+    shot(page, "calendar-blocks-who-and-what")
