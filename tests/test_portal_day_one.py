@@ -520,10 +520,13 @@ def test_a_calendar_block_shows_who_and_what_and_in_full_on_focus(browser, live_
     page.goto(f"{live_server.url}/calendar/?day={day:%Y-%m-%d}")
     mine, theirs = page.locator("button.res.mine"), page.locator("button.res:not(.mine)")
 
-    def shown(block) -> list[str]:  # type: ignore[no-untyped-def]
-        """Each line of the block and whether it shows whole (not cut off)."""
-        return block.evaluate(
-            "b => [...b.children].map(s => s.textContent + (s.scrollWidth > s.clientWidth + 1 ? ' (cut)' : ''))"
+    def shown(block: Any) -> list[str]:
+        """Each line of the block, marked if it is cut off."""
+        return list(
+            block.evaluate(
+                "b => [...b.children].map(s => s.textContent"
+                " + (s.scrollWidth > s.clientWidth + 1 ? ' (cut)' : ''))"
+            )
         )
 
     assert shown(mine) == ["yours", "qwen2.5-7b"], shown(mine)
