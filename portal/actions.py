@@ -302,6 +302,9 @@ def change(request: HttpRequest, pk: int) -> HttpResponse:
                 "note": reservation.note,
             }
         )
+    # The booking's length, so that the page says when a change would alter it.
+    length = int((reservation.end - reservation.start).total_seconds() // 60)
+    form.fields["end"].widget.attrs["data-length-was"] = str(length)
     presets = [{"id": p.pk, "model": p.model_id, "name": p.name} for p in Preset.objects.all()]
     context = {
         "form": form,

@@ -536,3 +536,46 @@ def test_a_calendar_block_shows_who_and_what_and_in_full_on_focus(browser, live_
     assert "bo" in said and "qwen2.5-7b / chat" in said and "13:00–15:00" in said, said
     assert "qwen2.5-7b / chat" in (theirs.get_attribute("title") or "")
     shot(page, "calendar-blocks-who-and-what")
+
+
+@needs_chromium
+def test_typing_a_start_keeps_the_length_and_a_changed_length_is_said_before_saving(browser, live_server):  # noqa: F811
+    """Real key presses in Chromium's own date-time fields (en-US: a leading 0 in the hour empties
+    the field for a moment): the end follows the start through it."""
+    from datetime import datetime, time
+
+    ana = factories.user("ana")
+    channel = factories.channel("a100-0")
+    day = (timezone.localtime() + timedelta(days=1)).date()
+    start = datetime.combine(day, time(10), tzinfo=timezone.get_current_timezone())
+    booking = factories.reservation(owner=ana, on=channel, start=start, end=start + timedelta(hours=2))
+    page = sign_in(browser, live_server, "ana")
+    page.goto(f"{live_server.url}/reservations/{booking.pk}/change")
+    page.focus("#id_start")  # its month
+    for _ in range(3):
+        page.keyboard.press("ArrowRight")  # day, year, hour
+    page.keyboard.type("02")
+    assert page.input_value("#id_start") == f"{day:%Y-%m-%d}T02:00"
+    assert page.input_value("#id_end") == f"{day:%Y-%m-%d}T04:00"
+    assert "2 h" in page.inner_text("#length-said") and "was" not in page.inner_text("#length-said")
+    # A change of the end that changes the length is said before it is saved.
+    page.focus("#id_end")
+    for _ in range(3):
+        page.keyboard.press("ArrowRight")
+    page.keyboard.type("07")
+    said = page.inner_text("#length-said")
+    assert "5 h" in said and "was 2 h" in said, said
+    page.click("#change button[type=submit]")
+    page.wait_for_selector("text=Reservation changed.")
+    booking.refresh_from_db()
+    assert (timezone.localtime(booking.start).hour, timezone.localtime(booking.end).hour) == (2, 7)
+    # On the book page, typing the start's day moves the end's day too.
+    later = day + timedelta(days=1 if day.day < 27 else -1)
+    page.goto(
+        f"{live_server.url}/book/?channel={channel.pk}&start={day:%Y-%m-%d}T14:00Z&end={day:%Y-%m-%d}T15:30Z"
+    )
+    page.focus("#id_start")
+    page.keyboard.press("ArrowRight")  # its day
+    page.keyboard.type(f"{later.day:02d}")
+    assert page.input_value("#id_start") == f"{later:%Y-%m-%d}T14:00"
+    assert page.input_value("#id_end") == f"{later:%Y-%m-%d}T15:30"
