@@ -28,6 +28,7 @@ from portal.forms import (
 from reservations.models import Notification, Profile, Reservation, ReservationStatus
 from reservations.profiles import profile_for, profile_set_time_zone
 from reservations.wording import zone_of
+from slotserve_base import overview
 from slotserve_base.errors import InvalidInput
 from slotserve_base.public_url import public_url
 from slotserve_base.vocabulary import NotificationEvent
@@ -43,7 +44,8 @@ def notifications(request: HttpRequest) -> HttpResponse:
         return redirect("portal:notifications")
     shown = list(mine[:200])
     response = render(request, "portal/notifications.html", {"notifications": shown})
-    mine.filter(read=False, pk__in=[n.pk for n in shown]).update(read=True)
+    if mine.filter(read=False, pk__in=[n.pk for n in shown]).update(read=True):
+        overview.counts_changed([me(request).pk])  # the badge on their other open pages
     return response
 
 

@@ -16,20 +16,28 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
             "oidc_name": settings.SLOTSERVE_OIDC_NAME if settings.SLOTSERVE_OIDC_CLIENT_ID else "",
             "ldap_name": settings.SLOTSERVE_LDAP_NAME if settings.SLOTSERVE_LDAP_URL else "",
         }
-    from reservations.models import Notification, ReservationStatus
     from reservations.profiles import profile_for
 
     profile = profile_for(request.user)
-    counts: dict[str, Any] = {
-        "unread_count": Notification.objects.filter(user_id=request.user.pk, read=False).count(),
+    counted = counts_of(request.user)
+    shown: dict[str, Any] = {
+        "unread_count": counted["unread"],
         "profile_zone": profile.time_zone,
         "zone_chosen": profile.time_zone_chosen,
     }
+    if "approvals" in counted:
+        shown["approver"] = True
+        shown["approvals_count"] = counted["approvals"]
+    return shown
+
+
+def counts_of(user: Any) -> dict[str, int]:
+    """The navigation's counts for ``user``: unread notifications, and for an approver the
+    requests awaiting them (``approvals``). The live connection sends the same (``portal.live``)."""
+    from reservations.models import Notification, ReservationStatus
     from reservations.selectors import reviewable_by
 
-    if request.user.is_staff or request.user.approves_for.exists():
-        counts["approver"] = True
-        counts["approvals_count"] = (
-            reviewable_by(request.user).filter(status=ReservationStatus.PENDING).count()
-        )
+    counts = {"unread": Notification.objects.filter(user_id=user.pk, read=False).count()}
+    if user.is_staff or user.approves_for.exists():
+        counts["approvals"] = reviewable_by(user).filter(status=ReservationStatus.PENDING).count()
     return counts

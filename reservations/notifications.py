@@ -13,7 +13,7 @@ from django.db import IntegrityError, transaction
 from reservations.models import Notification
 from reservations.profiles import profile_for
 from reservations.wording import slot_words, zone_of
-from slotserve_base import dispatch
+from slotserve_base import dispatch, overview
 from slotserve_base.public_url import public_url
 from slotserve_base.vocabulary import NotificationEvent
 
@@ -72,6 +72,8 @@ def notify(
         if key is not None and Notification.objects.filter(user=user, key=key).exists():
             return None
         raise
+    # Their open pages' badges count it (the portal's live connection).
+    transaction.on_commit(lambda: overview.counts_changed([user.pk]))
     if user.email and profile_for(user).wants_email(event):
         subject, body = email_of(event, text, link, about=about, zone=zone)
         # Sent by a task with retries after the commit: a slow or absent mail server never

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from channels.layers import channel_layers
 from channels.testing import WebsocketCommunicator
@@ -51,3 +53,44 @@ async def test_anonymous_visitors_are_turned_away(memory_layer):
     socket.scope["user"] = AnonymousUser()
     connected, code = await socket.connect()
     assert not connected and code == 4401
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.anyio
+async def test_a_persons_open_pages_hear_their_counts_change(memory_layer):
+    """The navigation's badges follow without a reload: a notification for ana reaches her pages
+    with her new unread count; a request awaiting approval reaches every approver's with theirs."""
+    from asgiref.sync import sync_to_async
+
+    from reservations.services import reservation_create
+    from slotserve_base import overview
+
+    ana, boss = (
+        await sync_to_async(factories.user)("ana"),
+        await sync_to_async(factories.user)("boss", staff=True),
+    )
+    channel = await sync_to_async(factories.channel)("a100-0", policy="all")
+    sockets = {}
+    for who in (ana, boss):
+        sockets[who.username] = WebsocketCommunicator(OverviewConsumer.as_asgi(), "/ws/overview")
+        sockets[who.username].scope["user"] = who
+        assert (await sockets[who.username].connect())[0]
+    start = timezone.now() + timedelta(days=1)
+    await sync_to_async(reservation_create)(
+        user=ana,
+        channel=channel,
+        start=start,
+        end=start + timedelta(hours=1),
+        exclusive=True,
+        now=timezone.now(),
+    )
+    told = await sockets["boss"].receive_json_from(timeout=2)
+    assert told == {"counts": {"unread": 1, "approvals": 1}}, told  # "ana asks for a100-0…"
+    await sync_to_async(overview.deliveries_changed)(ana.pk, 7)
+    heard = await sockets["ana"].receive_json_from(timeout=2)
+    while "deliveries" not in heard:  # her own counts came first (the request's notification)
+        assert heard == {"counts": {"unread": 0}}, heard
+        heard = await sockets["ana"].receive_json_from(timeout=2)
+    assert heard == {"deliveries": 7}
+    for socket in sockets.values():
+        await socket.disconnect()

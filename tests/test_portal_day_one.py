@@ -579,3 +579,45 @@ def test_typing_a_start_keeps_the_length_and_a_changed_length_is_said_before_sav
     page.keyboard.type(f"{later.day:02d}")
     assert page.input_value("#id_start") == f"{later:%Y-%m-%d}T14:00"
     assert page.input_value("#id_end") == f"{later:%Y-%m-%d}T15:30"
+
+
+@needs_chromium
+def test_the_badges_count_a_new_request_without_a_reload(browser, settings):  # noqa: F811
+    """Served as ``./slotserve start`` serves it (ASGI, WebSockets): a request that awaits
+    approval shows in the approver's open page's badges."""
+    import threading
+    from types import SimpleNamespace
+
+    from reservations.services import reservation_create
+    from slotserve_site.asgi import application
+    from tests.conftest import serving
+    from tests.test_browser import signed_in
+
+    settings.ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
+    factories.user("boss", staff=True)
+    ana = factories.user("ana")
+    channel = factories.channel("a100-0", policy="all")
+    with serving(application) as url:
+        page = signed_in(browser.new_page(), SimpleNamespace(url=url), "boss")
+        page.goto(f"{url}/calendar/")
+        page.wait_for_function("() => window.slotserveLive && window.slotserveLive.open", timeout=10_000)
+        assert not page.locator("#approvals-count").count()
+        start = timezone.now() + timedelta(days=1)
+        # Booked from another thread, as a web request or a task is (Playwright's own event
+        # loop runs in this one).
+        booking = threading.Thread(
+            target=reservation_create,
+            kwargs={
+                "user": ana,
+                "channel": channel,
+                "start": start,
+                "end": start + timedelta(hours=1),
+                "exclusive": True,
+                "now": timezone.now(),
+            },
+        )
+        booking.start()
+        booking.join()
+        page.wait_for_selector("#approvals-count:has-text('1')", timeout=10_000)
+        page.wait_for_selector("#unread-count:has-text('1')", timeout=10_000)
+        assert page.url == f"{url}/calendar/"  # no reload

@@ -20,6 +20,7 @@ from reservations.notifications import notify, slot_of
 from reservations.rules import BookingLimits, LimitBroken, check_length_and_horizon, check_quota
 from reservations.selectors import group_held_slots, held_slots, reviewable_by
 from reservations.wording import moment_words, slot_words
+from slotserve_base import overview
 from slotserve_base.errors import InvalidInput
 from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 
@@ -299,6 +300,7 @@ def _tell_approvers(reservation: Reservation, also: int = 0) -> None:
     approvers, or staff where the groups name none. ``also``: how many more occurrences of the
     same series wait with it."""
     staff = get_user_model().objects.filter(is_staff=True, is_active=True)
+    transaction.on_commit(lambda: overview.counts_changed(approvers=True))  # every approver's count
 
     def text(zone: tzinfo) -> str:
         if reservation.extends_id is not None:

@@ -14,6 +14,7 @@ from reservations.notifications import notify, slot_of
 from reservations.services.common import InvalidTransition
 from reservations.services.waitlist import tell_waiting
 from reservations.wording import slot_words
+from slotserve_base import overview
 from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InvalidInput
 from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
@@ -26,6 +27,8 @@ def _transition(
     reservation.refresh_from_db()
     if not updated:
         raise InvalidTransition(f"cannot {verb} a reservation that is {reservation.status}")
+    if ReservationStatus.PENDING in allowed_from:  # a request may have left the approvers' list
+        transaction.on_commit(lambda: overview.counts_changed(approvers=True))
     return reservation
 
 

@@ -30,6 +30,7 @@ from standardwebhooks.webhooks import Webhook as Signer
 from reservations.notifications import notify
 from reservations.webhooks.addresses import Refused, destination
 from reservations.webhooks.models import Delivery, DeliveryState, DeliveryTry, Webhook
+from slotserve_base import overview
 from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 
 log = logging.getLogger(__name__)
@@ -287,6 +288,9 @@ def deliver(webhook_id: int) -> int:
     finally:
         sender.close()
         Webhook.objects.filter(pk=webhook_id).update(lease_until=None)
+        owner_id = Webhook.objects.filter(pk=webhook_id).values_list("owner_id", flat=True).first()
+        if tried and owner_id is not None:
+            overview.deliveries_changed(owner_id, webhook_id)  # its log, on the owner's open pages
     return tried
 
 
@@ -322,6 +326,7 @@ def send_test(delivery_id: int) -> bool:
         else:
             delivery.state = DeliveryState.FAILED
         delivery.save(update_fields=["tries", "state", "delivered_at"])
+    overview.deliveries_changed(delivery.webhook.owner_id, delivery.webhook_id)
     return delivery.state == DeliveryState.DELIVERED
 
 
