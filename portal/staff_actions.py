@@ -91,29 +91,42 @@ def _around(asked: Reservation, near: list[Reservation]) -> dict[str, Any]:
     }
 
 
+def _ticked(request: HttpRequest) -> list[int]:
+    # Only ASCII digits: "²" and "١" pass isdigit() and fail int().
+    return [int(pk) for pk in request.POST.getlist("reservation") if is_id(pk)]
+
+
+def _decide_ticked(request: HttpRequest, ids: list[int], decide: Any, verb: str, done: str) -> HttpResponse:
+    """``decide`` each ticked request the approver may decide (as one at a time would); say how
+    many were ``done`` and name those that could not be."""
+    chosen = reviewable_by(me(request)).filter(pk__in=ids).select_related("user", "channel")
+    decided, refused = 0, []
+    for reservation in chosen:
+        try:
+            decide(reservation)
+        except (InvalidInput, InvalidTransition, ReservationConflict) as exc:
+            refused.append(f"{reservation.user}'s booking of {reservation.channel}: {exc.message}")
+        else:
+            decided += 1
+    if decided:
+        messages.success(request, f"{decided} {done}.")
+    for why in refused:
+        messages.error(request, why)
+    if not decided and not refused:
+        messages.error(request, f"Tick the requests to {verb}.")
+    return redirect("portal:approvals")
+
+
 @_approver_required
 @require_POST
 def approve_several(request: HttpRequest) -> HttpResponse:
     """Approve the ticked requests at once (each as ``approve`` would); those that cannot be
     approved now are named."""
-    # Only ASCII digits: "²" and "١" pass isdigit() and fail int().
-    ids = [int(pk) for pk in request.POST.getlist("reservation") if is_id(pk)]
-    chosen = reviewable_by(me(request)).filter(pk__in=ids).select_related("user", "channel")
-    approved, refused = 0, []
-    for reservation in chosen:
-        try:
-            services.reservation_approve(reservation=reservation, by=me(request), now=timezone.now())
-        except (InvalidInput, InvalidTransition, ReservationConflict) as exc:
-            refused.append(f"{reservation.user}'s booking of {reservation.channel}: {exc.message}")
-        else:
-            approved += 1
-    if approved:
-        messages.success(request, f"{approved} approved.")
-    for why in refused:
-        messages.error(request, why)
-    if not approved and not refused:
-        messages.error(request, "Tick the requests to approve.")
-    return redirect("portal:approvals")
+
+    def approve_one(reservation: Reservation) -> None:
+        services.reservation_approve(reservation=reservation, by=me(request), now=timezone.now())
+
+    return _decide_ticked(request, _ticked(request), approve_one, "approve", "approved")
 
 
 @_approver_required
@@ -121,33 +134,18 @@ def approve_several(request: HttpRequest) -> HttpResponse:
 def reject_several(request: HttpRequest) -> HttpResponse:
     """Reject the ticked requests at once with one reason (each as ``reject`` would); none is
     rejected without a reason."""
-    form = RejectForm(request.POST)
-    ids = [int(pk) for pk in request.POST.getlist("reservation") if is_id(pk)]
-    if not ids:
-        messages.error(request, "Tick the requests to reject.")
-        return redirect("portal:approvals")
-    if not form.is_valid():
+    form, ids = RejectForm(request.POST), _ticked(request)
+    if ids and not form.is_valid():
         messages.error(request, "Say why the ticked requests are rejected (one reason for all).")
         return redirect("portal:approvals")
-    chosen = reviewable_by(me(request)).filter(pk__in=ids).select_related("user", "channel")
-    rejected, refused = 0, []
-    for reservation in chosen:
-        try:
-            services.reservation_reject(
-                reservation=reservation,
-                by=me(request),
-                reason=form.cleaned_data["reason"],
-                now=timezone.now(),
-            )
-        except (InvalidInput, InvalidTransition) as exc:
-            refused.append(f"{reservation.user}'s booking of {reservation.channel}: {exc.message}")
-        else:
-            rejected += 1
-    if rejected:
-        messages.success(request, f"{rejected} rejected.")
-    for why in refused:
-        messages.error(request, why)
-    return redirect("portal:approvals")
+
+    def reject_one(reservation: Reservation) -> None:
+        reason = form.cleaned_data["reason"]
+        services.reservation_reject(
+            reservation=reservation, by=me(request), reason=reason, now=timezone.now()
+        )
+
+    return _decide_ticked(request, ids, reject_one, "reject", "rejected")
 
 
 @_approver_required

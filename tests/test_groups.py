@@ -213,4 +213,4 @@ def test_the_calendar_filters_by_group(lab):
     client.force_login(lab["ana"])
     day = timezone.localtime(lab["start"]).date()
     page = client.get(f"/calendar/?day={day:%Y-%m-%d}&group={lab['nlp'].pk}").content.decode()
-    assert "carl: qwen / chat" in page and "ana: qwen / chat" not in page
+    assert '<span class="who">carl</span>' in page and '<span class="who">yours</span>' not in page

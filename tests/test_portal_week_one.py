@@ -288,8 +288,9 @@ def test_the_dialog_chooses_the_only_model_and_says_each_problem_once(browser, l
     assert len(beside.split("; ")) == len(set(beside.split("; "))), beside
 
 
-@needs_chromium
-def test_a_series_shows_its_dates_first_and_books_the_others_skipping_a_conflict(browser, live_server):  # noqa: F811
+def weekly_series_with_its_second_date_taken(browser, live_server, count: int):  # noqa: F811
+    """ana's booking dialog, filled for a weekly series of ``count`` whose second date bo holds:
+    the page, ana and the taken start."""
     ana, bo = factories.user("ana"), factories.user("bo")
     qwen = factories.llm("qwen")
     channel = factories.channel("a100-0")
@@ -303,7 +304,13 @@ def test_a_series_shows_its_dates_first_and_books_the_others_skipping_a_conflict
     page.fill("#id_end", f"{day:%Y-%m-%d}T11:00")
     page.select_option("#id_model", str(qwen.pk))
     page.select_option("#id_repeat", "weekly")
-    page.fill("#id_count", "3")
+    page.fill("#id_count", str(count))
+    return page, ana, second
+
+
+@needs_chromium
+def test_a_series_shows_its_dates_first_and_books_the_others_skipping_a_conflict(browser, live_server):  # noqa: F811
+    page, ana, second = weekly_series_with_its_second_date_taken(browser, live_server, 3)
     page.wait_for_selector("#series-preview li.conflict")
     dates = page.locator("#series-preview li").all_inner_texts()
     assert len(dates) == 3 and [("cannot be booked" in d) for d in dates] == [False, True, False], dates

@@ -128,12 +128,25 @@ CHART_LOOK: dict[str, Any] = {
 }
 
 
-def _drawn(kind: str, title: str, labels: list[str], series: list[tuple[str, list[Any]]], draw: Any) -> str:
+# Each chart's kind: pygal's chart and the colours of its series.
+CHARTS: dict[str, tuple[Any, Style]] = {
+    "hours": (pygal.Bar, HOURS_STYLE),
+    "shares": (pygal.StackedBar, SHARES_STYLE),
+}
+
+
+def _drawn(kind: str, title: str, labels: list[str], series: list[tuple[str, list[Any]]]) -> str:
+    """The chart of ``kind`` with these bars, drawn once for the same numbers (``DRAWN_SECONDS``)."""
     numbers = repr((kind, title, labels, series)).encode()
     key = f"usage:chart:{hashlib.sha256(numbers).hexdigest()}"
     svg = cache.get(key)
     if svg is None:
-        svg = _svg(draw())
+        chart_class, style = CHARTS[kind]
+        chart = chart_class(style=style, **CHART_LOOK)
+        chart.title, chart.x_labels = title, labels
+        for name, values in series:
+            chart.add(name, values)
+        svg = _svg(chart)
         cache.set(key, svg, DRAWN_SECONDS)
     return str(svg)
 
@@ -160,15 +173,7 @@ def hours_chart(rows: list[dict[str, Any]], by: str) -> str:
         ("used by the booker's requests", [r["used_hours"] for r in shown]),
         ("booked, still to come", [r["to_come_hours"] for r in shown]),
     ]
-
-    def draw() -> Any:
-        chart = pygal.Bar(style=HOURS_STYLE, **CHART_LOOK)
-        chart.title, chart.x_labels = title, labels
-        for name, values in series:
-            chart.add(name, values)
-        return chart
-
-    return _drawn("hours", title, labels, series, draw)
+    return _drawn("hours", title, labels, series)
 
 
 def shares_chart(rows: list[dict[str, Any]]) -> str:
@@ -177,15 +182,7 @@ def shares_chart(rows: list[dict[str, Any]]) -> str:
     title = f"How each channel's time went (hours){_of(len(shown), len(rows))}"
     labels = [r["name"] for r in shown]
     series = [(SHARE_LABELS[share], [r[share] for r in shown]) for share in SHARES]
-
-    def draw() -> Any:
-        chart = pygal.StackedBar(style=SHARES_STYLE, **CHART_LOOK)
-        chart.title, chart.x_labels = title, labels
-        for name, values in series:
-            chart.add(name, values)
-        return chart
-
-    return _drawn("shares", title, labels, series, draw)
+    return _drawn("shares", title, labels, series)
 
 
 @login_required
