@@ -30,3 +30,6 @@ class SlotServeSiteConfig(AppConfig):
 
         connection_created.connect(_private_sqlite_files, dispatch_uid="slotserve-private-sqlite")
         use_utc_moments()  # every API moment in UTC (docs/api.md)
+        from slotserve_site.audit import register_audited
+
+        register_audited()  # the audit trail's models (docs/architecture.md)

@@ -39,7 +39,6 @@ DATA_DIR.chmod(0o700)
 
 DEBUG = env_bool("SLOTSERVE_DEBUG", False)
 
-
 SECRET_KEY = secret_key(DATA_DIR)
 ALLOWED_HOSTS = env_list("SLOTSERVE_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 # The address people open the portal at (e.g. https://gpu.lab.example): links in emails, the
@@ -77,6 +76,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_celery_beat",
     "axes",
+    "auditlog",
     "channels",
     "channels_app",
     "reservations",
@@ -97,6 +97,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "slotserve_site.middleware.UserTimezoneMiddleware",
+    "slotserve_site.audit.AuditMiddleware",  # who changed what (docs/architecture.md)
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
@@ -338,6 +339,8 @@ SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE = env_int("SLOTSERVE_LIMIT_REQUESTS_PER_MINU
 SLOTSERVE_LIMIT_WEEKLY_TOKENS = env_int("SLOTSERVE_LIMIT_WEEKLY_TOKENS", 0, minimum=0)
 # Days the request log keeps its rows.
 SLOTSERVE_REQUEST_LOG_DAYS = env_int("SLOTSERVE_REQUEST_LOG_DAYS", 90, minimum=1)
+SLOTSERVE_AUDIT_DAYS = env_int("SLOTSERVE_AUDIT_DAYS", 365, minimum=1)
+AUDITLOG_DISABLE_REMOTE_ADDR = True  # as the request log: no addresses kept
 # More request-log rows than this past the roll-ups' mark at once (a restore, an import) are a
 # backlog: folded in the background, in hour order, never inside a page or a flush.
 SLOTSERVE_USAGE_BACKLOG_ROWS = env_int("SLOTSERVE_USAGE_BACKLOG_ROWS", 50_000, minimum=1)

@@ -20,7 +20,7 @@ from gateway.usage.views import UsageView
 from reservations.account_api import MeView, NotificationViewSet, WaitlistViewSet
 from reservations.api import ReservationViewSet
 from reservations.webhooks.api import WebhookViewSet
-from slotserve_site import sign_in
+from slotserve_site import audit_views, sign_in
 from slotserve_site.metrics import metrics_view
 from slotserve_site.password_reset import PublicAddressResetView
 
@@ -40,6 +40,7 @@ router.register("waitlist", WaitlistViewSet, basename="waitlist")
 router.register("keys", ApiKeyViewSet, basename="apikey")
 router.register("requests", RequestLogViewSet, basename="requestlog")
 router.register("webhooks", WebhookViewSet, basename="webhook")
+router.register("audit", audit_views.AuditViewSet, basename="audit")
 
 
 def health(request: HttpRequest) -> JsonResponse:
@@ -77,6 +78,8 @@ urlpatterns = [
     path("api-auth/", include("rest_framework.urls")),
     # Programs that ask for the icon without reading a page's <link rel="icon">.
     path("favicon.ico", RedirectView.as_view(url="/static/portal/slotserve.svg", permanent=True)),
+    path("audit/", audit_views.audit_page, name="audit"),
+    path("audit/csv", audit_views.audit_csv, name="audit_csv"),
     path("health", health),
     path("metrics", metrics_view),
     path("", include("portal.urls")),

@@ -7,6 +7,7 @@ from typing import Any
 from django.conf import settings
 
 from slotserve_base.dispatch import (
+    AUDIT_FORGET,
     EDGES,
     FLUSH_USAGE,
     IDLE_RULE,
@@ -25,6 +26,7 @@ PERIODIC_JOBS = (
     ("SlotServe API keys near expiry", KEYS_EXPIRING),
     ("SlotServe booking starts and ends, nodes lost and back", EDGES),
     ("SlotServe webhook deliveries", WEBHOOKS_DUE),
+    ("SlotServe audit trail retention", AUDIT_FORGET),
 )
 
 

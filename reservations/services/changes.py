@@ -28,6 +28,7 @@ from reservations.services.common import (
 )
 from reservations.services.waitlist import tell_waiting
 from reservations.wording import slot_words
+from slotserve_base.audit import audited
 from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InvalidInput
 from slotserve_base.iso import iso_moment
@@ -99,6 +100,8 @@ def reservation_extend(*, reservation: Reservation, by: User, end: datetime, now
                 updated = Reservation.objects.filter(
                     pk=reservation.pk, status=reservation.status, end=reservation.end
                 ).update(end=end)
+                if updated:
+                    audited(reservation, {"end": reservation.end}, {"end": end})
         except IntegrityError as exc:
             if not _is_overlap(exc):
                 raise
@@ -217,6 +220,8 @@ def reservation_change(
                 updated = Reservation.objects.filter(
                     pk=reservation.pk, status=reservation.status, start=reservation.start, end=reservation.end
                 ).update(**changes)
+                if updated:
+                    audited(reservation, {name: getattr(reservation, name) for name in changes}, changes)
                 if updated and asks_again:
                     reservation.refresh_from_db()
                     _tell_approvers(reservation)

@@ -15,6 +15,7 @@ from reservations.services.common import InvalidTransition
 from reservations.services.waitlist import tell_waiting
 from reservations.wording import slot_words
 from slotserve_base import overview
+from slotserve_base.audit import audited
 from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InvalidInput
 from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
@@ -23,10 +24,12 @@ from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 def _transition(
     reservation: Reservation, allowed_from: tuple[str, ...], verb: str, **changes: Any
 ) -> Reservation:
+    before = {name: getattr(reservation, name) for name in changes}
     updated = Reservation.objects.filter(pk=reservation.pk, status__in=allowed_from).update(**changes)
     reservation.refresh_from_db()
     if not updated:
         raise InvalidTransition(f"cannot {verb} a reservation that is {reservation.status}")
+    audited(reservation, before, {name: getattr(reservation, name) for name in changes})
     if ReservationStatus.PENDING in allowed_from:  # a request may have left the approvers' list
         transaction.on_commit(lambda: overview.counts_changed(approvers=True))
     return reservation

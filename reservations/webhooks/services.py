@@ -19,6 +19,7 @@ from reservations.webhooks.addresses import Refused, Unresolved, addresses_of, c
 from reservations.webhooks.listen import store
 from reservations.webhooks.models import Body, Delivery, DeliveryState, Scope, Webhook
 from slotserve_base import dispatch
+from slotserve_base.audit import audited
 from slotserve_base.errors import InvalidInput, TooManyTries
 from slotserve_base.happenings import Happening, user_ref
 from slotserve_base.vocabulary import WebhookEvent
@@ -138,9 +139,10 @@ def webhook_new_secret(*, webhook: Webhook) -> Webhook:
 
 
 def webhook_pause(*, webhook: Webhook, now: datetime) -> Webhook:
-    Webhook.objects.filter(pk=webhook.pk, paused_at__isnull=True).update(
+    if Webhook.objects.filter(pk=webhook.pk, paused_at__isnull=True).update(
         paused_at=now, paused_reason="paused by its owner"
-    )
+    ):
+        audited(webhook, {"paused_at": None}, {"paused_at": now})
     webhook.refresh_from_db()
     return webhook
 
@@ -148,6 +150,7 @@ def webhook_pause(*, webhook: Webhook, now: datetime) -> Webhook:
 def webhook_resume(*, webhook: Webhook, now: datetime) -> Webhook:
     """Send again: the deliveries that waited go now, oldest first."""
     with transaction.atomic():
+        audited(webhook, {"paused_at": webhook.paused_at}, {"paused_at": None})
         Webhook.objects.filter(pk=webhook.pk).update(paused_at=None, paused_reason="", lease_until=None)
         Delivery.objects.filter(webhook=webhook, state=DeliveryState.PENDING).update(next_try_at=now)
         transaction.on_commit(lambda: dispatch.send_quietly(dispatch.WEBHOOK_DELIVER, args=(webhook.pk,)))
