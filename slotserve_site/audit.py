@@ -13,6 +13,8 @@ from auditlog.context import set_extra_data
 from django.http import HttpRequest, HttpResponse
 from django.utils.functional import SimpleLazyObject
 
+from channels_app.models.channel import CHANNEL_SETTINGS
+
 
 def via(request: HttpRequest) -> dict[str, str]:
     """Through what a request changes things, read when an entry is written (an API key's user
@@ -45,13 +47,19 @@ class AuditMiddleware:
 # What is recorded: the settings people change, not what the system keeps moving (heartbeats,
 # phases, counters, hashes of secrets).
 AUDITED: dict[str, dict[str, Any]] = {
-    "channels_app.Channel": {"m2m_fields": {"allowed_groups"}},
-    "channels_app.LLMModel": {"m2m_fields": {"nodes"}},
-    "channels_app.Preset": {},
-    "channels_app.ModelAlias": {},
+    "channels_app.Channel": {
+        "include_fields": [f for f in CHANNEL_SETTINGS if f != "allowed_groups"],
+        "m2m_fields": {"allowed_groups"},
+    },
+    "channels_app.LLMModel": {
+        "include_fields": ["name", "backend", "path", "size_bytes", "labels", "placement_strategy"],
+        "m2m_fields": {"nodes"},
+    },
+    "channels_app.Preset": {"include_fields": ["model", "name", "args", "places"]},
+    "channels_app.ModelAlias": {"include_fields": ["name", "model"]},
     "channels_app.Node": {"include_fields": ["name", "address", "labels"]},
     "channels_app.Gpu": {"include_fields": ["index", "name", "memory_bytes"]},
-    "channels_app.Override": {},
+    "channels_app.Override": {"include_fields": ["channel", "model", "preset", "unload", "until"]},
     "reservations.Reservation": {
         "include_fields": [
             "status",
@@ -64,9 +72,25 @@ AUDITED: dict[str, dict[str, Any]] = {
             "reject_reason",
         ]
     },
-    "reservations.GroupPolicy": {"m2m_fields": {"approvers"}},
-    "reservations.webhooks.Webhook": {"exclude_fields": ["secret", "lease_until"]},
-    "gateway.ApiKey": {"exclude_fields": ["hashed", "last_used", "expiry_told_at"]},
+    "reservations.GroupPolicy": {"include_fields": ["group", "share_weight"], "m2m_fields": {"approvers"}},
+    "webhooks.Webhook": {
+        "include_fields": ["owner", "name", "url", "events", "scope", "body", "paused_at", "paused_reason"],
+        "m2m_fields": {"channels"},
+    },
+    "gateway.ApiKey": {
+        "include_fields": [
+            "user",
+            "name",
+            "prefix",
+            "revoked_at",
+            "max_concurrent",
+            "requests_per_minute",
+            "expires_at",
+            "read_only",
+            "wait_seconds",
+        ],
+        "m2m_fields": {"models_allowed", "channels_allowed"},
+    },
     "auth.User": {
         "include_fields": [
             "username",
@@ -79,7 +103,7 @@ AUDITED: dict[str, dict[str, Any]] = {
         ],
         "m2m_fields": {"groups"},
     },
-    "auth.Group": {},
+    "auth.Group": {"include_fields": ["name"]},
 }
 
 
@@ -88,7 +112,6 @@ def register_audited() -> None:
     from django.apps import apps
 
     for label, options in AUDITED.items():
-        app_label, _, model_name = label.rpartition(".")
-        model = apps.get_model(app_label.rsplit(".", 1)[-1], model_name)
+        model = apps.get_model(label)
         if not auditlog.contains(model):
             auditlog.register(model, **options)

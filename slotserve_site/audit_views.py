@@ -10,6 +10,7 @@ import django_filters
 from auditlog.models import LogEntry
 from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
+from django.core.exceptions import FieldDoesNotExist
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import render
@@ -61,7 +62,23 @@ def row_of(entry: LogEntry) -> dict[str, Any]:
         "what": entry.content_type.model if entry.content_type else "",
         "object": entry.object_repr,
         "changes": entry.changes_dict,
+        "shown": _shown(entry),
     }
+
+
+def _shown(entry: LogEntry) -> dict[str, Any]:
+    """Each change as people read it: a related object by its name, a choice by its label (the
+    raw values, ids and codes, stay in ``changes``)."""
+    raw, display = entry.changes_dict, entry.changes_display_dict
+    model = entry.content_type.model_class() if entry.content_type else None
+    shown = {}
+    for name, change in raw.items():
+        try:
+            verbose = str(model._meta.get_field(name).verbose_name) if model else name
+        except FieldDoesNotExist:  # a field since removed
+            verbose = name
+        shown[name] = display.get(verbose, change)
+    return shown
 
 
 class AuditOutput(serializers.BaseSerializer[LogEntry]):
@@ -117,7 +134,7 @@ def audit_csv(request: HttpRequest) -> HttpResponseBase:
     def lines() -> Iterator[list[Any]]:
         for entry in found.qs.iterator(chunk_size=1000):
             row = row_of(entry)
-            changes = "; ".join(f"{name}: {old} → {new}" for name, (old, new) in _pairs(row["changes"]))
+            changes = "; ".join(f"{name}: {old} → {new}" for name, (old, new) in _pairs(row["shown"]))
             yield [
                 iso_moment(row["at"]),
                 row["who"],
