@@ -18,6 +18,7 @@ from gateway.api_keys import api_key_create
 from reservations.models import ReservationStatus
 from slotserve_site.audit_views import row_of
 from tests import factories
+from tests.test_browser import browser  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.django_db
 
@@ -137,3 +138,29 @@ def test_entries_older_than_the_retention_go(settings):
     LogEntry.objects.filter(pk=old).update(timestamp=timezone.now() - timedelta(days=31))
     assert forget_old(timezone.now()) == 1
     assert list(LogEntry.objects.order_by("pk").values_list("pk", flat=True)) == everything[1:]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_trail_reads_on_a_phone(browser, live_server):  # noqa: F811
+    from pathlib import Path
+
+    from tests.test_browser import CHROMIUM, shot, sign_in
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("needs Chromium (apt-get install chromium)")
+    boss = factories.user("boss", staff=True)
+    channel = factories.channel("a100-with-a-long-channel-name-0")
+    api = APIClient()
+    api.force_authenticate(boss)
+    assert (
+        api.patch(f"/api/channels/{channel.pk}/", {"approval_policy": "all"}, format="json").status_code
+        == 200
+    )
+    page = sign_in(browser, live_server, "boss", width=390, height=844)
+    page.goto(f"{live_server.url}/audit/")
+    row = page.locator("#audit-table tr", has_text="Every booking needs approval")
+    assert "boss" in row.inner_text() and "api" in row.inner_text()
+    assert page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
+    shot(page, "phone-audit")
+    page.set_viewport_size({"width": 1366, "height": 768})
+    shot(page, "audit")
