@@ -18,7 +18,7 @@ from rest_framework import permissions, serializers, viewsets
 from rest_framework.pagination import LimitOffsetPagination
 
 from slotserve_base.csv_stream import csv_response
-from slotserve_base.iso import iso_moment
+from slotserve_base.iso import UtcDateTimeField, iso_moment
 
 ACTIONS = {
     LogEntry.Action.CREATE: "created",
@@ -81,10 +81,22 @@ def _shown(entry: LogEntry) -> dict[str, Any]:
     return shown
 
 
-class AuditOutput(serializers.BaseSerializer[LogEntry]):
+class AuditOutput(serializers.Serializer[LogEntry]):
+    """One change (``row_of``): who, when, through what, and each field's before and after."""
+
+    id = serializers.IntegerField()
+    at = UtcDateTimeField()
+    who = serializers.CharField(help_text="empty for a task or a command")
+    via = serializers.CharField(help_text="portal, api, admin or system")
+    key = serializers.CharField(help_text="the API key's name, for a change through the API")
+    action = serializers.CharField(help_text="created, changed or deleted")
+    what = serializers.CharField(help_text="the kind of object: channel, override, reservation…")
+    object = serializers.CharField(help_text="its name")
+    changes = serializers.DictField(help_text="each field's [before, after], raw (ids, codes)")
+    shown = serializers.DictField(help_text="the same as people read them")
+
     def to_representation(self, instance: LogEntry) -> dict[str, Any]:
-        row = row_of(instance)
-        return {**row, "at": iso_moment(row["at"])}
+        return dict(super().to_representation(row_of(instance)))
 
 
 class AuditPages(LimitOffsetPagination):

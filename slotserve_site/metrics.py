@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.db.models import Count, Sum
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from redis.exceptions import RedisError
@@ -130,6 +131,7 @@ class SlotServeCollector:
             load_seconds.add_metric([record["channel__name"], record["model__name"]], seconds)
         yield from (loads, _merge(load_seconds))
 
+        yield from _nodes_and_webhooks()
         reservations = GaugeMetricFamily(
             "slotserve_reservations", "Reservations by status", labels=["status"]
         )
@@ -170,6 +172,28 @@ class SlotServeCollector:
             buckets=buckets,
             sum_value=raw.get("sum", 0.0),
         )
+
+
+def _nodes_and_webhooks() -> Iterator[GaugeMetricFamily]:
+    """Each node's readiness and heartbeat's age (docs/node-workers.md), and the webhooks paused."""
+    from channels_app.models import Node
+    from reservations.webhooks.models import Webhook
+
+    now = timezone.now()
+    ready = GaugeMetricFamily("slotserve_node_ready", "1 while the node's worker heartbeats", labels=["node"])
+    age = GaugeMetricFamily(
+        "slotserve_node_heartbeat_age_seconds", "Seconds since the node's last heartbeat", labels=["node"]
+    )
+    for node in Node.objects.all():
+        ready.add_metric([node.name], 1.0 if node.is_ready(now) else 0.0)
+        if node.last_heartbeat is not None:
+            age.add_metric([node.name], (now - node.last_heartbeat).total_seconds())
+    yield from (ready, age)
+    yield GaugeMetricFamily(
+        "slotserve_webhooks_paused",
+        "Webhooks paused (by their owner, or after failing in a row)",
+        value=float(Webhook.objects.filter(paused_at__isnull=False).count()),
+    )
 
 
 def _text(value: bytes | str) -> str:
