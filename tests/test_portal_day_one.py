@@ -607,3 +607,49 @@ def test_the_badges_count_a_new_request_without_a_reload(browser, settings):  # 
         page.wait_for_selector("#approvals-count:has-text('1')", timeout=10_000)
         page.wait_for_selector("#unread-count:has-text('1')", timeout=10_000)
         assert page.url == f"{url}/calendar/"  # no reload
+
+
+@needs_chromium
+def test_a_webhooks_log_shows_each_try_as_it_is_made_without_a_reload(browser, settings):  # noqa: F811
+    """Served as ``./slotserve start`` serves it: a delivery tried while the owner's Webhooks page
+    is open shows in its log, with the receiver's answer, and the page is not reloaded."""
+    import threading
+    from types import SimpleNamespace
+
+    from reservations.services import reservation_create
+    from reservations.webhooks.services import webhook_create
+    from slotserve_site.asgi import application
+    from tests.conftest import serving
+    from tests.receiver import Receiver
+    from tests.test_browser import signed_in
+
+    settings.ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
+    settings.SLOTSERVE_WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]
+    ana = factories.user("ana")
+    channel = factories.channel("a100-0", policy="all")
+    with Receiver(statuses=[202]) as receiver, serving(application) as url:
+        webhook = webhook_create(owner=ana, url=receiver.url, events=["booking.requested"])
+        page = signed_in(browser.new_page(), SimpleNamespace(url=url), "ana")
+        page.goto(f"{url}/webhooks/")
+        page.wait_for_function("() => window.slotserveLive && window.slotserveLive.open", timeout=10_000)
+        page.evaluate("() => { window.stillThisPage = true; }")
+        log = page.locator(f"#webhook-{webhook.pk} table.deliveries")
+        assert "Nothing sent yet" in log.inner_text()
+        start = timezone.now() + timedelta(days=1)
+        # Booked from another thread, as a web request is; its event is delivered by the task.
+        booking = threading.Thread(
+            target=reservation_create,
+            kwargs={
+                "user": ana,
+                "channel": channel,
+                "start": start,
+                "end": start + timedelta(hours=1),
+                "exclusive": True,
+                "now": timezone.now(),
+            },
+        )
+        booking.start()
+        booking.join()
+        page.wait_for_selector(f"#webhook-{webhook.pk} table.deliveries div.try", timeout=10_000)
+        assert "booking.requested" in log.inner_text() and "202" in log.inner_text()
+        assert page.evaluate("() => window.stillThisPage === true")  # no reload
