@@ -22,7 +22,7 @@ def via(request: HttpRequest) -> dict[str, str]:
     if request.path.startswith("/admin/"):
         return {"via": "admin"}
     if request.path.startswith("/api/"):
-        key = getattr(request, "slotserve_key", None) or getattr(getattr(request, "auth", None), "name", None)
+        key = getattr(getattr(request, "auth", None), "name", None)  # the REST API sets the key it took
         return {"via": "api", **({"key": str(key)} if key else {})}
     return {"via": "portal"}
 

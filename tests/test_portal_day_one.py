@@ -571,39 +571,18 @@ def test_typing_a_start_keeps_the_length_and_a_changed_length_is_said_before_sav
 def test_the_badges_count_a_new_request_without_a_reload(browser, settings):  # noqa: F811
     """Served as ``./slotserve start`` serves it (ASGI, WebSockets): a request that awaits
     approval shows in the approver's open page's badges."""
-    import threading
-    from types import SimpleNamespace
 
-    from reservations.services import reservation_create
     from slotserve_site.asgi import application
     from tests.conftest import serving
-    from tests.test_browser import signed_in
 
     settings.ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
     factories.user("boss", staff=True)
     ana = factories.user("ana")
     channel = factories.channel("a100-0", policy="all")
     with serving(application) as url:
-        page = signed_in(browser.new_page(), SimpleNamespace(url=url), "boss")
-        page.goto(f"{url}/calendar/")
-        page.wait_for_function("() => window.slotserveLive && window.slotserveLive.open", timeout=10_000)
+        page = live_page(browser, url, "boss", "/calendar/")
         assert not page.locator("#approvals-count").count()
-        start = timezone.now() + timedelta(days=1)
-        # Booked from another thread, as a web request or a task is (Playwright's own event
-        # loop runs in this one).
-        booking = threading.Thread(
-            target=reservation_create,
-            kwargs={
-                "user": ana,
-                "channel": channel,
-                "start": start,
-                "end": start + timedelta(hours=1),
-                "exclusive": True,
-                "now": timezone.now(),
-            },
-        )
-        booking.start()
-        booking.join()
+        book_from_another_thread(ana, channel)
         page.wait_for_selector("#approvals-count:has-text('1')", timeout=10_000)
         page.wait_for_selector("#unread-count:has-text('1')", timeout=10_000)
         assert page.url == f"{url}/calendar/"  # no reload
@@ -613,15 +592,11 @@ def test_the_badges_count_a_new_request_without_a_reload(browser, settings):  # 
 def test_a_webhooks_log_shows_each_try_as_it_is_made_without_a_reload(browser, settings):  # noqa: F811
     """Served as ``./slotserve start`` serves it: a delivery tried while the owner's Webhooks page
     is open shows in its log, with the receiver's answer, and the page is not reloaded."""
-    import threading
-    from types import SimpleNamespace
 
-    from reservations.services import reservation_create
     from reservations.webhooks.services import webhook_create
     from slotserve_site.asgi import application
     from tests.conftest import serving
     from tests.receiver import Receiver
-    from tests.test_browser import signed_in
 
     settings.ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
     settings.SLOTSERVE_WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]
@@ -629,27 +604,39 @@ def test_a_webhooks_log_shows_each_try_as_it_is_made_without_a_reload(browser, s
     channel = factories.channel("a100-0", policy="all")
     with Receiver(statuses=[202]) as receiver, serving(application) as url:
         webhook = webhook_create(owner=ana, url=receiver.url, events=["booking.requested"])
-        page = signed_in(browser.new_page(), SimpleNamespace(url=url), "ana")
-        page.goto(f"{url}/webhooks/")
-        page.wait_for_function("() => window.slotserveLive && window.slotserveLive.open", timeout=10_000)
+        page = live_page(browser, url, "ana", "/webhooks/")
         page.evaluate("() => { window.stillThisPage = true; }")
         log = page.locator(f"#webhook-{webhook.pk} table.deliveries")
         assert "Nothing sent yet" in log.inner_text()
-        start = timezone.now() + timedelta(days=1)
-        # Booked from another thread, as a web request is; its event is delivered by the task.
-        booking = threading.Thread(
-            target=reservation_create,
-            kwargs={
-                "user": ana,
-                "channel": channel,
-                "start": start,
-                "end": start + timedelta(hours=1),
-                "exclusive": True,
-                "now": timezone.now(),
-            },
-        )
-        booking.start()
-        booking.join()
+        book_from_another_thread(ana, channel)
         page.wait_for_selector(f"#webhook-{webhook.pk} table.deliveries div.try", timeout=10_000)
         assert "booking.requested" in log.inner_text() and "202" in log.inner_text()
         assert page.evaluate("() => window.stillThisPage === true")  # no reload
+
+
+def live_page(browser: Any, url: str, username: str, path: str) -> Any:
+    """``username``'s page at ``path`` on the ASGI server at ``url``, once its live connection is open."""
+    from types import SimpleNamespace
+
+    from tests.test_browser import signed_in
+
+    page = signed_in(browser.new_page(), SimpleNamespace(url=url), username)
+    page.goto(f"{url}{path}")
+    page.wait_for_function("() => window.slotserveLive && window.slotserveLive.open", timeout=10_000)
+    return page
+
+
+def book_from_another_thread(user: Any, channel: Any) -> None:
+    """A pending whole-card booking made from another thread, as a web request or a task makes it
+    (Playwright's own event loop runs in the test's)."""
+    import threading
+
+    from reservations.services import reservation_create
+
+    start = timezone.now() + timedelta(days=1)
+    kwargs = {"user": user, "channel": channel, "start": start, "end": start + timedelta(hours=1)}
+    booking = threading.Thread(
+        target=reservation_create, kwargs={**kwargs, "exclusive": True, "now": timezone.now()}
+    )
+    booking.start()
+    booking.join()
