@@ -614,13 +614,13 @@ def test_a_webhooks_log_shows_each_try_as_it_is_made_without_a_reload(browser, s
         assert page.evaluate("() => window.stillThisPage === true")  # no reload
 
 
-def live_page(browser: Any, url: str, username: str, path: str) -> Any:
+def live_page(chromium: Any, url: str, username: str, path: str) -> Any:
     """``username``'s page at ``path`` on the ASGI server at ``url``, once its live connection is open."""
     from types import SimpleNamespace
 
     from tests.test_browser import signed_in
 
-    page = signed_in(browser.new_page(), SimpleNamespace(url=url), username)
+    page = signed_in(chromium.new_page(), SimpleNamespace(url=url), username)
     page.goto(f"{url}{path}")
     page.wait_for_function("() => window.slotserveLive && window.slotserveLive.open", timeout=10_000)
     return page
