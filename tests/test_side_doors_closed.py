@@ -410,8 +410,10 @@ def test_the_per_minute_retry_after_is_never_shorter_than_the_wait(gateway_url, 
     rate = key(RedisKey.RATE, f"key-{key_id}")
     redis_client().pexpire(rate, 1400)  # the window's edge: 1.4 s left
     refused = call(gateway_url, world.bo_key)
+    left = redis_client().pttl(rate) / 1000  # the wait still left once answered (a loaded machine
+    # may take more than the 0.4 s past the whole second before the gateway answers)
     assert error(refused) == (429, "rate_limit_exceeded")
-    assert int(refused.headers["Retry-After"]) >= 1.4
+    assert left > 0 and int(refused.headers["Retry-After"]) >= left
 
 
 # --- Group restrictions through the API ------------------------------------------------------
