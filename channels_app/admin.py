@@ -145,6 +145,10 @@ class ChannelAdmin(SavedByServicesAdmin[Channel]):
     form = ChannelAdminForm
 
 
+def _person(request: HttpRequest) -> User | None:
+    return request.user if isinstance(request.user, User) else None
+
+
 class OverrideAdminForm(forms.ModelForm[Override]):
     """Saves through ``override_set``: the same checks and re-decision as the API."""
 
@@ -183,11 +187,11 @@ class OverrideAdmin(SavedByServicesAdmin[Override]):
         return [*self.readonly_fields, "channel"] if obj is not None else list(self.readonly_fields)
 
     def delete_model(self, request: HttpRequest, obj: Override) -> None:
-        services.override_clear(channel=obj.channel)
+        services.override_clear(channel=obj.channel, now=timezone.now(), by=_person(request))
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Override]) -> None:
         for override in queryset.select_related("channel"):
-            services.override_clear(channel=override.channel)
+            services.override_clear(channel=override.channel, now=timezone.now(), by=_person(request))
 
 
 @admin.register(LoadRecord)

@@ -22,5 +22,8 @@ class ChannelsAppConfig(AppConfig):
         # The stages' tasks, registered in every process (slotserve_base.dispatch sends by name).
         import channels_app.node_worker.tasks
         import channels_app.scheduling.tasks  # noqa: F401
+        from channels_app.story import on_happening
+        from slotserve_base.happenings import Happening, happened
 
+        happened.connect(on_happening, sender=Happening, dispatch_uid="channels_app.story.on_happening")
         post_migrate.connect(register_tick, sender=self, dispatch_uid="slotserve_register_tick")

@@ -182,7 +182,7 @@ def reject(request: HttpRequest, pk: int) -> HttpResponse:
 def channel_override(request: HttpRequest, pk: int) -> HttpResponse:
     channel = get_object_or_404(Channel, pk=pk)
     if request.POST.get("clear"):
-        override_clear(channel=channel)
+        override_clear(channel=channel, now=timezone.now(), by=me(request))
         messages.success(request, f"Override of {channel} cleared.")
         return redirect("portal:overview")
     form = OverrideForm(request.POST, prefix=f"ch{pk}")

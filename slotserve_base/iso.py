@@ -18,6 +18,11 @@ def iso_moment(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+def parse_moment(text: str) -> datetime:
+    """A moment ``iso_moment`` wrote, read back."""
+    return datetime.fromisoformat(text)
+
+
 class UtcDateTimeField(serializers.DateTimeField):
     """DRF's date-time field, written in UTC (``iso_moment``) rather than the zone active for the
     request; read as DRF reads it. Every serializer's date-times are this field (``use_utc_moments``)."""

@@ -337,9 +337,10 @@ SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS = env_int("SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS
 SLOTSERVE_LIMIT_CONCURRENT_REQUESTS = env_int("SLOTSERVE_LIMIT_CONCURRENT_REQUESTS", 0, minimum=0)
 SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE = env_int("SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE", 0, minimum=0)
 SLOTSERVE_LIMIT_WEEKLY_TOKENS = env_int("SLOTSERVE_LIMIT_WEEKLY_TOKENS", 0, minimum=0)
-# Days the request log keeps its rows.
+# Days the request log, the audit trail and the channels' stories keep their rows.
 SLOTSERVE_REQUEST_LOG_DAYS = env_int("SLOTSERVE_REQUEST_LOG_DAYS", 90, minimum=1)
 SLOTSERVE_AUDIT_DAYS = env_int("SLOTSERVE_AUDIT_DAYS", 365, minimum=1)
+SLOTSERVE_STORY_DAYS = env_int("SLOTSERVE_STORY_DAYS", 90, minimum=1)
 AUDITLOG_DISABLE_REMOTE_ADDR = True  # as the request log: no addresses kept
 # More request-log rows than this past the roll-ups' mark at once (a restore, an import) are a
 # backlog: folded in the background, in hour order, never inside a page or a flush.
@@ -349,11 +350,10 @@ SLOTSERVE_USAGE_BACKLOG_ROWS = env_int("SLOTSERVE_USAGE_BACKLOG_ROWS", 50_000, m
 # inference processes; e.g. "10.20.0.0/16" for a chat server on the lab's network.
 SLOTSERVE_WEBHOOK_ALLOWED_NETWORKS = env_networks("SLOTSERVE_WEBHOOK_ALLOWED_NETWORKS", [])
 # Seconds to wait before each retry of a failed delivery; after the last the webhook is paused.
-# The default spreads nine tries over about a day.
+# The default spreads nine tries over about a day. The timeout: seconds a receiver has to answer.
 SLOTSERVE_WEBHOOK_RETRY_SECONDS = env_seconds_list(
     "SLOTSERVE_WEBHOOK_RETRY_SECONDS", [5.0, 60.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 21600.0]
 )
-# Seconds a receiver has to answer one delivery.
 SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS = env_float("SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.5)
 # Days the delivery log keeps events and their tries.
 SLOTSERVE_WEBHOOK_LOG_DAYS = env_int("SLOTSERVE_WEBHOOK_LOG_DAYS", 30, minimum=1)

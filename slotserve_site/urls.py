@@ -23,6 +23,7 @@ from reservations.webhooks.api import WebhookViewSet
 from slotserve_site import audit_views, sign_in
 from slotserve_site.metrics import metrics_view
 from slotserve_site.password_reset import PublicAddressResetView
+from slotserve_site.story import views as story_views
 
 router = DefaultRouter()
 # The API spells collections with a slash (/api/nodes/) and actions without one
@@ -74,11 +75,13 @@ urlpatterns = [
     path("api/placement", PlacementView.as_view(), name="placement"),
     path("api/placement/free-slots", FreeSlotsView.as_view(), name="free_slots"),
     path("api/usage/", UsageView.as_view(), name="usage"),
+    path("api/channels/<int:pk>/story", story_views.StoryView.as_view(), name="channel_story_api"),
     path("api/", include(router.urls)),
     path("api-auth/", include("rest_framework.urls")),
     # Programs that ask for the icon without reading a page's <link rel="icon">.
     path("favicon.ico", RedirectView.as_view(url="/static/portal/slotserve.svg", permanent=True)),
     path("audit/", audit_views.audit_page, name="audit"),
+    path("channel/<int:pk>/story", story_views.story_page, name="story"),
     path("audit/csv", audit_views.audit_csv, name="audit_csv"),
     path("health", health),
     path("metrics", metrics_view),

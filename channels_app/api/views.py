@@ -147,7 +147,7 @@ class ChannelViewSet(viewsets.ModelViewSet[Channel]):
     def override(self, request: Request, pk: str | None = None) -> Response:
         channel = self.get_object()
         if request.method == "DELETE":
-            services.override_clear(channel=channel)
+            services.override_clear(channel=channel, now=timezone.now(), by=current_user(request))
             return Response(status=status.HTTP_204_NO_CONTENT)
         data = OverrideInput(data=request.data)
         data.is_valid(raise_exception=True)

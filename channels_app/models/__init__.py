@@ -24,3 +24,5 @@ from channels_app.models.state import ChannelTarget as ChannelTarget
 from channels_app.models.state import LoadRecord as LoadRecord
 from channels_app.models.state import Override as Override
 from channels_app.models.state import ReloadRequest as ReloadRequest
+from channels_app.models.story import StoryEntry as StoryEntry
+from channels_app.models.story import StoryKind as StoryKind

@@ -12,9 +12,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from channels_app.models import LLMModel, LoadRecord
+from channels_app import story
+from channels_app.models import LLMModel, LoadRecord, StoryKind
 from channels_app.node_worker.lifecycle import Action, ProcessState, Tell
 from slotserve_base.happenings import Happening, named, tell, user_ref
+from slotserve_base.iso import iso_moment
 from slotserve_base.vocabulary import NotificationEvent, Phase, WebhookEvent
 
 if TYPE_CHECKING:
@@ -42,6 +44,52 @@ def channel_events(
     return events
 
 
+# A step's phase as the channel's story tells it (a failure, a fallback or a recovery that the
+# lifecycle tells of is told as well).
+STORY_PHASES = {
+    Phase.LOADING: StoryKind.LOADING,
+    Phase.READY: StoryKind.READY,
+    Phase.FAILED: StoryKind.FAILED,
+    Phase.DRAINING: StoryKind.DRAINING,
+    Phase.STOPPING: StoryKind.STOPPING,
+    Phase.STOPPED: StoryKind.STOPPED,
+}
+STORY_TOLD = {
+    NotificationEvent.FALLBACK: StoryKind.FALLBACK,
+    NotificationEvent.RECOVERED: StoryKind.RECOVERED,
+}
+
+
+def story_entries(
+    before: ProcessState, after: ProcessState, actions: Sequence[Action]
+) -> list[tuple[StoryKind, dict[str, Any]]]:
+    """What one step adds to the channel's story, in order, with the step's facts."""
+    entries: list[tuple[StoryKind, dict[str, Any]]] = []
+    running = after.running or before.running
+    facts: dict[str, Any] = {
+        "model_id": running.model_id if running else None,
+        "preset_id": running.preset_id if running else None,
+        "fallback": after.fallback,
+    }
+    if after.phase != before.phase:
+        kind = STORY_PHASES[after.phase]
+        data = dict(facts)
+        failure = after.failure
+        if kind == StoryKind.FAILED:
+            data["error"] = after.error or before.error
+            if failure is not None:
+                data.update(attempts=failure.attempts, retry_at=iso_moment(failure.retry_at))
+        elif kind == StoryKind.LOADING and failure is not None and failure.target == after.running:
+            data["attempt"] = failure.attempts + 1
+        entries.append((kind, data))
+    entries.extend(
+        (STORY_TOLD[NotificationEvent(a.event)], dict(facts))
+        for a in actions
+        if isinstance(a, Tell) and a.event in STORY_TOLD
+    )
+    return entries
+
+
 def announce_channel(
     channel: Channel,
     target_row: ChannelTarget | None,
@@ -51,6 +99,13 @@ def announce_channel(
     load_id: int | None,
     now: datetime,
 ) -> None:
+    entries = story_entries(before, after, actions)
+    booking_id = target_row.reservation_id if target_row is not None else None
+    for kind, facts in entries:
+        if kind == StoryKind.READY and load_id is not None:
+            load = LoadRecord.objects.filter(pk=load_id).first()
+            facts["load_seconds"] = load.duration_seconds if load is not None else None
+        story.told(channel.pk, now, kind, booking_id=booking_id, **facts)
     events = channel_events(before, after, actions)
     if not events:
         return
@@ -69,6 +124,9 @@ def announce_channel(
         if previous is not None and model is not None and previous.model_id != model.pk:
             events.append(WebhookEvent.CHANNEL_SWITCHED)
             switched_from = named(previous.model)
+            story.told(
+                channel.pk, now, StoryKind.SWITCHED, model_id=model.pk, previous_model_id=previous.model_id
+            )
     for event in events:
         data: dict[str, Any] = {
             "channel": named(channel),

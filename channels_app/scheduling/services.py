@@ -15,6 +15,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import F
 
+from channels_app import story
 from channels_app.models import (
     Channel,
     ChannelTarget,
@@ -22,6 +23,7 @@ from channels_app.models import (
     Override,
     Preset,
     ReloadRequest,
+    StoryKind,
     validate_target,
 )
 from channels_app.scheduling import selectors
@@ -29,6 +31,7 @@ from channels_app.scheduling.decision import Decision, PlanSegment, decide, deci
 from slotserve_base import dispatch, overview
 from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InvalidInput
+from slotserve_base.iso import iso_moment
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,7 @@ def decide_channels(*, now: datetime, channel_ids: Iterable[int] | None = None) 
     """
     facts = selectors.decision_inputs(now=now, channel_ids=channel_ids)
     changed_rows: list[ChannelTarget] = []
+    load_seconds: dict[int, float | None] = {}
     valid_until: dict[int, datetime | None] = {}
     for channel_id, fact in facts.items():
         decision = decide(fact.decision_input, now)
@@ -86,13 +90,17 @@ def decide_channels(*, now: datetime, channel_ids: Iterable[int] | None = None) 
                     channel_id=channel_id, decided_at=now, **dict(zip(_TARGET_FIELDS, values, strict=True))
                 )
             )
+            if decision.target is not None:
+                load_seconds[channel_id] = fact.decision_input.load_seconds.get(decision.target)
     if changed_rows:
-        ChannelTarget.objects.bulk_create(
-            changed_rows,
-            update_conflicts=True,
-            unique_fields=["channel"],
-            update_fields=["model", "preset", "reason", "valid_until", "reservation", "decided_at"],
-        )
+        with transaction.atomic():
+            ChannelTarget.objects.bulk_create(
+                changed_rows,
+                update_conflicts=True,
+                unique_fields=["channel"],
+                update_fields=["model", "preset", "reason", "valid_until", "reservation", "decided_at"],
+            )
+            story.decided(changed_rows, load_seconds)
     changed = [row.channel_id for row in changed_rows]
     overview.refresh(changed, "target")
     if changed:
@@ -158,14 +166,25 @@ def override_set(
                 "set_at": now,
             },
         )
+        story.told(
+            channel.pk,
+            now,
+            StoryKind.OVERRIDE_SET,
+            model_id=model.pk if model else None,
+            preset_id=preset.pk if preset else None,
+            unload=unload,
+            until=iso_moment(until),
+            by=by.get_username() if by else None,
+        )
         enqueue_redecide(channel.pk)
     return override
 
 
-def override_clear(*, channel: Channel) -> bool:
+def override_clear(*, channel: Channel, now: datetime, by: User | None) -> bool:
     with transaction.atomic():
         deleted, _ = Override.objects.filter(channel=channel).delete()
         if deleted:
+            story.told(channel.pk, now, StoryKind.OVERRIDE_CLEARED, by=by.get_username() if by else None)
             enqueue_redecide(channel.pk)
     return bool(deleted)
 
@@ -182,6 +201,7 @@ def channel_reload(*, channel: Channel, now: datetime, by: User | None = None) -
             generation=F("generation") + 1, requested_at=now, requested_by=by
         )
         generation = ReloadRequest.objects.values_list("generation", flat=True).get(channel=channel)
+        story.told(channel.pk, now, StoryKind.RELOAD, by=by.get_username() if by else None)
         node_name = channel.node.name
         # The node acts now, not at its next tick.
         transaction.on_commit(

@@ -1,0 +1,273 @@
+"""A channel's story told in words (docs/scheduling.md, "A channel's story"): pure functions of
+the facts the reads gather (``slotserve_site.story.reads``), with ``now`` and the reader's time
+zone passed in.
+
+``lines`` puts every happening on one time axis, oldest first; ``verdict`` says in a sentence or
+three why a booking's model was, or was not, ready when its slot began.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, tzinfo
+from typing import Any
+
+from portal.channel_reasons import BookingFacts, why
+from slotserve_base.iso import parse_moment
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One kept row of the story (``channels_app.models.StoryEntry``)."""
+
+    at: datetime
+    kind: str
+    data: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Booking:
+    id: int
+    user: str
+    start: datetime
+    end: datetime
+    model_id: int | None
+    preset_id: int | None
+    exclusive: bool
+    ended_early: bool = False
+    released_idle_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Names:
+    """Names of what the rows name by id (a model or preset removed since: "a removed model")."""
+
+    models: Mapping[int, str] = field(default_factory=dict)
+    presets: Mapping[int, str] = field(default_factory=dict)
+    bookings: Mapping[int, Booking] = field(default_factory=dict)
+
+    def target(self, model_id: int | None, preset_id: int | None) -> str:
+        if model_id is None:
+            return "nothing"
+        model = self.models.get(model_id, "a removed model")
+        return f"{model} ({self.presets.get(preset_id, 'a removed preset')})" if preset_id else model
+
+
+@dataclass(frozen=True)
+class Line:
+    at: datetime
+    kind: str
+    words: str
+    booking_id: int | None = None
+
+
+def _hms(moment: datetime, tz: tzinfo) -> str:
+    return moment.astimezone(tz).strftime("%H:%M:%S")
+
+
+def seconds(value: float) -> str:
+    """A span in words: "40 s", "3 min 5 s", "2 h 10 min"."""
+    whole = round(value)
+    if whole < 120:
+        return f"{whole} s"
+    if whole < 7200:
+        return f"{whole // 60} min" + (f" {whole % 60} s" if whole % 60 else "")
+    return f"{whole // 3600} h" + (f" {whole // 60 % 60} min" if whole // 60 % 60 else "")
+
+
+def _said(entry: Entry, names: Names, tz: tzinfo) -> str:
+    d = entry.data
+    what = names.target(d.get("model_id"), d.get("preset_id"))
+    by = d.get("by") or "the system"
+    booking = names.bookings.get(d.get("booking_id") or 0)
+    kind = entry.kind
+    if kind == "decided":
+        facts = BookingFacts(booking.user, booking.start, booking.end) if booking else None
+        until = parse_moment(d["until"]) if d.get("until") else None
+        reason = why(reason=d.get("reason"), booking=facts, valid_until=until, tz=tz)
+        load = d.get("load_seconds")
+        est = (
+            f"; it loads in about {seconds(load)} here" if load and d.get("reason") == "preload_next" else ""
+        )
+        return f"The scheduler chose {what}: {reason}{est}."
+    if kind == "override_set":
+        set_to = "unload" if d.get("unload") else what
+        return f"{by} set an override: {set_to} until {_hms(parse_moment(d['until']), tz)}."
+    if kind == "failed":
+        tries = (
+            f" (attempt {d['attempts']}, next try at {_hms(parse_moment(d['retry_at']), tz)})"
+            if d.get("retry_at")
+            else ""
+        )
+        return f"{what} failed: {d.get('error') or 'no reason given'}{tries}."
+    if kind in ("node_not_ready", "node_ready"):
+        node = (d.get("node") or {}).get("name", "its node")
+        if kind == "node_ready":
+            return f"Node {node}'s worker reports again."
+        heard = (
+            f" (last heard at {_hms(parse_moment(d['last_heartbeat']), tz)})"
+            if d.get("last_heartbeat")
+            else ""
+        )
+        return f"Node {node}'s worker stopped reporting{heard}: its channels cannot change."
+    fallback = " as the fallback" if d.get("fallback") else ""
+    attempt = f", attempt {d['attempt']}" if d.get("attempt") else ""
+    load_took = f" (loaded in {seconds(d['load_seconds'])})" if d.get("load_seconds") is not None else ""
+    said = {
+        "override_cleared": f"{by} cleared the override.",
+        "reload": f"{by} asked for a reload.",
+        "loading": f"Loading {what}{fallback}{attempt}.",
+        "ready": f"{what} is ready{fallback}{load_took}.",
+        "fallback": f"The default model {what} serves {booking.user + chr(39) + 's' if booking else 'the'} "
+        "booking while the booked model waits for its retry.",
+        "recovered": f"{what} serves again after its failure.",
+        "switched": f"Switched from {names.target(d.get('previous_model_id'), None)} to {what}.",
+        "draining": f"Draining {what}: requests in flight finish before it stops.",
+        "stopping": f"Stopping {what}.",
+        "stopped": f"{what} stopped.",
+    }
+    return said.get(kind, kind.replace("_", " "))
+
+
+def _booking_lines(booking: Booking, start: datetime, end: datetime) -> list[Line]:
+    what = "the whole card" if booking.exclusive else "its model"
+    found = []
+    if start <= booking.start < end:
+        found.append(
+            Line(booking.start, "booking_started", f"{booking.user}'s slot began ({what}).", booking.id)
+        )
+    if booking.released_idle_at is not None and start <= booking.released_idle_at < end:
+        found.append(
+            Line(
+                booking.released_idle_at,
+                "booking_released",
+                f"{booking.user}'s slot was released: unused.",
+                booking.id,
+            )
+        )
+    elif start <= booking.end < end:
+        how = "was ended early" if booking.ended_early else "ended"
+        found.append(Line(booking.end, "booking_ended", f"{booking.user}'s slot {how}.", booking.id))
+    return found
+
+
+def lines(
+    entries: Iterable[Entry],
+    bookings: Iterable[Booking],
+    names: Names,
+    *,
+    start: datetime,
+    end: datetime,
+    tz: tzinfo,
+) -> list[Line]:
+    """Every happening from ``start`` to ``end`` on one axis, oldest first (at the same moment, a
+    booking's start before what the channel did for it)."""
+    told = [
+        Line(e.at, e.kind, _said(e, names, tz), e.data.get("booking_id"))
+        for e in entries
+        if start <= e.at < end
+    ]
+    for booking in bookings:
+        told.extend(_booking_lines(booking, start, end))
+    order = {"booking_ended": 0, "booking_released": 0, "booking_started": 1}
+    return sorted(told, key=lambda line: (line.at, order.get(line.kind, 2)))
+
+
+def _first(
+    entries: Sequence[Entry], kind: str, after: datetime, before: datetime, **match: Any
+) -> Entry | None:
+    for e in entries:
+        if e.kind == kind and after <= e.at < before and all(e.data.get(k) == v for k, v in match.items()):
+            return e
+    return None
+
+
+def _phase_at(entries: Sequence[Entry], moment: datetime) -> Entry | None:
+    """The last step of the process at or before ``moment``."""
+    steps = ("loading", "ready", "failed", "draining", "stopping", "stopped")
+    last = None
+    for e in entries:
+        if e.at > moment:
+            break
+        if e.kind in steps:
+            last = e
+    return last
+
+
+def verdict(
+    booking: Booking,
+    entries: Sequence[Entry],
+    names: Names,
+    *,
+    previous: Booking | None,
+    estimate: float | None,
+    now: datetime,
+    tz: tzinfo,
+) -> str:
+    """Why ``booking``'s model was, or was not, ready at its start, in words. ``entries``: the
+    channel's story around the booking, oldest first; ``previous``: the booking that ended last
+    before it on the channel; ``estimate``: the model's load estimate on the node now (the one
+    the scheduler planned with is preferred where the story kept it)."""
+    whose = f"{booking.user}'s"
+    what = names.target(booking.model_id, booking.preset_id)
+    if booking.exclusive:
+        step = _phase_at(entries, booking.start)
+        if step is None or step.kind == "stopped":
+            return f"{whose} booking holds the whole card: no model ran when it began."
+        return (
+            f"{whose} booking holds the whole card; at its start the channel's process was still {step.kind}."
+        )
+    planned = _first(
+        entries, "decided", booking.start - timedelta(days=1), booking.end, booking_id=booking.id
+    )
+    load = (planned.data.get("load_seconds") if planned else None) or estimate
+    load_words = (
+        f"this model loads in about {seconds(load)} on this node" if load else "its load time is not known"
+    )
+    if now < booking.start:
+        return f"{whose} slot has not begun: {what} will be preloaded in time ({load_words})."
+    target = {"model_id": booking.model_id, "preset_id": booking.preset_id, "fallback": False}
+    step = _phase_at(entries, booking.start)
+    if step is not None and step.kind == "ready" and all(step.data.get(k) == v for k, v in target.items()):
+        ahead = booking.start - step.at
+        loaded = f" (loaded in {seconds(step.data['load_seconds'])})" if step.data.get("load_seconds") else ""
+        return (
+            f"{what} was ready when {whose} slot began: ready at {_hms(step.at, tz)}, "
+            f"{seconds(ahead.total_seconds())} before the start{loaded}."
+        )
+    said = [f"{what} was not ready when {whose} slot began at {_hms(booking.start, tz)}."]
+    since = planned.at if planned else booking.start
+    if previous is not None and load and previous.end > booking.start - timedelta(seconds=load):
+        gap = max(0.0, (booking.start - previous.end).total_seconds())
+        said.append(
+            f"The gap before the slot was {seconds(gap)} ({previous.user}'s booking ended at "
+            f"{_hms(previous.end, tz)}); {load_words}."
+        )
+    elif planned is not None:
+        lead = (booking.start - planned.at).total_seconds()
+        said.append(
+            f"Preloading was chosen at {_hms(planned.at, tz)}, {seconds(max(0.0, lead))} ahead; {load_words}."
+        )
+    failed = _first(entries, "failed", since, booking.end, model_id=booking.model_id)
+    if failed is not None:
+        said.append(f"It failed at {_hms(failed.at, tz)}: {failed.data.get('error') or 'no reason given'}.")
+        fallback = _first(entries, "ready", failed.at, booking.end, fallback=True)
+        if fallback is not None:
+            default = names.target(fallback.data.get("model_id"), fallback.data.get("preset_id"))
+            said.append(f"The default model {default} served the booking from {_hms(fallback.at, tz)}.")
+    spell = _first(entries, "node_not_ready", since - timedelta(hours=1), booking.start)
+    if spell is not None:
+        back = _first(entries, "node_ready", spell.at, booking.end)
+        until = f" until {_hms(back.at, tz)}" if back else ""
+        if back is None or back.at > since:
+            said.append(f"The node's worker was not reporting from {_hms(spell.at, tz)}{until}.")
+    ready = _first(entries, "ready", booking.start, booking.end, **target)
+    if ready is not None:
+        late = (ready.at - booking.start).total_seconds()
+        said.append(f"It was ready at {_hms(ready.at, tz)}, {seconds(late)} into the slot.")
+    elif now < booking.end:
+        said.append("It is not ready yet.")
+    else:
+        said.append("It was not ready during the slot.")
+    return " ".join(said)
