@@ -4,6 +4,7 @@ fallback and recovery told in order."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,8 +17,9 @@ from channels_app.scheduling.services import channel_reload, decide_channels, ov
 from gateway.models import RequestLog
 from slotserve_base.happenings import Happening, tell
 from slotserve_base.vocabulary import Phase
-from slotserve_site.story.telling import Booking, Entry, Names, lines, seconds, verdict
+from slotserve_site.story.telling import Booking, Entry, Names, _said, lines, seconds, verdict
 from tests import factories
+from tests.test_browser import browser  # noqa: F401  (a fixture)
 from tests.test_node_worker import converge, out_of_memory, phase_after
 
 T0 = datetime(2026, 12, 7, 10, 0, tzinfo=UTC)
@@ -34,7 +36,7 @@ def at(s: float) -> datetime:
 
 def test_spans_in_words():
     assert [seconds(s) for s in (0.4, 40, 119.6, 185, 3600, 7200, 7500)] == [
-        "0 s",
+        "under a second",
         "40 s",
         "2 min",
         "3 min 5 s",
@@ -54,7 +56,8 @@ def test_a_model_preloaded_in_time_is_said_ready_before_the_start():
     ]
     said = verdict(ANA, story, NAMES, previous=None, estimate=50, now=at(600), tz=UTC)
     assert said == (
-        "qwen (long) was ready when ana's slot began: ready at 09:58:46, 74 s before the start (loaded in 55 s)."
+        "qwen (long) was ready when ana's slot began: ready at 09:58:46, 74 s before the start "
+        "(loaded in 55 s)."
     )
 
 
@@ -117,13 +120,49 @@ def test_lines_put_bookings_and_happenings_on_one_axis():
         Entry(at(-10), "loading", QWEN),
         Entry(at(-7200), "stopped", {"model_id": 2}),  # before the window
     ]
-    told = lines(story, [ANA], NAMES, start=at(-600), end=at(3600 + 60), tz=UTC)
+    told = lines(story, [ANA], NAMES, start=at(-600), end=at(3600 + 60), now=at(4000), tz=UTC)
     assert [(line.kind, line.words) for line in told] == [
         ("loading", "Loading qwen (long)."),
         ("booking_started", "ana's slot began (its model)."),
         ("ready", "qwen (long) is ready."),
         ("booking_ended", "ana's slot ended."),
     ]
+    # While the slot runs, its end is still to come: not told.
+    assert [
+        line.kind for line in lines(story, [ANA], NAMES, start=at(-600), end=at(3660), now=at(60), tz=UTC)
+    ] == [
+        "loading",
+        "booking_started",
+        "ready",
+    ]
+
+
+def test_a_retry_is_told_with_its_attempt_and_a_failure_with_its_next_try():
+    from channels_app.node_worker.announce import story_entries
+    from channels_app.node_worker.lifecycle import Failure, ProcessState
+    from slotserve_base.target import Target
+
+    qwen = Target(1, 10)
+    failure = Failure(qwen, attempts=2, retry_at=at(60), error="It ran out of memory.")
+    failed = ProcessState(phase=Phase.FAILED, running=qwen, failure=failure, error="It ran out of memory.")
+    loading = ProcessState(phase=Phase.LOADING, running=qwen, failure=failure)
+    assert story_entries(failed, loading, []) == [("loading", {**QWEN, "attempt": 3})]
+    assert story_entries(loading, failed, []) == [
+        (
+            "failed",
+            {**QWEN, "error": "It ran out of memory.", "attempts": 2, "retry_at": "2026-12-07T10:01:00Z"},
+        )
+    ]
+    assert _said(
+        Entry(
+            at(0),
+            "failed",
+            {**QWEN, "error": "It ran out of memory.", "attempts": 2, "retry_at": "2026-12-07T10:01:00Z"},
+        ),
+        NAMES,
+        UTC,
+    ) == ("qwen (long) failed: It ran out of memory (attempt 2, next try at 10:01:00).")
+    assert story_entries(loading, loading, []) == []
 
 
 @pytest.mark.django_db
@@ -220,9 +259,9 @@ def test_bad_windows_and_bookings_are_named(tiny, ana):
         answer = api.get(url + query)
         assert answer.status_code == 400, query
         assert words in str(answer.json()[field]), (query, answer.json())
-    browser = Client()
-    browser.force_login(ana)
-    page = browser.get(f"/channel/{channel.pk}/story?from=yesterday")
+    person = Client()
+    person.force_login(ana)
+    page = person.get(f"/channel/{channel.pk}/story?from=yesterday")
     assert page.status_code == 400 and b"not an ISO 8601 time" in page.content
 
 
@@ -245,6 +284,8 @@ def test_a_real_load_failure_fallback_and_recovery_read_in_order(node_env, tiny,
     assert phase_after(channel, failed.retry_at) == Phase.STOPPING
     converge(channel, until={Phase.READY}, now=failed.retry_at + timedelta(seconds=1))
 
+    while timezone.now() <= booking.start:  # the slot has begun when the story is read
+        time.sleep(0.05)
     api = APIClient()
     api.force_authenticate(ana)
     answer = api.get(
@@ -254,13 +295,15 @@ def test_a_real_load_failure_fallback_and_recovery_read_in_order(node_env, tiny,
     told = [(line["kind"], line["words"]) for line in answer.data["lines"]]
     kinds = [kind for kind, _ in told]
     expected = [
-        "decided", "loading", "failed", "loading", "ready", "fallback", "stopping", "stopped", "loading", "ready",
-        "recovered", "switched",
+        "decided", "loading", "failed", "loading", "fallback", "ready",
+        "stopping", "loading", "ready", "recovered", "switched",
     ]  # fmt: skip
     assert [k for k in kinds if k != "booking_started"] == expected, told
-    assert (
-        told[0][1]
-        == f"The scheduler chose big-vllm (greedy): preloading for ana's {_hm(booking.start)} booking."
+    planned_with = StoryEntry.objects.get(channel=channel, kind="decided").data["load_seconds"]
+    assert planned_with > 0  # the estimate the scheduler planned the preload with, kept
+    assert told[0][1] == (
+        f"The scheduler chose big-vllm (greedy): preloading for ana's {_hm(booking.start)} booking; "
+        f"it loads in about {seconds(planned_with)} here."
     )
     assert told[1][1] == "Loading big-vllm (greedy)."
     assert told[2][1].startswith("big-vllm (greedy) failed: ") and "ran out of memory" in told[2][1]
@@ -280,9 +323,9 @@ def test_a_real_load_failure_fallback_and_recovery_read_in_order(node_env, tiny,
     assert "The default model tiny (small) served the booking from " in said
     assert said.endswith("into the slot.")
 
-    browser = Client()
-    browser.force_login(ana)
-    page = browser.get(f"/channel/{channel.pk}/story?booking={booking.pk}")
+    person = Client()
+    person.force_login(ana)
+    page = person.get(f"/channel/{channel.pk}/story?booking={booking.pk}")
     assert page.status_code == 200
     assert "served the booking from" in page.content.decode() and 'id="verdict"' in page.content.decode()
 
@@ -302,3 +345,60 @@ def test_story_rows_older_than_the_retention_go(settings, tiny):
     channel_reload(channel=channel, now=now - timedelta(days=29), by=None)
     assert forget_old(now) >= 1
     assert list(StoryEntry.objects.values_list("kind", flat=True)) == ["reload"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_story_reads_on_a_desk_and_on_a_phone(browser, live_server, tiny, ana):  # noqa: F811
+    """What happened to ana's booking, from her reservations page, with the verdict first."""
+    from pathlib import Path
+
+    from channels_app import story
+    from channels_app.models import StoryKind
+    from tests.test_browser import CHROMIUM, shot, sign_in
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("needs Chromium (apt-get install chromium)")
+    channel = factories.channel("a100-0", default=tiny.small)
+    now = timezone.now().replace(microsecond=0)
+    start = now - timedelta(minutes=20)
+    booking = factories.reservation(
+        owner=ana, on=channel, start=start, end=now + timedelta(hours=1), target=tiny.big
+    )
+    booked = {
+        "model_id": tiny.model.pk,
+        "preset_id": tiny.big.pk,
+        "fallback": False,
+        "booking_id": booking.pk,
+    }
+    small = {"model_id": tiny.model.pk, "preset_id": tiny.small.pk}
+    for seconds_in, kind, data in (
+        (-90, StoryKind.DECIDED, {**booked, "reason": "preload_next", "load_seconds": 55.0}),
+        (-88, StoryKind.STOPPING, small),
+        (-86, StoryKind.LOADING, booked),
+        (-70, StoryKind.FAILED, {**booked, "error": "The GPU ran out of memory while loading the model."}),
+        (-69, StoryKind.LOADING, {**small, "fallback": True}),
+        (-60, StoryKind.READY, {**small, "fallback": True, "load_seconds": 9.0}),
+        (-60, StoryKind.FALLBACK, small),
+        (40, StoryKind.LOADING, {**booked, "attempt": 2}),
+        (95, StoryKind.READY, {**booked, "load_seconds": 55.0}),
+        (95, StoryKind.RECOVERED, booked),
+    ):
+        story.told(channel.pk, start + timedelta(seconds=seconds_in), kind, **data)
+    for minute in range(0, 18):
+        for n in range(minute % 5 + 1):
+            RequestLog.objects.create(
+                at=start + timedelta(minutes=minute, seconds=n), user=ana, channel=channel,
+                path="/v1/chat/completions", status=200, duration_ms=900, queued_ms=200.0 if n > 3 else None,
+            )  # fmt: skip
+    page = sign_in(browser, live_server, "ana", width=1366, height=900)
+    page.goto(f"{live_server.url}/reservations/")
+    page.get_by_role("link", name="What happened to my booking").click()
+    verdict_box = page.locator("#verdict")
+    assert "was not ready when ana's slot began" in verdict_box.inner_text()
+    assert "It failed at" in verdict_box.inner_text() and "into the slot" in verdict_box.inner_text()
+    assert page.locator("figure.chart svg").count() == 1
+    assert page.locator("#story li").first.inner_text().endswith("it loads in about 55 s here.")
+    shot(page, "story")
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
+    shot(page, "phone-story")

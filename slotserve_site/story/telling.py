@@ -69,11 +69,18 @@ def _hms(moment: datetime, tz: tzinfo) -> str:
 def seconds(value: float) -> str:
     """A span in words: "40 s", "3 min 5 s", "2 h 10 min"."""
     whole = round(value)
+    if value < 1:
+        return "under a second"
     if whole < 120:
         return f"{whole} s"
     if whole < 7200:
         return f"{whole // 60} min" + (f" {whole % 60} s" if whole % 60 else "")
     return f"{whole // 3600} h" + (f" {whole // 60 % 60} min" if whole // 60 % 60 else "")
+
+
+def _error(data: Mapping[str, Any]) -> str:
+    """A failure's explanation, without its last full stop (the sentence around it ends it)."""
+    return str(data.get("error") or "no reason given").rstrip().rstrip(".")
 
 
 def _said(entry: Entry, names: Names, tz: tzinfo) -> str:
@@ -100,7 +107,7 @@ def _said(entry: Entry, names: Names, tz: tzinfo) -> str:
             if d.get("retry_at")
             else ""
         )
-        return f"{what} failed: {d.get('error') or 'no reason given'}{tries}."
+        return f"{what} failed: {_error(d)}{tries}."
     if kind in ("node_not_ready", "node_ready"):
         node = (d.get("node") or {}).get("name", "its node")
         if kind == "node_ready":
@@ -131,6 +138,7 @@ def _said(entry: Entry, names: Names, tz: tzinfo) -> str:
 
 
 def _booking_lines(booking: Booking, start: datetime, end: datetime) -> list[Line]:
+    """A booking's start and end within ``start``–``end`` (``end``: no later than now)."""
     what = "the whole card" if booking.exclusive else "its model"
     found = []
     if start <= booking.start < end:
@@ -159,17 +167,19 @@ def lines(
     *,
     start: datetime,
     end: datetime,
+    now: datetime,
     tz: tzinfo,
 ) -> list[Line]:
     """Every happening from ``start`` to ``end`` on one axis, oldest first (at the same moment, a
-    booking's start before what the channel did for it)."""
+    booking's start before what the channel did for it); a booking's start or end still to come
+    is not told."""
     told = [
         Line(e.at, e.kind, _said(e, names, tz), e.data.get("booking_id"))
         for e in entries
         if start <= e.at < end
     ]
     for booking in bookings:
-        told.extend(_booking_lines(booking, start, end))
+        told.extend(_booking_lines(booking, start, min(end, now)))
     order = {"booking_ended": 0, "booking_released": 0, "booking_started": 1}
     return sorted(told, key=lambda line: (line.at, order.get(line.kind, 2)))
 
@@ -244,14 +254,16 @@ def verdict(
             f"The gap before the slot was {seconds(gap)} ({previous.user}'s booking ended at "
             f"{_hms(previous.end, tz)}); {load_words}."
         )
+    elif planned is not None and planned.at >= booking.start:
+        said.append(
+            f"The scheduler chose it at {_hms(planned.at, tz)}, after the slot had begun; {load_words}."
+        )
     elif planned is not None:
         lead = (booking.start - planned.at).total_seconds()
-        said.append(
-            f"Preloading was chosen at {_hms(planned.at, tz)}, {seconds(max(0.0, lead))} ahead; {load_words}."
-        )
+        said.append(f"Preloading was chosen at {_hms(planned.at, tz)}, {seconds(lead)} ahead; {load_words}.")
     failed = _first(entries, "failed", since, booking.end, model_id=booking.model_id)
     if failed is not None:
-        said.append(f"It failed at {_hms(failed.at, tz)}: {failed.data.get('error') or 'no reason given'}.")
+        said.append(f"It failed at {_hms(failed.at, tz)}: {_error(failed.data)}.")
         fallback = _first(entries, "ready", failed.at, booking.end, fallback=True)
         if fallback is not None:
             default = names.target(fallback.data.get("model_id"), fallback.data.get("preset_id"))

@@ -77,7 +77,7 @@ def story(
     kept = reads.entries(channel, start, end)
     held = reads.bookings(channel, start, end)
     named = reads.names(held)
-    told = lines(kept, held, named, start=start, end=end, tz=tz)
+    told = lines(kept, held, named, start=start, end=end, now=now, tz=tz)
     answer: dict[str, Any] = {
         "channel": {"id": channel.pk, "name": channel.name, "node": channel.node.name},
         "from": iso_moment(start),
@@ -162,7 +162,9 @@ def _chart(requests: dict[str, Any], tz: tzinfo) -> str:
         legend_at_bottom=True,
         show_minor_x_labels=False,
         x_label_rotation=20,
-        title=f"Requests per {requests['bucket_seconds'] // 60} min",
+        title={60: "Requests per minute", 300: "Requests per 5 minutes"}.get(
+            requests["bucket_seconds"], "Requests per hour"
+        ),
     )
     chart.x_labels = [datetime.fromisoformat(b["at"]).astimezone(tz).strftime("%H:%M") for b in buckets]
     chart.x_labels_major_every = max(1, len(buckets) // 12)
@@ -203,5 +205,6 @@ def story_page(request: HttpRequest, pk: int) -> HttpResponse:
         if answer
         else [],
         "filters": {"from": request.GET.get("from", ""), "to": request.GET.get("to", "")},
+        "window": [datetime.fromisoformat(answer[end]) for end in ("from", "to")] if answer else [],
     }
     return render(request, "portal/story.html", context, status=400 if errors else 200)
