@@ -4,6 +4,7 @@
     .venv/bin/python bench/gateway_bench.py [--server gateway|uvicorn|daphne] [--seconds 5]
         [--delay-ms 20] [--upstream raw|uvicorn|fastapi] [--levels 1,16,64] [--litellm PATH]
         [--bare] [--no-lane] [--against CHECKOUT] [--channels 12] [--limits] [--places N] [--rounds 3]
+        [--traces]
 
 A fast upstream (16 SSE chunks per request, back to back or --delay-ms apart;
 in raw asyncio, as a bare ASGI app under uvicorn, or as a FastAPI streaming
@@ -24,8 +25,10 @@ request through the gateway's ASGI application) in the same run: what the lane s
 --against CHECKOUT, the gateway of another checkout (``git worktree add /tmp/before HEAD~1``)
 in the same run: what a change saves, apart from the noise between runs. With
 --limits, fair sharing's limits are set (high enough never to refuse), so every request is
-checked against them before it goes upstream. With --places N, the serving channel's fair queue is
-on (docs/gateway.md): what counting its places costs. Needs Redis.
+checked against them before it goes upstream. With --traces, a second SlotServe gateway with
+OpenTelemetry's traces on (``OTEL_EXPORTER_OTLP_ENDPOINT``, to a sink that takes them, like a
+collector) in the same run: what a trace per request costs. With --places N, the serving
+channel's fair queue is on (docs/gateway.md): what counting its places costs. Needs Redis.
 """
 
 from __future__ import annotations
@@ -401,6 +404,9 @@ def main() -> None:
         action="store_true",
         help="set fair sharing's limits (never reached): each request is checked before it goes up",
     )
+    parser.add_argument(
+        "--traces", action="store_true", help="also a gateway exporting a trace per request (OTLP)"
+    )
     args = parser.parse_args()
     if args.limits:
         os.environ.update(
@@ -464,6 +470,16 @@ def main() -> None:
             cwd=ROOT,
         )
         servers["no lane"] = (no_lane_port, "/v1/chat/completions", no_lane.pid)
+    traced = sink = None
+    if args.traces:
+        sink_port, traced_port = free_port(), free_port()
+        sink = subprocess.Popen([sys.executable, __file__, "--otlp-sink", str(sink_port)])
+        traced = subprocess.Popen(
+            uvicorn_argv("slotserve_site.asgi:application", traced_port, own_http=args.server == "gateway"),
+            env={**env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}"},
+            cwd=ROOT,
+        )
+        servers["traced"] = (traced_port, "/v1/chat/completions", traced.pid)
     against = None
     if args.against:
         against_port = free_port()
@@ -511,6 +527,8 @@ def main() -> None:
             wait_http(servers["no lane"][0], "/v1/models")
         if against:
             wait_http(servers["against"][0], "/v1/models")
+        if traced:
+            wait_http(servers["traced"][0], "/v1/models")
         keys = {
             "direct": "none",
             "relay": "none",
@@ -518,6 +536,7 @@ def main() -> None:
             "slotserve": key,
             "no lane": key,
             "against": key,
+            "traced": key,
             "litellm": "sk-bench",
         }
         print(
@@ -551,7 +570,9 @@ def main() -> None:
                 )
             floor = results["relay"]
             floor_added = floor["p50"] - direct["p50"]
-            for name in (name for name in ("bare", "slotserve", "no lane", "against") if name in results):
+            for name in (
+                name for name in ("bare", "slotserve", "no lane", "against", "traced") if name in results
+            ):
                 ours = results[name]
                 # Under load the relay may answer as soon as the upstream itself (its queue is
                 # the upstream's): no time of its own to compare with.
@@ -562,7 +583,7 @@ def main() -> None:
                 )
                 print(f"{level:>7} {'÷ relay':>9}  {name}: added TTFT {versus}, {cpu_versus(ours, floor)}")
     finally:
-        for process in (gateway, upstream, relay, litellm, bare, no_lane, against):
+        for process in (gateway, upstream, relay, litellm, bare, no_lane, against, traced, sink):
             if process is not None:
                 process.send_signal(signal.SIGTERM)
                 process.wait(timeout=10)
@@ -581,6 +602,23 @@ async def relay_main(port: int, upstream_port: int) -> None:
     server = await asyncio.start_server(handle, "127.0.0.1", port)
     async with server:
         await server.serve_forever()
+
+
+def otlp_sink(port: int) -> None:
+    """Takes OTLP/HTTP exports and answers 200, as a collector would, keeping nothing."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    ThreadingHTTPServer(("127.0.0.1", port), Sink).serve_forever()
 
 
 def forget_redis_keys(prefix: str) -> None:
@@ -602,6 +640,8 @@ if __name__ == "__main__":
         except ImportError:
             pass
         asyncio.run(relay_main(int(sys.argv[2]), int(sys.argv[3])))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--otlp-sink":
+        otlp_sink(int(sys.argv[2]))
     elif len(sys.argv) > 1 and sys.argv[1] == "--raw-upstream":
         asyncio.run(upstream_main(int(sys.argv[2]), float(sys.argv[3])))
     elif len(sys.argv) > 1 and sys.argv[1] == "--uvicorn-upstream":

@@ -9,7 +9,12 @@ from typing import Any
 
 from django.core.asgi import get_asgi_application
 
+from slotserve_base import tracing
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "slotserve_site.settings")
+# Traces only where OTEL_EXPORTER_OTLP_ENDPOINT asks for them (docs/metrics.md, "Traces"); Django's
+# are set up before it loads its middleware.
+TRACED = tracing.start_web()
 django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
@@ -22,6 +27,10 @@ from gateway.serve.proxy import Gateway  # noqa: E402
 from portal.live import OverviewConsumer  # noqa: E402
 
 gateway_app = Gateway()
+if TRACED:
+    from gateway.stream.traces import turn_on
+
+    turn_on()
 
 Scope = MutableMapping[str, Any]
 

@@ -5,7 +5,9 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import after_setup_logger
+from celery.signals import after_setup_logger, worker_process_init, worker_process_shutdown
+
+from slotserve_base import tracing
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "slotserve_site.settings")
 
@@ -29,3 +31,14 @@ def quiet_routine_task_lines(loglevel: int | str = logging.INFO, **_: Any) -> No
     if isinstance(loglevel, int) and loglevel > logging.DEBUG:
         for name in ROUTINE_TASK_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@worker_process_init.connect
+def trace_tasks(**_: Any) -> None:
+    """Each task run a span, where OTEL_EXPORTER_OTLP_ENDPOINT asks for traces (docs/metrics.md)."""
+    tracing.start_worker()
+
+
+@worker_process_shutdown.connect
+def send_last_spans(**_: Any) -> None:
+    tracing.flush()

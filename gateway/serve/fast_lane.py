@@ -171,7 +171,7 @@ class Exchange:
     # The callbacks
 
     def send(self, connection: Connection) -> None:
-        self.connection = connection
+        self.connection, self.answer.connected = connection, time.perf_counter()
         connection.listener = self.progress
         connection.send(self.request)
 

@@ -4,6 +4,7 @@ request's log record."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime
 
 from django.utils import timezone
@@ -13,6 +14,10 @@ from gateway.rules.body import dumps
 from gateway.rules.callers import Caller
 from gateway.stream.events import Usage
 from gateway.types import Message, Send
+
+# Set by ``gateway.stream.traces.turn_on`` when traces are on (docs/metrics.md, "Traces"): told
+# each request as its record is made. None: nothing more is done.
+TRACE: Callable[[Answer, Usage | None, str], None] | None = None
 
 
 class Answer:
@@ -34,6 +39,7 @@ class Answer:
         self.channel_id: int | None = None
         self.reservation_id: int | None = None
         self.queued_seconds: float | None = None  # how long it waited its turn (gateway.admit.places)
+        self.connected: float | None = None  # when the request went to the process (for traces)
         self.code = self.reason = ""  # a refusal's, as the caller got them
 
     def refused(self, refusal: Refusal, channel_id: int | None = None) -> None:
@@ -46,6 +52,7 @@ class Answer:
         """The request goes to ``channel``: its log record names the channel, the model that
         serves it and the booking it is served in."""
         self.channel_id, self.served = channel.id, channel.model or ""
+        self.connected = time.perf_counter()  # the fast lane says when its connection is in hand
         self.reservation_id = channel.booking.reservation_id if channel.booking else None
 
     def decide(self) -> datetime:
@@ -70,6 +77,8 @@ class Answer:
         """The request's log record (``gateway.usage.request_log``), or b"" for a caller without
         a key; ``request_id`` (unique among every gateway process's) makes it one row however
         often it reaches Redis."""
+        if TRACE is not None and self.status is not None:
+            TRACE(self, usage, request_id)
         if self.caller is None or self.status is None:
             return b""
         ttft = None if self.code else self.ttft_seconds  # a refusal's body is no first token
