@@ -62,6 +62,8 @@ def told(answer: Answer, usage: Usage | None, request_id: str) -> None:
         start_time=ns(answer.started),
         attributes=attributes,
     )
+    if not root.is_recording():  # not sampled (OTEL_TRACES_SAMPLER): nothing more to make
+        return
     if (answer.status or 500) >= 500:
         root.set_status(Status(StatusCode.ERROR, answer.code or None))
     within = trace.set_span_in_context(root)
