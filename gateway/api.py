@@ -162,6 +162,7 @@ class RequestLogOutput(serializers.ModelSerializer[RequestLog]):
             "completion_tokens",
             "error_code",
             "error",
+            "borrowed",
         ]
 
 

@@ -142,6 +142,9 @@ class RequestLog(models.Model):
         default="",
         help_text="The gateway's id of the request: a record that reaches the log twice is one row.",
     )
+    borrowed = models.BooleanField(
+        default=False, help_text="Served in someone else's slot, lent while its booker was idle."
+    )
 
     class Meta:
         ordering = ["-at", "-pk"]

@@ -68,6 +68,7 @@ def book(request: HttpRequest) -> HttpResponse:
                 "preset": None if data["exclusive"] else data["preset"],
                 "exclusive": data["exclusive"],
                 "note": data["note"],
+                "lend": data["lend"] and not data["exclusive"],
             }
         if form.is_valid() and data["repeat"]:
             try:
@@ -122,6 +123,7 @@ def book(request: HttpRequest) -> HttpResponse:
     fit = {
         "vram": {str(c.pk): c.vram_bytes() for c in channels},
         "sizes": {str(pk): size for pk, size in LLMModel.objects.values_list("pk", "size_bytes")},
+        "lends": [str(c.pk) for c in channels if c.lend_while_idle],
     }
     return render(
         request, "portal/book.html", {"form": form, "presets": presets, "fit": fit, "conflicts": conflicts}
@@ -285,6 +287,10 @@ def change(request: HttpRequest, pk: int) -> HttpResponse:
                     model=None if reservation.exclusive else data["model"],
                     preset=None if reservation.exclusive else data["preset"],
                     note=data["note"],
+                    lend=data["lend"]
+                    if reservation.user_id == request.user.pk
+                    and (reservation.channel.lend_while_idle or reservation.lend)
+                    else None,
                 )
             except (InvalidInput, InvalidTransition, ReservationConflict) as exc:
                 refusal_to_form(form, exc)
@@ -300,6 +306,7 @@ def change(request: HttpRequest, pk: int) -> HttpResponse:
                 "model": reservation.model_id,
                 "preset": reservation.preset_id,
                 "note": reservation.note,
+                "lend": reservation.lend,
             }
         )
     # The booking's length, so that the page says when a change would alter it.
@@ -311,6 +318,10 @@ def change(request: HttpRequest, pk: int) -> HttpResponse:
         "reservation": reservation,
         "presets": presets,
         "started": reservation.start <= timezone.now(),
+        # The booker's own choice, where the channel lends (or to take a lending back).
+        "lendable": not reservation.exclusive
+        and reservation.user_id == request.user.pk
+        and (reservation.channel.lend_while_idle or reservation.lend),
     }
     return render(request, "portal/change.html", context)
 

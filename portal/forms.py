@@ -46,6 +46,12 @@ class BookableChannelField(forms.ModelChoiceField[Channel]):
             ) from None
 
 
+# The booker's choice (docs/gateway.md, "Lending"): offered where the channel lends.
+LEND_LABEL = (
+    "Lend my model to colleagues while I am idle (where the channel lends; my requests always come first)"
+)
+
+
 class BookingForm(forms.Form):
     channel = BookableChannelField(
         queryset=Channel.objects.all(), required=False, empty_label="Any channel that fits"
@@ -56,6 +62,7 @@ class BookingForm(forms.Form):
     model = forms.ModelChoiceField(queryset=LLMModel.objects.all(), required=False)
     preset = forms.ModelChoiceField(queryset=Preset.objects.select_related("model"), required=False)
     note = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}), max_length=2000)
+    lend = forms.BooleanField(required=False, label=LEND_LABEL)
     repeat = forms.ChoiceField(
         choices=[
             ("", "Does not repeat"),
@@ -97,6 +104,7 @@ class ChangeForm(forms.Form):
     model = forms.ModelChoiceField(queryset=LLMModel.objects.all(), required=False)
     preset = forms.ModelChoiceField(queryset=Preset.objects.select_related("model"), required=False)
     note = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}), max_length=2000)
+    lend = forms.BooleanField(required=False, label=LEND_LABEL)
 
 
 class ExtendForm(forms.Form):

@@ -41,6 +41,12 @@ class ReservationInput(serializers.Serializer[Any]):
     )
     exclusive = serializers.BooleanField(required=False, default=False)
     note = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+    lend = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="let others call the booked model while you are idle, where the channel lends "
+        "(docs/gateway.md, Lending)",
+    )
 
 
 class ReservationOutput(serializers.ModelSerializer[Reservation]):
@@ -59,6 +65,7 @@ class ReservationOutput(serializers.ModelSerializer[Reservation]):
             "model",
             "preset",
             "exclusive",
+            "lend",
             "status",
             "extends",
             "series",
@@ -91,11 +98,6 @@ class SeriesInput(ReservationInput):
         default=False,
         help_text="book the occurrences that can be, skipping the others (default: all or none)",
     )
-    skip_conflicts = serializers.BooleanField(
-        required=False,
-        default=False,
-        help_text="book the occurrences that can be, skipping the others (default: all or none)",
-    )
 
 
 class ChangeInput(serializers.Serializer[Any]):
@@ -108,11 +110,12 @@ class ChangeInput(serializers.Serializer[Any]):
         queryset=Preset.objects.all(), required=False, allow_null=True
     )
     note = serializers.CharField(required=False, allow_blank=True, max_length=2000)
+    lend = serializers.BooleanField(required=False, help_text="lent while you are idle (yours alone)")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if not attrs:
             raise serializers.ValidationError(
-                {"start": "name what to change: start, end, model, preset or note"}
+                {"start": "name what to change: start, end, model, preset, note or lend"}
             )
         return attrs
 

@@ -105,6 +105,10 @@ class Reservation(models.Model):
         "channels_app.Preset", null=True, blank=True, on_delete=models.PROTECT, related_name="reservations"
     )
     exclusive = models.BooleanField(default=False, help_text="Whole-card: no inference process.")
+    lend = models.BooleanField(
+        default=False,
+        help_text="Others may call the booked model while the booker is idle (where the channel lends).",
+    )
     status = models.CharField(
         max_length=20, choices=ReservationStatus.choices, default=ReservationStatus.PENDING
     )
@@ -144,6 +148,9 @@ class Reservation(models.Model):
                 condition=Q(exclusive=True, model__isnull=True, preset__isnull=True)
                 | Q(exclusive=False, model__isnull=False),
                 name="reservation_model_xor_exclusive",
+            ),
+            models.CheckConstraint(
+                condition=Q(exclusive=False) | Q(lend=False), name="reservation_no_whole_card_lent"
             ),
             PostgresOnlyExclusionConstraint(
                 name="reservation_no_overlap",

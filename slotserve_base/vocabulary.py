@@ -103,6 +103,7 @@ class ErrorCode(models.TextChoices):
     MODEL_SWITCHING = "model_switching"
     MODEL_LOADING = "model_loading"
     MODEL_NOT_LOADED = "model_not_loaded"
+    PREEMPTED_BY_BOOKER = "preempted_by_booker"
     INVALID_API_KEY = "invalid_api_key"
     INVALID_REQUEST = "invalid_request"
     REQUEST_TOO_LARGE = "request_too_large"
@@ -144,6 +145,8 @@ class RedisKey(models.TextChoices):
     QUEUE_ALIVE = "queue:alive", "a channel's held requests by when they expire unless looked after"
     QUEUE_STATE = "queue:state", "a channel's fair queue: virtual time, users' tags, waits"
     QUEUE_SERVED = "queue:served", "when requests were taken from a channel's queue (last minute)"
+    LENT = "lent", "a channel's borrowed requests in flight, by when they started (docs/gateway.md, Lending)"
+    PREEMPTED = "preempted", "set when a booker's request ends a borrowed one, which sees it and stops"
     USAGE_CATCH_UP = "usage:catchup", "set while the request log's backlog is being caught up (expires)"
 
 

@@ -62,6 +62,7 @@ AUDITED: dict[str, dict[str, Any]] = {
     "channels_app.Override": {"include_fields": ["channel", "model", "preset", "unload", "until"]},
     "reservations.Reservation": {
         "include_fields": [
+            "lend",
             "status",
             "start",
             "end",

@@ -42,6 +42,7 @@ CHANNEL_SETTINGS = (
     "group_weekly_quota_hours",
     "idle_warn_minutes",
     "idle_release_minutes",
+    "lend_while_idle",
 )
 
 
@@ -106,6 +107,12 @@ class Channel(models.Model):
         blank=True,
         help_text="After that warning, release the rest of the booking when still unused this many "
         "minutes later. Empty: never release.",
+    )
+    lend_while_idle = models.BooleanField(
+        default=False,
+        help_text="Lend booked time to others while the booker is idle: where the booker allows it, "
+        "others may call the booked model between the booker's requests, and the booker's requests "
+        'end theirs when every place is taken (docs/gateway.md, "Lending").',
     )
     created = models.DateTimeField(default=timezone.now)
 

@@ -67,6 +67,8 @@ def chosen_at_once(snapshot: Snapshot, asked: Asked, now: datetime) -> ChannelVi
     if channel is None:
         return None
     channel = as_of(channel, now)
+    if channel.booking is not None and channel.booking.lends:
+        return None  # a lent slot's requests are the application's: borrowed ones may be ended
     if admit(caller_id=asked.caller.user_id, channel=channel, now=now) is not None:
         return None
     return channel

@@ -20,6 +20,7 @@ from django.conf import settings
 
 from gateway.wire.counter_scripts import cached_key, script_sha
 from gateway.wire.counters import INFLIGHT_TTL_SECONDS, Counters
+from gateway.wire.lending import Lending
 from gateway.wire.queue_scripts import LEAVE_QUEUE, STATE_SECONDS, TURN
 from slotserve_base.vocabulary import RedisKey
 
@@ -59,6 +60,7 @@ class Places:
 
     def __init__(self, counters: Counters) -> None:
         self.counters = counters
+        self.lending = Lending(counters)  # a lent slot's borrowed requests (docs/gateway.md)
         # channel → the futures of this gateway's requests waiting for a place there.
         self.waiting: dict[int, set[asyncio.Future[None]]] = {}
         # channel → (until when, requests that may still take a place without asking).

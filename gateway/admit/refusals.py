@@ -158,6 +158,31 @@ def process_failed_event(channel: ChannelView, exc: Exception) -> bytes:
     return b"data: " + json.dumps(event).encode() + b"\n\n"
 
 
+# A borrowed request ended by its booker's may try again this soon: a booker works in bursts.
+PREEMPTED_RETRY_AFTER = 5
+
+
+def preempted(channel: ChannelView) -> Refusal:
+    """A borrowed request ended by the booker's request before its answer began (docs/gateway.md,
+    "Lending")."""
+    return Refusal(
+        503,
+        ErrorCode.PREEMPTED_BY_BOOKER,
+        f"channel {channel.name}'s booker needed its place: your borrowed request was ended "
+        f"(what it was sent is counted to you); try again in {PREEMPTED_RETRY_AFTER} s",
+        PREEMPTED_RETRY_AFTER,
+        channel.id,
+    )
+
+
+def preempted_event(channel: ChannelView) -> bytes:
+    """The last event of a borrowed stream ended by the booker's request, in the caller's API's
+    shape."""
+    refusal = preempted(channel)
+    event = json.loads(error_body(refusal.status, refusal.code, refusal.message))
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
 def refusal_after_count_in(
     channel: ChannelView, caller: Caller, now: datetime, over: OverLimit | None
 ) -> Refusal:

@@ -158,7 +158,11 @@ def _read_snapshot() -> Snapshot:
     )
     active: dict[int, Booking] = {}
     upcoming: dict[int, Booking] = {}
-    approved = Reservation.objects.filter(status="approved", start__lte=soon, end__gt=now).order_by("start")
+    approved = (
+        Reservation.objects.filter(status="approved", start__lte=soon, end__gt=now)
+        .select_related("channel")
+        .order_by("start")
+    )
     for r in approved:
         booking = Booking(
             r.pk,
@@ -167,6 +171,7 @@ def _read_snapshot() -> Snapshot:
             r.end,
             None if r.exclusive or r.model_id is None else (r.model_id, r.preset_id),
             r.start,
+            lends=r.lend and r.channel.lend_while_idle and not r.exclusive,
         )
         if r.start <= now:
             active[r.channel_id] = booking

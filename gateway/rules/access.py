@@ -23,6 +23,7 @@ class Booking:
     end: datetime
     target: tuple[int, int | None] | None = None  # its model and preset (ids); None: whole card
     start: datetime | None = None
+    lends: bool = False  # others may borrow its model while its booker is idle (docs/gateway.md)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,31 @@ def as_of(channel: ChannelView, now: datetime) -> ChannelView:
     return channel
 
 
+def lends_to(caller_id: int, channel: ChannelView) -> bool:
+    """Whether ``caller_id`` may borrow ``channel`` now (docs/gateway.md, "Lending"): someone
+    else's booking there lends, its own model and preset run and are ready (not the fallback, not
+    a switch), and the channel counts its places, so that the booker's requests can end borrowed
+    ones. ``channel`` as of now (``as_of``)."""
+    booking = channel.booking
+    return (
+        booking is not None
+        and booking.lends
+        and booking.user_id != caller_id
+        and booking.target is not None
+        and channel.running == booking.target
+        and not channel.fallback
+        and channel.phase == Phase.READY
+        and not channel.switching
+        and channel.upstream is not None
+        and channel.places is not None
+    )
+
+
+def borrowed(caller_id: int, channel: ChannelView) -> bool:
+    """Whether a request of ``caller_id`` that ``channel`` (as of now) admits is a borrowed one."""
+    return channel.booking is not None and channel.booking.user_id != caller_id
+
+
 def admit(*, caller_id: int, channel: ChannelView, now: datetime, zone: tzinfo = UTC) -> Refusal | None:
     """The access table (docs/gateway.md) for one caller and one channel; None means allowed.
     Times are told in the caller's ``zone``, the instant beside them; a refusal names the channel."""
@@ -121,7 +147,7 @@ def admit(*, caller_id: int, channel: ChannelView, now: datetime, zone: tzinfo =
 def _admit(caller_id: int, channel: ChannelView, now: datetime, zone: tzinfo) -> Refusal | None:
     channel = as_of(channel, now)
     booking = channel.booking
-    if booking is not None and booking.user_id != caller_id:
+    if booking is not None and booking.user_id != caller_id and not lends_to(caller_id, channel):
         return Refusal(
             403,
             ErrorCode.GPU_RESERVED,
@@ -257,7 +283,8 @@ def route(
         c for c in channels if c.model == model and admit(caller_id=caller_id, channel=c, now=now) is None
     ]
     if usable:
-        best = min(usable, key=lambda c: (in_flight.get(c.id, 0), c.name))
+        # A free channel before one lent by its booker; then the fewest requests in flight.
+        best = min(usable, key=lambda c: (borrowed(caller_id, c), in_flight.get(c.id, 0), c.name))
         return Route(best, None, tuple(c.name for c in usable))
     # Not servable now: say why, preferring the most useful answer.
     heading = [c for c in channels if model in (c.model, c.targets_model)]

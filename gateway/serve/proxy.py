@@ -64,12 +64,12 @@ from gateway.serve.model_list import ModelList
 from gateway.stream.answer import Answer
 from gateway.stream.events import Usage
 from gateway.stream.holding import Holding, wait_turn
+from gateway.stream.lent import forward
 from gateway.stream.outgoing import Outgoing
 from gateway.stream.relay import (
     ON_DISCONNECT,
     adding_headers,
     continuing_stream,
-    forward,
     without_body,
 )
 from gateway.types import Receive, Scope, Send
@@ -325,7 +325,7 @@ class Gateway:
         outgoing = Outgoing.of(request, scope["method"], scope.get("query_string", b""))
         try:
             on_disconnect = (scope.get("extensions") or {}).get(ON_DISCONNECT)
-            await forward(self, receive, send, channel, outgoing, usage, entry, on_disconnect)
+            await forward(self, receive, send, channel, outgoing, usage, entry, on_disconnect, caller)
         finally:
             if entry.pending is not None:  # the client left before the count in was known
                 with contextlib.suppress(RedisError):

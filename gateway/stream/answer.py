@@ -41,6 +41,7 @@ class Answer:
         self.queued_seconds: float | None = None  # how long it waited its turn (gateway.admit.places)
         self.connected: float | None = None  # when the request went to the process (for traces)
         self.code = self.reason = ""  # a refusal's, as the caller got them
+        self.borrowed = False
 
     def refused(self, refusal: Refusal, channel_id: int | None = None) -> None:
         """The gateway refuses the request: its log record keeps the code, the reason and the
@@ -52,6 +53,10 @@ class Answer:
         """The request goes to ``channel``: its log record names the channel, the model that
         serves it and the booking it is served in."""
         self.channel_id, self.served = channel.id, channel.model or ""
+        booking = channel.booking  # a borrowed request: someone else's slot, lent (docs/gateway.md)
+        self.borrowed = (
+            booking is not None and self.caller is not None and booking.user_id != self.caller.user_id
+        )
         self.connected = time.perf_counter()  # the fast lane says when its connection is in hand
         self.reservation_id = channel.booking.reservation_id if channel.booking else None
 
@@ -103,5 +108,6 @@ class Answer:
                 round((self.decided - self.started) * 1000, 2),
                 self.code,
                 self.reason,
+                self.borrowed,
             ]
         )

@@ -12,13 +12,35 @@ from collections.abc import Callable
 import httpx
 
 from gateway.admit.admission import Entry, cancel_unless_counted, settled
-from gateway.admit.refusals import broke_off, did_not_answer, process_failed_event, refuse
+from gateway.admit.refusals import (
+    broke_off,
+    did_not_answer,
+    preempted,
+    preempted_event,
+    process_failed_event,
+    refuse,
+)
 from gateway.rules.access import ChannelView
 from gateway.rules.body import loads
 from gateway.stream.events import Events, Usage
 from gateway.stream.outgoing import Outgoing, passed_on
 from gateway.types import Message, Receive, Send
 from gateway.wire.upstream import Cancel, Reply, Upstreams
+
+
+class Preemption:
+    """A borrowed request that its booker's requests may end (docs/gateway.md, "Lending"): its
+    process's work is cancelled, and its caller told so instead of nothing."""
+
+    def __init__(self, channel: ChannelView) -> None:
+        self.channel = channel
+        self.cancel: Cancel | None = None
+        self.ended = False
+
+    def end(self) -> None:
+        self.ended = True
+        if self.cancel is not None:
+            self.cancel.fire()
 
 
 async def forward(
@@ -30,11 +52,15 @@ async def forward(
     usage: Usage,
     entry: Entry,
     on_disconnect: Callable[[Callable[[], None] | None], None] | None = None,
+    *,
+    preemption: Preemption | None = None,
 ) -> None:
     assert channel.upstream is not None and channel.model is not None
     upstream = upstreams.upstream_for(channel.upstream)
     target, headers, content, streaming, strip_usage = outgoing.to(channel, upstream)
     cancel = Cancel()
+    if preemption is not None:
+        preemption.cancel = cancel
     # A client that goes away cancels the upstream's work at once, whatever stage it is at;
     # so does a count in that refuses the request while it is on its way.
     stop_watching = _watching(receive, on_disconnect, cancel)
@@ -46,6 +72,8 @@ async def forward(
         except httpx.HTTPError as exc:
             if not await settled(entry, cancel):
                 await refuse(send, entry.refused())
+            elif preemption is not None and preemption.ended:
+                await refuse(send, preempted(channel))
             elif not cancel.fired:
                 await refuse(send, did_not_answer(channel, exc))
             return
@@ -54,7 +82,9 @@ async def forward(
             await refuse(send, entry.refused())
             return
         try:
-            await relay(send, response, streaming, strip_usage, usage, channel, cancel, stop_watching)
+            await relay(
+                send, response, streaming, strip_usage, usage, channel, cancel, stop_watching, preemption
+            )
         finally:
             await response.aclose()
     finally:
@@ -70,14 +100,18 @@ async def relay(
     channel: ChannelView,
     cancel: Cancel,
     stop_watching: Callable[[], None],
+    preemption: Preemption | None = None,
 ) -> None:
-    """Send the upstream's answer to the client as it arrives."""
+    """Send the upstream's answer to the client as it arrives (a borrowed answer ended by the
+    booker's request ends with why)."""
     headers, event_stream = passed_on(response.headers)
     if not streaming and not event_stream:
         try:
             content = await response.aread()
         except httpx.HTTPError as exc:
-            if not cancel.fired:
+            if preemption is not None and preemption.ended:
+                await refuse(send, preempted(channel))
+            elif not cancel.fired:
                 await refuse(send, broke_off(channel, exc))
             return
         with contextlib.suppress(ValueError):
@@ -101,6 +135,11 @@ async def relay(
             elif chunk:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except httpx.HTTPError as exc:
+        if preemption is not None and preemption.ended:
+            stop_watching()
+            tail = (events.flush() if events is not None else b"") + preempted_event(channel)
+            await send({"type": "http.response.body", "body": tail})
+            return
         if cancel.fired:
             return
         # The process died mid-stream: end the stream with an error event the client can read.

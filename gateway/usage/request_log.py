@@ -139,6 +139,7 @@ class _Record(NamedTuple):
     code: str
     reason: str
     item: bytes
+    borrowed: bool = False
 
 
 def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
@@ -164,6 +165,8 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 fields.append(None)
             if isinstance(fields, list) and len(fields) == 17:  # written before refusals were kept
                 fields += ["", ""]
+            if isinstance(fields, list) and len(fields) == 19:  # written before slots were lent
+                fields.append(False)
             (
                 at,
                 user,
@@ -184,6 +187,7 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 decided,
                 code,
                 reason,
+                borrowed,
             ) = fields
             record = _Record(
                 datetime.fromtimestamp(float(at), tz=UTC),
@@ -206,6 +210,7 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 str(code)[:40],
                 str(reason)[:300],
                 item,
+                borrowed is True,
             )
             if not all(
                 _storable(text)
@@ -258,6 +263,7 @@ def _rows(raw: list[bytes]) -> tuple[list[tuple[Any, bytes]], list[bytes]]:
                 decided_ms=r.decided,
                 error_code=r.code,
                 error=r.reason,
+                borrowed=r.borrowed,
             ),
             r.item,
         )

@@ -37,6 +37,7 @@ def reservation_create(
     exclusive: bool = False,
     note: str = "",
     by: User | None = None,
+    lend: bool = False,
 ) -> Reservation:
     """Book ``[start, end)`` on ``channel`` for ``user`` (by ``by``, staff booking for
     someone, when given); raises ``ReservationConflict`` on overlap.
@@ -51,7 +52,14 @@ def reservation_create(
     # times, which is wrong across a daylight-saving change.
     start, end = start.astimezone(UTC), end.astimezone(UTC)
     validate_slot(
-        channel=channel, start=start, end=end, now=now, model=model, preset=preset, exclusive=exclusive
+        channel=channel,
+        start=start,
+        end=end,
+        now=now,
+        model=model,
+        preset=preset,
+        exclusive=exclusive,
+        lend=lend,
     )
     pending = needs_approval(channel=channel, exclusive=exclusive, user=user, by=by)
 
@@ -77,6 +85,7 @@ def reservation_create(
                     pending=pending,
                     now=now,
                     by=by,
+                    lend=lend,
                 )
         except IntegrityError as exc:
             if not _is_overlap(exc):
@@ -103,6 +112,7 @@ def reservation_create_anywhere(
     exclusive: bool = False,
     note: str = "",
     channel: None = None,
+    lend: bool = False,
 ) -> Reservation:
     """Book the best channel that fits (docs/scheduling.md): placement ranks them, and each is
     tried in turn with the same overlap guarantee as any booking, so two people asking
@@ -127,6 +137,7 @@ def reservation_create_anywhere(
                 model=model,
                 preset=preset,
                 note=note,
+                lend=lend and chosen.lend_while_idle,
             )
         except ReservationConflict:
             continue  # taken meanwhile: the next best

@@ -23,6 +23,7 @@ from reservations.services.common import (
     _retrying_deadlocks,
     _tell_approvers,
     _whole_booking,
+    lend_problem,
     needs_approval,
     slot_problems,
 )
@@ -139,9 +140,11 @@ def reservation_change(
     model: LLMModel | None = _UNCHANGED,
     preset: Preset | None = _UNCHANGED,
     note: str | None = None,
+    lend: bool | None = None,
 ) -> Reservation:
     """Move, shorten or lengthen a pending or approved reservation, or change its model or preset
-    (the owner, or staff for anyone).
+    (the owner, or staff for anyone), or whether it is lent while its booker is idle (the owner
+    alone, at any time, without approval: docs/gateway.md, "Lending").
 
     Checked like a booking of the new slot and target (limits and quota without the reservation
     itself, overlap, the database's rule behind). A started reservation keeps its start; its end
@@ -171,7 +174,12 @@ def reservation_change(
         raise InvalidInput("end", "the new end is in the past; end the reservation now instead")
     moved = (start, end) != (reservation.start, reservation.end)
     retargeted = (model, preset) != (reservation.model, reservation.preset)
-    if not moved and not retargeted and note is None:
+    relent = lend is not None and lend != reservation.lend
+    if relent and by != reservation.user:
+        raise InvalidInput("lend", "only the booker chooses whether their slot is lent")
+    if relent and lend:
+        lend_problem(channel=reservation.channel, exclusive=reservation.exclusive)
+    if not moved and not retargeted and note is None and not relent:
         return reservation
     if not reservation.exclusive:
         validate_target(model=model, preset=preset)
@@ -198,6 +206,8 @@ def reservation_change(
     changes: dict[str, Any] = {"start": start, "end": end, "model": model, "preset": preset}
     if note is not None:
         changes["note"] = note
+    if relent:
+        changes["lend"] = lend
     if asks_again:
         changes.update(status=ReservationStatus.PENDING, reviewed_at=None, reviewed_by=None)
 

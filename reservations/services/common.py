@@ -247,6 +247,7 @@ def validate_slot(
     model: LLMModel | None,
     preset: Preset | None,
     exclusive: bool,
+    lend: bool = False,
 ) -> None:
     problems = slot_problems(channel=channel, start=start, end=end, now=now, exclusive=exclusive)
     if problems:
@@ -256,6 +257,19 @@ def validate_slot(
     if not exclusive and model is None:
         raise InvalidInput("model", "name a model (and preset), or book the whole card with exclusive: true")
     validate_target(model=model, preset=preset)
+    if lend:
+        lend_problem(channel=channel, exclusive=exclusive)
+
+
+def lend_problem(*, channel: Channel, exclusive: bool) -> None:
+    """A booker may lend their idle time only on a channel that lends, and only a model
+    (docs/gateway.md, "Lending")."""
+    if exclusive:
+        raise InvalidInput("lend", "a whole-card booking runs no model to lend")
+    if not channel.lend_while_idle:
+        raise InvalidInput(
+            "lend", f"channel {channel.name} does not lend booked time (its staff choose whether it does)"
+        )
 
 
 def _new_reservation(
@@ -272,6 +286,7 @@ def _new_reservation(
     now: datetime,
     by: User | None = None,
     series: ReservationSeries | None = None,
+    lend: bool = False,
 ) -> Reservation:
     """The insert every booking ends in (inside the caller's checks and transaction)."""
     reservation = Reservation.objects.create(
@@ -282,6 +297,7 @@ def _new_reservation(
         model=None if exclusive else model,
         preset=None if exclusive else preset,
         exclusive=exclusive,
+        lend=lend and not exclusive,
         status=ReservationStatus.PENDING if pending else ReservationStatus.APPROVED,
         note=note,
         created=now,

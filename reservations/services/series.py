@@ -121,6 +121,7 @@ def reservation_series_create(
     exclusive: bool = False,
     note: str = "",
     skip_conflicts: bool = False,
+    lend: bool = False,
 ) -> tuple[ReservationSeries, list[Reservation], list[tuple[datetime, datetime, str]]]:
     """Book ``[start, end)`` and its repetitions, keeping the local times of ``time_zone``: the
     series, its reservations, and the occurrences skipped (with why).
@@ -139,6 +140,7 @@ def reservation_series_create(
         model=model,
         preset=preset,
         exclusive=exclusive,
+        lend=lend,
     )
     pending = needs_approval(channel=channel, exclusive=exclusive, user=user)
 
@@ -173,6 +175,7 @@ def reservation_series_create(
                         pending=pending,
                         now=now,
                         series=series,
+                        lend=lend,
                     )
                     for s, e in wanted
                 ]

@@ -1,0 +1,208 @@
+"""Lending a booked model while its booker is idle (docs/gateway.md, "Lending"): opt-in by the
+channel and the booker, only the booked model, marked wherever it shows, and the booker first —
+their request ends the most recently started borrowed one and starts at once."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from channels_app.models import ChannelRuntime
+from channels_app.node_worker.worker import in_flight
+from gateway.models import RequestLog
+from gateway.rules.access import Booking, ChannelView, admit, lends_to, route
+from gateway.usage.request_log import flush_request_log
+from reservations.models import Reservation
+from reservations.services import reservation_change, reservation_create
+from slotserve_base.errors import InvalidInput
+from slotserve_base.redis_client import redis_client
+from tests import factories
+from tests.clock import eventually
+from tests.conftest import serve, snapshot_seen
+
+T0 = datetime(2026, 12, 7, 10, 0, tzinfo=UTC)
+ANA, BO = 1, 2
+
+
+def view(**changes) -> ChannelView:
+    booking = Booking(7, ANA, False, T0 + timedelta(hours=1), (3, 4), T0 - timedelta(minutes=5), lends=True)
+    channel = ChannelView(
+        id=1, name="a100-0", phase="ready", model="qwen", upstream="http://127.0.0.1:1", since=T0,
+        load_seconds=30, next_load_seconds=30, drain_seconds=30, switching=False, booking=booking,
+        running=(3, 4), places=2,
+    )  # fmt: skip
+    return replace(channel, **changes)
+
+
+def test_only_a_lending_slot_running_its_own_model_lends():
+    assert lends_to(BO, view()) and admit(caller_id=BO, channel=view(), now=T0) is None
+    booking = view().booking
+    assert booking is not None
+    closed = [
+        view(booking=replace(booking, lends=False)),  # the booker or the channel said no: as today
+        view(running=(3, 5)),  # another preset runs: not the booked one
+        view(fallback=True),  # the default serves the booking meanwhile
+        view(phase="draining"),  # the drain at a switch
+        view(switching=True),
+        view(places=None),  # places unknown: the booker could not end a borrowed request
+        view(booking=None, upcoming=booking),  # the preload before the slot: nobody's slot yet
+    ]
+    for channel in closed:
+        assert not lends_to(BO, channel), channel
+    refusal = admit(caller_id=BO, channel=view(booking=replace(booking, lends=False)), now=T0)
+    assert refusal is not None and (refusal.status, refusal.code) == (403, "gpu_reserved")
+    assert not lends_to(ANA, view())  # the booker borrows nothing: the slot is theirs
+    # A free channel with the same model goes before a lent one.
+    free = view(id=2, name="a100-1", booking=None)
+    chosen = route(caller_id=BO, model="qwen", pinned=None, channels=[view(), free], in_flight={2: 5}, now=T0)
+    assert chosen.channel is not None and chosen.channel.name == "a100-1"
+
+
+@pytest.mark.django_db
+def test_lending_is_chosen_by_the_channel_and_the_booker_alone(ana, bo, staff):
+    channel = factories.channel("a100-0")
+    preset = factories.preset(factories.llm("qwen"), "default")
+    now = timezone.now()
+    slot = {
+        "channel": channel,
+        "start": now + timedelta(hours=1),
+        "end": now + timedelta(hours=2),
+        "now": now,
+    }
+    with pytest.raises(InvalidInput) as refused:
+        reservation_create(user=ana, model=preset.model, preset=preset, lend=True, **slot)
+    assert refused.value.field == "lend" and "does not lend booked time" in str(refused.value)
+    channel.lend_while_idle = True
+    channel.save()
+    with pytest.raises(InvalidInput) as whole_card:
+        reservation_create(user=ana, exclusive=True, lend=True, **slot)
+    assert "a whole-card booking runs no model to lend" in str(whole_card.value)
+    booking = reservation_create(user=ana, model=preset.model, preset=preset, **slot)
+    assert booking.lend is False  # off unless the booker says so
+    with pytest.raises(InvalidInput, match="only the booker chooses"):
+        reservation_change(reservation=booking, by=staff, now=now, lend=True)
+    assert reservation_change(reservation=booking, by=ana, now=now, lend=True).lend is True
+    with pytest.raises(IntegrityError), transaction.atomic():  # the database holds it too
+        Reservation.objects.filter(pk=booking.pk).update(exclusive=True, model=None, preset=None)
+    api = APIClient()
+    api.force_authenticate(bo)
+    answer = api.post(
+        "/api/reservations/",
+        {**{k: factories.iso(v) for k, v in slot.items() if k in ("start", "end")}, "channel": channel.pk,
+         "model": "qwen", "lend": "yes please"},
+        format="json",
+    )  # fmt: skip
+    assert answer.status_code == 400 and "lend" in answer.json()
+
+
+def lent_world(world, standins, *, lend: bool = True, places: int = 1):
+    """ana's booking of channel b, running the slow model she booked, lent or not; bo borrows."""
+    port, _ = standins("slow", "--standin-chunks", "200", "--standin-chunk-delay", "20")
+    model = factories.llm("slow")
+    preset = factories.preset(model, "default")
+    serve(world.other, model, port)
+    ChannelRuntime.objects.filter(channel=world.other).update(places=places, preset=preset)
+    world.other.lend_while_idle = True
+    world.other.save()
+    now = timezone.now()
+    booking = factories.reservation(
+        owner=world.ana, on=world.other, start=now - timedelta(minutes=5), end=now + timedelta(hours=1),
+        target=preset,
+    )  # fmt: skip
+    Reservation.objects.filter(pk=booking.pk).update(lend=lend)
+    return booking
+
+
+class Stream(threading.Thread):
+    """A streamed completion in a thread: its status, headers, first data line and last event."""
+
+    def __init__(self, url: str, key: str, **extra) -> None:
+        super().__init__(daemon=True)
+        self.url, self.key, self.extra = url, key, extra
+        self.status: int | None = None
+        self.headers: httpx.Headers | None = None
+        self.first = math.nan
+        self.events: list[str] = []
+        self.started = time.monotonic()
+        self.start()
+
+    def run(self) -> None:
+        body = {
+            "model": "slow",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            **self.extra,
+        }
+        with httpx.stream(
+            "POST", self.url + "/v1/chat/completions", json=body,
+            headers={"Authorization": f"Bearer {self.key}"}, timeout=60,
+        ) as answer:  # fmt: skip
+            self.status, self.headers = answer.status_code, answer.headers
+            for line in answer.iter_lines():
+                if line.startswith("data:"):
+                    if math.isnan(self.first):
+                        self.first = time.monotonic()
+                    self.events.append(line[5:].strip())
+
+
+def test_with_lending_off_a_colleague_still_gets_403(gateway_url, world, standins):
+    lent_world(world, standins, lend=False)
+    snapshot_seen(gateway_url)
+    answer = httpx.post(
+        gateway_url + "/v1/chat/completions",
+        json={"model": "slow", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"Authorization": f"Bearer {world.bo_key}"},
+        timeout=30,
+    )
+    assert (answer.status_code, answer.json()["error"]["code"]) == (403, "gpu_reserved")
+
+
+def test_a_borrower_is_served_while_the_booker_is_idle_and_it_is_marked(gateway_url, world, standins):
+    lent_world(world, standins, places=2)
+    snapshot_seen(gateway_url)
+    answer = httpx.post(
+        gateway_url + "/v1/chat/completions",
+        json={"model": "slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+        headers={"Authorization": f"Bearer {world.bo_key}"},
+        timeout=30,
+    )
+    assert answer.status_code == 200 and answer.headers["x-slotserve-borrowed"] == "true"
+    mine = httpx.post(
+        gateway_url + "/v1/chat/completions",
+        json={"model": "slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+        headers={"Authorization": f"Bearer {world.ana_key}"},
+        timeout=30,
+    )
+    assert mine.status_code == 200 and "x-slotserve-borrowed" not in mine.headers
+    assert eventually(lambda: (flush_request_log(redis_client()) or True) and RequestLog.objects.count() == 2)
+    assert set(RequestLog.objects.values_list("user__username", "borrowed")) == {("bo", True), ("ana", False)}
+
+
+def test_the_bookers_request_ends_the_borrowed_stream_and_starts_at_once(gateway_url, world, standins):
+    lent_world(world, standins, places=1)
+    snapshot_seen(gateway_url)
+    borrowed = Stream(gateway_url, world.bo_key, max_tokens=200)
+    assert eventually(lambda: in_flight(world.other.pk) == 1 and len(borrowed.events) >= 3, timeout=10)
+    mine = Stream(gateway_url, world.ana_key, max_tokens=5)
+    mine.join(timeout=30)
+    borrowed.join(timeout=30)
+    assert mine.status == 200 and mine.first - mine.started < 1.0
+    assert borrowed.status == 200 and borrowed.headers is not None
+    assert borrowed.headers["x-slotserve-borrowed"] == "true"
+    last = json.loads(borrowed.events[-1])
+    assert last["error"]["code"] == "preempted_by_booker", borrowed.events[-3:]
+    sent = len(borrowed.events) - 1
+    assert 3 <= sent < 200  # it ended before its answer did
+    assert eventually(lambda: (flush_request_log(redis_client()) or True) and RequestLog.objects.count() == 2)
+    row = RequestLog.objects.get(user=world.bo)
+    assert row.borrowed and 0 < row.completion_tokens <= sent  # what it was sent, not the 200 asked
