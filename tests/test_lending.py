@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 from django.db import IntegrityError, transaction
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -21,6 +22,7 @@ from channels_app.models import ChannelRuntime
 from channels_app.node_worker.worker import in_flight
 from gateway.models import RequestLog
 from gateway.rules.access import Booking, ChannelView, admit, lends_to, route
+from gateway.usage.flush import flush_usage
 from gateway.usage.request_log import flush_request_log
 from reservations.models import Reservation
 from reservations.services import reservation_change, reservation_create
@@ -168,7 +170,7 @@ def test_with_lending_off_a_colleague_still_gets_403(gateway_url, world, standin
 
 
 def test_a_borrower_is_served_while_the_booker_is_idle_and_it_is_marked(gateway_url, world, standins):
-    lent_world(world, standins, places=2)
+    booking = lent_world(world, standins, places=2)
     snapshot_seen(gateway_url)
     answer = httpx.post(
         gateway_url + "/v1/chat/completions",
@@ -186,6 +188,15 @@ def test_a_borrower_is_served_while_the_booker_is_idle_and_it_is_marked(gateway_
     assert mine.status_code == 200 and "x-slotserve-borrowed" not in mine.headers
     assert eventually(lambda: (flush_request_log(redis_client()) or True) and RequestLog.objects.count() == 2)
     assert set(RequestLog.objects.values_list("user__username", "borrowed")) == {("bo", True), ("ana", False)}
+    # Only ana's request is her booking's use (what the idle rule and her usage count).
+    flush_usage(redis_client())
+    booking.refresh_from_db()
+    assert booking.requests == 1
+    # The channel's card says so; bo's request list marks his.
+    bo = Client()
+    bo.force_login(world.bo)
+    assert "lent while ana is idle" in bo.get("/").content.decode()
+    assert "(borrowed)" in bo.get("/requests/").content.decode()
 
 
 def test_the_bookers_request_ends_the_borrowed_stream_and_starts_at_once(gateway_url, world, standins):

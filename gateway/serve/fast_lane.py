@@ -364,7 +364,7 @@ class Exchange:
             self.request_id,
             user_id=self.caller.user_id,
             key_id=self.caller.key_id,
-            reservation_id=answer.reservation_id,
+            reservation_id=answer.used_booking,
             prompt=self.usage.prompt,
             completion=self.usage.completion,
             status=answer.status,

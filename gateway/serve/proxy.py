@@ -339,7 +339,7 @@ class Gateway:
                         entry.request_id,
                         user_id=caller.user_id,
                         key_id=caller.key_id,
-                        reservation_id=channel.booking.reservation_id if channel.booking else None,
+                        reservation_id=answer.used_booking,
                         prompt=usage.prompt,
                         completion=usage.completion,
                         status=answer.status,

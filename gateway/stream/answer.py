@@ -75,6 +75,12 @@ class Answer:
         await self._send(message)
 
     @property
+    def used_booking(self) -> int | None:
+        """The reservation whose use the request is counted as: none for a borrowed one (its
+        booker did not use it; docs/gateway.md, "Lending")."""
+        return None if self.borrowed else self.reservation_id
+
+    @property
     def ttft_seconds(self) -> float | None:
         return None if self.first_byte is None else self.first_byte - self.started
 
