@@ -14,7 +14,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.paginator import Paginator
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet, Sum
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -33,6 +33,7 @@ from reservations.services import InvalidTransition, ReservationConflict, Series
 from reservations.wording import slot_words
 from slotserve_base.api_fields import in_range, is_id
 from slotserve_base.errors import InvalidInput
+from slotserve_base.vocabulary import ErrorCode
 
 
 def visible_reservations(request: HttpRequest) -> QuerySet[Reservation]:
@@ -163,6 +164,40 @@ def _moment(raw: str | None) -> datetime | None:
 PAGE = 50
 
 
+def lent_words(reservations: list[Reservation]) -> None:
+    """How much of each lent booking others used, and whether any of the booker's requests
+    waited (docs/gateway.md, "Lending"), as ``reservation.lent``: one query for them all."""
+    from gateway.models import RequestLog
+
+    lent = [r for r in reservations if r.lend]
+    for r in reservations:
+        r.lent = ""  # type: ignore[attr-defined]
+    if not lent:
+        return
+    rows = (
+        RequestLog.objects.filter(reservation__in=lent)
+        .values("reservation")
+        .annotate(
+            lent_n=Count("pk", filter=Q(borrowed=True)),
+            busy=Sum("duration_ms", filter=Q(borrowed=True)),
+            ended=Count("pk", filter=Q(borrowed=True, error_code=ErrorCode.PREEMPTED_BY_BOOKER)),
+            waited=Count("pk", filter=Q(borrowed=False, queued_ms__gt=0)),
+        )
+    )
+    found = {row["reservation"]: row for row in rows}
+    for r in lent:
+        row = found.get(r.pk, {"lent_n": 0, "busy": 0, "ended": 0, "waited": 0})
+        n = row["lent_n"]
+        said = f"Lent: {n} request{'' if n == 1 else 's'} by others"
+        if n:
+            said += (
+                f" ({round((row['busy'] or 0) / 60000, 1)} min of place time, {row['ended']} ended for yours)"
+            )
+        waited = row["waited"]
+        said += "; none of yours waited" if not waited else f"; {waited} of yours waited for a place"
+        r.lent = said + "."  # type: ignore[attr-defined]
+
+
 @login_required
 def my_reservations(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
@@ -173,15 +208,18 @@ def my_reservations(request: HttpRequest) -> HttpResponse:
         Q(status=ReservationStatus.APPROVED, start__gt=now) | Q(status=ReservationStatus.PENDING, end__gt=now)
     ).order_by("start", "pk")
     page = Paginator(upcoming, PAGE).get_page(request.GET.get("page"))
+    active = list(mine.filter(status=ReservationStatus.APPROVED, start__lte=now, end__gt=now))
+    past = list(mine.filter(end__lte=now).order_by("-start")[:50])
+    lent_words(active + past)
     context = {
         "waiting": WaitlistEntry.objects.filter(user=me(request), notified_at__isnull=True, end__gt=now)
         .select_related("channel")
         .order_by("start"),
-        "active": mine.filter(status=ReservationStatus.APPROVED, start__lte=now, end__gt=now),
+        "active": active,
         "upcoming": page,
         "page": page,
         "withdrawn": mine.filter(status__in=withdrawn, end__gt=now).order_by("start"),
-        "past": mine.filter(end__lte=now).order_by("-start")[:50],
+        "past": past,
         "extend_form": ExtendForm(),
         "now": now,
     }

@@ -217,3 +217,9 @@ def test_the_bookers_request_ends_the_borrowed_stream_and_starts_at_once(gateway
     assert eventually(lambda: (flush_request_log(redis_client()) or True) and RequestLog.objects.count() == 2)
     row = RequestLog.objects.get(user=world.bo)
     assert row.borrowed and 0 < row.completion_tokens <= sent  # what it was sent, not the 200 asked
+    assert row.error_code == "preempted_by_booker"
+    # ana sees how much of her slot was lent, and that none of her requests waited.
+    ana = Client()
+    ana.force_login(world.ana)
+    page = ana.get("/reservations/").content.decode()
+    assert "Lent: 1 request by others" in page and "none of yours waited" in page

@@ -325,7 +325,7 @@ class Gateway:
         outgoing = Outgoing.of(request, scope["method"], scope.get("query_string", b""))
         try:
             on_disconnect = (scope.get("extensions") or {}).get(ON_DISCONNECT)
-            await forward(self, receive, send, channel, outgoing, usage, entry, on_disconnect, caller)
+            await forward(self, receive, send, channel, outgoing, usage, entry, on_disconnect, answer)
         finally:
             if entry.pending is not None:  # the client left before the count in was known
                 with contextlib.suppress(RedisError):

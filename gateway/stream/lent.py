@@ -17,8 +17,9 @@ from redis.exceptions import RedisError
 
 from gateway.admit.admission import Entry
 from gateway.admit.places import Places
+from gateway.admit.refusals import preempted
 from gateway.rules.access import ChannelView
-from gateway.rules.callers import Caller
+from gateway.stream.answer import Answer
 from gateway.stream.events import Usage
 from gateway.stream.outgoing import Outgoing
 from gateway.stream.relay import Preemption, adding_headers
@@ -45,9 +46,11 @@ async def forward(
     usage: Usage,
     entry: Entry,
     on_disconnect: Callable[[Callable[[], None] | None], None] | None,
-    caller: Caller,
+    answer: Answer,
 ) -> None:
     booking = channel.booking
+    caller = answer.caller
+    assert caller is not None
     if booking is None or not booking.lends or channel.places is None:
         await relay_forward(gateway, receive, send, channel, outgoing, usage, entry, on_disconnect)
         return
@@ -77,6 +80,7 @@ async def forward(
             await lending.returned(channel.id, request_id)
         if preemption.ended:
             usage.asked = 0  # counted what it was sent, not what it asked for
+            answer.refused(preempted(channel))  # the log keeps why it ended
 
 
 async def _watch(lending: Lending, request_id: str, preemption: Preemption) -> None:
