@@ -159,7 +159,7 @@ def process_failed_event(channel: ChannelView, exc: Exception) -> bytes:
 
 
 # A borrowed request ended by its booker's may try again this soon: a booker works in bursts.
-PREEMPTED_RETRY_AFTER = 5
+PREEMPTED_RETRY_AFTER = 1
 
 
 def preempted(channel: ChannelView) -> Refusal:
