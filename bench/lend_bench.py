@@ -15,7 +15,9 @@ booking lent and not lent, in turns, on the same channel:
 - how many borrowed requests the booker's ended.
 
 Goals: the booker's p95 with lending on within 100 ms of lending off; borrowers use at least
-80 % of the idle place-seconds. Needs Redis and ``scripts/build-llama-server``.
+80 % of the idle place-seconds. ``llama-server`` runs on one thread (``-t 1``): on a 2-core machine
+its other thread would take the CPU the gateway and the clients need, where on a GPU the model's
+work is the GPU's. Needs Redis and ``scripts/build-llama-server``.
 """
 
 from __future__ import annotations
@@ -60,14 +62,19 @@ async def stream(
         retry = float(answer.headers.get("retry-after", 0) or 0)
         if answer.status_code != 200:
             text = await answer.aread()
-            return {"status": answer.status_code, "retry": retry or 1.0, "ended": b"preempted" in text}
+            refused = answer.status_code == 403  # lending off: nothing to wait for here
+            return {
+                "status": answer.status_code,
+                "retry": 1.0 if refused else retry,
+                "ended": b"preempted" in text,
+            }
         async for line in answer.aiter_lines():
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 ended_by_booker = chunk["error"].get("code") == "preempted_by_booker"
-                retry = 1.0
+                retry = 0.0  # as its message says: send it again, it waits its turn
             elif first is None and chunk.get("choices") and chunk["choices"][0].get("text"):
                 first = time.perf_counter()
     done = time.perf_counter()
@@ -134,18 +141,22 @@ async def run_mode(
         borrower(url, keys["c2"], until),
     )
     await asyncio.sleep(1.5)  # the last records reach the log
-    idle = places * seconds - busy
-    used = borrowed_place_seconds(started_wall)
     return {
+        "since": started_wall,
         "p50": p(ttfts, 0.5),
         "p95": p(ttfts, 0.95),
         "bursts": len(ttfts) / 2,
-        "idle": idle,
-        "used": used,
-        "share": used / idle if idle > 0 else 0.0,
+        "idle": places * seconds - busy,
         "served": sum(s for s, _ in borrowed),
         "ended": sum(e for _, e in borrowed),
     }
+
+
+def measured(url: str, keys: dict[str, str], seconds: float, places: int, seed: int) -> dict[str, float]:
+    """One run, with the borrowed requests' place-seconds read from the request log after it."""
+    run = asyncio.run(run_mode(url, keys, seconds, places, seed))
+    used = borrowed_place_seconds(run.pop("since"))
+    return {**run, "used": used, "share": used / run["idle"] if run["idle"] > 0 else 0.0}
 
 
 def prepare(llama_port: int, places: int) -> tuple[dict[str, str], dict[str, str], int]:
@@ -205,7 +216,7 @@ def main() -> None:
     llama_port = free_port()
     llama = subprocess.Popen(
         [binary, "-m", str(model), "--port", str(llama_port), "-np", str(options.places),
-         "-c", str(512 * options.places), "--alias", "tiny"],
+         "-c", str(512 * options.places), "--alias", "tiny", "-t", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     gateway = None
@@ -220,7 +231,7 @@ def main() -> None:
         for n in range(options.rounds):
             for mode in ("off", "on") if n % 2 == 0 else ("on", "off"):
                 lend(booking_id, mode == "on")
-                runs[mode].append(asyncio.run(run_mode(url, keys, options.seconds, options.places, seed=n)))
+                runs[mode].append(measured(url, keys, options.seconds, options.places, seed=n))
         results = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in runs.items()}
         print(f"\nbooker's bursts of 2 on {options.places} places, two colleagues borrowing; "
               f"{options.seconds:g} s runs, medians of {options.rounds} rounds\n")  # fmt: skip

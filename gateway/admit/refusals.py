@@ -158,8 +158,10 @@ def process_failed_event(channel: ChannelView, exc: Exception) -> bytes:
     return b"data: " + json.dumps(event).encode() + b"\n\n"
 
 
-# A borrowed request ended by its booker's may try again this soon: a booker works in bursts.
-PREEMPTED_RETRY_AFTER = 1
+# A borrowed request ended by its booker's may try again at once: its new request waits its turn
+# in the channel's fair queue for the next free place, at no cost to anyone (a booker works in
+# bursts). ``Retry-After: 0``.
+PREEMPTED_RETRY_AFTER = 0
 
 
 def preempted(channel: ChannelView) -> Refusal:
@@ -169,7 +171,7 @@ def preempted(channel: ChannelView) -> Refusal:
         503,
         ErrorCode.PREEMPTED_BY_BOOKER,
         f"channel {channel.name}'s booker needed its place: your borrowed request was ended "
-        f"(what it was sent is counted to you); try again in {PREEMPTED_RETRY_AFTER} s",
+        "(what it was sent is counted to you); send it again: it waits its turn for the next free place",
         PREEMPTED_RETRY_AFTER,
         channel.id,
     )
