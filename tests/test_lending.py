@@ -107,9 +107,17 @@ def test_lending_is_chosen_by_the_channel_and_the_booker_alone(ana, bo, staff):
     assert answer.status_code == 400 and "lend" in answer.json()
 
 
-def lent_world(world, standins, *, lend: bool = True, places: int = 1):
+def lent_world(world, standins, *, lend: bool = True, places: int = 1, prefill_ms: int = 0):
     """ana's booking of channel b, running the slow model she booked, lent or not; bo borrows."""
-    port, _ = standins("slow", "--standin-chunks", "200", "--standin-chunk-delay", "20")
+    port, _ = standins(
+        "slow",
+        "--standin-chunks",
+        "200",
+        "--standin-chunk-delay",
+        "20",
+        "--standin-prefill-ms",
+        str(prefill_ms),
+    )
     model = factories.llm("slow")
     preset = factories.preset(model, "default")
     serve(world.other, model, port)
@@ -223,3 +231,45 @@ def test_the_bookers_request_ends_the_borrowed_stream_and_starts_at_once(gateway
     ana.force_login(world.ana)
     page = ana.get("/reservations/").content.decode()
     assert "Lent: 1 request by others" in page and "none of yours waited" in page
+
+
+def test_a_borrowed_answer_ended_before_it_began_is_a_503_and_scopes_still_apply(
+    gateway_url, world, standins
+):
+    from gateway.api_keys import api_key_create
+
+    lent_world(world, standins, places=1, prefill_ms=2000)  # a whole answer comes after 2 s
+    # A key of bo's kept to another channel borrows nothing: the scope applies as ever.
+    _, elsewhere = api_key_create(user=world.bo, name="ch-a only", channels=[world.channel])
+    snapshot_seen(gateway_url)
+    scoped = httpx.post(
+        gateway_url + "/v1/chat/completions",
+        json={"model": "slow", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"Authorization": f"Bearer {elsewhere}"},
+        timeout=30,
+    )
+    # (its key sees no channel with the model: as for any model outside a key's channels)
+    assert (scoped.status_code, scoped.json()["error"]["code"]) == (404, "model_not_loaded")
+    # A whole answer (not streamed) ended by the booker's request: a 503 in its API's shape.
+    answers: list[httpx.Response] = []
+    whole = threading.Thread(
+        target=lambda: answers.append(
+            httpx.post(
+                gateway_url + "/v1/chat/completions",
+                json={"model": "slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200},
+                headers={"Authorization": f"Bearer {world.bo_key}"},
+                timeout=60,
+            )
+        )
+    )
+    whole.start()
+    assert eventually(lambda: in_flight(world.other.pk) == 1, timeout=10)
+    time.sleep(0.3)  # under way in the process
+    mine = Stream(gateway_url, world.ana_key, max_tokens=5)
+    mine.join(timeout=30)
+    whole.join(timeout=30)
+    assert mine.status == 200
+    [ended] = answers
+    assert ended.status_code == 503 and ended.headers["retry-after"] == "0"
+    assert ended.json()["error"]["code"] == "preempted_by_booker"
+    assert ended.headers["x-slotserve-borrowed"] == "true"
