@@ -166,7 +166,7 @@ PAGE = 50
 
 def lent_words(reservations: list[Reservation]) -> None:
     """How much of each lent booking others used, and whether any of the booker's requests
-    waited (docs/gateway.md, "Lending"), as ``reservation.lent``: one query for them all."""
+    waited (docs/gateway.md, "Lending"), as ``reservation.lent``: a query per lent booking."""
     from gateway.models import RequestLog
 
     lent = [r for r in reservations if r.lend]
@@ -174,17 +174,17 @@ def lent_words(reservations: list[Reservation]) -> None:
         r.lent = ""  # type: ignore[attr-defined]
     if not lent:
         return
-    rows = (
-        RequestLog.objects.filter(reservation__in=lent)
-        .values("reservation")
-        .annotate(
+    # A borrowed request's row names no booking (it was not the booking's use): it is found by
+    # its channel and time; the booker's own by their booking.
+    found = {}
+    for r in lent:
+        in_slot = Q(channel_id=r.channel_id, at__gte=r.start, at__lt=r.end)
+        found[r.pk] = RequestLog.objects.filter(Q(in_slot, borrowed=True) | Q(reservation=r)).aggregate(
             lent_n=Count("pk", filter=Q(borrowed=True)),
             busy=Sum("duration_ms", filter=Q(borrowed=True)),
             ended=Count("pk", filter=Q(borrowed=True, error_code=ErrorCode.PREEMPTED_BY_BOOKER)),
             waited=Count("pk", filter=Q(borrowed=False, queued_ms__gt=0)),
         )
-    )
-    found = {row["reservation"]: row for row in rows}
     for r in lent:
         row = found.get(r.pk, {"lent_n": 0, "busy": 0, "ended": 0, "waited": 0})
         n = row["lent_n"]

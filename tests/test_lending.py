@@ -196,7 +196,10 @@ def test_a_borrower_is_served_while_the_booker_is_idle_and_it_is_marked(gateway_
     assert mine.status_code == 200 and "x-slotserve-borrowed" not in mine.headers
     assert eventually(lambda: (flush_request_log(redis_client()) or True) and RequestLog.objects.count() == 2)
     assert set(RequestLog.objects.values_list("user__username", "borrowed")) == {("bo", True), ("ana", False)}
-    # Only ana's request is her booking's use (what the idle rule and her usage count).
+    # Only ana's request is her booking's use (what the idle rule, her usage and the channel's
+    # booked minutes count): bo's row names no booking.
+    assert RequestLog.objects.get(user=world.bo).reservation_id is None
+    assert RequestLog.objects.get(user=world.ana).reservation_id == booking.pk
     flush_usage(redis_client())
     booking.refresh_from_db()
     assert booking.requests == 1

@@ -99,7 +99,7 @@ class Answer:
                 self.caller.user_id,
                 self.caller.key_id,
                 self.channel_id,
-                self.reservation_id,
+                self.used_booking,  # a borrowed request is not its booking's use
                 self.model[:200],
                 self.method,
                 self.path[:300],
