@@ -148,6 +148,25 @@ def prepare(llama_port: int, places: int) -> tuple[dict[str, str], dict[str, str
     return env, keys
 
 
+def tiny_llama_server(places: int, *options: str) -> tuple[subprocess.Popen[bytes], int]:
+    """A real ``llama-server`` (built by ``scripts/build-llama-server``) with the tiny test model
+    and ``places`` parallel slots, as ``tiny``: the process and its port."""
+    import tempfile
+
+    from devtools.tinymodel import write_tiny_llama
+
+    binary = subprocess.run(
+        [str(ROOT / "scripts" / "build-llama-server")], capture_output=True, text=True, check=True
+    ).stdout.split()[-1]
+    model = write_tiny_llama(Path(tempfile.mkdtemp()) / "tiny.gguf")
+    port = free_port()
+    argv = [binary, "-m", str(model), "--port", str(port), "-np", str(places), "-c", str(512 * places)]
+    server = subprocess.Popen(
+        [*argv, "--alias", "tiny", *options], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    return server, port
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -159,33 +178,7 @@ def main() -> None:
         "--rounds", type=int, default=2, help="rounds of both modes, in turn first (medians reported)"
     )
     options = parser.parse_args()
-
-    binary = subprocess.run(
-        [str(ROOT / "scripts" / "build-llama-server")], capture_output=True, text=True, check=True
-    ).stdout.split()[-1]
-    import tempfile
-
-    from devtools.tinymodel import write_tiny_llama
-
-    model = write_tiny_llama(Path(tempfile.mkdtemp()) / "tiny.gguf")
-    llama_port = free_port()
-    llama = subprocess.Popen(
-        [
-            binary,
-            "-m",
-            str(model),
-            "--port",
-            str(llama_port),
-            "-np",
-            str(options.places),
-            "-c",
-            str(512 * options.places),
-            "--alias",
-            "tiny",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    llama, llama_port = tiny_llama_server(options.places)
     gateways: list[subprocess.Popen[bytes]] = []
     try:
         wait_http(llama_port)

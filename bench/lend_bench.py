@@ -30,7 +30,6 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -40,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from fairness_bench import p  # noqa: E402
+from fairness_bench import p, tiny_llama_server  # noqa: E402
 from gateway_bench import bench_database, forget_redis_keys, free_port, uvicorn_argv, wait_http  # noqa: E402
 
 BURST: dict[str, object] = {"max_tokens": 24}
@@ -207,18 +206,7 @@ def main() -> None:
     parser.add_argument("--places", type=int, default=2, help="llama-server's parallel slots")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of both modes (medians reported)")
     options = parser.parse_args()
-    binary = subprocess.run(
-        [str(ROOT / "scripts" / "build-llama-server")], capture_output=True, text=True, check=True
-    ).stdout.split()[-1]
-    from devtools.tinymodel import write_tiny_llama
-
-    model = write_tiny_llama(Path(tempfile.mkdtemp()) / "tiny.gguf")
-    llama_port = free_port()
-    llama = subprocess.Popen(
-        [binary, "-m", str(model), "--port", str(llama_port), "-np", str(options.places),
-         "-c", str(512 * options.places), "--alias", "tiny", "-t", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    llama, llama_port = tiny_llama_server(options.places, "-t", "1")
     gateway = None
     try:
         wait_http(llama_port)

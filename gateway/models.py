@@ -143,7 +143,8 @@ class RequestLog(models.Model):
         help_text="The gateway's id of the request: a record that reaches the log twice is one row.",
     )
     borrowed = models.BooleanField(
-        default=False, help_text="Served in someone else's slot, lent while its booker was idle."
+        default=False,
+        db_default=False, help_text="Served in someone else's slot, lent while its booker was idle."
     )
 
     class Meta:

@@ -315,5 +315,6 @@ class ReservationViewSet(
             raise serializers.ValidationError(
                 {"channel": "hints are for one channel; use /api/placement to choose"}
             )
+        fields.pop("lend", None)  # lending changes nothing a hint tells
         warnings = hints.booking_hints(user=user, now=timezone.now(), **fields)
         return Response({"warnings": warnings, "quota": hints.quota_hint(user=user, **fields)})

@@ -107,6 +107,7 @@ class Reservation(models.Model):
     exclusive = models.BooleanField(default=False, help_text="Whole-card: no inference process.")
     lend = models.BooleanField(
         default=False,
+        db_default=False,
         help_text="Others may call the booked model while the booker is idle (where the channel lends).",
     )
     status = models.CharField(

@@ -133,6 +133,16 @@ def lent_world(world, standins, *, lend: bool = True, places: int = 1, prefill_m
     return booking
 
 
+def chat(url: str, key: str, **extra) -> httpx.Response:
+    """A whole (not streamed) chat completion of the slow model."""
+    return httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": "slow", "messages": [{"role": "user", "content": "hi"}], **extra},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+    )
+
+
 class Stream(threading.Thread):
     """A streamed completion in a thread: its status, headers, first data line and last event."""
 
@@ -168,31 +178,16 @@ class Stream(threading.Thread):
 def test_with_lending_off_a_colleague_still_gets_403(gateway_url, world, standins):
     lent_world(world, standins, lend=False)
     snapshot_seen(gateway_url)
-    answer = httpx.post(
-        gateway_url + "/v1/chat/completions",
-        json={"model": "slow", "messages": [{"role": "user", "content": "hi"}]},
-        headers={"Authorization": f"Bearer {world.bo_key}"},
-        timeout=30,
-    )
+    answer = chat(gateway_url, world.bo_key)
     assert (answer.status_code, answer.json()["error"]["code"]) == (403, "gpu_reserved")
 
 
 def test_a_borrower_is_served_while_the_booker_is_idle_and_it_is_marked(gateway_url, world, standins):
     booking = lent_world(world, standins, places=2)
     snapshot_seen(gateway_url)
-    answer = httpx.post(
-        gateway_url + "/v1/chat/completions",
-        json={"model": "slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
-        headers={"Authorization": f"Bearer {world.bo_key}"},
-        timeout=30,
-    )
+    answer = chat(gateway_url, world.bo_key, max_tokens=5)
     assert answer.status_code == 200 and answer.headers["x-slotserve-borrowed"] == "true"
-    mine = httpx.post(
-        gateway_url + "/v1/chat/completions",
-        json={"model": "slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
-        headers={"Authorization": f"Bearer {world.ana_key}"},
-        timeout=30,
-    )
+    mine = chat(gateway_url, world.ana_key, max_tokens=5)
     assert mine.status_code == 200 and "x-slotserve-borrowed" not in mine.headers
     assert eventually(lambda: (flush_request_log(redis_client()) or True) and RequestLog.objects.count() == 2)
     assert set(RequestLog.objects.values_list("user__username", "borrowed")) == {("bo", True), ("ana", False)}
@@ -245,26 +240,12 @@ def test_a_borrowed_answer_ended_before_it_began_is_a_503_and_scopes_still_apply
     # A key of bo's kept to another channel borrows nothing: the scope applies as ever.
     _, elsewhere = api_key_create(user=world.bo, name="ch-a only", channels=[world.channel])
     snapshot_seen(gateway_url)
-    scoped = httpx.post(
-        gateway_url + "/v1/chat/completions",
-        json={"model": "slow", "messages": [{"role": "user", "content": "hi"}]},
-        headers={"Authorization": f"Bearer {elsewhere}"},
-        timeout=30,
-    )
+    scoped = chat(gateway_url, elsewhere)
     # (its key sees no channel with the model: as for any model outside a key's channels)
     assert (scoped.status_code, scoped.json()["error"]["code"]) == (404, "model_not_loaded")
     # A whole answer (not streamed) ended by the booker's request: a 503 in its API's shape.
     answers: list[httpx.Response] = []
-    whole = threading.Thread(
-        target=lambda: answers.append(
-            httpx.post(
-                gateway_url + "/v1/chat/completions",
-                json={"model": "slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200},
-                headers={"Authorization": f"Bearer {world.bo_key}"},
-                timeout=60,
-            )
-        )
-    )
+    whole = threading.Thread(target=lambda: answers.append(chat(gateway_url, world.bo_key, max_tokens=200)))
     whole.start()
     assert eventually(lambda: in_flight(world.other.pk) == 1, timeout=10)
     time.sleep(0.3)  # under way in the process
@@ -276,3 +257,31 @@ def test_a_borrowed_answer_ended_before_it_began_is_a_503_and_scopes_still_apply
     assert ended.status_code == 503 and ended.headers["retry-after"] == "0"
     assert ended.json()["error"]["code"] == "preempted_by_booker"
     assert ended.headers["x-slotserve-borrowed"] == "true"
+
+
+@pytest.mark.django_db
+def test_the_booking_form_offers_lending_where_the_channel_lends(ana):
+    lends, keeps = factories.channel("lends"), factories.channel("keeps")
+    lends.lend_while_idle = True
+    lends.save()
+    preset = factories.preset(factories.llm("qwen"), "default")
+    person = Client()
+    person.force_login(ana)
+    assert f'"lends": ["{lends.pk}"]' in person.get("/book/").content.decode()  # the form shows it there
+    start = timezone.localtime(timezone.now() + timedelta(days=1)).replace(hour=10, minute=0, second=0)
+
+    def book(channel, hours: int) -> str:
+        form = {
+            "channel": channel.pk,
+            "start": (start + timedelta(hours=hours)).strftime("%Y-%m-%dT%H:%M"),
+            "end": (start + timedelta(hours=hours + 1)).strftime("%Y-%m-%dT%H:%M"),
+            "model": preset.model_id,
+            "preset": preset.pk,
+            "lend": "on",
+        }
+        return person.post("/book/", form, follow=True).content.decode()
+
+    assert "does not lend booked time" in book(keeps, 0)
+    assert not Reservation.objects.filter(channel=keeps).exists()
+    book(lends, 2)
+    assert Reservation.objects.get(channel=lends).lend is True

@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='channel',
             name='lend_while_idle',
-            field=models.BooleanField(default=False, help_text='Lend booked time to others while the booker is idle: where the booker allows it, others may call the booked model between the booker\'s requests, and the booker\'s requests end theirs when every place is taken (docs/gateway.md, "Lending").'),
+            field=models.BooleanField(default=False, db_default=False, help_text='Lend booked time to others while the booker is idle: where the booker allows it, others may call the booked model between the booker\'s requests, and the booker\'s requests end theirs when every place is taken (docs/gateway.md, "Lending").'),
         ),
     ]

@@ -110,6 +110,7 @@ class Channel(models.Model):
     )
     lend_while_idle = models.BooleanField(
         default=False,
+        db_default=False,
         help_text="Lend booked time to others while the booker is idle: where the booker allows it, "
         "others may call the booked model between the booker's requests, and the booker's requests "
         'end theirs when every place is taken (docs/gateway.md, "Lending").',

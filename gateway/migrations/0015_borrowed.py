@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='requestlog',
             name='borrowed',
-            field=models.BooleanField(default=False, help_text="Served in someone else's slot, lent while its booker was idle."),
+            field=models.BooleanField(default=False, db_default=False, help_text="Served in someone else's slot, lent while its booker was idle."),
         ),
     ]
