@@ -144,7 +144,8 @@ class RequestLog(models.Model):
     )
     borrowed = models.BooleanField(
         default=False,
-        db_default=False, help_text="Served in someone else's slot, lent while its booker was idle."
+        db_default=False,
+        help_text="Served in someone else's slot, lent while its booker was idle.",
     )
 
     class Meta:
