@@ -153,6 +153,8 @@ class RequestLog(models.Model):
         indexes = [
             models.Index(fields=["user", "-at"], name="requestlog_user_at"),
             models.Index(fields=["-at"], name="requestlog_at"),
+            # The few borrowed requests, for usage's "borrowed" and "lent" (docs/gateway.md).
+            models.Index(fields=["at"], condition=models.Q(borrowed=True), name="requestlog_borrowed_at"),
         ]
         constraints = [
             # A count out sent again after its reply was lost, or a batch written but not taken

@@ -203,6 +203,15 @@ def test_a_borrower_is_served_while_the_booker_is_idle_and_it_is_marked(gateway_
     bo.force_login(world.bo)
     assert "lent while ana is idle" in bo.get("/").content.decode()
     assert "(borrowed)" in bo.get("/requests/").content.decode()
+    # Usage marks them: bo's borrowed request, the channel's lent one, in the API and the CSV.
+    api = APIClient()
+    api.force_authenticate(world.bo)
+    mine = {row["name"]: row["borrowed"] for row in api.get("/api/usage/?by=user").json()["rows"]}
+    assert mine == {"bo": 1}
+    assert "borrowed" in bo.get("/usage/csv").content.decode().splitlines()[0]
+    api.force_authenticate(factories.user("boss", staff=True))
+    lent = {row["name"]: row["borrowed"] for row in api.get("/api/usage/?by=channel").json()["rows"]}
+    assert lent["ch-b"] == 1 and lent.get("ch-a", 0) == 0
 
 
 def test_the_bookers_request_ends_the_borrowed_stream_and_starts_at_once(gateway_url, world, standins):

@@ -15,4 +15,8 @@ class Migration(migrations.Migration):
             name='borrowed',
             field=models.BooleanField(default=False, db_default=False, help_text="Served in someone else's slot, lent while its booker was idle."),
         ),
+        migrations.AddIndex(
+            model_name='requestlog',
+            index=models.Index(condition=models.Q(('borrowed', True)), fields=['at'], name='requestlog_borrowed_at'),
+        ),
     ]

@@ -12,6 +12,7 @@ from datetime import date, datetime, time, timedelta, tzinfo
 from typing import Any
 
 from django.contrib.auth.models import Group, User
+from django.db.models import Count
 
 from channels_app.models import Channel, LoadRecord
 from gateway.models import RequestLog
@@ -83,6 +84,17 @@ def _asked(lo: datetime, hi: datetime, by: str) -> list[tuple[int | None, int | 
     ]
 
 
+def _borrowed(lo: datetime, hi: datetime) -> list[tuple[int, int | None, int]]:
+    """The borrowed requests of ``[lo, hi)`` (docs/gateway.md, "Lending"): ``(borrower, channel,
+    requests)``. Few, and found by their own index."""
+    return list(
+        RequestLog.objects.filter(borrowed=True, at__gte=lo, at__lt=hi)
+        .values_list("user_id", "channel_id")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+
+
 def usage_rows(
     *,
     by: str,
@@ -95,7 +107,8 @@ def usage_rows(
 ) -> list[dict[str, Any]]:
     """One row per user, group, channel or node: booked, used and idle booked hours until
     ``now``, booked hours still to come, requests, tokens and mean time to first token in
-    ``[lo, hi)``."""
+    ``[lo, hi)``, and the requests among them that were borrowed (a user's, a group's) or lent
+    (a channel's, a node's) in someone's idle slot."""
     if by not in BY:
         raise ValueError(f"by={by!r}: use one of {', '.join(BY)}")
     if by in ("channel", "node") and not viewer.is_staff:
@@ -127,6 +140,10 @@ def usage_rows(
     for asker, channel_id, summed in _asked(lo, hi, by):
         for key in keys(asker, channel_id):
             asked[key] += summed
+    borrowed: dict[int, int] = defaultdict(int)
+    for borrower, channel_id, n in _borrowed(lo, hi):
+        for key in keys(borrower, channel_id):
+            borrowed[key] += n
     names: dict[int, str] = {}
     if by == "user":
         # Every user's name (a thousand short rows), not a query naming a thousand ids.
@@ -147,7 +164,14 @@ def usage_rows(
         counted = totals_of(
             bookings=held.get(key, []), ran=ran, asked=asked.get(key, Asked()), lo=lo, hi=hi, now=now
         )
-        rows.append({"id": key, "name": names.get(key, f"#{key}"), **counted.as_dict()})
+        rows.append(
+            {
+                "id": key,
+                "name": names.get(key, f"#{key}"),
+                **counted.as_dict(),
+                "borrowed": borrowed.get(key, 0),
+            }
+        )
     return rows
 
 

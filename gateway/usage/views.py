@@ -49,6 +49,7 @@ COLUMNS = [
     "prompt_tokens",
     "completion_tokens",
     "ttft_ms",
+    "borrowed",
 ]
 SHARE_LABELS = {
     "switching": "switching (loading)",
