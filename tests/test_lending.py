@@ -206,8 +206,8 @@ def test_a_borrower_is_served_while_the_booker_is_idle_and_it_is_marked(gateway_
     # Usage marks them: bo's borrowed request, the channel's lent one, in the API and the CSV.
     api = APIClient()
     api.force_authenticate(world.bo)
-    mine = {row["name"]: row["borrowed"] for row in api.get("/api/usage/?by=user").json()["rows"]}
-    assert mine == {"bo": 1}
+    his = {row["name"]: row["borrowed"] for row in api.get("/api/usage/?by=user").json()["rows"]}
+    assert his == {"bo": 1}
     assert "borrowed" in bo.get("/usage/csv").content.decode().splitlines()[0]
     api.force_authenticate(factories.user("boss", staff=True))
     lent = {row["name"]: row["borrowed"] for row in api.get("/api/usage/?by=channel").json()["rows"]}
