@@ -298,14 +298,16 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
         overview.refresh([channel_id], result.state.phase.value)
     act(result.actions, runtime, channel, target_row, now)
     after = result.state
-    announce_channel(channel, target_row, before, after, result.actions, runtime.load_id, now)
     if any(isinstance(a, Start) for a in result.actions):
         after = dataclasses.replace(after, pid=runtime.pid)  # known once the process runs
     if after.phase not in (Phase.READY, Phase.DRAINING):
         runtime.places = None
     elif after.phase == Phase.READY:
         runtime.places = places_of(runtime)
+    # Stored before it is told: a process just started is the channel's even if telling fails
+    # (the database went away meanwhile), never a process no channel owns.
     store(runtime, after)
+    announce_channel(channel, target_row, before, after, result.actions, runtime.load_id, now)
     return after
 
 
