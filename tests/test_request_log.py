@@ -339,3 +339,18 @@ def test_a_refused_request_is_logged_with_its_code_channel_and_reason_as_the_cal
     portal.force_login(staff)
     page = portal.get("/requests/", {"code": "gpu_reserved"}).content.decode()
     assert "gpu_reserved" in page and told["message"] in page and "mistral" not in page
+
+
+def test_a_record_keeps_its_arrival_to_the_microsecond():
+    """The moment a request was decided is its arrival plus ``decided_ms``: an arrival rounded
+    to the millisecond could put a decision made just before a slot's start inside the slot."""
+    import json
+
+    from gateway.rules.callers import Caller
+    from gateway.stream.answer import Answer
+
+    answer = Answer()
+    answer.caller, answer.status = Caller(1, "ana", 1), 200
+    answer.arrived = 1_765_000_000.123_456_7
+    arrived = json.loads(answer.record("r-1"))[0]
+    assert abs(arrived - 1_765_000_000.123_457) < 1e-6

@@ -95,7 +95,7 @@ class Answer:
         ttft = None if self.code else self.ttft_seconds  # a refusal's body is no first token
         return dumps(
             [
-                round(self.arrived, 3),
+                round(self.arrived, 6),  # the decision is arrival + decided_ms: to the microsecond
                 self.caller.user_id,
                 self.caller.key_id,
                 self.channel_id,
