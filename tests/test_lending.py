@@ -24,6 +24,7 @@ from gateway.models import RequestLog
 from gateway.rules.access import Booking, ChannelView, admit, lends_to, route
 from gateway.usage.flush import flush_usage
 from gateway.usage.request_log import flush_request_log
+from gateway.usage.utilisation import Span, channel_shares
 from reservations.models import Reservation
 from reservations.services import reservation_change, reservation_create
 from slotserve_base.errors import InvalidInput
@@ -105,6 +106,26 @@ def test_lending_is_chosen_by_the_channel_and_the_booker_alone(ana, bo, staff):
         format="json",
     )  # fmt: skip
     assert answer.status_code == 400 and "lend" in answer.json()
+
+
+def test_a_minute_only_borrowers_used_is_lent_not_unused():
+    """The channel's shares: a booked minute in which only borrowers' requests ran is lent, one
+    the booker also used is the booker's, and the shares still add up to the period."""
+    minute = timedelta(minutes=1)
+    bookings = [Span(T0, T0 + 60 * minute, 1, user_id=ANA, reservation_id=7)]
+    requests = [
+        Span(T0 + 10 * minute, T0 + 20 * minute, 1, ANA, 7),  # ana's own, 10 min
+        Span(T0 + 15 * minute, T0 + 30 * minute, 1, BO, borrowed=True),  # bo's, 10 of them alone
+        Span(T0 + 70 * minute, T0 + 75 * minute, 1, BO),  # after the slot: the default
+    ]
+    shares = channel_shares(
+        bookings=bookings, requests=requests, loads=[], lo=T0, hi=T0 + 120 * minute, now=T0 + 120 * minute
+    )
+    assert shares["served_booker"] == round(10 / 60, 2)
+    assert shares["lent"] == round(10 / 60, 2)
+    assert shares["booked_idle"] == round(40 / 60, 2)
+    assert shares["served_default"] == round(5 / 60, 2)
+    assert abs(sum(shares.values()) - 2) < 0.03
 
 
 def lent_world(world, standins, *, lend: bool = True, places: int = 1, prefill_ms: int = 0):

@@ -40,6 +40,7 @@ def test_a_channels_hours_are_shared_out_and_add_up():
     assert shares == {
         "switching": round(7 / 60, 2),
         "served_booker": round(10 / 60, 2),
+        "lent": 0.0,  # the request inside the booking is not marked borrowed
         "booked_idle": round(48 / 60, 2),  # 60 booked − 2 loading − 10 served
         "served_default": 0.25,
         "idle": round((240 - 7 - 10 - 48 - 15) / 60, 2),
@@ -129,8 +130,8 @@ def test_usage_numbers_match_the_request_log_after_real_traffic(gateway_url, wor
 @pytest.mark.django_db
 def test_the_report_read_in_runs_and_sums_gives_what_every_request_read_alone_gives(staff):
     """The report merges requests into runs and sums what they asked in the database; on random
-    requests (touching, overlapping and apart, in and out of bookings, some before the period)
-    its rows are what ``totals`` and ``channel_shares`` give over every request on its own."""
+    requests (touching, overlapping and apart, in and out of bookings, some borrowed, some before
+    the period) its rows are what ``totals`` and ``channel_shares`` give over every request on its own."""
     import random
 
     from django.contrib.auth.models import Group
@@ -161,12 +162,19 @@ def test_the_report_read_in_runs_and_sums_gives_what_every_request_read_alone_gi
         booking = rng.choice([None, *bookings])
         user = booking.user if booking else rng.choice(people)
         channel = booking.channel if booking else rng.choice(channels)
+        borrowed = booking is not None and rng.random() < 0.3
+        if borrowed:  # someone else's request in the booking's lent slot: it names no booking
+            assert booking is not None
+            at = booking.start + timedelta(seconds=rng.randrange(0, 2 * 3600))
+            user = rng.choice([p for p in people if p != booking.user])
+            booking = None
         rows.append(
             RequestLog(
                 at=at,
                 user=user,
                 channel=channel,
                 reservation=booking,
+                borrowed=borrowed,
                 model="m",
                 method="POST",
                 path="/v1/x",
@@ -188,6 +196,7 @@ def test_the_report_read_in_runs_and_sums_gives_what_every_request_read_alone_gi
             r.prompt_tokens,
             r.completion_tokens,
             r.ttft_ms,
+            borrowed=r.borrowed,
         )
         for r in rows
         if lo - timedelta(hours=1) <= r.at < hi
@@ -211,6 +220,7 @@ def test_the_report_read_in_runs_and_sums_gives_what_every_request_read_alone_gi
     for person in people:
         expected = alone(lambda s, pk=person.pk: s.user_id == pk)
         assert {k: row("user", person.pk)[k] for k in expected} == expected, person.username
+    lent_somewhere = False
     for channel in channels:
         expected = alone(lambda s, pk=channel.pk: s.channel_id == pk)
         assert {k: row("channel", channel.pk)[k] for k in expected} == expected, channel.name
@@ -226,6 +236,8 @@ def test_the_report_read_in_runs_and_sums_gives_what_every_request_read_alone_gi
             r for r in share_rows(lo=lo, hi=hi, now=hi, viewer=staff) if r["id"] == channel.pk
         )
         assert {k: found_shares[k] for k in shares} == shares, channel.name
+        lent_somewhere = lent_somewhere or shares["lent"] > 0
+    assert lent_somewhere  # the borrowed rows above fell in bookings: the lent share was compared
     grouped = alone(lambda s: s.user_id in (people[0].pk, people[1].pk))
     assert {k: row("group", team.pk)[k] for k in grouped} == grouped
 

@@ -95,6 +95,18 @@ def _borrowed(lo: datetime, hi: datetime) -> list[tuple[int, int | None, int]]:
     )
 
 
+def lent_minutes(lo: datetime, hi: datetime) -> dict[int | None, Minutes]:
+    """The minutes of ``[lo, hi)`` that borrowed requests touched, per channel: read from the
+    log's few borrowed rows (their own index), so kept as long as the log
+    (``SLOTSERVE_REQUEST_LOG_DAYS``). Those of the hour before come too: they may reach into it."""
+    found: dict[int | None, Minutes] = defaultdict(int)
+    for channel_id, at, took in RequestLog.objects.filter(
+        borrowed=True, at__gte=lo - timedelta(hours=1), at__lt=hi
+    ).values_list("channel_id", "at", "duration_ms"):
+        found[channel_id] |= minutes(at, at + timedelta(milliseconds=took), lo, hi)
+    return found
+
+
 def usage_rows(
     *,
     by: str,
@@ -185,8 +197,8 @@ def share_rows(
     period_bookings: Booked | None = None,
 ) -> list[dict[str, Any]]:
     """How each channel's time went in ``[lo, hi)`` until ``now`` (staff): hours switching,
-    serving its bookers, booked but idle, serving everyone on the default, idle; and its
-    booked hours still to come."""
+    serving its bookers, lent to others while they were idle, booked but idle, serving everyone
+    on the default, idle; and its booked hours still to come."""
     if not viewer.is_staff:
         raise NotYours("how channels' time went is for staff")
     touched = request_minutes(lo, hi) if touched is None else touched
@@ -202,6 +214,7 @@ def share_rows(
         booked[booking.channel_id] |= union([booking], lo, hi)
     for (served_on, reservation_id), (_, bits) in touched.items():
         (booker if reservation_id is not None else default)[served_on] |= bits
+    lent = lent_minutes(lo, hi)
     return [
         {
             "id": channel_id,
@@ -211,6 +224,7 @@ def share_rows(
                 booked=booked[channel_id],
                 booker=booker[channel_id],
                 default=default[channel_id],
+                lent=lent.get(channel_id, 0),
                 lo=lo,
                 hi=hi,
                 now=now,

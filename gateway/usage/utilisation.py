@@ -3,8 +3,9 @@
 Time is counted in whole minutes (a minute counts when anything touched it). A channel's
 minutes are shared out in this order, so the shares add up to the whole period:
 ``switching`` (a model loading), ``served_booker`` (a booking's own requests running),
-``booked_idle`` (booked, nothing asked), ``served_default`` (requests outside bookings: the
-default model serving everyone), ``idle``.
+``lent`` (booked, and only others' requests ran in the booker's idle time: docs/gateway.md,
+"Lending"), ``booked_idle`` (booked, nothing asked), ``served_default`` (requests outside
+bookings: the default model serving everyone), ``idle``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-SHARES = ("switching", "served_booker", "booked_idle", "served_default", "idle", "booked_to_come")
+SHARES = (
+    "switching",
+    "served_booker",
+    "lent",
+    "booked_idle",
+    "served_default",
+    "idle",
+    "booked_to_come",
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +37,7 @@ class Span:
     prompt: int = 0
     completion: int = 0
     ttft_ms: float | None = None
+    borrowed: bool = False  # a request served in someone else's lent slot
 
 
 # A set of minutes is an int of bits: bit i is the i-th minute from the period's first (the
@@ -69,6 +79,7 @@ def channel_shares(
         booked=union(bookings, lo, hi),
         booker=union((r for r in requests if r.reservation_id is not None), lo, hi),
         default=union((r for r in requests if r.reservation_id is None), lo, hi),
+        lent=union((r for r in requests if r.borrowed), lo, hi),
         lo=lo,
         hi=hi,
         now=now,
@@ -85,21 +96,25 @@ def shares_of(
     hi: datetime,
     now: datetime,
     since: datetime | None = None,
+    lent: Minutes = 0,
 ) -> dict[str, float]:
     """``channel_shares`` from the minutes of loads, bookings, bookers' requests and requests
-    outside bookings (the report reads the last two from the roll-ups as minutes). Time after
+    outside bookings (the report reads the last two from the roll-ups as minutes), and of
+    borrowed requests (``lent``: among those outside bookings, the few the log marks). Time after
     ``now`` is not idle yet: only its booked minutes count, as still to come; nor is time before
     ``since``, when the channel was added."""
     total = minutes(max(lo, since or lo), min(max(now, lo), hi), lo, hi)
     to_come = booked & minutes(max(now, lo), hi, lo, hi) & ~total
     switching &= total
     served_booker = booker & total & ~switching
-    booked_idle = booked & total & ~switching & ~served_booker
+    lent &= booked & total & ~switching & ~served_booker
+    booked_idle = booked & total & ~switching & ~served_booker & ~lent
     served_default = default & total & ~switching & ~booked
-    idle = total & ~switching & ~served_booker & ~booked_idle & ~served_default
+    idle = total & ~switching & ~served_booker & ~lent & ~booked_idle & ~served_default
     counts = {
         "switching": switching.bit_count(),
         "served_booker": served_booker.bit_count(),
+        "lent": lent.bit_count(),
         "booked_idle": booked_idle.bit_count(),
         "served_default": served_default.bit_count(),
         "idle": idle.bit_count(),

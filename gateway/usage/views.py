@@ -54,6 +54,7 @@ COLUMNS = [
 SHARE_LABELS = {
     "switching": "switching (loading)",
     "served_booker": "serving the booker",
+    "lent": "lent while the booker was idle",
     "booked_idle": "booked, unused",
     "served_default": "serving everyone (default)",
     "idle": "idle",
@@ -72,8 +73,8 @@ def _style(*colors: str) -> Style:
 
 # booked (passed), used, booked still to come
 HOURS_STYLE = _style("#2457c5", "#1e7b45", "#9aa7c2")
-# switching, serving the booker, booked unused, serving everyone, idle, booked still to come
-SHARES_STYLE = _style("#f0a33a", "#1e7b45", "#b3261e", "#2457c5", "#c9ced6", "#9aa7c2")
+# switching, serving the booker, lent, booked unused, serving everyone, idle, booked still to come
+SHARES_STYLE = _style("#f0a33a", "#1e7b45", "#7fbf8f", "#b3261e", "#2457c5", "#c9ced6", "#9aa7c2")
 
 
 def _question(params: Any, viewer: User) -> dict[str, Any]:
