@@ -128,12 +128,15 @@ def test_a_minute_only_borrowers_used_is_lent_not_unused():
     assert abs(sum(shares.values()) - 2) < 0.03
 
 
-def lent_world(world, standins, *, lend: bool = True, places: int = 1, prefill_ms: int = 0):
-    """ana's booking of channel b, running the slow model she booked, lent or not; bo borrows."""
+def lent_world(
+    world, standins, *, lend: bool = True, places: int = 1, prefill_ms: int = 0, chunks: int = 200
+):
+    """ana's booking of channel b, running the slow model she booked (``chunks`` 20 ms apart,
+    whatever a request asks), lent or not; bo borrows."""
     port, _ = standins(
         "slow",
         "--standin-chunks",
-        "200",
+        str(chunks),
         "--standin-chunk-delay",
         "20",
         "--standin-prefill-ms",
@@ -315,3 +318,42 @@ def test_the_booking_form_offers_lending_where_the_channel_lends(ana):
     assert not Reservation.objects.filter(channel=keeps).exists()
     book(lends, 2)
     assert Reservation.objects.get(channel=lends).lend is True
+
+
+def test_borrowers_wait_their_turn_fairly_under_their_own_limits_and_the_booker_waits_for_none(
+    gateway_url, world, standins
+):
+    """Borrowed requests share the lent slot through the channel's fair queue (tokens, not
+    requests, are shared among borrowers) and under each borrower's limits; the booker's request
+    takes no turn in that queue."""
+    from gateway.api_keys import api_key_create
+    from gateway.models import SharingLimits
+    from tests.test_fair_sharing import waiting_on
+
+    lent_world(world, standins, places=1, chunks=150)  # an answer takes 3 s
+    cy = factories.user("cy")
+    _, cy_key = api_key_create(user=cy, name="t")
+    SharingLimits.objects.create(user=cy, requests_per_minute=1)
+    snapshot_seen(gateway_url)
+    running = Stream(gateway_url, world.bo_key, max_tokens=60)  # (the stand-in sends 150 chunks)
+    assert eventually(lambda: in_flight(world.other.pk) == 1, timeout=10)
+    bos = [Stream(gateway_url, world.bo_key, max_tokens=60) for _ in range(2)]
+    assert eventually(lambda: waiting_on(world.other) == 2, timeout=10)
+    cys = Stream(gateway_url, cy_key, max_tokens=16)
+    assert eventually(lambda: waiting_on(world.other) == 3, timeout=10)
+    # ana, the booker, waits behind none of the three: her request ends the borrowed one.
+    mine = Stream(gateway_url, world.ana_key, max_tokens=5)
+    for stream in [running, *bos, cys, mine]:
+        stream.join(timeout=30)
+    assert mine.status == 200 and mine.first - mine.started < 1.0
+    assert json.loads(running.events[-1])["error"]["code"] == "preempted_by_booker"
+    assert [s.status for s in [*bos, cys]] == [200] * 3
+    # cy came after bo's two waiting requests, asked fewer tokens, and went first.
+    assert cys.first < min(s.first for s in bos)
+    # Each says it was borrowed, bo's though they waited long enough (over 5 s) for the head of
+    # their answer to be sent while they waited.
+    assert all(s.headers is not None and s.headers["x-slotserve-borrowed"] == "true" for s in [*bos, cys])
+    assert max(s.first - s.started for s in bos) > 5
+    # cy's limit holds on a lent slot as anywhere: one request a minute.
+    over = chat(gateway_url, cy_key, max_tokens=5)
+    assert (over.status_code, over.json()["error"]["code"]) == (429, "rate_limit_exceeded"), over.text

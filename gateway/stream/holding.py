@@ -21,6 +21,7 @@ from gateway.rules.access import Refusal
 from gateway.rules.callers import Caller
 from gateway.rules.fair_queue import cost_of
 from gateway.stream.answer import Answer
+from gateway.stream.lent import BORROWED_HEADER
 from gateway.stream.relay import until_disconnect
 from gateway.types import Receive, Send
 
@@ -37,6 +38,7 @@ class Holding:
     def __init__(self, receive: Receive, send: Send, *, stream: bool) -> None:
         self.receive, self.send, self.stream = receive, send, stream
         self.begun = False  # the held stream's answer has begun (200, SSE comments)
+        self.headers = SSE_HEADERS  # its answer's head, when it begins while held
         self.left: asyncio.Future[None] | None = None  # the client hanging up
         self.comment_at = asyncio.get_running_loop().time() + COMMENT_SECONDS
 
@@ -46,7 +48,7 @@ class Holding:
         if not self.stream or loop.time() < self.comment_at:
             return
         if not self.begun:
-            await self.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            await self.send({"type": "http.response.start", "status": 200, "headers": self.headers})
             self.begun = True
         body = f": {note}\n\n".encode(errors="replace")
         await self.send({"type": "http.response.body", "body": body, "more_body": True})
@@ -84,6 +86,9 @@ async def wait_turn(
     is no longer held)."""
     channel = go.channel
     assert channel.places is not None
+    if channel.booking is not None and channel.booking.user_id != caller.user_id:
+        # Someone else's lent slot: the head of a borrowed answer says so, sent while it waits too.
+        holding.headers = [*SSE_HEADERS, BORROWED_HEADER]
     request_id = places.counters.new_id()
     cost = cost_of(request.body) / max(caller.weight, 1)
     loop = asyncio.get_running_loop()
