@@ -4,7 +4,7 @@
     .venv/bin/python bench/gateway_bench.py [--server gateway|uvicorn|daphne] [--seconds 5]
         [--delay-ms 20] [--upstream raw|uvicorn|fastapi] [--levels 1,16,64] [--litellm PATH]
         [--bare] [--no-lane] [--against CHECKOUT] [--channels 12] [--limits] [--places N] [--rounds 3]
-        [--traces]
+        [--traces] [--lent]
 
 A fast upstream (16 SSE chunks per request, back to back or --delay-ms apart;
 in raw asyncio, as a bare ASGI app under uvicorn, or as a FastAPI streaming
@@ -28,7 +28,11 @@ in the same run: what a change saves, apart from the noise between runs. With
 checked against them before it goes upstream. With --traces, a second SlotServe gateway with
 OpenTelemetry's traces on (``OTEL_EXPORTER_OTLP_ENDPOINT``, to a sink that takes them, like a
 collector) in the same run: what a trace per request costs. With --places N, the serving
-channel's fair queue is on (docs/gateway.md): what counting its places costs. Needs Redis.
+channel's fair queue is on (docs/gateway.md): what counting its places costs. With --lent, a
+second channel runs the same upstream in someone else's slot that lends (docs/gateway.md,
+"Lending"), both channels with the same places (--places, 1,000 unless given), and each SlotServe
+gateway is also measured borrowing there ("lent", "ag. lent"): what a borrowed request costs
+beside a free channel's (no fast lane, watched for its end). Needs Redis.
 """
 
 from __future__ import annotations
@@ -150,10 +154,17 @@ def uvicorn_upstream_main(port: int, delay: float) -> None:
 
 
 async def one_worker(
-    host: str, port: int, path: str, key: str, deadline: float, ttfts: list[float], counts: list[int]
+    host: str,
+    port: int,
+    path: str,
+    key: str,
+    deadline: float,
+    ttfts: list[float],
+    counts: list[int],
+    model: str = "m",
 ) -> None:
     body = json.dumps(
-        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": True}
     ).encode()
     request = (
         f"POST {path} HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {key}\r\n"
@@ -191,23 +202,25 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return int(fields[11]) / ticks, int(fields[12]) / ticks
 
 
-async def load(port: int, path: str, key: str, workers: int, seconds: float) -> tuple[list[float], int]:
+async def load(
+    port: int, path: str, key: str, workers: int, seconds: float, model: str = "m"
+) -> tuple[list[float], int]:
     ttfts: list[float] = []
     counts = [0]
     deadline = time.perf_counter() + seconds
     await asyncio.gather(
-        *(one_worker("127.0.0.1", port, path, key, deadline, ttfts, counts) for _ in range(workers))
+        *(one_worker("127.0.0.1", port, path, key, deadline, ttfts, counts, model) for _ in range(workers))
     )
     return ttfts, counts[0]
 
 
 def measure(
-    name: str, port: int, path: str, key: str, workers: int, seconds: float, pid: int
+    name: str, port: int, path: str, key: str, workers: int, seconds: float, pid: int, model: str = "m"
 ) -> dict[str, float]:
-    asyncio.run(load(port, path, key, workers, min(1.0, seconds)))  # warm up connections and caches
+    asyncio.run(load(port, path, key, workers, min(1.0, seconds), model))  # warm up connections and caches
     user_before, system_before = cpu_seconds(pid)
     started = time.perf_counter()
-    ttfts, done = asyncio.run(load(port, path, key, workers, seconds))
+    ttfts, done = asyncio.run(load(port, path, key, workers, seconds, model))
     elapsed = time.perf_counter() - started
     user_after, system_after = cpu_seconds(pid)
     user, system = user_after - user_before, system_after - system_before
@@ -277,11 +290,12 @@ def bench_database(name: str) -> dict[str, str]:
 
 
 def prepare_gateway(
-    upstream_port: int, channels: int = 1, places: int | None = None
+    upstream_port: int, channels: int = 1, places: int | None = None, lent: bool = False
 ) -> tuple[dict[str, str], str]:
     """A SlotServe database with one channel running the upstream (with ``places``: its fair
     queue on), ``channels - 1`` more running other models (never called: what the gateway looks
-    through for each request), and an API key."""
+    through for each request), and an API key; with ``lent``, a channel running the upstream as
+    model ``m-lent`` in someone else's slot that lends, with the same places."""
     env = bench_database("gwbench")
     from django.contrib.auth import get_user_model
     from django.utils import timezone
@@ -312,8 +326,37 @@ def prepare_gateway(
             port=free_port(),
             pid=1,
         )
+    if lent:
+        lend_lent_channel(node, upstream_port, places)
     _, key = api_key_create(user=user, name="bench")
     return env, key
+
+
+def lend_lent_channel(node: Any, upstream_port: int, places: int | None) -> None:
+    """Channel ``bench-lent``: the upstream as model ``m-lent``, booked by someone else for the
+    day and lent while they are idle (they send nothing): every request the bench sends there is
+    borrowed."""
+    from datetime import timedelta
+
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from channels_app.models import Channel, ChannelRuntime, LLMModel, Preset
+    from reservations.models import Reservation
+
+    model = LLMModel.objects.create(name="m-lent", backend="vllm", path="/m-lent")
+    preset = Preset.objects.create(model=model, name="default")
+    channel = Channel.objects.create(name="bench-lent", node=node, gpu_indexes=[99], lend_while_idle=True)
+    ChannelRuntime.objects.create(
+        channel=channel, phase="ready", model=model, preset=preset, host="127.0.0.1",
+        port=upstream_port, pid=1, places=places,
+    )  # fmt: skip
+    now = timezone.now()
+    Reservation.objects.create(
+        user=get_user_model().objects.create_user("booker"), channel=channel,
+        start=now - timedelta(minutes=1), end=now + timedelta(days=1), model=model, preset=preset,
+        status="approved", lend=True,
+    )  # fmt: skip
 
 
 def own_http_server(root: Path) -> str:
@@ -407,7 +450,14 @@ def main() -> None:
     parser.add_argument(
         "--traces", action="store_true", help="also a gateway exporting a trace per request (OTLP)"
     )
+    parser.add_argument(
+        "--lent",
+        action="store_true",
+        help="also measure each SlotServe gateway borrowing in someone else's lent slot",
+    )
     args = parser.parse_args()
+    if args.lent and args.places is None:
+        args.places = 1000  # a lent slot needs its places known; never reached
     if args.limits:
         os.environ.update(
             SLOTSERVE_LIMIT_CONCURRENT_REQUESTS="100000",
@@ -425,7 +475,7 @@ def main() -> None:
             str(args.delay_ms / 1000),
         ]
     )
-    env, key = prepare_gateway(upstream_port, args.channels, args.places)
+    env, key = prepare_gateway(upstream_port, args.channels, args.places, args.lent)
     venv_bin = Path(sys.executable).parent
     if args.server in ("gateway", "uvicorn"):
         argv = uvicorn_argv(
@@ -494,6 +544,11 @@ def main() -> None:
             cwd=against_root,
         )
         servers["against"] = (against_port, "/v1/chat/completions", against.pid)
+    models = {name: "m" for name in servers}
+    if args.lent:
+        for name, lent_name in (("slotserve", "lent"), ("against", "ag. lent")):
+            if name in servers:
+                servers[lent_name], models[lent_name] = servers[name], "m-lent"
     litellm = None
     if args.litellm:
         litellm_port = free_port()
@@ -537,6 +592,8 @@ def main() -> None:
             "no lane": key,
             "against": key,
             "traced": key,
+            "lent": key,
+            "ag. lent": key,
             "litellm": "sk-bench",
         }
         print(
@@ -545,6 +602,7 @@ def main() -> None:
             + (f", medians of {args.rounds} rounds" if args.rounds > 1 else "")
             + ("; fair sharing's limits set" if args.limits else "")
             + (f"; {args.channels} channels" if args.channels > 1 else "")
+            + (f"; {args.places} places a channel" if args.places else "")
         )
         print(
             f"{'streams':>7} {'via':>9} {'TTFT p50':>9} {'p99':>8} {'req/s':>8} {'vs direct':>9} "
@@ -554,7 +612,9 @@ def main() -> None:
             runs: dict[str, list[dict[str, float]]] = {name: [] for name in servers}
             for _ in range(args.rounds):  # the servers in turn, round after round
                 for name, (port, path, pid) in servers.items():
-                    runs[name].append(measure(name, port, path, keys[name], level, args.seconds, pid))
+                    runs[name].append(
+                        measure(name, port, path, keys[name], level, args.seconds, pid, models.get(name, "m"))
+                    )
             results = {
                 name: {figure: statistics.median(run[figure] for run in measured) for figure in measured[0]}
                 for name, measured in runs.items()
@@ -571,7 +631,9 @@ def main() -> None:
             floor = results["relay"]
             floor_added = floor["p50"] - direct["p50"]
             for name in (
-                name for name in ("bare", "slotserve", "no lane", "against", "traced") if name in results
+                name
+                for name in ("bare", "slotserve", "no lane", "against", "traced", "lent", "ag. lent")
+                if name in results
             ):
                 ours = results[name]
                 # Under load the relay may answer as soon as the upstream itself (its queue is

@@ -145,14 +145,26 @@ def _lane_rows(
                 continue
             what = "whole card" if r.exclusive else target_label(r.model, r.preset)
             mine = r.user_id == viewer.pk
-            css = f"res {r.status}" + (" mine" if mine else "") + (" exclusive" if r.exclusive else "")
+            # A slot its booker lends (docs/gateway.md, "Lending"): others may use it while idle.
+            lends = r.lend and channel.lend_while_idle and not r.exclusive
+            css = (
+                f"res {r.status}"
+                + (" mine" if mine else "")
+                + (" exclusive" if r.exclusive else "")
+                + (" lends" if lends else "")
+            )
             local = slot_words(r.start, r.end, tz)
             waiting = r.status == ReservationStatus.PENDING
             # Who on the first line ("yours" in words, not only in colour), what on the second:
             # both read in a two-hour block; the title (and the focus) has it whole.
             label = ("pending: " if waiting else "") + ("yours" if mine else r.user.username)
             short = "whole card" if r.exclusive else (r.model.name if r.model else what)
-            title = f"{r.user.username}, {local} {what}" + (" (pending approval)" if waiting else "")
+            lent = f"lent while {'you are' if mine else r.user.username + ' is'} idle"
+            title = (
+                f"{r.user.username}, {local} {what}"
+                + (" (pending approval)" if waiting else "")
+                + (f" ({lent})" if lends else "")
+            )
             details = {
                 "who": r.user.username,
                 "what": what,
@@ -160,6 +172,7 @@ def _lane_rows(
                 "status": "pending approval" if waiting else r.status,
                 "mine": mine,
                 "channel": channel.name,
+                "lent": lent if lends else "",
             }
             row.blocks.append(Block(*place, css, label, title, details, short))
             if previous is not None and previous.target != r.target and r.target is not None:

@@ -147,6 +147,7 @@ class RedisKey(models.TextChoices):
     QUEUE_SERVED = "queue:served", "when requests were taken from a channel's queue (last minute)"
     LENT = "lent", "a channel's borrowed requests in flight, by when they started (docs/gateway.md, Lending)"
     PREEMPTED = "preempted", "set when a booker's request ends a borrowed one, which sees it and stops"
+    PREEMPTIONS = "preemptions", "the channel the borrowed requests a booker's ended are named on"
     USAGE_CATCH_UP = "usage:catchup", "set while the request log's backlog is being caught up (expires)"
 
 

@@ -4,6 +4,7 @@ their request ends the most recently started borrowed one and starts at once."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import threading
@@ -318,6 +319,15 @@ def test_the_booking_form_offers_lending_where_the_channel_lends(ana):
     assert not Reservation.objects.filter(channel=keeps).exists()
     book(lends, 2)
     assert Reservation.objects.get(channel=lends).lend is True
+    # The calendar tells colleagues which slots to come they may use while ana is idle.
+    bo = Client()
+    bo.force_login(factories.user("bo"))
+    day = bo.get("/calendar/", {"day": start.date().isoformat()}).content.decode()
+    [block] = [b for b in day.split("<button")[1:] if 'class="res ' in b]
+    assert "lends" in block.split('class="')[1].split('"')[0] and "(lent while ana is idle)" in block
+    Reservation.objects.filter(channel=lends).update(lend=False)  # taken back: no longer said
+    day = bo.get("/calendar/", {"day": start.date().isoformat()}).content.decode()
+    assert "lent while" not in day and "res approved lends" not in day
 
 
 def test_borrowers_wait_their_turn_fairly_under_their_own_limits_and_the_booker_waits_for_none(
@@ -357,3 +367,77 @@ def test_borrowers_wait_their_turn_fairly_under_their_own_limits_and_the_booker_
     # cy's limit holds on a lent slot as anywhere: one request a minute.
     over = chat(gateway_url, cy_key, max_tokens=5)
     assert (over.status_code, over.json()["error"]["code"]) == (429, "rate_limit_exceeded"), over.text
+
+
+def test_a_borrowed_request_hears_at_once_that_the_booker_ended_it(monkeypatch):
+    """The gateway that holds a borrowed request hears the preemption another gateway's booker
+    request made (Redis pub/sub), within milliseconds: no look for its mark needed."""
+    from django.conf import settings as django_settings
+
+    from gateway.wire import lending as wire
+    from gateway.wire.counters import Counters
+
+    monkeypatch.setattr(wire, "BACKSTOP_SECONDS", 60.0)  # only the message can end it in time
+    ended: list[float] = []
+
+    async def run() -> float:
+        holding = wire.Lending(Counters(django_settings.REDIS_URL), django_settings.REDIS_URL)
+        booker = wire.Lending(Counters(django_settings.REDIS_URL), django_settings.REDIS_URL)
+        await holding.lent(41, "b1")
+        redis_client().zadd(_inflight_key(41), {"b1": time.time() + 60})
+        holding.watch("b1", lambda: ended.append(time.perf_counter()))
+        for _ in range(100):
+            if holding.listening:
+                break
+            await asyncio.sleep(0.01)
+        assert holding.listening
+        await asyncio.sleep(0.05)  # past its first look for marks
+        asked = time.perf_counter()
+        assert await booker.make_room(41, 0) == ["b1"]
+        for _ in range(50):
+            if ended:
+                break
+            await asyncio.sleep(0.01)
+        holding.unwatch("b1")
+        return asked
+
+    asked = asyncio.run(run())
+    assert ended and ended[0] - asked < 0.1, ended
+
+
+def test_a_gateway_that_cannot_listen_still_ends_a_borrowed_request_by_its_mark(caplog):
+    from django.conf import settings as django_settings
+
+    from gateway.wire import lending as wire
+    from gateway.wire.counters import Counters
+
+    ended: list[float] = []
+
+    async def run() -> float:
+        # Its listening connection goes nowhere; its counters reach Redis.
+        deaf = wire.Lending(Counters(django_settings.REDIS_URL), "redis://127.0.0.1:1/0")
+        booker = wire.Lending(Counters(django_settings.REDIS_URL), django_settings.REDIS_URL)
+        await deaf.lent(42, "b2")
+        redis_client().zadd(_inflight_key(42), {"b2": time.time() + 60})
+        deaf.watch("b2", lambda: ended.append(time.perf_counter()))
+        await asyncio.sleep(0.2)
+        assert not deaf.listening
+        asked = time.perf_counter()
+        assert await booker.make_room(42, 0) == ["b2"]
+        for _ in range(50):
+            if ended:
+                break
+            await asyncio.sleep(0.01)
+        deaf.unwatch("b2")
+        return asked
+
+    asked = asyncio.run(run())
+    assert ended and ended[0] - asked < 0.2, ended
+    assert "not listening for preemptions" in caplog.text
+
+
+def _inflight_key(channel: int) -> str:
+    from gateway.wire.counter_scripts import key
+    from slotserve_base.vocabulary import RedisKey
+
+    return key(RedisKey.INFLIGHT, channel)

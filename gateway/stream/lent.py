@@ -8,7 +8,6 @@ here, where a borrowed request is watched for its end while it runs.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Callable
 from typing import Protocol
@@ -25,7 +24,6 @@ from gateway.stream.outgoing import Outgoing
 from gateway.stream.relay import Preemption, adding_headers
 from gateway.stream.relay import forward as relay_forward
 from gateway.types import Receive, Send
-from gateway.wire.lending import LOOK_SECONDS, Lending
 from gateway.wire.upstream import UpstreamTransport
 
 BORROWED_HEADER = (b"x-slotserve-borrowed", b"true")
@@ -69,25 +67,15 @@ async def forward(
     request_id = entry.request_id
     preemption = Preemption(channel)
     await lending.lent(channel.id, request_id)
-    watcher = asyncio.ensure_future(_watch(lending, request_id, preemption))
+    lending.watch(request_id, preemption.end)
     try:
         await relay_forward(
             gateway, receive, send, channel, outgoing, usage, entry, on_disconnect, preemption=preemption
         )
     finally:
-        watcher.cancel()
+        lending.unwatch(request_id)
         with contextlib.suppress(RedisError):
-            await lending.returned(channel.id, request_id)
+            await lending.returned(channel.id, request_id, marked=preemption.ended)
         if preemption.ended:
             usage.asked = 0  # counted what it was sent, not what it asked for
             answer.refused(preempted(channel))  # the log keeps why it ended
-
-
-async def _watch(lending: Lending, request_id: str, preemption: Preemption) -> None:
-    """End the borrowed request when the booker's requests mark it."""
-    while True:
-        await asyncio.sleep(LOOK_SECONDS)
-        with contextlib.suppress(RedisError):
-            if await lending.preempted(request_id):
-                preemption.end()
-                return
