@@ -37,6 +37,9 @@ LOOK_SECONDS = 0.02
 BACKSTOP_SECONDS = 1.0
 # A mark outlives any look for it.
 MARK_SECONDS = 60
+# A gateway listens on this long after its last borrowed request has ended: a lent slot's next
+# borrowed request finds it listening.
+LINGER_SECONDS = 30.0
 # A listening connection that failed is opened again after this long.
 RELISTEN_SECONDS = 1.0
 
@@ -129,9 +132,10 @@ class Lending:
                     self._end(request_id)
 
     async def _listen(self) -> None:
-        """While this process has borrowed requests in flight: hear the preemptions every gateway
-        publishes and end those of its own that are named, and look for their marks now and
-        then (``BACKSTOP_SECONDS``); while it cannot listen, look every ``LOOK_SECONDS``."""
+        """While this process has borrowed requests in flight (and ``LINGER_SECONDS`` after):
+        hear the preemptions every gateway publishes and end those of its own that are named, and
+        look for their marks now and then (``BACKSTOP_SECONDS``); while it cannot listen, look
+        every ``LOOK_SECONDS``."""
         loop = asyncio.get_running_loop()
         while self.watched:
             client = redis.asyncio.Redis.from_url(self.url)
@@ -140,7 +144,10 @@ class Lending:
                     await channel.subscribe(self._published())
                     self.listening = True
                     look_at = loop.time()  # marks set before it listened, first
-                    while self.watched:
+                    busy_until = loop.time() + LINGER_SECONDS
+                    while self.watched or loop.time() < busy_until:
+                        if self.watched:
+                            busy_until = loop.time() + LINGER_SECONDS
                         if loop.time() >= look_at:
                             await self._look()
                             look_at = loop.time() + BACKSTOP_SECONDS
