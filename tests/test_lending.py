@@ -383,9 +383,8 @@ def test_a_borrowed_request_hears_at_once_that_the_booker_ended_it(monkeypatch):
     async def run() -> float:
         holding = wire.Lending(Counters(django_settings.REDIS_URL), django_settings.REDIS_URL)
         booker = wire.Lending(Counters(django_settings.REDIS_URL), django_settings.REDIS_URL)
-        await holding.lent(41, "b1")
         redis_client().zadd(_inflight_key(41), {"b1": time.time() + 60})
-        holding.watch("b1", lambda: ended.append(time.perf_counter()))
+        await holding.lent(41, "b1", lambda: ended.append(time.perf_counter()))
         for _ in range(100):
             if holding.listening:
                 break
@@ -398,7 +397,7 @@ def test_a_borrowed_request_hears_at_once_that_the_booker_ended_it(monkeypatch):
             if ended:
                 break
             await asyncio.sleep(0.01)
-        holding.unwatch("b1")
+        await holding.returned(41, "b1", marked=True)
         return asked
 
     asked = asyncio.run(run())
@@ -417,9 +416,8 @@ def test_a_gateway_that_cannot_listen_still_ends_a_borrowed_request_by_its_mark(
         # Its listening connection goes nowhere; its counters reach Redis.
         deaf = wire.Lending(Counters(django_settings.REDIS_URL), "redis://127.0.0.1:1/0")
         booker = wire.Lending(Counters(django_settings.REDIS_URL), django_settings.REDIS_URL)
-        await deaf.lent(42, "b2")
         redis_client().zadd(_inflight_key(42), {"b2": time.time() + 60})
-        deaf.watch("b2", lambda: ended.append(time.perf_counter()))
+        await deaf.lent(42, "b2", lambda: ended.append(time.perf_counter()))
         await asyncio.sleep(0.2)
         assert not deaf.listening
         asked = time.perf_counter()
@@ -428,12 +426,57 @@ def test_a_gateway_that_cannot_listen_still_ends_a_borrowed_request_by_its_mark(
             if ended:
                 break
             await asyncio.sleep(0.01)
-        deaf.unwatch("b2")
+        await deaf.returned(42, "b2", marked=True)
         return asked
 
     asked = asyncio.run(run())
     assert ended and ended[0] - asked < 0.2, ended
     assert "not listening for preemptions" in caplog.text
+
+
+def test_after_redis_restarts_the_booker_still_ends_a_borrowed_request_in_flight(monkeypatch):
+    """Redis restarted loses the channel's lent set: the gateway that holds a borrowed request
+    keeps it there again as soon as it listens anew, so the booker's next request still ends it."""
+    from django.conf import settings as django_settings
+
+    from gateway.wire import lending as wire
+    from gateway.wire.counters import Counters
+    from slotserve_base.vocabulary import RedisKey
+
+    monkeypatch.setattr(wire, "RELISTEN_SECONDS", 0.1)
+    ended: list[float] = []
+    client = redis_client()
+
+    async def until(what) -> None:
+        for _ in range(200):
+            if what():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("not within 2 s")
+
+    async def run() -> None:
+        holding = wire.Lending(Counters(django_settings.REDIS_URL), django_settings.REDIS_URL)
+        booker = wire.Lending(Counters(django_settings.REDIS_URL), django_settings.REDIS_URL)
+        client.zadd(_inflight_key(44), {"b4": time.time() + 60})
+        await holding.lent(44, "b4", lambda: ended.append(time.perf_counter()))
+        await until(lambda: holding.listening)
+        # As a Redis restart would: the lent set is gone, and so is the listening connection.
+        from gateway.wire.counter_scripts import key
+
+        client.delete(key(RedisKey.LENT, 44))
+        name = holding._published()
+        [listener] = [c for c in client.client_list() if c.get("name") == name]
+        client.client_kill_filter(_id=listener["id"])
+        await until(lambda: not holding.listening)
+        await until(lambda: holding.listening)
+        await asyncio.sleep(0.05)
+        assert client.zscore(key(RedisKey.LENT, 44), "b4") is not None
+        assert await booker.make_room(44, 0) == ["b4"]
+        await until(lambda: bool(ended))
+        await holding.returned(44, "b4", marked=True)
+
+    asyncio.run(run())
+    assert ended
 
 
 def _inflight_key(channel: int) -> str:

@@ -66,14 +66,12 @@ async def forward(
         return
     request_id = entry.request_id
     preemption = Preemption(channel)
-    await lending.lent(channel.id, request_id)
-    lending.watch(request_id, preemption.end)
+    await lending.lent(channel.id, request_id, preemption.end)
     try:
         await relay_forward(
             gateway, receive, send, channel, outgoing, usage, entry, on_disconnect, preemption=preemption
         )
     finally:
-        lending.unwatch(request_id)
         with contextlib.suppress(RedisError):
             await lending.returned(channel.id, request_id, marked=preemption.ended)
         if preemption.ended:

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import redis.asyncio
 from redis.exceptions import RedisError
@@ -63,28 +64,46 @@ return ended
 )
 
 
+@dataclass(frozen=True)
+class Borrowed:
+    """A borrowed request in flight in this gateway process."""
+
+    channel_id: int
+    started: float  # time.time(): its score in the channel's lent set
+    end: Callable[[], None]  # ends it, when the booker's requests need its place
+
+
 class Lending:
     """The gateway's side of lending (one per gateway process)."""
 
     def __init__(self, counters: Counters, url: str) -> None:
         self.counters = counters
         self.url = url
-        # This process's borrowed requests in flight: request id → what ends it.
-        self.watched: dict[str, Callable[[], None]] = {}
+        # This process's borrowed requests in flight, by request id.
+        self.watched: dict[str, Borrowed] = {}
         self.listening = False  # subscribed: messages reach ``watched``
         self._listener: asyncio.Task[None] | None = None
 
     def _key(self, kind: str, ident: object) -> str:
         return cached_key(self.counters._keys(), kind, ident)
 
-    async def lent(self, channel_id: int, request_id: str) -> None:
-        """A borrowed request is in flight on the channel."""
-        await self.counters.pipe.call(
-            "ZADD", self._key(RedisKey.LENT, channel_id), repr(time.time()), request_id
-        )
+    async def lent(self, channel_id: int, request_id: str, end: Callable[[], None]) -> None:
+        """A borrowed request is in flight on the channel: ``end`` is called if the booker's
+        requests end it, until it is ``returned``. Kept in Redis again whenever this process
+        listens anew (Redis restarted: the lent set was lost with it)."""
+        borrowed = self.watched[request_id] = Borrowed(channel_id, time.time(), end)
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.ensure_future(self._listen())
+        with contextlib.suppress(RedisError):
+            await self._keep(request_id, borrowed)
+
+    async def _keep(self, request_id: str, borrowed: Borrowed) -> None:
+        key = self._key(RedisKey.LENT, borrowed.channel_id)
+        await self.counters.pipe.call("ZADD", key, repr(borrowed.started), request_id)
 
     async def returned(self, channel_id: int, request_id: str, *, marked: bool) -> None:
         """A borrowed request has ended; its mark goes with it when it was ``marked``."""
+        self.watched.pop(request_id, None)
         done = [self.counters.pipe.call("ZREM", self._key(RedisKey.LENT, channel_id), request_id)]
         if marked:
             done.append(self.counters.pipe.call("DEL", self._key(RedisKey.PREEMPTED, request_id)))
@@ -107,20 +126,10 @@ class Lending:
     def _published(self) -> str:
         return self._key(RedisKey.PREEMPTIONS, "ended")
 
-    def watch(self, request_id: str, end: Callable[[], None]) -> None:
-        """Call ``end`` when the booker's requests end this borrowed request (``unwatch`` when it
-        ends otherwise)."""
-        self.watched[request_id] = end
-        if self._listener is None or self._listener.done():
-            self._listener = asyncio.ensure_future(self._listen())
-
-    def unwatch(self, request_id: str) -> None:
-        self.watched.pop(request_id, None)
-
     def _end(self, request_id: str) -> None:
-        end = self.watched.pop(request_id, None)
-        if end is not None:
-            end()
+        borrowed = self.watched.pop(request_id, None)
+        if borrowed is not None:
+            borrowed.end()
 
     async def _look(self) -> None:
         """End the watched requests whose marks are set (the commands leave together)."""
@@ -138,11 +147,13 @@ class Lending:
         every ``LOOK_SECONDS``."""
         loop = asyncio.get_running_loop()
         while self.watched:
-            client = redis.asyncio.Redis.from_url(self.url)
+            client = redis.asyncio.Redis.from_url(self.url, client_name=self._published())
             try:
                 async with client.pubsub() as channel:
                     await channel.subscribe(self._published())
                     self.listening = True
+                    with contextlib.suppress(RedisError):  # a Redis restarted lost them
+                        await asyncio.gather(*(self._keep(i, b) for i, b in list(self.watched.items())))
                     look_at = loop.time()  # marks set before it listened, first
                     busy_until = loop.time() + LINGER_SECONDS
                     while self.watched or loop.time() < busy_until:
