@@ -577,3 +577,42 @@ def test_a_port_range_inside_the_machines_ephemeral_ports_is_warned_of(tmp_path)
     )
     assert processes.port_range_warning(range(32000, 32769), ephemeral) != ""  # one port in common
     assert processes.ephemeral_ports(tmp_path / "absent") is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_process_started_by_a_step_that_cannot_be_stored_is_stopped_not_left_to_no_channel(
+    node_env, tiny, monkeypatch
+):
+    """The database goes away between starting a run and storing it (the chaos day's restarts
+    and cut links): the step fails, and the run it started is stopped with it rather than left
+    running with no channel naming it — the worker itself never takes its own children for
+    strays, so nobody else would stop it."""
+    from django.db import OperationalError
+
+    channel = factories.channel("cpu-0", default=tiny.small)
+    decide_channels(now=timezone.now())
+    started: list[int] = []
+    real_start = processes.start
+
+    def start(launch):
+        run = real_start(launch)
+        started.append(run.pid)
+        return run
+
+    def store(runtime, state):
+        raise OperationalError("the database went away")
+
+    monkeypatch.setattr(processes, "start", start)
+    monkeypatch.setattr(worker, "store", store)
+    with pytest.raises(OperationalError):
+        worker.reconcile(channel_id=channel.pk, now=timezone.now())
+    [pid] = started
+    assert not ChannelRuntime.objects.filter(pid=pid).exists()
+
+    def gone() -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            return True
+
+    assert eventually(gone, timeout=5), "the run no channel names still runs"

@@ -296,17 +296,26 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
     if result.state.phase != before.phase:
         log.info("channel %s: %s → %s", channel.name, before.phase, result.state.phase)
         overview.refresh([channel_id], result.state.phase.value)
-    act(result.actions, runtime, channel, target_row, now)
-    after = result.state
-    if any(isinstance(a, Start) for a in result.actions):
-        after = dataclasses.replace(after, pid=runtime.pid)  # known once the process runs
-    if after.phase not in (Phase.READY, Phase.DRAINING):
-        runtime.places = None
-    elif after.phase == Phase.READY:
-        runtime.places = places_of(runtime)
-    # Stored before it is told: a process just started is the channel's even if telling fails
-    # (the database went away meanwhile), never a process no channel owns.
-    store(runtime, after)
+    known_run = runtime.run_id
+    try:
+        act(result.actions, runtime, channel, target_row, now)
+        after = result.state
+        if any(isinstance(a, Start) for a in result.actions):
+            after = dataclasses.replace(after, pid=runtime.pid)  # known once the process runs
+        if after.phase not in (Phase.READY, Phase.DRAINING):
+            runtime.places = None
+        elif after.phase == Phase.READY:
+            runtime.places = places_of(runtime)
+        # Stored before it is told: a process just started is the channel's even if telling
+        # fails (the database went away meanwhile).
+        store(runtime, after)
+    except BaseException:
+        if runtime.run_id and runtime.run_id != known_run and runtime.pid is not None:
+            # Started by this step and never stored: no channel names it, and this worker never
+            # takes its own children for strays. Stopped now; the next step starts it again.
+            log.warning("channel %s: run %s could not be recorded; stopping it", channel.name, runtime.run_id)
+            processes.send(runtime.pid, signal.SIGKILL)
+        raise
     announce_channel(channel, target_row, before, after, result.actions, runtime.load_id, now)
     return after
 
