@@ -484,3 +484,26 @@ def _inflight_key(channel: int) -> str:
     from slotserve_base.vocabulary import RedisKey
 
     return key(RedisKey.INFLIGHT, channel)
+
+
+def test_a_request_whose_turn_comes_after_the_slot_began_is_borrowed(gateway_url, world, standins):
+    """A request that waited its turn from before a lent slot into it is let in as a borrowed one
+    (the access table asked again when its turn comes): marked, and the booker's to end. The
+    chaos day found one let in unmarked, as if the slot had not begun."""
+    booking = lent_world(world, standins, places=1, chunks=100)  # an answer takes 2 s
+    start = timezone.now() + timedelta(seconds=1.5)
+    Reservation.objects.filter(pk=booking.pk).update(start=start)
+    snapshot_seen(gateway_url)
+    before = Stream(gateway_url, world.bo_key)  # the preload window: nobody's slot yet
+    assert eventually(lambda: in_flight(world.other.pk) == 1, timeout=10)
+    waiting = Stream(gateway_url, world.bo_key)  # its turn comes when the first ends, in the slot
+    before.join(timeout=30)
+    waiting.join(timeout=30)
+    assert before.status == 200 and before.headers is not None and before.started < start.timestamp() + (
+        time.monotonic() - time.time()
+    )
+    assert "x-slotserve-borrowed" not in before.headers
+    assert waiting.status == 200 and waiting.headers is not None
+    assert waiting.headers.get("x-slotserve-borrowed") == "true"
+    assert eventually(lambda: (flush_request_log(redis_client()) or True) and RequestLog.objects.count() == 2)
+    assert sorted(RequestLog.objects.values_list("borrowed", flat=True)) == [False, True]

@@ -74,14 +74,18 @@ def chosen_at_once(snapshot: Snapshot, asked: Asked, now: datetime) -> ChannelVi
     return channel
 
 
-def still_admitted(snapshot: Snapshot, channel: ChannelView, caller: Caller, now: datetime) -> Refusal | None:
+def still_admitted(
+    snapshot: Snapshot, channel: ChannelView, caller: Caller, now: datetime
+) -> tuple[ChannelView, Refusal | None]:
     """Whether a request that waited its turn on ``channel`` may go there at ``now``, when its
     turn came: the access table holds at the moment a request goes upstream, and someone
-    else's slot may have begun while it waited (docs/gateway.md)."""
+    else's slot may have begun while it waited (docs/gateway.md). With the channel as of
+    ``now``, which the request goes on with: a slot that began and lends makes it borrowed."""
     view = next((c for c in snapshot.channels if c.id == channel.id), None)
     if view is None:
-        return Refusal(404, ErrorCode.MODEL_NOT_LOADED, f"channel {channel.name} no longer exists")
-    return admit(caller_id=caller.user_id, channel=as_of(view, now), now=now, zone=caller.zone)
+        return channel, Refusal(404, ErrorCode.MODEL_NOT_LOADED, f"channel {channel.name} no longer exists")
+    view = as_of(view, now)
+    return view, admit(caller_id=caller.user_id, channel=view, now=now, zone=caller.zone)
 
 
 class Entry:

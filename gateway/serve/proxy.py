@@ -66,12 +66,7 @@ from gateway.stream.events import Usage
 from gateway.stream.holding import Holding, wait_turn
 from gateway.stream.lent import forward
 from gateway.stream.outgoing import Outgoing
-from gateway.stream.relay import (
-    ON_DISCONNECT,
-    adding_headers,
-    continuing_stream,
-    without_body,
-)
+from gateway.stream.relay import ON_DISCONNECT, adding_headers, continuing_stream, without_body
 from gateway.types import Receive, Scope, Send
 from gateway.wire.counter_scripts import OverLimit
 from gateway.wire.counters import HELD_TTL_SECONDS, Counters
@@ -273,7 +268,8 @@ class Gateway:
                             return  # the client left while it waited its turn: nothing went upstream
                         if place is not None:  # its turn: is the channel still open to it now?
                             snapshot, now = await self.snapshots.get(), answer.decide()
-                            if refusal := still_admitted(snapshot, go.channel, caller, now):
+                            channel, refusal = still_admitted(snapshot, go.channel, caller, now)
+                            if refusal is not None:
                                 await self.places.leave(go.channel.id, place, caller.user_id)
                     if refusal is None:
                         request_id, refusal = await self.count_in(go, caller, now, place)
