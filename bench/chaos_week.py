@@ -15,7 +15,9 @@ run ``manage.py nodeworker``, started again by the benchmark when they die, as s
 ``--users`` people across 8 channels (two of them need a staff approval), made, approved,
 cancelled and ended early through the REST API with each person's API key, some keys scoped to
 models; all the while everyone calls the gateway: streams and short requests, some hung up
-after the first chunk, on their own bookings and on the default model.
+after the first chunk, on their own bookings and on the default model. Each node's first channel
+lends booked time while the booker is idle, and half the bookings there lend: between their own
+requests, others call a lent slot's model now and then (docs/gateway.md, "Lending").
 
 **The faults**, at moments drawn from the seed, one after the other (each kind at least once):
 ``kill -9`` of a node worker, of an inference process, of the scheduler's Celery worker and beat,
@@ -31,7 +33,9 @@ answers 500 to one try in four (``bench/chaos_receivers.py``), made through the 
 **The promises**, checked from the callers' answers, the database and ``ps`` (docs/faults.md
 says which promise holds under which fault, and the checker expects exactly that):
 
-1. during an approved slot nobody but the booker gets an answer from that channel;
+1. during an approved slot nobody but the booker gets an answer from that channel, but for
+   borrowed answers of its own model in a slot that lends; the booker's requests there never
+   wait their turn;
 2. no answer is a 500, every refusal is a documented code, with ``Retry-After`` where
    docs/api.md promises one;
 3. every answer a caller received is in the request log (records still in Redis when it
@@ -101,6 +105,8 @@ FAULT_KINDS = (
 )
 # Each node's run-log folder is a tmpfs of this size (a real server logs every request).
 RUN_LOG_DISK = "64m"
+# Each node's first channel lends booked time while the booker is idle (docs/gateway.md).
+LENDING_INDEX = 0
 # The channel whose default is a real llama-server (a tiny model written at the start).
 REAL_CHANNEL, REAL_MODEL = "chaos-b-2", "tiny"
 # Codes whose answers carry Retry-After (docs/api.md, "Gateway errors").
@@ -113,6 +119,7 @@ WITH_RETRY_AFTER = {
     "queue_full",
     "channel_queue_full",
     "service_unavailable",
+    "preempted_by_booker",
 }
 
 
@@ -397,6 +404,7 @@ class Planned:
     status: str = ""
     approved_at: float = 0.0  # when the API said it was approved (time.time())
     portal: bool = False  # booked through the portal's form, not the REST API
+    lend: bool = False  # its booker lends it while idle (on a channel that lends)
 
 
 def plan_week(
@@ -426,6 +434,7 @@ def plan_week(
                 max(begin, start - ahead),
                 then,
                 portal=rng.random() < 0.25,
+                lend=name.endswith(f"-{LENDING_INDEX}") and rng.random() < 0.5,
             )
         )
         free_at[name] = end
@@ -478,6 +487,7 @@ class World:
                     default_preset=own,
                     min_booking_minutes=0,
                     approval_policy="all" if index == GPUS_PER_NODE - 1 else "none",
+                    lend_while_idle=index == LENDING_INDEX,
                 )
         users = get_user_model()
         chief = users.objects.create_user("chief", is_staff=True, password=secrets.token_urlsafe(12))
@@ -569,6 +579,7 @@ def book(lab: Lab, world: World, base: str, planned: list[Planned], stop: thread
                     "end": slot.end.isoformat(),
                     "model": preset.model_id,
                     "preset": preset.pk,
+                    "lend": slot.lend,
                 }
                 answer = _call(client, "POST", "/api/reservations/", world.keys[slot.user], body)
                 made = answer.json() if answer is not None and answer.status_code == 201 else None
@@ -649,6 +660,7 @@ def book_in_portal(
                 "end": slot.end.astimezone(zone).strftime("%Y-%m-%dT%H:%M:%S"),
                 "model": preset.model_id,
                 "preset": preset.pk,
+                **({"lend": "on"} if slot.lend else {}),
                 "csrfmiddlewaretoken": browser.cookies.get("csrftoken", ""),
             },
         )
@@ -685,7 +697,8 @@ def call_models(
     rng: random.Random,
 ) -> None:
     """One person calling the gateway all the time: their booked model during their slots,
-    the default model otherwise; streams and short requests, some hung up early."""
+    the default model otherwise, and one request in five someone else's lent slot's model when
+    one lends; streams and short requests, some hung up early."""
     from django.utils import timezone
 
     key = world.keys[user]
@@ -696,6 +709,11 @@ def call_models(
         slot = next((p for p in mine if p.reservation_id and p.start <= now < p.end), None)
         # Outside a slot, the default models: the stand-ins' and, one request in five, the real one's.
         outside = REAL_MODEL if rng.random() < 0.2 else "load-1s"
+        lent = [
+            p for p in planned if p.lend and p.user != user and p.reservation_id and p.start <= now < p.end
+        ]
+        if slot is None and lent and rng.random() < 0.2:
+            outside = f"load-{rng.choice(lent).load}s"  # borrowed, or refused: never the booker's loss
         model = f"load-{slot.load}s" if slot is not None else outside
         stream, hang_up = rng.random() < 0.5, rng.random() < 0.1
         body = {
@@ -962,13 +980,28 @@ LATE_APPROVAL_SECONDS = 1.5
 REQUEST_WAIT_SECONDS = 60
 
 
-def check_slots(lab: Lab) -> None:
-    """Promise 1: during an approved slot only the booker is answered by its channel."""
+def check_slots(lab: Lab) -> dict[str, int]:
+    """Promise 1: during an approved slot only the booker is answered by its channel, but for
+    borrowed answers of the booked model where the slot lends; the booker's requests in a slot
+    that lends never wait their turn. Returns how many answers were borrowed, and how many of
+    those the bookers' requests ended."""
     from gateway.models import RequestLog
     from reservations.models import Reservation
+    from slotserve_base.vocabulary import ErrorCode
 
-    for slot in Reservation.objects.filter(status__in=["approved", "ended"]).select_related("user"):
+    for slot in Reservation.objects.filter(status__in=["approved", "ended"]).select_related(
+        "user", "channel", "model"
+    ):
         lab.checked(1)
+        lends = slot.lend and slot.channel.lend_while_idle and not slot.exclusive
+        if lends:
+            for row in RequestLog.objects.filter(reservation_id=slot.pk, queued_ms__gt=0)[:5]:
+                lab.violated(
+                    1,
+                    row.at.timestamp(),
+                    f"{slot.user.username}'s request {row.request_id} waited {row.queued_ms:.0f} ms for a "
+                    f"place in their own lent slot {slot.pk}",
+                )
         approved = slot.reviewed_at or slot.created
         holds_from = max(slot.start, approved + timedelta(seconds=LATE_APPROVAL_SECONDS))
         # A request is judged at the moment the gateway decided it (its arrival and decided_ms:
@@ -984,6 +1017,8 @@ def check_slots(lab: Lab) -> None:
             decided = row.at + timedelta(milliseconds=row.decided_ms or 0)
             if not holds_from <= decided < slot.end or found == 5:
                 continue
+            if lends and row.borrowed and slot.model is not None and row.served_model == slot.model.name:
+                continue  # borrowed while the booker was idle, as the booker chose
             found += 1
             lab.violated(
                 1,
@@ -994,6 +1029,11 @@ def check_slots(lab: Lab) -> None:
                 f"{row.reservation_id}, arrived {(row.at - slot.start).total_seconds():.2f} s into it, "
                 f"{row.duration_ms:.0f} ms, request {row.request_id})",
             )
+    borrowed = RequestLog.objects.filter(borrowed=True)
+    return {
+        "borrowed": borrowed.count(),
+        "preempted": borrowed.filter(error_code=ErrorCode.PREEMPTED_BY_BOOKER).count(),
+    }
 
 
 def _records_waiting() -> int:
@@ -1266,7 +1306,9 @@ def check_whole(lab: Lab, machines: Machines, world: World) -> None:
         ]
         owned = set(ChannelRuntime.objects.exclude(pid=None).values_list("pid", flat=True))
         strays = [pid for pid in _standins(machines.work) if pid not in owned]
-        problems += [f"an inference process (pid {pid}) that no channel owns" for pid in strays]
+        problems += [
+            f"an inference process (pid {pid}: {_described(pid)}) that no channel owns" for pid in strays
+        ]
         problems += [
             f"node {n.name} is not ready"
             for n in Node.objects.filter(name__in=NODES)
@@ -1278,6 +1320,20 @@ def check_whole(lab: Lab, machines: Machines, world: World) -> None:
     lab.checked(6)
     for problem in problems:
         lab.violated(6, time.time(), problem)
+
+
+def _described(pid: int) -> str:
+    """A process's model, port and run id, as its command line and environment say."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return "gone"
+    said = [
+        f"{flag} {argv[i + 1]}" for i, flag in enumerate(argv[:-1]) if flag in ("-m", "--port", "--alias")
+    ]
+    said += [v for v in environ if v.startswith("SLOTSERVE_RUN_ID=")]
+    return ", ".join(said)
 
 
 def _standins(work: Path) -> list[int]:
@@ -1338,6 +1394,11 @@ def main() -> int:
         "--overlap", action="store_true", help="a fault may begin while others are not yet over"
     )
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the lab's folder (every process's log, the database's) and print where it is",
+    )
     parser.add_argument(
         "--short", action="store_true", help="one compressed day, each fault once: the suite's run"
     )
@@ -1426,8 +1487,8 @@ def main() -> int:
         connections.close_all()  # this thread's connection did not outlive PostgreSQL's restart
         settled = log_settled(timeout=30)  # the last records reach the request log
         check_answers(lab)
-        check_slots(lab)
-        totals = check_log(lab, settled)
+        lending = check_slots(lab)
+        totals = {**check_log(lab, settled), **lending}
         ready = check_ready_at_start(lab, planned, world)
         check_whole(lab, machines, world)
         check_confirmed(lab)
@@ -1444,7 +1505,10 @@ def main() -> int:
         for receiver in lab.webhooks.values():
             receiver.close()
         machines.down()
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            print(f"the lab's folder, kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     return 1 if lab.violations else 0
 
 
@@ -1468,7 +1532,9 @@ def report(
         f"{totals['received']} answers received whole, {totals['logged']} answers of 200 logged; "
         f"{len(lab.confirmed)} bookings confirmed; ready at start {ready['ready']}/{ready['covered']} "
         f"({ready['not covered']} not covered: no room to load, a node down, or unobserved); "
-        f"{hooks['deliveries']} webhook deliveries, {hooks['received']} events handled by the receivers"
+        f"{hooks['deliveries']} webhook deliveries, {hooks['received']} events handled by the receivers; "
+        f"{totals['borrowed']} requests borrowed in lent slots, {totals['preempted']} of them ended by "
+        "their bookers' requests"
     )
     overlapped = sum(
         1

@@ -59,3 +59,5 @@ def test_a_short_day_under_every_kind_of_fault_breaks_no_promise(tmp_path):
     assert all(found["checks"].get(str(promise), 0) > 0 for promise in (1, 2, 3, 4, 5, 6, 7)), report
     assert found["webhooks"]["deliveries"] > 100, report
     assert found["requests"] > 500 and found["bookings_confirmed"] > 20, report
+    # Lent slots were borrowed all through (docs/gateway.md, "Lending"), and promise 1 held there.
+    assert found["log"]["borrowed"] > 10, report

@@ -499,8 +499,10 @@ def test_a_request_whose_turn_comes_after_the_slot_began_is_borrowed(gateway_url
     waiting = Stream(gateway_url, world.bo_key)  # its turn comes when the first ends, in the slot
     before.join(timeout=30)
     waiting.join(timeout=30)
-    assert before.status == 200 and before.headers is not None and before.started < start.timestamp() + (
-        time.monotonic() - time.time()
+    assert (
+        before.status == 200
+        and before.headers is not None
+        and before.started < start.timestamp() + (time.monotonic() - time.time())
     )
     assert "x-slotserve-borrowed" not in before.headers
     assert waiting.status == 200 and waiting.headers is not None
