@@ -369,65 +369,74 @@ def test_borrowers_wait_their_turn_fairly_under_their_own_limits_and_the_booker_
     assert (over.status_code, over.json()["error"]["code"]) == (429, "rate_limit_exceeded"), over.text
 
 
+def _two_gateways(listen_url: str | None = None):
+    """Two gateway processes' lending: one holds a borrowed request (listening at ``listen_url``,
+    Redis' unless given), the other serves its booker."""
+    from django.conf import settings as django_settings
+
+    from gateway.wire.counters import Counters
+    from gateway.wire.lending import Lending
+
+    url = django_settings.REDIS_URL
+    return Lending(Counters(url), listen_url or url), Lending(Counters(url), url)
+
+
+async def _until(what, seconds: float = 2.0) -> bool:
+    for _ in range(int(seconds / 0.01)):
+        if what():
+            return True
+        await asyncio.sleep(0.01)
+    return bool(what())
+
+
+async def _booker_ends(holding, booker, channel: int, request_id: str, ended: list[float]) -> float:
+    """The booker's request, counted in on a full channel, ends the borrowed one: when it asked
+    (``ended`` gets when the holding gateway ended it)."""
+    asked = time.perf_counter()
+    assert await booker.make_room(channel, 0) == [request_id]
+    await _until(lambda: bool(ended), 0.5)
+    await holding.returned(channel, request_id, marked=True)
+    return asked
+
+
+def _borrowed_in_flight(channel: int, request_id: str) -> None:
+    from gateway.wire.counter_scripts import key
+    from slotserve_base.vocabulary import RedisKey
+
+    redis_client().zadd(key(RedisKey.INFLIGHT, channel), {request_id: time.time() + 60})
+
+
 def test_a_borrowed_request_hears_at_once_that_the_booker_ended_it(monkeypatch):
     """The gateway that holds a borrowed request hears the preemption another gateway's booker
     request made (Redis pub/sub), within milliseconds: no look for its mark needed."""
-    from django.conf import settings as django_settings
-
     from gateway.wire import lending as wire
-    from gateway.wire.counters import Counters
 
     monkeypatch.setattr(wire, "BACKSTOP_SECONDS", 60.0)  # only the message can end it in time
     ended: list[float] = []
 
     async def run() -> float:
-        holding = wire.Lending(Counters(django_settings.REDIS_URL), django_settings.REDIS_URL)
-        booker = wire.Lending(Counters(django_settings.REDIS_URL), django_settings.REDIS_URL)
-        redis_client().zadd(_inflight_key(41), {"b1": time.time() + 60})
+        holding, booker = _two_gateways()
+        _borrowed_in_flight(41, "b1")
         await holding.lent(41, "b1", lambda: ended.append(time.perf_counter()))
-        for _ in range(100):
-            if holding.listening:
-                break
-            await asyncio.sleep(0.01)
-        assert holding.listening
+        assert await _until(lambda: holding.listening)
         await asyncio.sleep(0.05)  # past its first look for marks
-        asked = time.perf_counter()
-        assert await booker.make_room(41, 0) == ["b1"]
-        for _ in range(50):
-            if ended:
-                break
-            await asyncio.sleep(0.01)
-        await holding.returned(41, "b1", marked=True)
-        return asked
+        return await _booker_ends(holding, booker, 41, "b1", ended)
 
     asked = asyncio.run(run())
     assert ended and ended[0] - asked < 0.1, ended
 
 
 def test_a_gateway_that_cannot_listen_still_ends_a_borrowed_request_by_its_mark(caplog):
-    from django.conf import settings as django_settings
-
-    from gateway.wire import lending as wire
-    from gateway.wire.counters import Counters
-
     ended: list[float] = []
 
     async def run() -> float:
         # Its listening connection goes nowhere; its counters reach Redis.
-        deaf = wire.Lending(Counters(django_settings.REDIS_URL), "redis://127.0.0.1:1/0")
-        booker = wire.Lending(Counters(django_settings.REDIS_URL), django_settings.REDIS_URL)
-        redis_client().zadd(_inflight_key(42), {"b2": time.time() + 60})
+        deaf, booker = _two_gateways("redis://127.0.0.1:1/0")
+        _borrowed_in_flight(42, "b2")
         await deaf.lent(42, "b2", lambda: ended.append(time.perf_counter()))
         await asyncio.sleep(0.2)
         assert not deaf.listening
-        asked = time.perf_counter()
-        assert await booker.make_room(42, 0) == ["b2"]
-        for _ in range(50):
-            if ended:
-                break
-            await asyncio.sleep(0.01)
-        await deaf.returned(42, "b2", marked=True)
-        return asked
+        return await _booker_ends(deaf, booker, 42, "b2", ended)
 
     asked = asyncio.run(run())
     assert ended and ended[0] - asked < 0.2, ended
@@ -437,53 +446,31 @@ def test_a_gateway_that_cannot_listen_still_ends_a_borrowed_request_by_its_mark(
 def test_after_redis_restarts_the_booker_still_ends_a_borrowed_request_in_flight(monkeypatch):
     """Redis restarted loses the channel's lent set: the gateway that holds a borrowed request
     keeps it there again as soon as it listens anew, so the booker's next request still ends it."""
-    from django.conf import settings as django_settings
-
     from gateway.wire import lending as wire
-    from gateway.wire.counters import Counters
+    from gateway.wire.counter_scripts import key
     from slotserve_base.vocabulary import RedisKey
 
     monkeypatch.setattr(wire, "RELISTEN_SECONDS", 0.1)
     ended: list[float] = []
     client = redis_client()
 
-    async def until(what) -> None:
-        for _ in range(200):
-            if what():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("not within 2 s")
-
     async def run() -> None:
-        holding = wire.Lending(Counters(django_settings.REDIS_URL), django_settings.REDIS_URL)
-        booker = wire.Lending(Counters(django_settings.REDIS_URL), django_settings.REDIS_URL)
-        client.zadd(_inflight_key(44), {"b4": time.time() + 60})
+        holding, booker = _two_gateways()
+        _borrowed_in_flight(44, "b4")
         await holding.lent(44, "b4", lambda: ended.append(time.perf_counter()))
-        await until(lambda: holding.listening)
+        assert await _until(lambda: holding.listening)
         # As a Redis restart would: the lent set is gone, and so is the listening connection.
-        from gateway.wire.counter_scripts import key
-
         client.delete(key(RedisKey.LENT, 44))
-        name = holding._published()
-        [listener] = [c for c in client.client_list() if c.get("name") == name]
+        [listener] = [c for c in client.client_list() if c.get("name") == holding._published()]
         client.client_kill_filter(_id=listener["id"])
-        await until(lambda: not holding.listening)
-        await until(lambda: holding.listening)
+        assert await _until(lambda: not holding.listening)
+        assert await _until(lambda: holding.listening)
         await asyncio.sleep(0.05)
         assert client.zscore(key(RedisKey.LENT, 44), "b4") is not None
-        assert await booker.make_room(44, 0) == ["b4"]
-        await until(lambda: bool(ended))
-        await holding.returned(44, "b4", marked=True)
+        await _booker_ends(holding, booker, 44, "b4", ended)
 
     asyncio.run(run())
     assert ended
-
-
-def _inflight_key(channel: int) -> str:
-    from gateway.wire.counter_scripts import key
-    from slotserve_base.vocabulary import RedisKey
-
-    return key(RedisKey.INFLIGHT, channel)
 
 
 def test_a_request_whose_turn_comes_after_the_slot_began_is_borrowed(gateway_url, world, standins):
