@@ -109,12 +109,6 @@ def publish_gate(channel_id: int, state: ProcessState, wanted: Wanted, now: date
         client.pexpire(gate, max(1, int(left * 1000)))  # Redis opens it then, with no tick to wait for
 
 
-# --- Heartbeat ------------------------------------------------------------------
-
-
-# --- State <-> row -----------------------------------------------------------------
-
-
 # --- Observe, act ------------------------------------------------------------------
 
 
@@ -306,13 +300,11 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
             runtime.places = None
         elif after.phase == Phase.READY:
             runtime.places = places_of(runtime)
-        # Stored before it is told: a process just started is the channel's even if telling
-        # fails (the database went away meanwhile).
+        # Stored before it is told: a process just started is the channel's if telling fails.
         store(runtime, after)
     except BaseException:
         if runtime.run_id and runtime.run_id != known_run and runtime.pid is not None:
-            # Started by this step and never stored: no channel names it, and this worker never
-            # takes its own children for strays. Stopped now; the next step starts it again.
+            # Started, never stored: nobody would stop it (strays are never this worker's children).
             log.warning("channel %s: run %s could not be recorded; stopping it", channel.name, runtime.run_id)
             processes.send(runtime.pid, signal.SIGKILL)
         raise
