@@ -168,7 +168,7 @@ class Lending:
                         if message is not None and message["type"] == "message":
                             for request_id in message["data"].decode().split():
                                 self._end(request_id)
-            except (RedisError, OSError) as problem:
+            except Exception as problem:  # noqa: BLE001 — a listener gone would leave its requests unwatched
                 self.listening = False
                 log.warning("gateway: not listening for preemptions (%s): looking for marks", problem)
                 until = loop.time() + RELISTEN_SECONDS
