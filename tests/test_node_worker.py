@@ -602,6 +602,8 @@ def test_a_process_started_by_a_step_that_cannot_be_stored_is_stopped_not_left_t
     def store(runtime, state):
         raise OperationalError("the database went away")
 
+    from channels_app.node_worker.rows import store as real_store
+
     monkeypatch.setattr(processes, "start", start)
     monkeypatch.setattr(worker, "store", store)
     with pytest.raises(OperationalError):
@@ -616,3 +618,11 @@ def test_a_process_started_by_a_step_that_cannot_be_stored_is_stopped_not_left_t
             return True
 
     assert eventually(gone, timeout=5), "the run no channel names still runs"
+    # Its load was recorded as begun and never finished; the next step's load ends it, so usage
+    # does not count the channel as loading from then on.
+    [orphan] = LoadRecord.objects.filter(channel=channel, finished__isnull=True)
+    monkeypatch.setattr(worker, "store", real_store)
+    runtime = converge(channel, until={Phase.READY})
+    orphan.refresh_from_db()
+    assert orphan.finished is not None and orphan.succeeded is False
+    assert runtime.load_id is not None and LoadRecord.objects.get(pk=runtime.load_id).succeeded is True

@@ -167,6 +167,10 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
     backend = Backend(model.backend)
     executable = executable_for(backend)
     log_dir = Path(settings.DATA_DIR) / "runs" / channel.name
+    # A load begun by a step that could not be stored never finished: it ends with this one.
+    LoadRecord.objects.filter(channel=channel, finished__isnull=True, started__lte=now).update(
+        finished=now, succeeded=False, error="never finished: the next load began"
+    )
     runtime.load = LoadRecord.objects.create(
         model=model, preset=preset, node=channel.node, channel=channel, started=now
     )
