@@ -60,9 +60,8 @@ class Places:
 
     def __init__(self, counters: Counters) -> None:
         self.counters = counters
-        self.lending = Lending(
-            counters, settings.REDIS_URL
-        )  # a lent slot's borrowed requests (docs/gateway.md)
+        # A lent slot's borrowed requests (docs/gateway.md).
+        self.lending = Lending(counters, settings.REDIS_URL)
         # channel → the futures of this gateway's requests waiting for a place there.
         self.waiting: dict[int, set[asyncio.Future[None]]] = {}
         # channel → (until when, requests that may still take a place without asking).

@@ -9,7 +9,7 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from gateway.rules.access import ChannelView, Refusal
+from gateway.rules.access import ChannelView, Refusal, borrowed
 from gateway.rules.body import dumps
 from gateway.rules.callers import Caller
 from gateway.stream.events import Usage
@@ -53,10 +53,8 @@ class Answer:
         """The request goes to ``channel``: its log record names the channel, the model that
         serves it and the booking it is served in."""
         self.channel_id, self.served = channel.id, channel.model or ""
-        booking = channel.booking  # a borrowed request: someone else's slot, lent (docs/gateway.md)
-        self.borrowed = (
-            booking is not None and self.caller is not None and booking.user_id != self.caller.user_id
-        )
+        # A borrowed request: someone else's slot, lent (docs/gateway.md).
+        self.borrowed = self.caller is not None and borrowed(self.caller.user_id, channel)
         self.connected = time.perf_counter()  # the fast lane says when its connection is in hand
         self.reservation_id = channel.booking.reservation_id if channel.booking else None
 

@@ -17,7 +17,7 @@ from gateway.admit.admission import Go
 from gateway.admit.places import POLL_SECONDS, Places
 from gateway.admit.refusals import queue_full, switching_refusal
 from gateway.admit.request import Asked
-from gateway.rules.access import Refusal
+from gateway.rules.access import Refusal, borrowed
 from gateway.rules.callers import Caller
 from gateway.rules.fair_queue import cost_of
 from gateway.stream.answer import Answer
@@ -86,7 +86,7 @@ async def wait_turn(
     is no longer held)."""
     channel = go.channel
     assert channel.places is not None
-    if channel.booking is not None and channel.booking.user_id != caller.user_id:
+    if borrowed(caller.user_id, channel):
         # Someone else's lent slot: the head of a borrowed answer says so, sent while it waits too.
         holding.headers = [*SSE_HEADERS, BORROWED_HEADER]
     request_id = places.counters.new_id()

@@ -47,13 +47,11 @@ async def forward(
     answer: Answer,
 ) -> None:
     booking = channel.booking
-    caller = answer.caller
-    assert caller is not None
     if booking is None or not booking.lends or channel.places is None:
         await relay_forward(gateway, receive, send, channel, outgoing, usage, entry, on_disconnect)
         return
     lending = gateway.places.lending
-    if booking.user_id == caller.user_id:
+    if not answer.borrowed:  # (``answer.goes_to`` knew)
         # The booker first: counted in, the borrowed requests that hold its place end.
         if await entry.settled():
             with contextlib.suppress(RedisError):
