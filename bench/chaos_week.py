@@ -978,6 +978,13 @@ def check_answers(lab: Lab) -> None:
 LATE_APPROVAL_SECONDS = 1.5
 # The longest a caller's request waits before the gateway decides it (the callers' X-SlotServe-Wait).
 REQUEST_WAIT_SECONDS = 60
+# The longest a caller's request runs once decided (what the checker looks back over).
+REQUEST_LONGEST_SECONDS = 600
+# A request someone else began before a slot ends within this of its start, where the slot lends
+# nothing: the gateway's look at its requests in flight (0.25 s) and its snapshot's age (1 s).
+SLOT_EDGE_SECONDS = 1.5
+# The booker's first token in their slot, with others' requests in flight, within this.
+BOOKER_FIRST_TOKEN_SECONDS = 2.0
 
 
 def check_slots(lab: Lab) -> dict[str, int]:
@@ -1004,31 +1011,55 @@ def check_slots(lab: Lab) -> dict[str, int]:
                 )
         approved = slot.reviewed_at or slot.created
         holds_from = max(slot.start, approved + timedelta(seconds=LATE_APPROVAL_SECONDS))
-        # A request is judged at the moment the gateway decided it (its arrival and decided_ms:
-        # it may have waited for a snapshot or its turn), which only comes later than its arrival.
+        # A request is judged by when it was served: from the moment the gateway decided it (its
+        # arrival and decided_ms: it may have waited for a snapshot or its turn) to its end. One
+        # decided before the slot that ran on into it must have become borrowed (a slot that
+        # lends) or ended at the slot's edge (docs/gateway.md, "A slot's first second").
         others = RequestLog.objects.filter(
             channel_id=slot.channel_id,
             status=200,
-            at__gte=holds_from - timedelta(seconds=REQUEST_WAIT_SECONDS),
+            at__gte=holds_from - timedelta(seconds=REQUEST_WAIT_SECONDS + REQUEST_LONGEST_SECONDS),
             at__lt=slot.end,
         ).exclude(user_id=slot.user_id)
         found = 0
+        served: list[tuple[datetime, datetime]] = []  # others' requests served in the slot
         for row in others.select_related("user"):
             decided = row.at + timedelta(milliseconds=row.decided_ms or 0)
-            if not holds_from <= decided < slot.end or found == 5:
+            ended = row.at + timedelta(milliseconds=row.duration_ms)
+            if decided >= slot.end or ended <= holds_from:
                 continue
+            served.append((row.at, ended))
             if lends and row.borrowed and slot.model is not None and row.served_model == slot.model.name:
                 continue  # borrowed while the booker was idle, as the booker chose
+            if decided < holds_from and ended <= holds_from + timedelta(seconds=SLOT_EDGE_SECONDS):
+                continue  # begun before the slot, ended at its edge
+            if found == 5:
+                continue
             found += 1
+            into = "was let onto" if decided >= holds_from else "ran on into"
             lab.violated(
                 1,
-                decided.timestamp(),
-                f"{row.user.username} was let onto channel {slot.channel_id} "
+                max(decided, holds_from).timestamp(),
+                f"{row.user.username} {into} channel {slot.channel_id} "
                 f"{(decided - slot.start).total_seconds():.2f} s into {slot.user.username}'s slot {slot.pk} "
                 f"({row.method} {row.path} for {row.model}, served {row.served_model}, in booking "
                 f"{row.reservation_id}, arrived {(row.at - slot.start).total_seconds():.2f} s into it, "
-                f"{row.duration_ms:.0f} ms, request {row.request_id})",
+                f"{row.duration_ms:.0f} ms, ended {(ended - slot.start).total_seconds():.2f} s into it, "
+                f"request {row.request_id})",
             )
+        # The booker's wait is judged by their first token: none waits behind another's request.
+        late = RequestLog.objects.filter(
+            reservation_id=slot.pk, ttft_ms__gt=BOOKER_FIRST_TOKEN_SECONDS * 1000
+        ).order_by("at")
+        for row in late[:5]:
+            behind = [span for span in served if span[0] <= row.at < span[1]]
+            if behind:
+                lab.violated(
+                    1,
+                    row.at.timestamp(),
+                    f"{slot.user.username}'s request {row.request_id} in their slot {slot.pk} had its first "
+                    f"token after {row.ttft_ms:.0f} ms, with {len(behind)} request(s) of others' in flight",
+                )
     borrowed = RequestLog.objects.filter(borrowed=True)
     return {
         "borrowed": borrowed.count(),

@@ -27,3 +27,10 @@ class ChannelsAppConfig(AppConfig):
 
         happened.connect(on_happening, sender=Happening, dispatch_uid="channels_app.story.on_happening")
         post_migrate.connect(register_tick, sender=self, dispatch_uid="slotserve_register_tick")
+        # A channel's only allowed group is never deleted (a restriction never fails open).
+        from django.contrib.auth.models import Group
+        from django.db.models.signals import pre_delete
+
+        from channels_app.inventory.groups import before_group_deleted
+
+        pre_delete.connect(before_group_deleted, sender=Group, dispatch_uid="slotserve-group-deleted")

@@ -6,10 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.forms import AdminUserCreationForm, UsernameField
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, User
 from django.http import HttpRequest, HttpResponse
+
+from channels_app.inventory.groups import channels_only_allowing, refusal
 
 
 class PersonCreationForm(AdminUserCreationForm):
@@ -64,3 +66,20 @@ class PersonAdmin(UserAdmin[User]):
                 "one below.",
             )
         return super().change_view(request, object_id, form_url, extra_context)
+
+
+admin.site.unregister(Group)
+
+
+@admin.register(Group)
+class LabGroupAdmin(GroupAdmin):
+    """Groups, deleted safely: the admin shows the channels whose only allowed group one is as
+    what keeps it, and deletes nothing (``channels_app.inventory.groups``)."""
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        for group in objs:
+            alone = channels_only_allowing([group])
+            if alone:
+                protected = [*protected, refusal(group, alone)]
+        return deleted, counts, perms_needed, protected

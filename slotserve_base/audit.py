@@ -3,6 +3,7 @@ audit trail"): a service that changes rows with ``QuerySet.update`` records the 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.db.models import Model
@@ -25,3 +26,12 @@ def audited(instance: Model, before: dict[str, Any], after: dict[str, Any]) -> N
 def _text(value: Any) -> str:
     """As django-auditlog writes a value: ``None`` as "None", others as ``str``."""
     return "None" if value is None else str(value)
+
+
+def removed_with(deleted: Model, owners: Iterable[Model], name: str) -> None:
+    """``deleted`` goes, and with it its place in each owner's many-to-many field ``name`` (a
+    deletion removes such rows without a signal): recorded on each owner, as a removal."""
+    from auditlog.models import LogEntry
+
+    for owner in owners:
+        LogEntry.objects.log_m2m_changes([deleted], owner, "delete", name)

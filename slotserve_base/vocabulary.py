@@ -120,6 +120,7 @@ class ErrorCode(models.TextChoices):
     QUEUE_FULL = "queue_full"  # the caller has as many requests waiting for a channel as they may
     CHANNEL_QUEUE_FULL = "channel_queue_full"  # the channel's queue holds as many as it may
     NODE_NOT_READY = "node_not_ready"  # the channel's node worker is not reporting: nothing loads
+    SLOT_BEGAN = "slot_began"  # someone else's slot began while the request ran, and it lends nothing
 
 
 class RedisKey(models.TextChoices):

@@ -6,6 +6,7 @@ admin; a change with no request behind it (a task, a command) says "system"."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -39,13 +40,29 @@ class AuditMiddleware:
             user = getattr(request, "user", None)
             return user if user is not None and user.is_authenticated else None
 
-        context = {"actor": SimpleLazyObject(actor), "additional_data": lambda: via(request)}
+        def extra() -> dict[str, str]:
+            # Who acted, by name and email, kept on the entry: it outlives their account.
+            user = actor()
+            who = {"who": user.get_username(), "email": user.email or ""} if user is not None else {}
+            return {**via(request), **who}
+
+        context = {"actor": SimpleLazyObject(actor), "additional_data": extra}
         with set_extra_data(context_data=context):
             return self.get_response(request)
 
 
+# Secrets are recorded as having changed, never their value nor any part of it: the entry keeps
+# "(set)" or "(none)", and reads as these words (``audit_views``).
+SECRET_FIELDS = {"password": "password changed", "secret": "new secret"}
+
+
+def hidden(value: str) -> str:
+    """A secret's value as an entry keeps it (django-auditlog's ``mask_callable``)."""
+    return "(none)" if value in ("", "None") or value.startswith("!") else "(set)"
+
+
 # What is recorded: the settings people change, not what the system keeps moving (heartbeats,
-# phases, counters, hashes of secrets).
+# phases, counters); secrets as changed, never their values or hashes.
 AUDITED: dict[str, dict[str, Any]] = {
     "channels_app.Channel": {
         "include_fields": [f for f in CHANNEL_SETTINGS if f != "allowed_groups"],
@@ -75,8 +92,22 @@ AUDITED: dict[str, dict[str, Any]] = {
     },
     "reservations.GroupPolicy": {"include_fields": ["group", "share_weight"], "m2m_fields": {"approvers"}},
     "webhooks.Webhook": {
-        "include_fields": ["owner", "name", "url", "events", "scope", "body", "paused_at", "paused_reason"],
+        "include_fields": [
+            "owner",
+            "name",
+            "url",
+            "events",
+            "scope",
+            "body",
+            "paused_at",
+            "paused_reason",
+            "secret",
+        ],
+        "mask_fields": ["secret"],
         "m2m_fields": {"channels"},
+    },
+    "gateway.SharingLimits": {
+        "include_fields": ["user", "max_concurrent", "requests_per_minute", "weekly_tokens"]
     },
     "gateway.ApiKey": {
         "include_fields": [
@@ -101,18 +132,61 @@ AUDITED: dict[str, dict[str, Any]] = {
             "is_active",
             "is_staff",
             "is_superuser",
+            "password",
         ],
-        "m2m_fields": {"groups"},
+        "mask_fields": ["password"],
+        "m2m_fields": {"groups", "user_permissions"},
     },
-    "auth.Group": {"include_fields": ["name"]},
+    "auth.Group": {"include_fields": ["name"], "m2m_fields": {"permissions"}},
 }
 
 
 def register_audited() -> None:
     from auditlog.registry import auditlog
     from django.apps import apps
+    from django.db.models.signals import m2m_changed
 
     for label, options in AUDITED.items():
         model = apps.get_model(label)
         if not auditlog.contains(model):
-            auditlog.register(model, **options)
+            # Many-to-many changes are recorded here (``_m2m_changed``), not by django-auditlog,
+            # which records a ``clear()`` as every object of the related model.
+            m2m = options.get("m2m_fields", set())
+            mask = {"mask_callable": "slotserve_site.audit.hidden"} if options.get("mask_fields") else {}
+            auditlog.register(model, **{k: v for k, v in options.items() if k != "m2m_fields"}, **mask)
+            for name in m2m:
+                m2m_changed.connect(
+                    functools.partial(_m2m_changed, name),
+                    sender=getattr(model, name).through,
+                    weak=False,
+                    dispatch_uid=f"slotserve-audit-{label}-{name}",
+                )
+
+
+def _m2m_changed(
+    name: str, sender: Any, instance: Any, action: str, reverse: bool, model: Any, pk_set: Any, **_: Any
+) -> None:
+    """A many-to-many change, recorded on the object that owns the field as what was added or
+    removed, by name: from either side (``ana.groups.add(lab)`` or ``lab.user_set.add(ana)``),
+    and a ``clear()`` as what it held."""
+    from auditlog.models import LogEntry
+
+    if action == "pre_clear":
+        # What is about to go: the related objects (forward), or the owners (reverse).
+        held = (
+            list(model.objects.filter(**{name: instance})) if reverse else list(getattr(instance, name).all())
+        )
+        instance._audit_cleared = held
+        return
+    if action not in ("post_add", "post_remove", "post_clear"):
+        return
+    operation = "add" if action == "post_add" else "delete"
+    if action == "post_clear":
+        changed = instance.__dict__.pop("_audit_cleared", [])
+    else:
+        changed = list(model.objects.filter(pk__in=pk_set or ()))
+    if not reverse:
+        LogEntry.objects.log_m2m_changes(changed, instance, operation, name)
+        return
+    for owner in changed:  # the forward objects whose field changed
+        LogEntry.objects.log_m2m_changes([instance], owner, operation, name)

@@ -11,7 +11,7 @@ from auditlog.models import LogEntry
 from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import FieldDoesNotExist
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import render
 from rest_framework import permissions, serializers, viewsets
@@ -19,6 +19,7 @@ from rest_framework.pagination import LimitOffsetPagination
 
 from slotserve_base.csv_stream import csv_response
 from slotserve_base.iso import UtcDateTimeField, iso_moment
+from slotserve_site.audit import SECRET_FIELDS
 
 ACTIONS = {
     LogEntry.Action.CREATE: "created",
@@ -28,7 +29,9 @@ ACTIONS = {
 
 
 class AuditFilter(django_filters.FilterSet):
-    who = django_filters.CharFilter(field_name="actor__username", help_text="who made the change (username)")
+    who = django_filters.CharFilter(
+        method="by_who", help_text="who made the change (username; kept after their account is deleted)"
+    )
     what = django_filters.CharFilter(
         field_name="content_type__model", help_text="what kind: channel, override…"
     )
@@ -41,6 +44,9 @@ class AuditFilter(django_filters.FilterSet):
     class Meta:
         model = LogEntry
         fields = ["who", "what", "object", "since", "until"]
+
+    def by_who(self, queryset: QuerySet[LogEntry], name: str, value: str) -> QuerySet[LogEntry]:
+        return queryset.filter(Q(actor__username=value) | Q(additional_data__who=value))
 
 
 def trail() -> QuerySet[LogEntry]:
@@ -55,7 +61,9 @@ def row_of(entry: LogEntry) -> dict[str, Any]:
     return {
         "id": entry.pk,
         "at": entry.timestamp,
-        "who": entry.actor.get_username() if entry.actor else "",
+        # The name kept on the entry: the account may have been deleted since.
+        "who": entry.actor.get_username() if entry.actor else str(extra.get("who", "")),
+        "email": entry.actor_email or str(extra.get("email", "")),
         "via": extra.get("via", "system"),
         "key": extra.get("key", ""),
         "action": ACTIONS.get(entry.action, str(entry.action)),
@@ -71,10 +79,20 @@ def _shown(entry: LogEntry) -> dict[str, Any]:
     raw values, ids and codes, stay in ``changes``)."""
     raw, display = entry.changes_dict, entry.changes_display_dict
     model = entry.content_type.model_class() if entry.content_type else None
-    shown = {}
+    shown: dict[str, Any] = {}
     for name, change in raw.items():
+        if isinstance(change, dict) and change.get("type") == "m2m":
+            # A many-to-many change: what was added or removed, by name.
+            done = "added" if change.get("operation") == "add" else "removed"
+            shown[name] = ["", f"{done}: " + ", ".join(str(o) for o in change.get("objects", []))]
+            continue
+        if name in SECRET_FIELDS and isinstance(change, list) and len(change) == 2:
+            # Kept as "(set)" or "(none)", never the value: said in words.
+            shown[name] = ["", "removed" if change[1] == "(none)" else SECRET_FIELDS[name]]
+            continue
         try:
-            verbose = str(model._meta.get_field(name).verbose_name) if model else name
+            # (a relation's other side, or a fact of its own such as a reload, has no label)
+            verbose = str(getattr(model._meta.get_field(name), "verbose_name", name)) if model else name
         except FieldDoesNotExist:  # a field since removed
             verbose = name
         shown[name] = display.get(verbose, change)
@@ -86,7 +104,8 @@ class AuditOutput(serializers.Serializer[LogEntry]):
 
     id = serializers.IntegerField()
     at = UtcDateTimeField()
-    who = serializers.CharField(help_text="empty for a task or a command")
+    who = serializers.CharField(help_text="empty for a task or a command; kept after the account is deleted")
+    email = serializers.CharField(help_text="who's email when they acted")
     via = serializers.CharField(help_text="portal, api, admin or system")
     key = serializers.CharField(help_text="the API key's name, for a change through the API")
     action = serializers.CharField(help_text="created, changed or deleted")
@@ -134,7 +153,7 @@ def audit_page(request: HttpRequest) -> HttpResponse:
     )
 
 
-CSV_FIELDS = ["at", "who", "via", "key", "action", "what", "object", "changes"]
+CSV_FIELDS = ["at", "who", "email", "via", "key", "action", "what", "object", "changes"]
 
 
 @staff_member_required
@@ -150,6 +169,7 @@ def audit_csv(request: HttpRequest) -> HttpResponseBase:
             yield [
                 iso_moment(row["at"]),
                 row["who"],
+                row["email"],
                 row["via"],
                 row["key"],
                 row["action"],

@@ -29,6 +29,7 @@ from channels_app.models import (
 from channels_app.scheduling import selectors
 from channels_app.scheduling.decision import Decision, PlanSegment, decide, decide_at, plan
 from slotserve_base import dispatch, overview
+from slotserve_base.audit import audited
 from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InvalidInput
 from slotserve_base.iso import iso_moment
@@ -201,6 +202,7 @@ def channel_reload(*, channel: Channel, now: datetime, by: User | None = None) -
             generation=F("generation") + 1, requested_at=now, requested_by=by
         )
         generation = ReloadRequest.objects.values_list("generation", flat=True).get(channel=channel)
+        audited(channel, {"reload": None}, {"reload": f"requested (#{generation})"})  # the trail
         story.told(channel.pk, now, StoryKind.RELOAD, by=by.get_username() if by else None)
         node_name = channel.node.name
         # The node acts now, not at its next tick.

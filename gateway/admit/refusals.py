@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import math
 from contextvars import ContextVar
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, tzinfo
 
 from django.conf import settings
 
 from gateway.admit.request import with_switching
-from gateway.rules.access import ChannelView, Refusal, admit
+from gateway.rules.access import ChannelView, Refusal, admit, told_at
 from gateway.rules.callers import Caller
 from gateway.types import Send
 from gateway.wire.counter_scripts import OverLimit, week_start
@@ -180,9 +180,40 @@ def preempted(channel: ChannelView) -> Refusal:
 def preempted_event(channel: ChannelView) -> bytes:
     """The last event of a borrowed stream ended by the booker's request, in the caller's API's
     shape."""
-    refusal = preempted(channel)
-    event = json.loads(error_body(refusal.status, refusal.code, refusal.message))
-    return b"data: " + json.dumps(event).encode() + b"\n\n"
+    return event_of(preempted(channel))
+
+
+def event_of(refusal: Refusal, flavour: str | None = None) -> bytes:
+    """A refusal as the last event of a stream, in the caller's API's shape."""
+    return b"data: " + error_body(refusal.status, refusal.code, refusal.message, flavour) + b"\n\n"
+
+
+def ended_at_slot(channel: ChannelView, *, borrowed_now: bool, zone: tzinfo) -> Refusal:
+    """Why a request in flight ends at a slot's edge (docs/gateway.md, "A slot's first second"):
+    someone else's slot began and lends nothing (``slot_began``, to try again at its end), or
+    the slot it borrowed stopped lending (``preempted_by_booker``). Either way what it was sent
+    is counted to its caller, not what it asked for."""
+    booking = channel.booking
+    assert booking is not None
+    if borrowed_now:
+        return Refusal(
+            503,
+            ErrorCode.PREEMPTED_BY_BOOKER,
+            f"channel {channel.name}'s booker stopped lending their slot: your borrowed request was "
+            "ended (what it was sent is counted to you)",
+            PREEMPTED_RETRY_AFTER,
+            channel.id,
+        )
+    began = booking.start or booking.end
+    return Refusal(
+        503,
+        ErrorCode.SLOT_BEGAN,
+        f"channel {channel.name} is reserved by someone else from {told_at(began, zone)} "
+        f"until {told_at(booking.end, zone)}: your request, begun before, was ended as the slot began "
+        "(what it was sent is counted to you)",
+        max(1, math.ceil((booking.end - began).total_seconds())),
+        channel.id,
+    )
 
 
 def refusal_after_count_in(

@@ -137,6 +137,28 @@ def borrowed(caller_id: int, channel: ChannelView) -> bool:
     return channel.booking is not None and channel.booking.user_id != caller_id
 
 
+class Stay:
+    """What becomes of a request in flight on a channel at a slot's edge (``staying``)."""
+
+    ON = "on"  # it goes on as it is
+    BORROWED = "borrowed"  # it goes on, borrowed: the booker's requests may end it
+    ENDS = "ends"  # it ends now
+
+
+def staying(*, caller_id: int, borrowed_now: bool, channel: ChannelView) -> str:
+    """Whether a request of ``caller_id`` already in flight on ``channel`` (as of now,
+    ``as_of``) may go on (docs/gateway.md, "A slot's first second"). A slot is its booker's from
+    its first moment: someone else's request begun before it becomes borrowed where the slot
+    lends its running model now, and ends where it does not; a borrowed request ends when its
+    slot stops lending. Outside slots, and for the booker, requests go on."""
+    booking = channel.booking
+    if booking is None or booking.user_id == caller_id:
+        return Stay.ON
+    if lends_to(caller_id, channel):
+        return Stay.ON if borrowed_now else Stay.BORROWED
+    return Stay.ENDS
+
+
 def admit(*, caller_id: int, channel: ChannelView, now: datetime, zone: tzinfo = UTC) -> Refusal | None:
     """The access table (docs/gateway.md) for one caller and one channel; None means allowed.
     Times are told in the caller's ``zone``, the instant beside them; a refusal names the channel."""

@@ -32,6 +32,7 @@ from gateway.admit.places import takes_place
 from gateway.admit.refusals import (
     broke_off,
     did_not_answer,
+    event_of,
     process_failed_event,
     refusal_answer,
     unreachable,
@@ -52,6 +53,7 @@ from gateway.serve.proxy import Gateway
 from gateway.stream.answer import Answer
 from gateway.stream.events import Events, Usage
 from gateway.stream.outgoing import Outgoing, passed_on
+from gateway.stream.tenancy import Flight
 from gateway.wire.counter_scripts import OverLimit
 from gateway.wire.upstream import Connection, UpstreamTransport
 
@@ -114,6 +116,9 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
         gateway, cycle, upstream, channel, caller, answer, streaming, strip_usage, Usage.asking(request.body)
     )
     exchange.request = upstream.request_bytes(b"POST", target, headers, content)
+    # Watched for a slot's edge while it is in flight (``gateway.stream.tenancy``).
+    exchange.flight = Flight(caller.user_id, caller.zone, answer, exchange.cut)
+    gateway.tenancy.took_off(channel.id, exchange.flight)
     connection = upstream.idle_connection()
     if connection is not None:
         exchange.send(connection)
@@ -166,6 +171,7 @@ class Exchange:
         self.ended = False
         self.retried = False
         self.paused = False  # reading from the process waits for the client to take its bytes
+        self.flight: Flight | None = None
         cycle.on_disconnect(self.client_left)
 
     # The callbacks
@@ -199,6 +205,8 @@ class Exchange:
             self._broke()
             raise
         self.counted = self.request_id is not None
+        if self.flight is not None:
+            self.flight.request_id = self.request_id
         if self.ended:  # the client left meanwhile
             if self.counted:
                 self._count_out()
@@ -226,9 +234,27 @@ class Exchange:
         if self.ended:
             return
         self.ended = True
+        self._landed()
         self._stop_upstream()
         if self.counted:
             self._count_out()
+
+    def cut(self, why: Refusal) -> None:
+        """Ended at a slot's edge or by the booker's request (``gateway.stream.tenancy``): the
+        process's work is cancelled and the client told ``why``, as the answer's whole or as its
+        stream's last event; what it was sent is counted, not what it asked for."""
+        if self.ended:
+            return
+        self.usage.asked = 0
+        self._stop_upstream()
+        self.connection = None
+        if not self.begun:
+            self._answer_whole(*self._refusal(why))
+            return
+        self.answer.refused(why, self.channel.id)
+        tail = self.events.flush() if self.events is not None else b""
+        self._write(tail + event_of(why, self.flavour), more=False)
+        self._end()
 
     def resume(self) -> None:
         """The client took what it was sent: read on from the process."""
@@ -339,6 +365,7 @@ class Exchange:
         """The answer is out: the connection goes back to the pool and the request is counted out
         (an answer that was never counted in is counted for /metrics and the log)."""
         self.ended = True
+        self._landed()
         connection = self.connection
         if connection is not None:
             connection.listener = None
@@ -372,6 +399,11 @@ class Exchange:
             record=answer.record(self.request_id, self.usage),
         )
 
+    def _landed(self) -> None:
+        if self.flight is not None:
+            self.gateway.tenancy.landed(self.channel.id, self.flight)
+            self.flight = None
+
     def _stop_upstream(self) -> None:
         """Close the process's connection: it sees the request cancelled."""
         connection = self.connection
@@ -386,6 +418,7 @@ class Exchange:
         """Something unforeseen: the process's work stops, the client gets a 500 or a cut."""
         if not self.ended:
             self.ended = True
+            self._landed()
             self._stop_upstream()
             self.cycle.abandon()
             if self.counted:

@@ -67,6 +67,7 @@ from gateway.stream.holding import Holding, wait_turn
 from gateway.stream.lent import forward
 from gateway.stream.outgoing import Outgoing
 from gateway.stream.relay import ON_DISCONNECT, adding_headers, continuing_stream, without_body
+from gateway.stream.tenancy import Tenancy
 from gateway.types import Receive, Scope, Send
 from gateway.wire.counter_scripts import OverLimit
 from gateway.wire.counters import HELD_TTL_SECONDS, Counters
@@ -85,6 +86,8 @@ class Gateway:
         self.snapshots = SnapshotCache(settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS)
         self.counters = Counters(settings.REDIS_URL)
         self.places = Places(self.counters)
+        # Every request in flight in this process, watched for a slot's edge.
+        self.tenancy = Tenancy(self.snapshots, self.places.lending)
         self.upstreams: dict[str, UpstreamTransport] = {}
         self.max_body = settings.SLOTSERVE_GATEWAY_MAX_BODY_BYTES
         self.max_wait = settings.SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS
@@ -321,7 +324,7 @@ class Gateway:
         outgoing = Outgoing.of(request, scope["method"], scope.get("query_string", b""))
         try:
             on_disconnect = (scope.get("extensions") or {}).get(ON_DISCONNECT)
-            await forward(self, receive, send, channel, outgoing, usage, entry, on_disconnect, answer)
+            await forward(self, receive, send, channel, outgoing, usage, entry, on_disconnect, answer, caller)
         finally:
             if entry.pending is not None:  # the client left before the count in was known
                 with contextlib.suppress(RedisError):

@@ -15,12 +15,12 @@ from gateway.admit.admission import Entry, cancel_unless_counted, settled
 from gateway.admit.refusals import (
     broke_off,
     did_not_answer,
+    event_of,
     preempted,
-    preempted_event,
     process_failed_event,
     refuse,
 )
-from gateway.rules.access import ChannelView
+from gateway.rules.access import ChannelView, Refusal
 from gateway.rules.body import loads
 from gateway.stream.events import Events, Usage
 from gateway.stream.outgoing import Outgoing, passed_on
@@ -29,16 +29,23 @@ from gateway.wire.upstream import Cancel, Reply, Upstreams
 
 
 class Preemption:
-    """A borrowed request that its booker's requests may end (docs/gateway.md, "Lending"): its
-    process's work is cancelled, and its caller told so instead of nothing."""
+    """A request that may be ended while it runs: a borrowed one by its booker's requests
+    (docs/gateway.md, "Lending"), someone else's at a slot's first moment ("A slot's first
+    second"). Its process's work is cancelled, and its caller told why instead of nothing."""
 
     def __init__(self, channel: ChannelView) -> None:
         self.channel = channel
         self.cancel: Cancel | None = None
-        self.ended = False
+        self.why: Refusal | None = None
 
-    def end(self) -> None:
-        self.ended = True
+    @property
+    def ended(self) -> bool:
+        return self.why is not None
+
+    def end(self, why: Refusal | None = None) -> None:
+        if self.why is not None:
+            return
+        self.why = why or preempted(self.channel)
         if self.cancel is not None:
             self.cancel.fire()
 
@@ -72,8 +79,8 @@ async def forward(
         except httpx.HTTPError as exc:
             if not await settled(entry, cancel):
                 await refuse(send, entry.refused())
-            elif preemption is not None and preemption.ended:
-                await refuse(send, preempted(channel))
+            elif preemption is not None and preemption.why is not None:
+                await refuse(send, preemption.why)
             elif not cancel.fired:
                 await refuse(send, did_not_answer(channel, exc))
             return
@@ -109,8 +116,8 @@ async def relay(
         try:
             content = await response.aread()
         except httpx.HTTPError as exc:
-            if preemption is not None and preemption.ended:
-                await refuse(send, preempted(channel))
+            if preemption is not None and preemption.why is not None:
+                await refuse(send, preemption.why)
             elif not cancel.fired:
                 await refuse(send, broke_off(channel, exc))
             return
@@ -135,9 +142,9 @@ async def relay(
             elif chunk:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except httpx.HTTPError as exc:
-        if preemption is not None and preemption.ended:
+        if preemption is not None and preemption.why is not None:
             stop_watching()
-            tail = (events.flush() if events is not None else b"") + preempted_event(channel)
+            tail = (events.flush() if events is not None else b"") + event_of(preemption.why)
             await send({"type": "http.response.body", "body": tail})
             return
         if cancel.fired:
