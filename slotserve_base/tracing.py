@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +74,46 @@ def start_web() -> bool:
         return False
     from opentelemetry.instrumentation.django import DjangoInstrumentor
 
-    DjangoInstrumentor().instrument()
+    DjangoInstrumentor().instrument(request_hook=scrub)
     return True
+
+
+# Paths that carry a secret (docs/metrics.md, "Traces"): the calendar feed's token, a
+# password-reset link's token. Their secret part is told as "…" in every exported attribute.
+SECRET_PATHS = [
+    (re.compile(r"^(/calendar/)[^/]+(\.ics)$"), r"\1…\2"),
+    (re.compile(r"^(/accounts/reset/[^/]+/)(?!set-password/$)[^/]+(/)$"), r"\1…\2"),
+]
+# The span attributes that hold a request's path or its URL (old and new semantic conventions).
+PATH_ATTRIBUTES = ("http.target", "url.path")
+URL_ATTRIBUTES = ("http.url", "url.full")
+
+
+def scrubbed(path: str) -> str:
+    """``path`` as a trace may keep it: its secret part told as "…", no query string (a sign-in's
+    code, a token passed as a parameter)."""
+    path = path.split("?", 1)[0]
+    for pattern, replacement in SECRET_PATHS:
+        path = pattern.sub(replacement, path)
+    return path
+
+
+def scrub(span: Any, request: Any) -> None:
+    """The Django instrumentation's ``request_hook``: the request's span keeps its path scrubbed
+    (``scrubbed``) in every attribute that held it, before anything is exported."""
+    if not span.is_recording():
+        return
+    path = scrubbed(request.path)
+    attributes = getattr(span, "attributes", None) or {}
+    for name in PATH_ATTRIBUTES:
+        if name in attributes:
+            span.set_attribute(name, path)
+    for name in URL_ATTRIBUTES:
+        if name in attributes:
+            host = str(request.META.get("HTTP_HOST") or request.META.get("SERVER_NAME", ""))
+            span.set_attribute(name, f"{request.scheme}://{host}{path}")
+    if "url.query" in attributes:
+        span.set_attribute("url.query", "")
 
 
 def start_worker() -> bool:

@@ -201,3 +201,59 @@ def test_web_requests_and_tasks_are_traced_when_the_variables_ask(tmp_path):
                 os.killpg(child.pid, signal.SIGTERM)
             for child in started:
                 child.wait(timeout=30)
+
+
+def test_no_trace_carries_a_secret_of_a_path_or_a_query(tmp_path):
+    """The calendar feed's token and a password-reset link's token travel in their paths, a
+    sign-in's code in a query string: the web process's spans carry none of them, scrubbed
+    before they are exported."""
+    feed, reset, code = (
+        "feedtoken" + uuid.uuid4().hex,
+        "resettoken-" + uuid.uuid4().hex[:20],
+        uuid.uuid4().hex,
+    )
+    with OtlpReceiver() as receiver:
+        env = _env(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="100")
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+        port = free_port()
+        log = (tmp_path / "web.log").open("w")
+        web = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "slotserve_site.asgi:application", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+
+            def up() -> bool:
+                try:
+                    return httpx.get(f"{url}/accounts/login/", timeout=5).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            assert eventually(up, timeout=60, every=0.3), (tmp_path / "web.log").read_text()[-2000:]
+            asked = [f"/calendar/{feed}.ics", f"/accounts/reset/MQ/{reset}/", f"/accounts/login/?code={code}"]
+            for path in asked:
+                httpx.get(url + path, timeout=10)
+
+            def traced() -> bool:
+                return (
+                    sum(
+                        "calendar" in s.name or "reset" in s.name or "login" in s.name for s in receiver.spans
+                    )
+                    >= 4
+                )
+
+            assert eventually(traced, timeout=60, every=0.3), sorted(s.name for s in receiver.spans)
+            exported = b"".join(receiver.bodies)
+            for secret in (feed, reset, code):
+                assert secret.encode() not in exported, secret
+            # What is left still says which page it was.
+            targets = {str(s.attributes.get("http.target", "")) for s in receiver.spans}
+            assert "/calendar/…" + ".ics" in targets and "/accounts/reset/MQ/…/" in targets, targets
+        finally:
+            os.killpg(web.pid, signal.SIGTERM)
+            web.wait(timeout=30)
