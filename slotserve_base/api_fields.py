@@ -88,10 +88,15 @@ def moment_param(request: Request, name: str, default: datetime | None = None) -
     return value
 
 
+# The largest id a database row may have (a signed 64-bit integer, PostgreSQL's bigint).
+MAX_ID = 2**63 - 1
+
+
 def is_id(text: str) -> bool:
-    """Whether ``text`` is a whole number ``int()`` reads: ASCII digits only ("²" and "١" pass
-    ``str.isdigit`` and fail ``int``)."""
-    return text.isascii() and text.isdigit()
+    """Whether ``text`` is a row's id: ASCII digits only ("²" passes ``str.isdigit`` and fails
+    ``int``; "١" is read by ``int`` as 1), within the database's integer (a larger one would
+    fail the query, not find nothing)."""
+    return text.isascii() and text.isdigit() and int(text) <= MAX_ID
 
 
 def current_user(request: Request) -> User:

@@ -283,3 +283,40 @@ def test_a_channel_whose_model_was_deleted_answers_a_clear_error(gateway_url, st
     )
     assert answer.status_code in {404, 503}, answer.text
     assert answer.json()["error"]["code"] in {"model_not_loaded", "model_loading"}
+
+
+BIG_ID = "9" * 20  # beyond any database's integer
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "path",
+    [
+        f"/api/requests/?channel={BIG_ID}",
+        f"/api/requests/?user={BIG_ID}",
+        f"/api/reservations/?channel={BIG_ID}",
+        f"/api/requests/csv?channel={BIG_ID}",
+        f"/requests/?channel={BIG_ID}",
+        f"/requests/?user={BIG_ID}",
+    ],
+)
+def test_an_id_beyond_the_databases_integer_finds_nothing(world, staff, path):
+    client = Client()
+    client.force_login(staff)
+    answer = client.get(path)
+    body = b"".join(answer.streaming_content) if answer.streaming else answer.content  # type: ignore[attr-defined]
+    assert answer.status_code in (200, 400), body[:500]
+    if answer.status_code == 200 and path.startswith("/api/") and "csv" not in path:
+        found = json.loads(body)
+        assert (found["count"] if isinstance(found, dict) else len(found)) == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("booking", ["²", "١", BIG_ID, "-1", "1.5"])
+def test_a_storys_booking_that_is_no_id_is_a_named_400(world, staff, booking):
+    client = Client()
+    client.force_login(staff)
+    for path in (f"/api/channels/{world.channel.pk}/story", f"/channel/{world.channel.pk}/story"):
+        answer = client.get(path, {"booking": booking})
+        assert answer.status_code in (400, 404), (path, answer.status_code)
+        assert b"booking" in answer.content

@@ -561,3 +561,17 @@ def test_out_of_memory_advice_speaks_each_backends_options(backend, advice, not_
     assert "ran out of memory" in text
     assert all(option in text for option in advice), text
     assert not any(option in text.split() for option in not_advice), text
+
+
+def test_a_failures_reason_says_the_error_not_the_command_line():
+    """The run log begins with the command (staff read it there); the reason everyone reads on
+    the channel's card and in its story tells the error, not the paths and port of the command."""
+    tail = (
+        "$ /opt/llama/llama-server -m /models/private/qwen.gguf --host 127.0.0.1 --port 41234 --foo\n"
+        "error: invalid argument: --foo\n"
+    )
+    said = explain_failure(exit_code=1, log_tail=tail)
+    assert "invalid argument: --foo" in said
+    assert "/models/private" not in said and "41234" not in said and "$ " not in said
+    only_command = explain_failure(exit_code=1, log_tail="$ /opt/llama/llama-server --port 41234\n")
+    assert only_command == "The process exited with status 1." and "41234" not in only_command

@@ -402,3 +402,53 @@ def test_the_story_reads_on_a_desk_and_on_a_phone(browser, live_server, tiny, an
     page.set_viewport_size({"width": 390, "height": 844})
     assert page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
     shot(page, "phone-story")
+
+
+@pytest.mark.django_db
+def test_a_member_reads_only_the_bookings_they_could_see_elsewhere_and_a_cancelled_one_says_so(tiny, ana, bo):
+    from reservations.models import ReservationStatus
+
+    channel = factories.channel(default=tiny.small)
+    now = timezone.now()
+    made = {}
+    for hours, status in enumerate(("cancelled", "rejected", "pending", "approved"), start=1):
+        made[status] = factories.reservation(
+            owner=bo,
+            on=channel,
+            start=now + timedelta(hours=hours),
+            end=now + timedelta(hours=hours, minutes=30),
+            target=tiny.big,
+            status=getattr(ReservationStatus, status.upper()),
+        )
+    api = APIClient()
+    api.force_authenticate(ana)
+    url = f"/api/channels/{channel.pk}/story"
+    for status in ("cancelled", "rejected"):  # not on the calendar: not hers to read
+        answer = api.get(url, {"booking": made[status].pk})
+        assert answer.status_code == 400, (status, answer.data)
+    for status in ("pending", "approved"):  # on the calendar for everyone
+        assert api.get(url, {"booking": made[status].pk}).status_code == 200
+    api.force_authenticate(bo)  # his own, whatever became of them
+    said = {s: api.get(url, {"booking": made[s].pk}).data["booking"]["verdict"] for s in made}
+    assert "was cancelled" in said["cancelled"] and "preloaded" not in said["cancelled"], said
+    assert "was rejected" in said["rejected"] and "preloaded" not in said["rejected"], said
+    assert "waiting for approval" in said["pending"] and "preloaded in time" not in said["pending"], said
+    assert "will be preloaded in time" in said["approved"]
+
+
+@pytest.mark.django_db
+def test_a_decision_is_kept_once_when_two_deciders_race_at_a_bookings_start(tiny, ana, monkeypatch):
+    """The tick and the re-decision at a booking's start decide the same change microseconds
+    apart: the story keeps it once."""
+    from channels_app.scheduling import selectors, services
+
+    channel = factories.channel(default=tiny.small)
+    now = timezone.now()
+    decide_channels(now=now)
+    factories.reservation(owner=ana, on=channel, start=now, end=now + timedelta(hours=1), target=tiny.big)
+    stale = selectors.decision_inputs(now=now + timedelta(seconds=1), channel_ids=None)  # read before…
+    decide_channels(now=now + timedelta(seconds=1))  # …the other decider stored the change
+    monkeypatch.setattr(services.selectors, "decision_inputs", lambda **_: stale)
+    decide_channels(now=now + timedelta(seconds=1, microseconds=40))
+    kept = [d["reason"] for d in StoryEntry.objects.filter(channel=channel).values_list("data", flat=True)]
+    assert kept == ["default", "active_reservation"], kept

@@ -179,7 +179,10 @@ def explain_failure(
         return f"The GPU ran out of memory while loading the model. {advice}"
     if timed_out_after is not None:
         return f"The model was not ready within {timed_out_after:g} s (SLOTSERVE_LOAD_TIMEOUT_SECONDS)."
-    last = [line for line in log_tail.strip().splitlines() if line.strip()][-3:]
+    # The run log begins with the command it ran ("$ …": its paths and port): staff read it
+    # there; the reason, which everyone reads, tells what the process said.
+    said = [line for line in log_tail.strip().splitlines() if line.strip() and not line.startswith("$ ")]
+    last = said[-3:]
     tail = (" Last output: " + " | ".join(last)) if last else ""
     if exit_code is None and last and last[-1].startswith(LAUNCH_FAILED):
         return f"The process could not be started: {last[-1][len(LAUNCH_FAILED) :].strip()}"

@@ -95,6 +95,18 @@ def decide_channels(*, now: datetime, channel_ids: Iterable[int] | None = None) 
                 load_seconds[channel_id] = fact.decision_input.load_seconds.get(decision.target)
     if changed_rows:
         with transaction.atomic():
+            # Another decider (the tick, a re-decision at a booking's edge) may have stored the
+            # same change since this one read: kept once, in the story too (docs/scheduling.md).
+            stored_now = {
+                row.channel_id: _stored_values(row)
+                for row in ChannelTarget.objects.select_for_update().filter(
+                    channel_id__in=[r.channel_id for r in changed_rows]
+                )
+            }
+            changed_rows = [r for r in changed_rows if stored_now.get(r.channel_id) != _stored_values(r)]
+            load_seconds = {
+                c: v for c, v in load_seconds.items() if c in {r.channel_id for r in changed_rows}
+            }
             ChannelTarget.objects.bulk_create(
                 changed_rows,
                 update_conflicts=True,

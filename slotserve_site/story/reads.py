@@ -42,6 +42,7 @@ def booking_of(row: Reservation) -> Booking:
         exclusive=row.exclusive,
         ended_early=row.status == ReservationStatus.ENDED and row.released_idle_at is None,
         released_idle_at=row.released_idle_at,
+        status=str(row.status),
     )
 
 

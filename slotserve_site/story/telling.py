@@ -37,6 +37,7 @@ class Booking:
     exclusive: bool
     ended_early: bool = False
     released_idle_at: datetime | None = None
+    status: str = "approved"  # pending, approved, rejected, cancelled, ended
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,13 @@ def verdict(
     the scheduler planned with is preferred where the story kept it)."""
     whose = f"{booking.user}'s"
     what = names.target(booking.model_id, booking.preset_id)
+    if booking.status in ("cancelled", "rejected"):
+        return f"{whose} booking was {booking.status}: nothing was loaded for it."
+    if booking.status == "pending":
+        return (
+            f"{whose} booking is waiting for approval: a pending booking holds its slot but loads "
+            f"nothing; once approved, {what} is preloaded before it begins."
+        )
     if booking.exclusive:
         step = _phase_at(entries, booking.start)
         if step is None or step.kind == "stopped":

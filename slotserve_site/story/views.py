@@ -26,8 +26,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from channels_app.models import Channel
-from reservations.models import Reservation
-from slotserve_base.api_fields import moment_param
+from reservations.models import Reservation, ReservationStatus
+from slotserve_base.api_fields import is_id, moment_param
 from slotserve_base.iso import iso_moment
 from slotserve_site.story import reads
 from slotserve_site.story.telling import lines, verdict
@@ -48,12 +48,23 @@ def _channel(viewer: User, pk: int) -> Channel:
     return channel
 
 
-def _booking(channel: Channel, raw: str | None) -> Reservation | None:
+# Others' bookings a member may read the verdict of: those the calendar shows everyone.
+SHOWN_TO_ALL = [ReservationStatus.PENDING, ReservationStatus.APPROVED, ReservationStatus.ENDED]
+
+
+def _booking(channel: Channel, raw: str | None, viewer: User) -> Reservation | None:
     if raw in (None, ""):
         return None
-    if not str(raw).isdigit():
+    if not is_id(str(raw)):
         raise serializers.ValidationError({"booking": f"{raw!r} is not a booking id"})
     found = Reservation.objects.select_related("user").filter(pk=int(str(raw)), channel=channel).first()
+    if (
+        found is not None
+        and not viewer.is_staff
+        and found.user_id != viewer.pk
+        and found.status not in SHOWN_TO_ALL
+    ):
+        found = None  # someone else's cancelled or rejected booking: not theirs to read, nor to know of
     if found is None:
         raise serializers.ValidationError({"booking": f"no booking {raw} on the channel {channel.name}"})
     return found
@@ -129,7 +140,7 @@ class StoryView(APIView):
         viewer = request.user
         assert isinstance(viewer, User)
         channel = _channel(viewer, pk)
-        booking = _booking(channel, request.query_params.get("booking"))
+        booking = _booking(channel, request.query_params.get("booking"), viewer)
         now = timezone.now()
         start, end = _window(request, booking, now)
         return Response(
@@ -190,7 +201,7 @@ def story_page(request: HttpRequest, pk: int) -> HttpResponse:
         raise Http404("no channel with this id that you may use") from None
     answer: dict[str, Any] | None = None
     try:
-        booking = _booking(channel, request.GET.get("booking"))
+        booking = _booking(channel, request.GET.get("booking"), viewer)
         now = timezone.now()
         start, end = _window(api_request, booking, now)
         answer = story(channel=channel, viewer=viewer, start=start, end=end, booking=booking, now=now, tz=tz)
