@@ -440,7 +440,7 @@ def test_a_member_reads_only_the_bookings_they_could_see_elsewhere_and_a_cancell
 def test_a_decision_is_kept_once_when_two_deciders_race_at_a_bookings_start(tiny, ana, monkeypatch):
     """The tick and the re-decision at a booking's start decide the same change microseconds
     apart: the story keeps it once."""
-    from channels_app.scheduling import selectors, services
+    from channels_app.scheduling import selectors
 
     channel = factories.channel(default=tiny.small)
     now = timezone.now()
@@ -448,7 +448,7 @@ def test_a_decision_is_kept_once_when_two_deciders_race_at_a_bookings_start(tiny
     factories.reservation(owner=ana, on=channel, start=now, end=now + timedelta(hours=1), target=tiny.big)
     stale = selectors.decision_inputs(now=now + timedelta(seconds=1), channel_ids=None)  # read before…
     decide_channels(now=now + timedelta(seconds=1))  # …the other decider stored the change
-    monkeypatch.setattr(services.selectors, "decision_inputs", lambda **_: stale)
+    monkeypatch.setattr(selectors, "decision_inputs", lambda **_: stale)
     decide_channels(now=now + timedelta(seconds=1, microseconds=40))
     kept = [d["reason"] for d in StoryEntry.objects.filter(channel=channel).values_list("data", flat=True)]
     assert kept == ["default", "active_reservation"], kept
