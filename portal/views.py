@@ -24,6 +24,7 @@ from portal.channel_reasons import BookingFacts, loading_words, why
 from portal.forms import OverrideForm
 from reservations.hints import memory_estimate
 from reservations.models import Reservation
+from reservations.selectors import bookable_by
 from slotserve_base.target import Target
 from slotserve_base.vocabulary import Phase, Reason
 
@@ -183,10 +184,16 @@ def channel_controls(request: HttpRequest, pk: int) -> HttpResponse:
 def run_log(request: HttpRequest, pk: int) -> HttpResponse:
     """The last lines of the channel's current or last run, as the process wrote them; the page
     then follows new lines live (``GET /api/channels/{id}/log?after=<cursor>``)."""
-    from channels_app.node_worker.run_logs import recent_lines_with_cursor
+    from channels_app.node_worker.run_logs import for_member, recent_lines_with_cursor
 
-    channel = get_object_or_404(Channel, pk=pk)
+    user = request.user
+    assert isinstance(user, User)
+    # The channel story's rule: members read the channels they may book, without the lines
+    # about single requests.
+    channel = get_object_or_404(bookable_by(user), pk=pk)
     lines, cursor = recent_lines_with_cursor(channel, 200)
+    if not user.is_staff:
+        lines = for_member(lines)
     return render(request, "portal/run_log.html", {"channel": channel, "lines": lines, "cursor": cursor})
 
 

@@ -7,9 +7,10 @@ from collections.abc import Collection
 from datetime import datetime, timedelta
 
 from django.contrib.auth.models import User
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from channels_app.models import Channel
+from channels_app.models.channel import channels_bookable_by
 from reservations.models import Reservation
 from reservations.rules import week_of
 
@@ -75,7 +76,4 @@ def held_slots(
 def bookable_by(user: User) -> QuerySet[Channel]:
     """The channels ``user`` may book: staff every one; others those kept for no group, or for a
     group of theirs (the rule ``reservation_create`` enforces, docs/portal.md, "Groups")."""
-    if user.is_staff:
-        return Channel.objects.all()
-    open_or_theirs = Q(allowed_groups__isnull=True) | Q(allowed_groups__in=user.groups.all())
-    return Channel.objects.filter(pk__in=Channel.objects.filter(open_or_theirs).values("pk"))
+    return channels_bookable_by(user)

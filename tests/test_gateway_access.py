@@ -214,6 +214,17 @@ def test_nothing_matches_lists_what_is_loaded_where():
     assert chosen.refusal.message == "model 'mistral' is not loaded; loaded now: qwen on a, llama on b"
 
 
+def test_nothing_matches_lists_only_what_the_caller_may_use():
+    """A channel someone else booked (not lent) is not the caller's to use: its model is not
+    offered to them as loaded."""
+    views = [channel("a", booking=BOOKED), channel("b", model="llama")]
+    chosen = route(caller_id=BO, model="mistral", pinned=None, channels=views, in_flight={}, now=NOW)
+    assert chosen.refusal is not None
+    assert chosen.refusal.message == "model 'mistral' is not loaded; loaded now: llama on b"
+    pinned = route(caller_id=BO, model="mistral", pinned="c", channels=views, in_flight={}, now=NOW)
+    assert pinned.refusal is not None and pinned.refusal.message.endswith("loaded now: llama on b")
+
+
 def test_a_model_still_loading_answers_503_with_retry_after():
     loading = channel("a", phase="loading", since=NOW - timedelta(seconds=15))
     chosen = route(caller_id=BO, model="qwen", pinned=None, channels=[loading], in_flight={}, now=NOW)

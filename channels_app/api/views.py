@@ -28,8 +28,9 @@ from channels_app.api.serializers import (
 )
 from channels_app.inventory import services as inventory_services
 from channels_app.models import Channel, LLMModel, ModelAlias, ModelFile, Node, Override, Preset
+from channels_app.models.channel import channels_bookable_by
 from channels_app.node_worker.log_shipping import valid_cursor
-from channels_app.node_worker.run_logs import lines_since, recent_lines_with_cursor, whole_log
+from channels_app.node_worker.run_logs import for_member, lines_since, recent_lines_with_cursor, whole_log
 from channels_app.scheduling import services
 from channels_app.scheduling.selectors import preset_load_estimates
 from slotserve_base.api_fields import (
@@ -172,8 +173,12 @@ class ChannelViewSet(viewsets.ModelViewSet[Channel]):
         """The run log of the channel's current or last process: the last lines for
         everyone (``?lines=``, default 200), the whole file for staff (``?full=1``). Each answer
         has a ``cursor``; ``?after=<cursor>`` gives only the lines shipped since (``new_run``
-        says a new process began, whose lines replace the old), to follow a log live."""
+        says a new process began, whose lines replace the old), to follow a log live. Members
+        read the channels they may book, without the lines about single requests."""
         channel = self.get_object()
+        staff = request.user.is_staff
+        if not staff and not channels_bookable_by(current_user(request)).filter(pk=channel.pk).exists():
+            raise NotFound("no channel with this id that you may use")
         if request.query_params.get("full"):
             if not request.user.is_staff:
                 raise PermissionDenied("only staff may read whole run logs")
@@ -193,8 +198,10 @@ class ChannelViewSet(viewsets.ModelViewSet[Channel]):
                 lines, cursor, new_run = lines_since(channel, after, count)
             except RedisError:
                 raise ServiceUnavailable("run-log lines are unavailable while Redis is away") from None
+            lines = lines if staff else for_member(lines)
             return Response({"channel": channel.pk, "lines": lines, "cursor": cursor, "new_run": new_run})
         lines, cursor = recent_lines_with_cursor(channel, count)
+        lines = lines if staff else for_member(lines)
         return Response({"channel": channel.pk, "lines": lines, "cursor": cursor, "new_run": False})
 
     @action(detail=True, methods=["get"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ObjectDoesNotExist, ValidationError
 from django.db import models, transaction
@@ -228,3 +228,12 @@ def channel_gpus_problem(*, node: Node | None, gpu_indexes: object, channel_id: 
         if shared:
             return f"GPU {', '.join(map(str, shared))} of node {node.name} belongs to channel {other_name}"
     return ""
+
+
+def channels_bookable_by(user: Any) -> models.QuerySet[Channel]:
+    """The channels ``user`` may book: staff every one; others those kept for no group, or for a
+    group of theirs (the rule ``reservation_create`` enforces, docs/portal.md, "Groups")."""
+    if user.is_staff:
+        return Channel.objects.all()
+    open_or_theirs = models.Q(allowed_groups__isnull=True) | models.Q(allowed_groups__in=user.groups.all())
+    return Channel.objects.filter(pk__in=Channel.objects.filter(open_or_theirs).values("pk"))

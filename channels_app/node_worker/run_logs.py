@@ -4,6 +4,7 @@ with the run's secret. The lines come from the Redis stream the node worker fill
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,3 +65,17 @@ def redacted_lines(path: Path, secret: str) -> Iterator[bytes]:
     with path.open("rb") as log:
         for line in log:
             yield processes.redact(line.decode(errors="replace"), secret).encode()
+
+
+# Lines about single requests (llama-server's slots and tasks, their timings and prompt-cache
+# similarity; vLLM's and SGLang's requests): staff read them, members the rest of a run log.
+REQUEST_LINE = re.compile(
+    r"\|\s*task\s+-?\d+|log_server_r|sim_best|similarity|eval time|total time|n_tokens|n_past"
+    r"|\brequest[: ]|Received request|Finished request|request_id|rid=",
+    re.IGNORECASE,
+)
+
+
+def for_member(lines: list[str]) -> list[str]:
+    """A run log's lines as a member reads them: none about a single request."""
+    return [line for line in lines if not REQUEST_LINE.search(line)]

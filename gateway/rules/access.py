@@ -262,8 +262,13 @@ def _admit(caller_id: int, channel: ChannelView, now: datetime, zone: tzinfo) ->
     return None
 
 
-def _loaded_where(channels: Sequence[ChannelView]) -> str:
-    loaded = [f"{c.model} on {c.name}" for c in channels if c.phase == Phase.READY and c.model]
+def _loaded_where(channels: Sequence[ChannelView], caller_id: int, now: datetime) -> str:
+    """What is loaded where, of the channels the caller may use now (not another's slot)."""
+    loaded = [
+        f"{c.model} on {c.name}"
+        for c in channels
+        if c.phase == Phase.READY and c.model and admit(caller_id=caller_id, channel=c, now=now) is None
+    ]
     return "; loaded now: " + ", ".join(loaded) if loaded else "; no model is loaded now"
 
 
@@ -292,7 +297,9 @@ def route(
             return Route(
                 None,
                 Refusal(
-                    404, ErrorCode.MODEL_NOT_LOADED, f"no channel named {pinned!r}" + _loaded_where(channels)
+                    404,
+                    ErrorCode.MODEL_NOT_LOADED,
+                    f"no channel named {pinned!r}" + _loaded_where(channels, caller_id, now),
                 ),
             )
         return Route(match, admit(caller_id=caller_id, channel=match, now=now, zone=zone))
@@ -330,7 +337,11 @@ def route(
         return Route(None, stranded[0])
     return Route(
         None,
-        Refusal(404, ErrorCode.MODEL_NOT_LOADED, f"model {model!r} is not loaded" + _loaded_where(channels)),
+        Refusal(
+            404,
+            ErrorCode.MODEL_NOT_LOADED,
+            f"model {model!r} is not loaded" + _loaded_where(channels, caller_id, now),
+        ),
     )
 
 
