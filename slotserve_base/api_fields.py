@@ -14,6 +14,7 @@ from rest_framework.exceptions import NotAuthenticated
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
+from slotserve_base.errors import OutsideScope
 from slotserve_base.iso import UtcDateTimeField
 
 
@@ -38,6 +39,67 @@ class IsStaffOrReadOnly(permissions.BasePermission):
         if not (request.user and request.user.is_authenticated):
             return False
         return request.method in permissions.SAFE_METHODS or bool(request.user.is_staff)
+
+
+def key_scope(request: Request) -> tuple[frozenset[int], frozenset[str]] | None:
+    """The channel ids and model names an API key is limited to (docs/api.md, "Keys scoped like a
+    team's keys"); None for a signed-in session or an unscoped key."""
+    key = request.auth
+    if key is None or not hasattr(key, "channels_allowed") or not hasattr(key, "models_allowed"):
+        return None
+    channels = frozenset(key.channels_allowed.values_list("pk", flat=True))
+    models = frozenset(key.models_allowed.values_list("name", flat=True))
+    return (channels, models) if channels or models else None
+
+
+def _scope_words(request: Request) -> str:
+    key: Any = request.auth
+    channels = sorted(key.channels_allowed.values_list("name", flat=True))
+    models = sorted(key.models_allowed.values_list("name", flat=True))
+    said = [
+        f"channels {', '.join(channels)}" if channels else "",
+        f"models {', '.join(models)}" if models else "",
+    ]
+    return "this API key is limited to " + " and ".join(w for w in said if w)
+
+
+class ChannelsWithinKeyScope(permissions.BasePermission):
+    """A key limited to channels changes only those channels (their settings, override, reload)
+    and makes none; a key limited to models only, none. Reading is as for any key."""
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        if request.method in permissions.SAFE_METHODS or getattr(view, "detail", False):
+            return True
+        if key_scope(request) is not None:
+            raise OutsideScope(f"{_scope_words(request)}: a new channel is outside it")
+        return True
+
+    def has_object_permission(self, request: Request, view: APIView, obj: Any) -> bool:
+        if request.method in permissions.SAFE_METHODS:
+            return True
+        scope = key_scope(request)
+        if scope is not None and obj.pk not in scope[0]:
+            raise OutsideScope(f"{_scope_words(request)}: channel {obj} is outside it")
+        return True
+
+
+class UnscopedKeyToChange(permissions.BasePermission):
+    """What every channel shares (nodes, models, presets, aliases) is changed by a signed-in
+    session or an unscoped key only: a scoped key's change would reach channels outside it."""
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        if request.method not in permissions.SAFE_METHODS and key_scope(request) is not None:
+            raise OutsideScope(f"{_scope_words(request)}: this changes what every channel shares")
+        return True
+
+
+class UnscopedKeyToRead(permissions.BasePermission):
+    """What spans every channel (the audit trail) is read by a session or an unscoped key only."""
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        if key_scope(request) is not None:
+            raise OutsideScope(f"{_scope_words(request)}: the audit trail spans every channel")
+        return True
 
 
 # Times SlotServe takes from users: far enough apart for any booking, and clear of the ends of

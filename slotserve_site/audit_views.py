@@ -17,6 +17,7 @@ from django.shortcuts import render
 from rest_framework import permissions, serializers, viewsets
 from rest_framework.pagination import LimitOffsetPagination
 
+from slotserve_base.api_fields import UnscopedKeyToRead
 from slotserve_base.csv_stream import csv_response
 from slotserve_base.iso import UtcDateTimeField, iso_moment
 from slotserve_site.audit import SECRET_FIELDS
@@ -127,7 +128,7 @@ class AuditViewSet(viewsets.ReadOnlyModelViewSet[LogEntry]):
     """``GET /api/audit/``: every recorded change, newest first (staff)."""
 
     serializer_class = AuditOutput
-    permission_classes = [permissions.IsAdminUser]
+    permission_classes = [permissions.IsAdminUser, UnscopedKeyToRead]
     pagination_class = AuditPages
     filterset_class = AuditFilter
     queryset = trail()

@@ -258,3 +258,56 @@ def test_a_model_scoped_key_is_held_to_what_the_process_serves_not_what_the_body
         )
         assert error(answer) == (403, "key_scope"), (named, answer.text)
     assert world.log.read_text() == before  # nothing reached ch-a's process
+
+
+def test_a_staff_key_limited_to_a_channel_changes_only_that_channel_through_the_api(staff):
+    """A key's channel scope limits what it changes through the REST API as it limits what it
+    calls (docs/api.md): its channel's settings, override and reload; not another channel, not
+    the inventory every channel shares, not the audit trail of every channel."""
+    mine, other = factories.channel("mine-0"), factories.channel("other-0")
+    qwen = factories.llm("qwen")
+    _, key = api_key_create(user=staff, name="ops", channels=[mine], models=[qwen])
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    until = (timezone.now() + timedelta(hours=1)).isoformat()
+    assert (
+        api.patch(f"/api/channels/{mine.pk}/", {"approval_policy": "all"}, format="json").status_code == 200
+    )
+    assert api.post(f"/api/channels/{mine.pk}/reload").status_code == 202
+    assert (
+        api.post(
+            f"/api/channels/{mine.pk}/override", {"model": "qwen", "until": until}, format="json"
+        ).status_code
+        == 201
+    )
+    refused = [
+        api.patch(f"/api/channels/{other.pk}/", {"approval_policy": "all"}, format="json"),
+        api.post(f"/api/channels/{other.pk}/reload"),
+        api.post(f"/api/channels/{other.pk}/override", {"model": "qwen", "until": until}, format="json"),
+        api.delete(f"/api/channels/{other.pk}/"),
+        api.post(
+            "/api/channels/", {"name": "new-0", "node": mine.node_id, "gpu_indexes": [5]}, format="json"
+        ),
+        api.patch(f"/api/models/{qwen.pk}/", {"labels": ["x"]}, format="json"),
+        api.patch(f"/api/nodes/{mine.node_id}/", {"labels": ["x"]}, format="json"),
+        api.get("/api/audit/"),
+    ]
+    for answer in refused:
+        assert answer.status_code == 403, (
+            answer.request["PATH_INFO"],
+            answer.status_code,
+            answer.content[:300],
+        )
+        assert answer.json()["code"] == "key_scope", answer.json()
+        assert "mine-0" in answer.json()["message"]
+    other.refresh_from_db()
+    assert other.approval_policy != "all"
+    # Reading stays as it was: the channels list, the other channel's plan.
+    assert api.get(f"/api/channels/{other.pk}/").status_code == 200
+    # An unscoped key of the same person may do all of it.
+    _, wide = api_key_create(user=staff, name="all")
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {wide}")
+    assert (
+        api.patch(f"/api/channels/{other.pk}/", {"approval_policy": "all"}, format="json").status_code == 200
+    )
+    assert api.get("/api/audit/").status_code == 200

@@ -34,9 +34,11 @@ from channels_app.node_worker.run_logs import for_member, lines_since, recent_li
 from channels_app.scheduling import services
 from channels_app.scheduling.selectors import preset_load_estimates
 from slotserve_base.api_fields import (
+    ChannelsWithinKeyScope,
     IdOrNameField,
     IsStaffOrReadOnly,
     MomentField,
+    UnscopedKeyToChange,
     current_user,
     moment_param,
 )
@@ -60,13 +62,13 @@ def name_maps() -> dict[str, dict[int, str]]:
 class NodeViewSet(viewsets.ModelViewSet[Node]):
     queryset = Node.objects.prefetch_related("gpus")
     serializer_class = NodeSerializer
-    permission_classes = [IsStaffOrReadOnly]
+    permission_classes = [IsStaffOrReadOnly, UnscopedKeyToChange]
 
 
 class LLMModelViewSet(viewsets.ModelViewSet[LLMModel]):
     queryset = LLMModel.objects.prefetch_related("nodes")
     serializer_class = LLMModelSerializer
-    permission_classes = [IsStaffOrReadOnly]
+    permission_classes = [IsStaffOrReadOnly, UnscopedKeyToChange]
 
     def perform_update(self, serializer: Any) -> None:
         inventory_services.targets_changed(model=serializer.save())
@@ -106,14 +108,14 @@ class ModelAliasViewSet(viewsets.ModelViewSet[ModelAlias]):
 
     queryset = ModelAlias.objects.select_related("model")
     serializer_class = ModelAliasSerializer
-    permission_classes = [IsStaffOrReadOnly]
+    permission_classes = [IsStaffOrReadOnly, UnscopedKeyToChange]
 
 
 class PresetViewSet(viewsets.ModelViewSet[Preset]):
     queryset = Preset.objects.select_related("model")
     serializer_class = PresetSerializer
     filterset_class = PresetFilter
-    permission_classes = [IsStaffOrReadOnly]
+    permission_classes = [IsStaffOrReadOnly, UnscopedKeyToChange]
 
     def perform_update(self, serializer: Any) -> None:
         inventory_services.targets_changed(preset=serializer.save())
@@ -142,9 +144,13 @@ class ChannelViewSet(viewsets.ModelViewSet[Channel]):
         "node__gpus", "allowed_groups"
     )
     serializer_class = ChannelSerializer
-    permission_classes = [IsStaffOrReadOnly]
+    permission_classes = [IsStaffOrReadOnly, ChannelsWithinKeyScope]
 
-    @action(detail=True, methods=["post", "delete"], permission_classes=[permissions.IsAdminUser])
+    @action(
+        detail=True,
+        methods=["post", "delete"],
+        permission_classes=[permissions.IsAdminUser, ChannelsWithinKeyScope],
+    )
     def override(self, request: Request, pk: str | None = None) -> Response:
         channel = self.get_object()
         if request.method == "DELETE":
@@ -160,7 +166,9 @@ class ChannelViewSet(viewsets.ModelViewSet[Channel]):
         )
         return Response(OverrideOutput(override).data, status=status.HTTP_201_CREATED)
 
-    @action(detail=True, methods=["post"], permission_classes=[permissions.IsAdminUser])
+    @action(
+        detail=True, methods=["post"], permission_classes=[permissions.IsAdminUser, ChannelsWithinKeyScope]
+    )
     def reload(self, request: Request, pk: str | None = None) -> Response:
         channel = self.get_object()
         generation = services.channel_reload(channel=channel, now=timezone.now(), by=current_user(request))
