@@ -253,7 +253,13 @@ CELERY_TASK_TIME_LIMIT = 180
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{SLOTSERVE_REDIS_PREFIX}:layer"},
+        # A page's socket waits for pushes in a blocking pop of 5 s: the connection's read
+        # timeout (redis-py's default is 5 s too) is well above it, or a quiet page's socket
+        # closes with a TimeoutError and the pushes meanwhile are lost.
+        "CONFIG": {
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
+            "prefix": f"{SLOTSERVE_REDIS_PREFIX}:layer",
+        },
     },
 }
 

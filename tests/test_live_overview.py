@@ -94,3 +94,36 @@ async def test_a_persons_open_pages_hear_their_counts_change(memory_layer):
     assert heard == {"deliveries": 7}
     for socket in sockets.values():
         await socket.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.anyio
+async def test_a_socket_silent_for_30_s_on_the_real_redis_layer_still_receives_a_push(settings):
+    """On the Redis channel layer a page's socket waits for pushes in a blocking pop: silent for
+    half a minute it stays open (redis-py's own 5 s read timeout once closed it after 5 s, and
+    the pushes meanwhile were lost) and hears the next decision."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    channel_layers.backends.clear()
+    try:
+        user = await sync_to_async(factories.user)("watcher")
+        channel = await sync_to_async(factories.channel)(
+            "live-0", default=await sync_to_async(lambda: factories.preset(factories.llm("m"), "p"))()
+        )
+        socket = WebsocketCommunicator(OverviewConsumer.as_asgi(), "/ws/overview")
+        socket.scope["user"] = user
+        connected, _ = await socket.connect()
+        assert connected
+        await asyncio.sleep(30)
+        assert await socket.receive_nothing(timeout=0.1)  # still open, nothing said
+        await sync_to_async(decide_channels)(now=timezone.now())
+        message = await socket.receive_json_from(timeout=5)
+        assert message == {"channels": [channel.pk], "what": "target"}
+        await socket.disconnect()
+    finally:
+        layer = channel_layers.backends.get("default")
+        if layer is not None:
+            await layer.close_pools()
+        channel_layers.backends.clear()
