@@ -498,3 +498,109 @@ def test_a_request_whose_turn_comes_after_the_slot_began_is_borrowed(gateway_url
     # The first ran on into the slot: from its first moment it was borrowed too (docs/gateway.md,
     # "A slot's first second"), though its head went out before the slot, unmarked.
     assert sorted(RequestLog.objects.values_list("borrowed", flat=True)) == [True, True]
+
+
+def test_a_borrowed_whole_answer_goes_up_as_a_stream_and_ends_at_once(
+    llama_server_bin, tiny_gguf, transactional_db, world, settings
+):
+    """A borrowed request that asked for a whole answer goes to the process as a stream and is
+    made whole in the gateway: its caller gets what the process answers such a request, and the
+    booker's request that ends it does not wait for the process to notice a gone client (about
+    half a second for a request that is not streamed)."""
+    from gateway.serve.proxy import Gateway
+    from tests.conftest import running_llama_server, serving
+
+    settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.2
+    args = ("-np", "1", "-c", "512", "-t", "1", "--context-shift")
+    with running_llama_server(llama_server_bin, tiny_gguf, *args) as port, serving(Gateway()) as url:
+        model = factories.llm("slow")
+        preset = factories.preset(model, "default")
+        serve(world.other, model, port)
+        ChannelRuntime.objects.filter(channel=world.other).update(places=1, preset=preset)
+        world.other.lend_while_idle = True
+        world.other.save()
+        now = timezone.now()
+        booking = factories.reservation(
+            owner=world.ana, on=world.other, start=now - timedelta(minutes=1), end=now + timedelta(hours=1),
+            target=preset,
+        )  # fmt: skip
+        Reservation.objects.filter(pk=booking.pk).update(lend=True)
+        snapshot_seen(url)
+        asked = {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 24,
+            "temperature": 0,
+            "seed": 7,
+        }
+        direct = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=asked, timeout=30).json()
+        whole = chat(url, world.bo_key, **asked)
+        assert whole.status_code == 200 and whole.headers["x-slotserve-borrowed"] == "true"
+        assert whole.headers["content-type"].startswith("application/json")
+        made = whole.json()
+        assert made["object"] == "chat.completion"
+        assert made["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+        assert made["choices"][0]["finish_reason"] == direct["choices"][0]["finish_reason"]
+        assert made["usage"]["completion_tokens"] == direct["usage"]["completion_tokens"] == 24
+        # A long whole answer, borrowed; the booker's stream ends it and starts at once.
+        answers: list[httpx.Response] = []
+        long = {"max_tokens": 20000, "ignore_eos": True}
+        borrowed = threading.Thread(target=lambda: answers.append(chat(url, world.bo_key, **long)))
+        borrowed.start()
+        assert eventually(lambda: in_flight(world.other.pk) == 1, timeout=10)
+        time.sleep(0.5)  # under way in the process
+        mine = Stream(url, world.ana_key, max_tokens=4)
+        mine.join(timeout=30)
+        borrowed.join(timeout=30)
+        assert mine.status == 200
+        [ended] = answers
+        assert ended.status_code == 503 and ended.json()["error"]["code"] == "preempted_by_booker"
+        wait = mine.first - mine.started
+        print(f"the booker's first token after ending a borrowed whole answer: {wait * 1000:.0f} ms")
+        assert wait < 0.4  # not the process's half-second look for a gone client
+
+
+def test_an_answer_made_whole_from_a_stream_keeps_tool_calls_reasoning_and_completions():
+    from gateway.stream.assembled import Assembly, may_assemble
+
+    assert may_assemble("/v1/chat/completions", {"messages": []})
+    assert not may_assemble("/v1/chat/completions", {"stream": True})
+    assert not may_assemble("/v1/embeddings", {"input": "x"})
+    events = [
+        {"id": "c1", "object": "chat.completion.chunk", "created": 5, "model": "m",
+         "choices": [{"index": 0, "delta": {"role": "assistant", "reasoning_content": "think "}}]},
+        {"id": "c1", "choices": [{"index": 0, "delta": {"reasoning_content": "more"}}]},
+        {"id": "c1", "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "call_1", "type": "function",
+             "function": {"name": "get_", "arguments": '{"ci'}}]}}]},
+        {"id": "c1", "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "function": {"name": "weather", "arguments": 'ty": "Oslo"}'}}]}}]},
+        {"id": "c1", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        {"id": "c1", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12},
+         "timings": {"predicted_n": 9}},
+    ]  # fmt: skip
+    stream = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    assembly = Assembly()
+    for cut in range(0, len(stream), 37):  # in pieces, as a transport delivers them
+        assembly.feed(stream[cut : cut + 37])
+    made = json.loads(assembly.answer())
+    assert (made["id"], made["object"], made["created"], made["model"]) == ("c1", "chat.completion", 5, "m")
+    [choice] = made["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["reasoning_content"] == "think more" and choice["message"]["content"] is None
+    assert choice["message"]["tool_calls"] == [
+        {
+            "type": "function",
+            "id": "call_1",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        }
+    ]
+    assert made["usage"]["completion_tokens"] == 9 and made["timings"] == {"predicted_n": 9}
+    text = Assembly()
+    text.feed(
+        b'data: {"id": "t", "object": "text_completion", "choices": [{"index": 0, "text": "he"}]}\n\n'
+        b'data: {"id": "t", "object": "text_completion", "choices": [{"index": 0, "text": "llo", '
+        b'"finish_reason": "length"}]}\n\n'
+    )
+    assert json.loads(text.answer())["choices"] == [
+        {"index": 0, "finish_reason": "length", "text": "hello", "logprobs": None}
+    ]

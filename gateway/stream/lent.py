@@ -21,6 +21,7 @@ from gateway.admit.places import Places
 from gateway.rules.access import ChannelView
 from gateway.rules.callers import Caller
 from gateway.stream.answer import Answer
+from gateway.stream.assembled import may_assemble
 from gateway.stream.events import Usage
 from gateway.stream.outgoing import Outgoing
 from gateway.stream.relay import Preemption, adding_headers
@@ -68,12 +69,27 @@ async def forward(
     tenancy = gateway.tenancy
     tenancy.took_off(channel.id, flight)
     watched = answer.borrowed and await entry.settled() and entry.request_id is not None
+    assemble = False
     if watched:
         assert entry.request_id is not None
         await lending.lent(channel.id, entry.request_id, preemption.end)
+        # A whole answer asked for goes up as a stream, so that its end frees its place at once.
+        assemble = may_assemble(outgoing.path, outgoing.body)
+        if assemble:
+            assert outgoing.body is not None
+            outgoing.body["stream"] = True
     try:
         await relay_forward(
-            gateway, receive, send, channel, outgoing, usage, entry, on_disconnect, preemption=preemption
+            gateway,
+            receive,
+            send,
+            channel,
+            outgoing,
+            usage,
+            entry,
+            on_disconnect,
+            preemption=preemption,
+            assemble=assemble,
         )
     finally:
         tenancy.landed(channel.id, flight)

@@ -22,6 +22,7 @@ from gateway.admit.refusals import (
 )
 from gateway.rules.access import ChannelView, Refusal
 from gateway.rules.body import loads
+from gateway.stream.assembled import Assembly
 from gateway.stream.events import Events, Usage
 from gateway.stream.outgoing import Outgoing, passed_on
 from gateway.types import Message, Receive, Send
@@ -61,7 +62,10 @@ async def forward(
     on_disconnect: Callable[[Callable[[], None] | None], None] | None = None,
     *,
     preemption: Preemption | None = None,
+    assemble: bool = False,
 ) -> None:
+    """``assemble``: the request asked for a whole answer and goes upstream as a stream, made
+    whole here (``gateway.stream.assembled``)."""
     assert channel.upstream is not None and channel.model is not None
     upstream = upstreams.upstream_for(channel.upstream)
     target, headers, content, streaming, strip_usage = outgoing.to(channel, upstream)
@@ -89,9 +93,12 @@ async def forward(
             await refuse(send, entry.refused())
             return
         try:
-            await relay(
-                send, response, streaming, strip_usage, usage, channel, cancel, stop_watching, preemption
-            )
+            if assemble:
+                await relay_assembled(send, response, usage, channel, cancel, stop_watching, preemption)
+            else:
+                await relay(
+                    send, response, streaming, strip_usage, usage, channel, cancel, stop_watching, preemption
+                )
         finally:
             await response.aclose()
     finally:
@@ -157,6 +164,40 @@ async def relay(
     stop_watching()
     tail = events.flush() if events is not None else b""
     await send({"type": "http.response.body", "body": last + tail})
+
+
+async def relay_assembled(
+    send: Send,
+    response: Reply,
+    usage: Usage,
+    channel: ChannelView,
+    cancel: Cancel,
+    stop_watching: Callable[[], None],
+    preemption: Preemption | None,
+) -> None:
+    """A stream the caller did not ask for, sent on as the whole answer it asked for; an answer
+    that is not a stream (an error) goes on as it came."""
+    headers, event_stream = passed_on(response.headers)
+    if not (event_stream and response.status_code == 200):
+        await relay(send, response, False, False, usage, channel, cancel, stop_watching, preemption)
+        return
+    events, assembly = Events(usage, strip_usage=False), Assembly()
+    try:
+        async for chunk in response.stream:
+            assembly.feed(events.feed(chunk))
+        assembly.feed(events.flush() + b"\n\n")
+    except httpx.HTTPError as exc:
+        if preemption is not None and preemption.why is not None:
+            await refuse(send, preemption.why)
+        elif not cancel.fired:
+            await refuse(send, broke_off(channel, exc))
+        return
+    content = assembly.answer()
+    headers = [(n, v) for n, v in headers if n.lower() != b"content-type"]
+    headers += [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
+    stop_watching()
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": content})
 
 
 # A server's offer in the scope's extensions (gateway.serve.server does): ``on_disconnect(callback)``
