@@ -103,9 +103,16 @@ async def test_a_socket_silent_for_30_s_on_the_real_redis_layer_still_receives_a
     half a minute it stays open (redis-py's own 5 s read timeout once closed it after 5 s, and
     the pushes meanwhile were lost) and hears the next decision."""
     import asyncio
+    import copy
+    import uuid
 
     from asgiref.sync import sync_to_async
 
+    # This test's own layer on the real Redis: other tests' pushes (in other workers) are not its.
+    layers = copy.deepcopy(settings.CHANNEL_LAYERS)
+    assert layers["default"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
+    layers["default"]["CONFIG"]["prefix"] = f"test-{uuid.uuid4().hex}:layer"
+    settings.CHANNEL_LAYERS = layers
     channel_layers.backends.clear()
     try:
         user = await sync_to_async(factories.user)("watcher")
