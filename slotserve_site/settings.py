@@ -249,19 +249,12 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_SOFT_TIME_LIMIT = 120
 CELERY_TASK_TIME_LIMIT = 180
 
-# The live overview: node workers and the scheduler push changes through Redis.
-CHANNEL_LAYERS = {
-    "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        # A page's socket waits for pushes in a blocking pop of 5 s: the connection's read
-        # timeout (redis-py's default is 5 s too) is well above it, or a quiet page's socket
-        # closes with a TimeoutError and the pushes meanwhile are lost.
-        "CONFIG": {
-            "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
-            "prefix": f"{SLOTSERVE_REDIS_PREFIX}:layer",
-        },
-    },
-}
+# The live overview: node workers and the scheduler push changes through Redis, read with a
+# timeout well above the layer's 5 s blocking pop (redis-py's default is 5 s too: a quiet page's
+# socket closed with a TimeoutError, its pushes lost).
+_LAYER_HOST = {"address": REDIS_URL, "socket_timeout": 30}
+_LAYER = {"hosts": [_LAYER_HOST], "prefix": f"{SLOTSERVE_REDIS_PREFIX}:layer"}
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": _LAYER}}
 
 # --- REST API ---------------------------------------------------------------
 REST_FRAMEWORK = {

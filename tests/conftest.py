@@ -267,6 +267,12 @@ def healthy(port: int) -> bool:
 def serving(app, **options) -> Iterator[str]:
     """``app`` under uvicorn in a thread, as ``./slotserve start`` serves it (the gateway's own
     HTTP server in front of uvicorn's), with uvicorn's ``options``: its URL while the block runs."""
+    from channels.layers import channel_layers
+
+    # Each server's event loop gets a channel layer of its own, as each process does: the Redis
+    # layer waits for pushes on the loop that first asked, and a server stopped meanwhile would
+    # hold it.
+    channel_layers.backends.clear()
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
@@ -276,7 +282,9 @@ def serving(app, **options) -> Iterator[str]:
             lifespan="off",
             log_level="warning",
             http="gateway.serve.server:GatewayHttp",
-            **options,
+            # A page's socket waits for pushes until its client leaves: one a test left open
+            # is closed at the server's stop, as ``run`` stops its web processes.
+            **{"timeout_graceful_shutdown": 3, **options},
         )
     )
     thread = threading.Thread(target=server.run, daemon=True)
@@ -294,6 +302,7 @@ def serving(app, **options) -> Iterator[str]:
         SERVING_SERVERS.pop(url, None)
         server.should_exit = True
         thread.join(timeout=10)
+        channel_layers.backends.clear()
         # A server still running would read the database while the test's is flushed.
         assert not thread.is_alive(), "the test server did not stop within 10 s"
 

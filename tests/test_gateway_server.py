@@ -206,6 +206,7 @@ def test_a_websocket_upgrade_goes_to_uvicorn(site_url, cycles):
     # uvicorn's WebSocket protocol answered (the consumer accepts or refuses a visitor), not the gateway.
     assert head.split(b" ")[1] in (b"101", b"403"), head
     assert cycles[0] == 0
+    client.sock.close()  # the socket's consumer waits for pushes until its client leaves
 
 
 def test_a_stream_is_chunked_with_one_date_and_server_header_and_the_connection_stays(

@@ -55,7 +55,7 @@ def test_who_stays_on_a_channel_when_a_slot_begins():
         )
 
 
-def _slot_soon(world, standins, *, lend: bool, places: int = 2, seconds: float = 2.0) -> Reservation:
+def _slot_soon(world, standins, *, lend: bool, places: int = 2, seconds: float = 4.0) -> Reservation:
     """ana's booking of channel b (its booked model runs: she booked the channel's default),
     beginning in ``seconds``; the stand-in streams 400 chunks 20 ms apart (8 s)."""
     booking: Reservation = lent_world(world, standins, lend=lend, places=places, chunks=400)
@@ -93,8 +93,8 @@ def test_a_slot_that_lends_nothing_ends_what_others_began_before_it(gateway_url,
     _until_started(booking)
     for stream in theirs:
         stream.join(timeout=5)
-    # Ended at the start, not some seconds into the slot.
-    assert time.time() - booking.start.timestamp() < 1.0
+    # Ended at the start (within the 1.5 s docs/faults.md allows), not some seconds into the slot.
+    assert time.time() - booking.start.timestamp() < 1.5
     for stream in theirs:
         assert not stream.is_alive(), "a stream begun before the slot ran on into it"
         last = json.loads(stream.events[-1])
