@@ -17,6 +17,7 @@ from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 from redis.exceptions import RedisError
 
+from channels_app.inventory.services import model_register
 from channels_app.models import Channel, LLMModel, ModelFile, Node, Preset
 from channels_app.scheduling import selectors
 from channels_app.scheduling.selectors import preset_load_estimates
@@ -25,6 +26,7 @@ from portal.forms import OverrideForm
 from reservations.hints import memory_estimate
 from reservations.models import Reservation
 from reservations.selectors import bookable_by
+from slotserve_base.errors import InvalidInput
 from slotserve_base.target import Target
 from slotserve_base.vocabulary import Phase, Reason
 
@@ -238,12 +240,16 @@ def register_model_file(request: HttpRequest, pk: int) -> HttpResponse:
     """Register a model for a file a node worker found, named after the file."""
     found = get_object_or_404(ModelFile, pk=pk)
     name = Path(found.path).stem if found.backend == "llama.cpp" else Path(found.path).name
-    if LLMModel.objects.filter(name=name).exists():
-        messages.error(request, f"A model named {name} exists already; register this file in the admin.")
+    try:
+        model_register(
+            name=name,
+            backend=found.backend,
+            path=found.path,
+            size_bytes=found.size_bytes,
+            nodes=Node.objects.filter(model_files__path=found.path),
+        )
+    except InvalidInput as problem:
+        messages.error(request, f"Not registered: {problem.message}.")
         return redirect("portal:models")
-    model = LLMModel.objects.create(
-        name=name, backend=found.backend, path=found.path, size_bytes=found.size_bytes
-    )
-    model.nodes.set(Node.objects.filter(model_files__path=found.path))
     messages.success(request, f"Model {name} registered; add presets for it in the admin or the API.")
     return redirect("portal:models")

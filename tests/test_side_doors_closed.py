@@ -461,3 +461,42 @@ def test_a_sqlite_database_url_gets_the_same_safety_as_the_default(tmp_path):
     )
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.split() == ["IMMEDIATE", "20", "True", "0"]
+
+
+@pytest.mark.django_db
+def test_no_door_names_a_model_like_an_alias(staff):
+    """The REST API refused a model named like an alias; the admin and the portal's "register"
+    took it, and the gateway could no longer tell which one a request names. One rule, every door."""
+    from channels_app.models import LLMModel, ModelAlias, ModelFile
+
+    staff.is_superuser = True
+    staff.save()
+    qwen = factories.llm("qwen")
+    ModelAlias.objects.create(name="gpt-4o-mini", model=qwen)
+    node = factories.node("n1")
+    admin = Client()
+    admin.force_login(staff)
+    form = {
+        "backend": "llama.cpp", "path": "/models/x.gguf", "size_bytes": "1", "labels": "",
+        "placement_strategy": "binpack", "created_0": "2026-12-06", "created_1": "10:00:00",
+        **{f"{each}-{n}": "0" for each in ("presets", "aliases") for n in ("TOTAL_FORMS", "INITIAL_FORMS")},
+    }  # fmt: skip
+    page = admin.post("/admin/channels_app/llmmodel/add/", {**form, "name": "gpt-4o-mini"})
+    assert page.status_code == 200 and "is an alias of model qwen" in page.content.decode()
+    # (the same form with a name of its own is taken: the alias is what it was refused for)
+    assert admin.post("/admin/channels_app/llmmodel/add/", {**form, "name": "fresh"}).status_code == 302
+    found = ModelFile.objects.create(
+        node=node, path="/models/gpt-4o-mini.gguf", backend="llama.cpp", size_bytes=1, modified=timezone.now()
+    )
+    registered = admin.post(f"/models/files/{found.pk}/register", follow=True)
+    assert (
+        "Not registered" in registered.content.decode()
+        and "is an alias of model qwen" in registered.content.decode()
+    )
+    assert not LLMModel.objects.filter(name="gpt-4o-mini").exists()
+    api = APIClient()
+    api.force_authenticate(staff)
+    refused = api.post(
+        "/api/models/", {"name": "gpt-4o-mini", "backend": "llama.cpp", "path": "/m.gguf"}, format="json"
+    )
+    assert refused.status_code == 400 and "alias" in str(refused.json())

@@ -17,6 +17,7 @@ from channels_app.models import (
     Node,
     Preset,
     channel_gpus_problem,
+    model_name_problem,
 )
 from channels_app.scheduling.selectors import channels_booked_with
 from slotserve_base import dispatch
@@ -36,6 +37,19 @@ def _channels_using(*, model: LLMModel | None = None, preset: Preset | None = No
         wanted.values_list("channel__name", flat=True)
     )
     return sorted(names)
+
+
+def model_register(*, name: str, backend: str, path: str, size_bytes: int, nodes: Iterable[Node]) -> LLMModel:
+    """A model for a file a node worker found; named like another model or an alias: refused."""
+    if LLMModel.objects.filter(name=name).exists():
+        raise InvalidInput("name", f"a model named {name} exists already: register this file in the admin")
+    problem = model_name_problem(name)
+    if problem:
+        raise InvalidInput("name", problem + ", or register this file in the admin under another name")
+    with transaction.atomic():
+        model = LLMModel.objects.create(name=name, backend=backend, path=path, size_bytes=size_bytes)
+        model.nodes.set(nodes)
+    return model
 
 
 def model_delete(*, model: LLMModel) -> None:

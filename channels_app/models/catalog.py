@@ -53,6 +53,13 @@ class LLMModel(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def clean(self) -> None:
+        """The rule every door shares (the API, the admin, the portal's "register"): no model is
+        named like an alias, or the gateway could not tell which one a request names."""
+        problem = model_name_problem(self.name)
+        if problem:
+            raise ValidationError({"name": problem})
+
 
 class ModelAlias(models.Model):
     """Another name clients may use for a model (``gpt-4o-mini`` → a local model): the gateway
