@@ -204,7 +204,7 @@ def test_redis_down_gives_an_openai_503_with_retry_after_and_health_says_so(
 HOLDER = """
 import sys, time
 import redis
-from channels_app.node_worker.locks import held
+from slotserve_base.locks import held
 
 url, name, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
 with held(redis.Redis.from_url(url), name, ttl) as mine:

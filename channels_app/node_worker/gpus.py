@@ -5,7 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +65,10 @@ class NvmlUnavailable(Exception):
     """NVML cannot be asked: no driver, no library, or it failed; the message is NVML's reason."""
 
 
-def nvml_gpus() -> list[GpuInfo]:
-    """The NVIDIA GPUs NVML reports, with their memory free now (memory other programs hold is
-    not free); ``NvmlUnavailable`` when NVML cannot be asked."""
+@contextmanager
+def nvml() -> Iterator[Any]:
+    """NVML, started for the block and shut down after; ``NvmlUnavailable`` when it cannot be
+    asked (no library, no driver)."""
     try:
         import pynvml
     except ImportError as exc:
@@ -74,6 +78,15 @@ def nvml_gpus() -> list[GpuInfo]:
     except pynvml.NVMLError as exc:
         raise NvmlUnavailable(str(exc)) from exc
     try:
+        yield pynvml
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def nvml_gpus() -> list[GpuInfo]:
+    """The NVIDIA GPUs NVML reports, with their memory free now (memory other programs hold is
+    not free); ``NvmlUnavailable`` when NVML cannot be asked."""
+    with nvml() as pynvml:
         found = []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
@@ -83,8 +96,6 @@ def nvml_gpus() -> list[GpuInfo]:
                 GpuInfo(index, name if isinstance(name, str) else name.decode(), memory.total, memory.free)
             )
         return found
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def discover(fake_spec: str) -> list[GpuInfo]:
@@ -111,23 +122,13 @@ def discover(fake_spec: str) -> list[GpuInfo]:
 def memory_holders(indexes: list[int]) -> dict[int, list[tuple[int, int | None]]]:
     """Per GPU, the processes holding its memory and how much (None where the driver will not
     say); ``NvmlUnavailable`` when NVML cannot be asked."""
-    try:
-        import pynvml
-    except ImportError as exc:
-        raise NvmlUnavailable("nvidia-ml-py is not installed") from exc
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        raise NvmlUnavailable(str(exc)) from exc
-    try:
+    with nvml() as pynvml:
         holders: dict[int, list[tuple[int, int | None]]] = {}
         for index in indexes:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             running = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
             holders[index] = [(proc.pid, proc.usedGpuMemory) for proc in running]
         return holders
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def pids_on(indexes: list[int]) -> set[int] | None:

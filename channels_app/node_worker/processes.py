@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from channels_app.backends import API_KEY_ENV, Backend, effective_args
+from slotserve_base.hosts import url_host
 
 # Popen objects of the processes this worker started, by run id, for their exit codes.
 _children: dict[str, subprocess.Popen[bytes]] = {}
@@ -362,15 +363,6 @@ def slots(host: str, port: int, secret: str = "", timeout: float = 1.0) -> int |
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
     return total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else None
-
-
-def url_host(host: str) -> str:
-    """How to write ``host`` in a URL that reaches it (a wildcard bind means this machine)."""
-    if host in {"0.0.0.0", ""}:
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
 
 
 def send(pid: int, sig: signal.Signals) -> None:

@@ -28,7 +28,7 @@ from channels_app.models import (
     Preset,
     ReloadRequest,
 )
-from channels_app.node_worker import gpus, locks, log_shipping, processes, run_log_folder
+from channels_app.node_worker import gpus, log_shipping, processes, run_log_folder
 from channels_app.node_worker.announce import announce_channel
 from channels_app.node_worker.lifecycle import (
     LAUNCH_FAILED,
@@ -47,7 +47,7 @@ from channels_app.node_worker.lifecycle import (
 from channels_app.node_worker.news import News, channel_news
 from channels_app.node_worker.registration import executable_for
 from channels_app.node_worker.rows import state_of, store, wanted_of
-from slotserve_base import overview
+from slotserve_base import locks, overview
 from slotserve_base.inflight import in_flight_counts
 from slotserve_base.redis_client import redis_client
 from slotserve_base.target import Target
@@ -55,7 +55,7 @@ from slotserve_base.vocabulary import NotificationEvent, Phase, RedisKey, redis_
 
 log = logging.getLogger(__name__)
 
-# A reconcile holds its channel's lock for this long, renewed while it runs (channels_app.node_worker.locks):
+# A reconcile holds its channel's lock for this long, renewed while it runs (slotserve_base.locks):
 # a worker that dies holding it frees the channel within the lock time, less than a tick.
 LOCK_SECONDS = 2.0
 # A closed gate outlives a worker that died while switching, but not forever.

@@ -24,9 +24,9 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
-from channels_app.node_worker.processes import url_host
 from gateway.rules.access import Booking, ChannelIndex, ChannelView
 from gateway.rules.callers import Caller, Limits
+from slotserve_base.hosts import url_host
 from slotserve_base.vocabulary import SERVING_PHASES, Phase
 
 log = logging.getLogger(__name__)

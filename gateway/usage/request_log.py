@@ -18,7 +18,7 @@ from django.contrib.auth import get_user_model
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from channels_app.node_worker import locks
+from slotserve_base import locks
 from slotserve_base.json_text import is_unicode
 from slotserve_base.vocabulary import RedisKey
 from slotserve_base.vocabulary import redis_key as key
