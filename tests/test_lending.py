@@ -547,7 +547,12 @@ def test_a_borrowed_whole_answer_goes_up_as_a_stream_and_ends_at_once(
         borrowed = threading.Thread(target=lambda: answers.append(chat(url, world.bo_key, **long)))
         borrowed.start()
         assert eventually(lambda: in_flight(world.other.pk) == 1, timeout=10)
-        time.sleep(0.5)  # under way in the process
+
+        def generating() -> bool:  # under way in the process: its one slot is busy
+            slots = httpx.get(f"http://127.0.0.1:{port}/slots", timeout=5).json()
+            return any(slot["is_processing"] for slot in slots)
+
+        assert eventually(generating, timeout=10)
         mine = Stream(url, world.ana_key, max_tokens=4)
         mine.join(timeout=30)
         borrowed.join(timeout=30)
