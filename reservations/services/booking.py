@@ -12,13 +12,13 @@ from reservations.models import Reservation
 from reservations.selectors import first_conflict
 from reservations.services.common import (
     ReservationConflict,
-    _check_limits,
-    _hold_channel,
-    _is_overlap,
-    _new_reservation,
-    _retrying_deadlocks,
-    _tell_approvers,
+    check_limits,
+    hold_channel,
+    is_overlap,
     needs_approval,
+    new_reservation,
+    retrying_deadlocks,
+    tell_approvers,
     validate_slot,
 )
 from slotserve_base.dispatch import enqueue_redecide
@@ -44,7 +44,7 @@ def reservation_create(
 
     The overlap check and the insert run one booking of the channel at a time:
     in one ``BEGIN IMMEDIATE`` transaction on SQLite, under the channel's row
-    lock on PostgreSQL (``_hold_channel``). The exclusion constraint stands
+    lock on PostgreSQL (``hold_channel``). The exclusion constraint stands
     behind the check; should an insert still break it, the slot that won is
     reported.
     """
@@ -66,14 +66,14 @@ def reservation_create(
     def book() -> Reservation:
         # Inside the transaction: on SQLite it holds the write lock, so two
         # bookings of one user cannot both fit the same remaining quota.
-        _hold_channel(channel.pk)
-        _check_limits(user=user, channel=channel, start=start, end=end, now=now)
+        hold_channel(channel.pk)
+        check_limits(user=user, channel=channel, start=start, end=end, now=now)
         conflict = first_conflict(channel, start, end)
         if conflict is not None:
             raise ReservationConflict(conflict)
         try:
             with transaction.atomic():
-                reservation = _new_reservation(
+                reservation = new_reservation(
                     user=user,
                     channel=channel,
                     start=start,
@@ -88,16 +88,16 @@ def reservation_create(
                     lend=lend,
                 )
         except IntegrityError as exc:
-            if not _is_overlap(exc):
+            if not is_overlap(exc):
                 raise
             raise ReservationConflict(first_conflict(channel, start, end)) from None
         if pending:
-            _tell_approvers(reservation)
+            tell_approvers(reservation)
         else:
             enqueue_redecide(channel.pk)
         return reservation
 
-    reservation = _retrying_deadlocks(book)
+    reservation = retrying_deadlocks(book)
     return reservation
 
 

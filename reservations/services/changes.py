@@ -17,15 +17,15 @@ from reservations.selectors import first_conflict
 from reservations.services.common import (
     InvalidTransition,
     ReservationConflict,
-    _check_limits,
-    _hold_channel,
-    _is_overlap,
-    _retrying_deadlocks,
-    _tell_approvers,
-    _whole_booking,
+    check_limits,
+    hold_channel,
+    is_overlap,
     lend_problem,
     needs_approval,
+    retrying_deadlocks,
     slot_problems,
+    tell_approvers,
+    whole_booking,
 )
 from reservations.services.waitlist import tell_waiting
 from reservations.wording import slot_words
@@ -63,12 +63,12 @@ def reservation_extend(*, reservation: Reservation, by: User, end: datetime, now
         channel=reservation.channel, exclusive=reservation.exclusive, user=reservation.user, by=by
     )
 
-    booking = _whole_booking(reservation)
+    booking = whole_booking(reservation)
 
     def grow() -> Reservation:
-        _hold_channel(reservation.channel_id)
+        hold_channel(reservation.channel_id)
         # The limits see the whole booking, the approved part and its extensions, as one.
-        _check_limits(
+        check_limits(
             user=reservation.user,
             channel=reservation.channel,
             start=booking[0].start,
@@ -95,7 +95,7 @@ def reservation_extend(*, reservation: Reservation, by: User, end: datetime, now
                         extends=reservation,
                         created=now,
                     )
-                    _tell_approvers(extension)
+                    tell_approvers(extension)
                     announce_booking(WebhookEvent.BOOKING_REQUESTED, extension, at=now)
                     return extension
                 updated = Reservation.objects.filter(
@@ -104,7 +104,7 @@ def reservation_extend(*, reservation: Reservation, by: User, end: datetime, now
                 if updated:
                     audited(reservation, {"end": reservation.end}, {"end": end})
         except IntegrityError as exc:
-            if not _is_overlap(exc):
+            if not is_overlap(exc):
                 raise
             raise ReservationConflict(
                 first_conflict(reservation.channel, reservation.end, end, exclude=reservation.pk)
@@ -117,7 +117,7 @@ def reservation_extend(*, reservation: Reservation, by: User, end: datetime, now
             enqueue_redecide(reservation.channel_id)
         return reservation
 
-    return _retrying_deadlocks(grow)
+    return retrying_deadlocks(grow)
 
 
 def reservation_reschedule(
@@ -212,9 +212,9 @@ def reservation_change(
         changes.update(status=ReservationStatus.PENDING, reviewed_at=None, reviewed_by=None)
 
     def change() -> Reservation:
-        _hold_channel(reservation.channel_id)
+        hold_channel(reservation.channel_id)
         if moved:
-            _check_limits(
+            check_limits(
                 user=reservation.user,
                 channel=reservation.channel,
                 start=start,
@@ -234,9 +234,9 @@ def reservation_change(
                     audited(reservation, {name: getattr(reservation, name) for name in changes}, changes)
                 if updated and asks_again:
                     reservation.refresh_from_db()
-                    _tell_approvers(reservation)
+                    tell_approvers(reservation)
         except IntegrityError as exc:
-            if not _is_overlap(exc):
+            if not is_overlap(exc):
                 raise
             raise ReservationConflict(
                 first_conflict(reservation.channel, start, end, exclude=reservation.pk)
@@ -264,4 +264,4 @@ def reservation_change(
             tell_waiting(channel_id=reservation.channel_id, now=now)
         return reservation
 
-    return _retrying_deadlocks(change)
+    return retrying_deadlocks(change)

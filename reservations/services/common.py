@@ -33,12 +33,12 @@ DEADLOCK_RETRIES = 10
 _T = TypeVar("_T")
 
 
-def _retrying_deadlocks(work: Callable[[], _T]) -> _T:
+def retrying_deadlocks(work: Callable[[], _T]) -> _T:
     """Run ``work`` in a transaction, again if PostgreSQL chose it as a deadlock's victim.
 
     Two inserts that overlap each other's uncommitted rows would wait for each
     other while checking the exclusion constraint, and PostgreSQL would abort
-    one; the channel's row lock (``_hold_channel``) keeps that from happening,
+    one; the channel's row lock (``hold_channel``) keeps that from happening,
     and this stays as the net behind it: run again, the victim sees the
     winner's row and answers a clear conflict. Inside an
     outer transaction nothing can be retried, so the error goes up as it is.
@@ -60,14 +60,14 @@ def _retrying_deadlocks(work: Callable[[], _T]) -> _T:
     raise AssertionError("unreachable")
 
 
-def _is_overlap(exc: IntegrityError) -> bool:
+def is_overlap(exc: IntegrityError) -> bool:
     """The database refused an overlap: PostgreSQL's exclusion constraint, or SQLite's trigger."""
     return getattr(exc.__cause__, "sqlstate", None) == EXCLUSION_VIOLATION or "reservation_no_overlap" in str(
         exc
     )
 
 
-def _hold_channel(channel_id: int) -> None:
+def hold_channel(channel_id: int) -> None:
     """Take the channel's row lock for the rest of the transaction.
 
     Bookings and extensions of one channel then go one at a time on
@@ -125,7 +125,7 @@ def limits_of(channel: Channel) -> BookingLimits:
     )
 
 
-def _whole_booking(reservation: Reservation) -> list[Reservation]:
+def whole_booking(reservation: Reservation) -> list[Reservation]:
     """The reservation and the ones it extends, oldest first: one booking for the limits."""
     chain = [reservation]
     while chain[0].extends_id is not None and len(chain) < 100:
@@ -207,7 +207,7 @@ def may_review(user: User, reservation: Reservation) -> bool:
     return reviewable_by(user).filter(pk=reservation.pk).exists()
 
 
-def _check_limits(
+def check_limits(
     *,
     user: User,
     channel: Channel,
@@ -272,7 +272,7 @@ def lend_problem(*, channel: Channel, exclusive: bool) -> None:
         )
 
 
-def _new_reservation(
+def new_reservation(
     *,
     user: User,
     channel: Channel,
@@ -311,7 +311,7 @@ def _new_reservation(
     return reservation
 
 
-def _tell_approvers(reservation: Reservation, also: int = 0) -> None:
+def tell_approvers(reservation: Reservation, also: int = 0) -> None:
     """The approvers hear of a booking (or extension) that waits for them: the booker's groups'
     approvers, or staff where the groups name none. ``also``: how many more occurrences of the
     same series wait with it."""

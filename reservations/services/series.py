@@ -15,14 +15,14 @@ from reservations.recurrence import RecurrenceError, occurrences
 from reservations.selectors import first_conflict
 from reservations.services.common import (
     InvalidTransition,
-    _hold_channel,
-    _is_overlap,
-    _new_reservation,
-    _retrying_deadlocks,
-    _tell_approvers,
+    hold_channel,
+    is_overlap,
     limit_problems,
     needs_approval,
+    new_reservation,
+    retrying_deadlocks,
     slot_problems,
+    tell_approvers,
     validate_slot,
 )
 from reservations.services.transitions import reservation_cancel
@@ -145,7 +145,7 @@ def reservation_series_create(
     pending = needs_approval(channel=channel, exclusive=exclusive, user=user)
 
     def book() -> tuple[ReservationSeries, list[Reservation], list[tuple[datetime, datetime, str]]]:
-        _hold_channel(channel.pk)
+        hold_channel(channel.pk)
         problems = series_problems(user=user, channel=channel, slots=slots, now=now, exclusive=exclusive)
         if problems and (not skip_conflicts or len(problems) == len(slots)):
             raise SeriesConflict(problems, len(slots))
@@ -163,7 +163,7 @@ def reservation_series_create(
                     created=now,
                 )
                 made = [
-                    _new_reservation(
+                    new_reservation(
                         user=user,
                         channel=channel,
                         start=s,
@@ -180,19 +180,19 @@ def reservation_series_create(
                     for s, e in wanted
                 ]
         except IntegrityError as exc:
-            if not _is_overlap(exc):
+            if not is_overlap(exc):
                 raise
             raise SeriesConflict(
                 series_problems(user=user, channel=channel, slots=slots, now=now, exclusive=exclusive),
                 len(slots),
             ) from None
         if pending:
-            _tell_approvers(made[0], also=len(made) - 1)
+            tell_approvers(made[0], also=len(made) - 1)
         else:
             enqueue_redecide(channel.pk)
         return series, made, problems
 
-    return _retrying_deadlocks(book)
+    return retrying_deadlocks(book)
 
 
 def reservation_series_cancel(*, series: ReservationSeries, by: User, now: datetime) -> list[Reservation]:
