@@ -143,18 +143,23 @@ def lent_world(
         "--standin-prefill-ms",
         str(prefill_ms),
     )
+    return booked_on(world, port, places=places, start=timezone.now() - timedelta(minutes=5), lend=lend)
+
+
+def booked_on(world, port: int, *, places: int, start: datetime, lend: bool) -> Reservation:
+    """Channel b (which lends) runs the model ``slow`` on ``port`` with ``places``, and ana has
+    booked it, that model and preset, from ``start`` for an hour, lent or not."""
     model = factories.llm("slow")
     preset = factories.preset(model, "default")
     serve(world.other, model, port)
     ChannelRuntime.objects.filter(channel=world.other).update(places=places, preset=preset)
     world.other.lend_while_idle = True
     world.other.save()
-    now = timezone.now()
     booking = factories.reservation(
-        owner=world.ana, on=world.other, start=now - timedelta(minutes=5), end=now + timedelta(hours=1),
-        target=preset,
-    )  # fmt: skip
+        owner=world.ana, on=world.other, start=start, end=start + timedelta(hours=1), target=preset
+    )
     Reservation.objects.filter(pk=booking.pk).update(lend=lend)
+    booking.refresh_from_db()
     return booking
 
 
@@ -513,18 +518,7 @@ def test_a_borrowed_whole_answer_goes_up_as_a_stream_and_ends_at_once(
     settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.2
     args = ("-np", "1", "-c", "512", "-t", "1", "--context-shift")
     with running_llama_server(llama_server_bin, tiny_gguf, *args) as port, serving(Gateway()) as url:
-        model = factories.llm("slow")
-        preset = factories.preset(model, "default")
-        serve(world.other, model, port)
-        ChannelRuntime.objects.filter(channel=world.other).update(places=1, preset=preset)
-        world.other.lend_while_idle = True
-        world.other.save()
-        now = timezone.now()
-        booking = factories.reservation(
-            owner=world.ana, on=world.other, start=now - timedelta(minutes=1), end=now + timedelta(hours=1),
-            target=preset,
-        )  # fmt: skip
-        Reservation.objects.filter(pk=booking.pk).update(lend=True)
+        booked_on(world, port, places=1, start=timezone.now() - timedelta(minutes=1), lend=True)
         snapshot_seen(url)
         asked = {
             "messages": [{"role": "user", "content": "hi"}],

@@ -23,7 +23,7 @@ from reservations.services import reservation_change
 from slotserve_base.redis_client import redis_client
 from tests.clock import eventually
 from tests.conftest import snapshot_seen
-from tests.test_lending import ANA, BO, Stream, lent_world, view
+from tests.test_lending import ANA, BO, Stream, booked_on, lent_world, view
 
 T0 = datetime(2026, 12, 7, 10, 0, tzinfo=UTC)
 
@@ -106,10 +106,10 @@ def test_a_slot_that_lends_nothing_ends_what_others_began_before_it(gateway_url,
     assert mine.status == 200 and mine.first - mine.started < 1.0
     rows = [r for r in _log_rows(3) if r.user_id == world.bo.pk]
     assert [r.error_code for r in rows] == ["slot_began", "slot_began"]
-    for row, stream in zip(rows, theirs, strict=True):
-        # What each was sent is counted to bo, not the 7,000 tokens asked; not ana's use.
-        assert 0 < row.completion_tokens <= len(stream.events) < 400
-        assert row.reservation_id is None and not row.borrowed
+    # What they were sent is counted to bo, not the 7,000 tokens each asked; not ana's use.
+    assert all(0 < row.completion_tokens < 400 for row in rows)
+    assert sum(row.completion_tokens for row in rows) <= sum(len(stream.events) for stream in theirs)
+    assert all(row.reservation_id is None and not row.borrowed for row in rows)
 
 
 def test_a_lent_slot_makes_what_others_began_before_it_borrowed(gateway_url, world, standins):
@@ -158,10 +158,8 @@ def test_with_a_real_llama_server_the_booker_is_served_within_two_seconds(
 ):
     """Two places, two long streams of someone else's begun before the slot: the booker's first
     token comes within 2 s of asking, whether the slot lends or not."""
-    from channels_app.models import ChannelRuntime
     from gateway.serve.proxy import Gateway
-    from tests import factories
-    from tests.conftest import running_llama_server, serve, serving
+    from tests.conftest import running_llama_server, serving
 
     settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 0.2
     # (the tiny model's context is 512 tokens: shifted, a stream of 20,000 runs about 12 s)
@@ -169,18 +167,7 @@ def test_with_a_real_llama_server_the_booker_is_served_within_two_seconds(
         llama_server_bin, tiny_gguf, "-np", "2", "-c", "1024", "-t", "1", "--context-shift"
     )
     with server as port:
-        model = factories.llm("slow")
-        preset = factories.preset(model, "default")
-        serve(world.other, model, port)
-        ChannelRuntime.objects.filter(channel=world.other).update(places=2, preset=preset)
-        world.other.lend_while_idle = True
-        world.other.save()
-        start = timezone.now() + timedelta(seconds=3)
-        booking = factories.reservation(
-            owner=world.ana, on=world.other, start=start, end=start + timedelta(hours=1), target=preset
-        )
-        Reservation.objects.filter(pk=booking.pk).update(lend=lend)
-        booking.refresh_from_db()
+        booking = booked_on(world, port, places=2, start=timezone.now() + timedelta(seconds=3), lend=lend)
         with serving(Gateway()) as url:
             theirs = [Stream(url, world.bo_key, max_tokens=20000, ignore_eos=True) for _ in range(2)]
             assert eventually(lambda: all(len(s.events) >= 3 for s in theirs), timeout=20), [

@@ -123,10 +123,7 @@ async def relay(
         try:
             content = await response.aread()
         except httpx.HTTPError as exc:
-            if preemption is not None and preemption.why is not None:
-                await refuse(send, preemption.why)
-            elif not cancel.fired:
-                await refuse(send, broke_off(channel, exc))
+            await _broken_off(send, channel, exc, cancel, preemption)
             return
         with contextlib.suppress(ValueError):
             usage.add(loads(content))
@@ -187,10 +184,7 @@ async def relay_assembled(
             assembly.feed(events.feed(chunk))
         assembly.feed(events.flush() + b"\n\n")
     except httpx.HTTPError as exc:
-        if preemption is not None and preemption.why is not None:
-            await refuse(send, preemption.why)
-        elif not cancel.fired:
-            await refuse(send, broke_off(channel, exc))
+        await _broken_off(send, channel, exc, cancel, preemption)
         return
     content = assembly.answer()
     headers = [(n, v) for n, v in headers if n.lower() != b"content-type"]
@@ -198,6 +192,17 @@ async def relay_assembled(
     stop_watching()
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": content})
+
+
+async def _broken_off(
+    send: Send, channel: ChannelView, exc: Exception, cancel: Cancel, preemption: Preemption | None
+) -> None:
+    """A whole answer cut before it was read: ended (told why), cancelled (the client left:
+    nothing to tell), or broken off by the process."""
+    if preemption is not None and preemption.why is not None:
+        await refuse(send, preemption.why)
+    elif not cancel.fired:
+        await refuse(send, broke_off(channel, exc))
 
 
 # A server's offer in the scope's extensions (gateway.serve.server does): ``on_disconnect(callback)``
