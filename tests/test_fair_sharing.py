@@ -102,12 +102,16 @@ def test_a_closed_gate_sends_held_requests_away_and_a_turn_not_looked_after_expi
     async def run() -> None:
         one, _ = two_gateways()
         assert (await one.turn(CHANNEL, 1, "a0", 1, 100)).taken
+        gone_looked = time.monotonic()
         assert not (await one.turn(CHANNEL, 1, "gone", 2, 100)).taken  # its gateway then dies
         assert not (await one.turn(CHANNEL, 1, "b1", 3, 100)).taken
-        await asyncio.sleep(0.2)
-        assert (await one.turn(CHANNEL, 1, "b1", 3, 100)).ahead == 1
-        await asyncio.sleep(0.2)
-        assert (await one.turn(CHANNEL, 1, "b1", 3, 100)).ahead == 0  # "gone" expired
+        assert (await one.turn(CHANNEL, 1, "b1", 3, 100)).ahead == 1  # "gone" waits before it
+        # b1's gateway keeps looking after its turn, gone's does not: gone's expires, and only
+        # then, HELD_SECONDS (0.3 s) after its last look.
+        while (await one.turn(CHANNEL, 1, "b1", 3, 100)).ahead != 0:
+            assert time.monotonic() - gone_looked < 5, "a turn nobody looked after did not expire"
+            await asyncio.sleep(0.02)
+        assert time.monotonic() - gone_looked >= 0.3
         redis_client().set(redis_key(RedisKey.GATE, CHANNEL), "1")
         assert (await one.turn(CHANNEL, 1, "b1", 3, 100)).switching
         redis_client().delete(redis_key(RedisKey.GATE, CHANNEL))

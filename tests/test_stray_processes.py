@@ -24,6 +24,7 @@ SLEEPER = """
 import signal, sys, time
 if sys.argv[1] == "stubborn":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ready", flush=True)
 time.sleep(120)
 """
 
@@ -40,6 +41,13 @@ def run_in(runs: Path, run_id: str, how: str = "plain") -> subprocess.Popen[byte
             env={**os.environ, "SLOTSERVE_RUN_ID": run_id},
             start_new_session=True,
         )
+
+
+def seen_as_runs(runs: Path, *processes: subprocess.Popen[bytes]) -> bool:
+    """Whether the node's scan sees each of ``processes`` as a run (it has exec'd, its run id
+    in its environment)."""
+    seen = {run.pid for run in strays.runs_here(runs)}
+    return all(process.pid in seen for process in processes)
 
 
 @pytest.fixture
@@ -63,7 +71,7 @@ def test_a_run_no_channel_owns_is_stopped_and_the_others_are_left_alone(node_dat
     # Another node worker's run on the same machine (its own data folder) is not this node's.
     elsewhere = run_in(tmp_path / "other-node" / "runs" / "gpu-0", "theirs")
     started += [owned, lost, elsewhere]
-    time.sleep(0.2)  # the runs have opened their logs
+    assert eventually(lambda: seen_as_runs(runs, owned, lost))  # each has its run id (exec'd)
 
     assert strays.stop_strays(channel.node.name) == 1
     assert eventually(lambda: lost.poll() is not None, timeout=5), "the stray run still runs"
@@ -75,11 +83,20 @@ def test_a_stray_that_ignores_sigterm_is_killed_after_the_stop_timeout(node_data
     channel = factories.channel("gpu-1")
     stubborn = run_in(runs / "gpu-1", "stubborn", how="stubborn")
     started.append(stubborn)
-    time.sleep(0.2)
+    # (its SIGTERM handler set: it says so in its run log)
+    assert eventually(lambda: "ready" in (runs / "gpu-1" / "stubborn.log").read_text())
+    assert eventually(lambda: seen_as_runs(runs, stubborn))
+    signalled = time.monotonic()
     assert strays.stop_strays(channel.node.name) == 1
     assert throughout(lambda: stubborn.poll() is None, 0.3)  # SIGTERM, ignored
-    time.sleep(0.4)
-    strays.stop_strays(channel.node.name)  # past the stop timeout: SIGKILL
+    # Looked at again until past the stop timeout (0.5 s): then SIGKILL.
+
+    def killed() -> bool:
+        strays.stop_strays(channel.node.name)
+        return stubborn.poll() is not None
+
+    assert eventually(killed, timeout=5, every=0.1)
+    assert time.monotonic() - signalled >= 0.5
     assert eventually(lambda: stubborn.poll() is not None, timeout=5)
 
 
