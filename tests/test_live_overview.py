@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from channels.layers import channel_layers
@@ -33,6 +34,17 @@ def memory_layer(settings):
 async def test_a_new_target_is_pushed_to_the_overview(memory_layer):
     from asgiref.sync import sync_to_async
 
+    channel, socket = await _watching_a_channel()
+    await sync_to_async(decide_channels)(now=timezone.now())
+    message = await socket.receive_json_from(timeout=1)
+    assert message == {"channels": [channel.pk], "what": "target"}
+    await socket.disconnect()
+
+
+async def _watching_a_channel() -> tuple[Any, WebsocketCommunicator]:
+    """A channel with a default, and a signed-in person's overview socket, connected."""
+    from asgiref.sync import sync_to_async
+
     user = await sync_to_async(factories.user)("watcher")
     channel = await sync_to_async(factories.channel)(
         "live-0", default=await sync_to_async(lambda: factories.preset(factories.llm("m"), "p"))()
@@ -41,10 +53,7 @@ async def test_a_new_target_is_pushed_to_the_overview(memory_layer):
     socket.scope["user"] = user
     connected, _ = await socket.connect()
     assert connected
-    await sync_to_async(decide_channels)(now=timezone.now())
-    message = await socket.receive_json_from(timeout=1)
-    assert message == {"channels": [channel.pk], "what": "target"}
-    await socket.disconnect()
+    return channel, socket
 
 
 @pytest.mark.anyio
@@ -115,14 +124,7 @@ async def test_a_socket_silent_for_30_s_on_the_real_redis_layer_still_receives_a
     settings.CHANNEL_LAYERS = layers
     channel_layers.backends.clear()
     try:
-        user = await sync_to_async(factories.user)("watcher")
-        channel = await sync_to_async(factories.channel)(
-            "live-0", default=await sync_to_async(lambda: factories.preset(factories.llm("m"), "p"))()
-        )
-        socket = WebsocketCommunicator(OverviewConsumer.as_asgi(), "/ws/overview")
-        socket.scope["user"] = user
-        connected, _ = await socket.connect()
-        assert connected
+        channel, socket = await _watching_a_channel()
         await asyncio.sleep(30)
         assert await socket.receive_nothing(timeout=0.1)  # still open, nothing said
         await sync_to_async(decide_channels)(now=timezone.now())

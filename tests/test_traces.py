@@ -4,11 +4,13 @@ Celery task reaches a local OTLP receiver; without them, nothing of OpenTelemetr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -142,23 +144,33 @@ def test_a_gateway_request_is_a_trace_of_its_stages_without_its_prompt(gateway_u
     assert all(PROMPT.encode() not in body for body in spans_to_receiver.bodies)
 
 
-def test_web_requests_and_tasks_are_traced_when_the_variables_ask(tmp_path):
+@contextlib.contextmanager
+def traced_site(
+    tmp_path: Path, *, worker: bool = False
+) -> Iterator[tuple[OtlpReceiver, str, dict[str, str]]]:
+    """SlotServe's web process (and a Celery worker) with traces on, exporting to a local OTLP
+    receiver: the receiver, the site's URL once its sign-in page answers, and the environment."""
     with OtlpReceiver() as receiver:
         env = _env(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="100")
         subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
         port = free_port()
+        commands = {
+            "web": [sys.executable, "-m", "uvicorn", "slotserve_site.asgi:application", "--port", str(port)]
+        }
+        if worker:
+            commands["worker"] = [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "slotserve_site",
+                "worker",
+                "--concurrency",
+                "1",
+            ]
         started = []
         try:
-            for name, command in (
-                (
-                    "web",
-                    [sys.executable, "-m", "uvicorn", "slotserve_site.asgi:application", "--port", str(port)],
-                ),
-                (
-                    "worker",
-                    [sys.executable, "-m", "celery", "-A", "slotserve_site", "worker", "--concurrency", "1"],
-                ),
-            ):
+            for name, command in commands.items():
                 log = (tmp_path / f"{name}.log").open("w")
                 started.append(
                     subprocess.Popen(
@@ -170,37 +182,43 @@ def test_web_requests_and_tasks_are_traced_when_the_variables_ask(tmp_path):
                         start_new_session=True,
                     )
                 )
+            url = f"http://127.0.0.1:{port}"
 
             def page() -> bool:
                 try:
-                    return httpx.get(f"http://127.0.0.1:{port}/accounts/login/", timeout=5).status_code == 200
+                    return httpx.get(f"{url}/accounts/login/", timeout=5).status_code == 200
                 except httpx.HTTPError:
                     return False
 
             assert eventually(page, timeout=60, every=0.3), (tmp_path / "web.log").read_text()[-2000:]
-            sent = "from slotserve_base import dispatch; dispatch.send(dispatch.AUDIT_FORGET)"
-            subprocess.run(
-                [sys.executable, "-c", f"import django; django.setup(); {sent}"],
-                cwd=ROOT,
-                env={**env, "DJANGO_SETTINGS_MODULE": "slotserve_site.settings"},
-                check=True,
-            )
-
-            def traced() -> bool:
-                services = {(s.service, s.name) for s in receiver.spans}
-                return ("slotserve", "GET accounts/login/") in services and any(
-                    service == "slotserve-worker" and "forget_old_audit" in name for service, name in services
-                )
-
-            assert eventually(traced, timeout=60, every=0.3), (
-                sorted({(s.service, s.name) for s in receiver.spans}),
-                (tmp_path / "worker.log").read_text()[-2000:],
-            )
+            yield receiver, url, env
         finally:
             for child in started:
                 os.killpg(child.pid, signal.SIGTERM)
             for child in started:
                 child.wait(timeout=30)
+
+
+def test_web_requests_and_tasks_are_traced_when_the_variables_ask(tmp_path):
+    with traced_site(tmp_path, worker=True) as (receiver, _, env):
+        sent = "from slotserve_base import dispatch; dispatch.send(dispatch.AUDIT_FORGET)"
+        subprocess.run(
+            [sys.executable, "-c", f"import django; django.setup(); {sent}"],
+            cwd=ROOT,
+            env={**env, "DJANGO_SETTINGS_MODULE": "slotserve_site.settings"},
+            check=True,
+        )
+
+        def traced() -> bool:
+            services = {(s.service, s.name) for s in receiver.spans}
+            return ("slotserve", "GET accounts/login/") in services and any(
+                service == "slotserve-worker" and "forget_old_audit" in name for service, name in services
+            )
+
+        assert eventually(traced, timeout=60, every=0.3), (
+            sorted({(s.service, s.name) for s in receiver.spans}),
+            (tmp_path / "worker.log").read_text()[-2000:],
+        )
 
 
 def test_no_trace_carries_a_secret_of_a_path_or_a_query(tmp_path):
@@ -212,48 +230,21 @@ def test_no_trace_carries_a_secret_of_a_path_or_a_query(tmp_path):
         "resettoken-" + uuid.uuid4().hex[:20],
         uuid.uuid4().hex,
     )
-    with OtlpReceiver() as receiver:
-        env = _env(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="100")
-        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-        port = free_port()
-        log = (tmp_path / "web.log").open("w")
-        web = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "slotserve_site.asgi:application", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            url = f"http://127.0.0.1:{port}"
+    with traced_site(tmp_path) as (receiver, url, _):
+        asked = [f"/calendar/{feed}.ics", f"/accounts/reset/MQ/{reset}/", f"/accounts/login/?code={code}"]
+        for path in asked:
+            httpx.get(url + path, timeout=10)
 
-            def up() -> bool:
-                try:
-                    return httpx.get(f"{url}/accounts/login/", timeout=5).status_code == 200
-                except httpx.HTTPError:
-                    return False
+        def traced() -> bool:
+            return (
+                sum("calendar" in s.name or "reset" in s.name or "login" in s.name for s in receiver.spans)
+                >= 4
+            )
 
-            assert eventually(up, timeout=60, every=0.3), (tmp_path / "web.log").read_text()[-2000:]
-            asked = [f"/calendar/{feed}.ics", f"/accounts/reset/MQ/{reset}/", f"/accounts/login/?code={code}"]
-            for path in asked:
-                httpx.get(url + path, timeout=10)
-
-            def traced() -> bool:
-                return (
-                    sum(
-                        "calendar" in s.name or "reset" in s.name or "login" in s.name for s in receiver.spans
-                    )
-                    >= 4
-                )
-
-            assert eventually(traced, timeout=60, every=0.3), sorted(s.name for s in receiver.spans)
-            exported = b"".join(receiver.bodies)
-            for secret in (feed, reset, code):
-                assert secret.encode() not in exported, secret
-            # What is left still says which page it was.
-            targets = {str(s.attributes.get("http.target", "")) for s in receiver.spans}
-            assert "/calendar/…" + ".ics" in targets and "/accounts/reset/MQ/…/" in targets, targets
-        finally:
-            os.killpg(web.pid, signal.SIGTERM)
-            web.wait(timeout=30)
+        assert eventually(traced, timeout=60, every=0.3), sorted(s.name for s in receiver.spans)
+        exported = b"".join(receiver.bodies)
+        for secret in (feed, reset, code):
+            assert secret.encode() not in exported, secret
+        # What is left still says which page it was.
+        targets = {str(s.attributes.get("http.target", "")) for s in receiver.spans}
+        assert "/calendar/…" + ".ics" in targets and "/accounts/reset/MQ/…/" in targets, targets
