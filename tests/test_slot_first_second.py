@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -184,3 +185,68 @@ def test_with_a_real_llama_server_the_booker_is_served_within_two_seconds(
                 assert not stream.is_alive()
             ended = [_ending(s) for s in theirs]
             assert ("preempted_by_booker" if lend else "slot_began") in ended, ended
+
+
+class FakeLending:
+    """What the tenancy asks of lending: the borrowed requests it hands over, and room made."""
+
+    def __init__(self) -> None:
+        self.handed: list[str] = []
+        self.room: list[tuple[int, int]] = []
+
+    async def lent(self, channel_id: int, request_id: str, end) -> None:
+        self.handed.append(request_id)
+
+    async def make_room(self, channel_id: int, places: int) -> list[str]:
+        self.room.append((channel_id, places))
+        return []
+
+
+def test_the_tenancy_lends_ends_and_leaves_alone_by_the_rule_and_says_why():
+    """One look of a gateway process's tenancy at its requests in flight (``Tenancy.look``): at a
+    lent slot's start someone else's request is lent (its record marked, handed to lending, room
+    made for the booker); at the start of one that lends nothing it ends with ``slot_began``; a
+    request borrowed from a slot that stops lending ends with ``preempted_by_booker``; the
+    booker's own goes on."""
+    import asyncio
+
+    from gateway.admit.snapshot import Snapshot
+    from gateway.rules.access import Refusal
+    from gateway.rules.callers import Caller
+    from gateway.stream.answer import Answer
+    from gateway.stream.tenancy import Flight, Tenancy
+
+    def answer(user: int) -> Answer:
+        made = Answer()
+        made.caller = Caller(user, f"u{user}", None, 0, None, False, 1, UTC)
+        return made
+
+    def flights(*users: int) -> tuple[list[Flight], list[str]]:
+        ended: list[str] = []
+
+        def ender(user: int) -> Callable[[Refusal], None]:
+            return lambda why: ended.append(f"{user}:{why.code}")
+
+        return [Flight(user, UTC, answer(user), ender(user), f"r{user}") for user in users], ended
+
+    lent = view()
+    assert lent.booking is not None
+    now = T0 + timedelta(minutes=1)  # inside the booking (it began 5 minutes before T0)
+    lending = FakeLending()
+    tenancy = Tenancy(snapshots=None, lending=lending)  # (it looks up nothing here)
+    mine_and_theirs, ended = flights(ANA, BO)
+    tenancy.flying[lent.id] = set(mine_and_theirs)
+    asyncio.run(tenancy.look(Snapshot(channels=(lent,)), now))
+    bo = next(f for f in mine_and_theirs if f.user_id == BO)
+    assert ended == [] and bo.answer.borrowed and bo.answer.reservation_id == lent.booking.reservation_id
+    assert lending.handed == [f"r{BO}"] and lending.room == [(lent.id, 2)]
+    assert not next(f for f in mine_and_theirs if f.user_id == ANA).answer.borrowed
+    # The slot stops lending: the borrowed request ends, told so; ana's goes on.
+    stopped = replace(lent, booking=replace(lent.booking, lends=False))
+    asyncio.run(tenancy.look(Snapshot(channels=(stopped,)), now))
+    assert ended == [f"{BO}:preempted_by_booker"]
+    # A slot that lends nothing begins: what others began before it ends, as slot_began.
+    others, ended = flights(BO)
+    tenancy.flying = {lent.id: set(others)}
+    asyncio.run(tenancy.look(Snapshot(channels=(stopped,)), now))
+    assert ended == [f"{BO}:slot_began"] and tenancy.flying[lent.id] == set()

@@ -91,7 +91,11 @@ class Tenancy:
                 stay = staying(caller_id=flight.user_id, borrowed_now=flight.answer.borrowed, channel=view)
                 if stay == Stay.ENDS:
                     flights.discard(flight)
-                    flight.end(ended_at_slot(view, borrowed_now=flight.answer.borrowed, zone=flight.zone))
+                    # Borrowed from this very slot, which stopped lending; else a slot began.
+                    taken_back = (
+                        flight.answer.borrowed and flight.answer.reservation_id == view.booking.reservation_id
+                    )
+                    flight.end(ended_at_slot(view, borrowed_now=taken_back, zone=flight.zone))
                 elif stay == Stay.BORROWED and flight.request_id is not None:
                     await self._borrowed(view, flight)
                     borrowed = True
@@ -102,7 +106,9 @@ class Tenancy:
 
     async def _borrowed(self, view: ChannelView, flight: Flight) -> None:
         assert flight.request_id is not None
+        assert view.booking is not None
         flight.answer.borrowed = True  # its log record says so, and its use is not the booking's
+        flight.answer.reservation_id = view.booking.reservation_id  # the slot it borrows
         flight.lent_here = True
         why = preempted(view)
         with contextlib.suppress(RedisError):
