@@ -1,7 +1,6 @@
 from django.urls import path
 
-from gateway.usage import views as usage_views
-from portal import account, staff_actions
+from portal import account, staff_actions, usage
 from portal import actions as portal_actions
 from portal import calendar as portal_calendar
 from portal import views as portal
@@ -37,8 +36,8 @@ urlpatterns = [
     path("settings/time-zone", account.set_time_zone, name="set_time_zone"),
     path("keys/", account.keys, name="keys"),
     path("requests/", account.my_requests, name="requests"),
-    path("usage/", usage_views.usage_page, name="usage"),
-    path("usage/csv", usage_views.usage_csv, name="usage_csv"),
+    path("usage/", usage.usage_page, name="usage"),
+    path("usage/csv", usage.usage_csv, name="usage_csv"),
     path("keys/<int:pk>/revoke", account.revoke_key, name="revoke_key"),
     path("webhooks/", portal_webhooks.webhooks, name="webhooks"),
     path("webhooks/<int:pk>/test", portal_webhooks.test, name="webhook_test"),

@@ -16,7 +16,7 @@ from channels_app.api.views import (
 )
 from channels_app.placement.api import FreeSlotsView, PlacementView
 from gateway.api import ApiKeyViewSet, RequestLogViewSet
-from gateway.usage.views import UsageView
+from gateway.usage.api import UsageView
 from reservations.account_api import MeView, NotificationViewSet, WaitlistViewSet
 from reservations.api import ReservationViewSet
 from reservations.webhooks.api import WebhookViewSet

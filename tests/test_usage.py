@@ -425,7 +425,7 @@ def test_a_large_labs_usage_page_pages_its_table_and_charts_the_busiest(staff):
     the 25 with the most booked hours, the table 100 rows a page (the CSV has them all)."""
     import re
 
-    from gateway.usage.views import CHART_BARS, TABLE_PAGE
+    from portal.usage import CHART_BARS, TABLE_PAGE
 
     channel = factories.channel("k")
     day = timezone.now().date() - timedelta(days=2)
@@ -476,7 +476,7 @@ def test_a_chart_is_drawn_once_for_the_same_numbers_and_again_when_they_change(m
     import pygal
     from django.core.cache import cache
 
-    from gateway.usage.views import hours_chart
+    from portal.usage import hours_chart
 
     cache.clear()
     drawn: list[str] = []
