@@ -51,13 +51,9 @@ class AuditMiddleware:
             return self.get_response(request)
 
 
-# Secrets are recorded as having changed, never their value nor any part of it: the entry keeps
-# "(set)" or "(none)", and reads as these words (``audit_views``).
-SECRET_FIELDS = {"password": "password changed", "secret": "new secret"}
-
-
 def hidden(value: str) -> str:
-    """A secret's value as an entry keeps it (django-auditlog's ``mask_callable``)."""
+    """A secret's value as an entry keeps it (django-auditlog's ``mask_callable``): "(set)" or
+    "(none)", never any part of it; read as words (``slotserve_base.audit_trail.SECRET_FIELDS``)."""
     return "(none)" if value in ("", "None") or value.startswith("!") else "(set)"
 
 

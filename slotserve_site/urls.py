@@ -17,10 +17,12 @@ from channels_app.api.views import (
 from channels_app.placement.api import FreeSlotsView, PlacementView
 from gateway.api import ApiKeyViewSet, RequestLogViewSet
 from gateway.usage.api import UsageView
+from portal import audit
 from reservations.account_api import MeView, NotificationViewSet, WaitlistViewSet
 from reservations.api import ReservationViewSet
 from reservations.webhooks.api import WebhookViewSet
-from slotserve_site import audit_views, sign_in
+from slotserve_base.audit_trail import AuditViewSet
+from slotserve_site import sign_in
 from slotserve_site.metrics import metrics_view
 from slotserve_site.password_reset import PublicAddressResetView
 from slotserve_site.story import views as story_views
@@ -41,7 +43,7 @@ router.register("waitlist", WaitlistViewSet, basename="waitlist")
 router.register("keys", ApiKeyViewSet, basename="apikey")
 router.register("requests", RequestLogViewSet, basename="requestlog")
 router.register("webhooks", WebhookViewSet, basename="webhook")
-router.register("audit", audit_views.AuditViewSet, basename="audit")
+router.register("audit", AuditViewSet, basename="audit")
 
 
 def health(request: HttpRequest) -> JsonResponse:
@@ -80,9 +82,9 @@ urlpatterns = [
     path("api-auth/", include("rest_framework.urls")),
     # Programs that ask for the icon without reading a page's <link rel="icon">.
     path("favicon.ico", RedirectView.as_view(url="/static/portal/slotserve.svg", permanent=True)),
-    path("audit/", audit_views.audit_page, name="audit"),
+    path("audit/", audit.audit_page, name="audit"),
     path("channel/<int:pk>/story", story_views.story_page, name="story"),
-    path("audit/csv", audit_views.audit_csv, name="audit_csv"),
+    path("audit/csv", audit.audit_csv, name="audit_csv"),
     path("health", health),
     path("metrics", metrics_view),
     path("", include("portal.urls")),

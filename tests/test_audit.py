@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 
 from gateway.api_keys import api_key_create
 from reservations.models import ReservationStatus
-from slotserve_site.audit_views import row_of
+from slotserve_base.audit_trail import row_of
 from tests import factories
 from tests.test_browser import browser  # noqa: F401  (a fixture)
 

@@ -15,7 +15,7 @@ from django.contrib.auth.models import Group, Permission
 from django.test import Client
 from rest_framework.test import APIClient
 
-from slotserve_site.audit_views import row_of
+from slotserve_base.audit_trail import row_of
 from tests import factories
 
 pytestmark = pytest.mark.django_db

@@ -1,26 +1,24 @@
-"""Reading the audit trail (``slotserve_site.audit``): staff's page ``/audit/`` with its CSV, and
-``GET /api/audit/``; the same filters in each (``who``, ``what``, ``object``, ``since``, ``until``)."""
+"""Reading the audit trail (docs/architecture.md, "The audit trail"): its filters (``who``,
+``what``, ``object``, ``since``, ``until``), each entry as people read it (``row_of``) and
+``GET /api/audit/``; staff's page ``/audit/`` and its CSV (``portal/audit.py``) read the same."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import django_filters
 from auditlog.models import LogEntry
-from django.conf import settings
-from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import FieldDoesNotExist
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
-from django.shortcuts import render
 from rest_framework import permissions, serializers, viewsets
 from rest_framework.pagination import LimitOffsetPagination
 
 from slotserve_base.api_fields import UnscopedKeyToRead
-from slotserve_base.csv_stream import csv_response
-from slotserve_base.iso import UtcDateTimeField, iso_moment
-from slotserve_site.audit import SECRET_FIELDS
+from slotserve_base.iso import UtcDateTimeField
+
+# Secrets are recorded as having changed, never their value nor any part of it: the entry keeps
+# "(set)" or "(none)" (``slotserve_site.audit.hidden``), and reads as these words.
+SECRET_FIELDS = {"password": "password changed", "secret": "new secret"}
 
 ACTIONS = {
     LogEntry.Action.CREATE: "created",
@@ -135,56 +133,3 @@ class AuditViewSet(viewsets.ReadOnlyModelViewSet[LogEntry]):
 
     def get_queryset(self) -> QuerySet[LogEntry]:
         return trail()
-
-
-@staff_member_required
-def audit_page(request: HttpRequest) -> HttpResponse:
-    found = AuditFilter(request.GET, queryset=trail())
-    rows = [row_of(entry) for entry in found.qs[:200]] if found.is_valid() else []
-    return render(
-        request,
-        "portal/audit.html",
-        {
-            "rows": rows,
-            "errors": found.errors,
-            "filters": request.GET,
-            "query": request.GET.urlencode(),
-            "retention_days": settings.SLOTSERVE_AUDIT_DAYS,
-        },
-    )
-
-
-CSV_FIELDS = ["at", "who", "email", "via", "key", "action", "what", "object", "changes"]
-
-
-@staff_member_required
-def audit_csv(request: HttpRequest) -> HttpResponseBase:
-    found = AuditFilter(request.GET, queryset=trail())
-    if not found.is_valid():
-        return HttpResponse(str(found.errors), status=400, content_type="text/plain")
-
-    def lines() -> Iterator[list[Any]]:
-        for entry in found.qs.iterator(chunk_size=1000):
-            row = row_of(entry)
-            changes = "; ".join(f"{name}: {old} → {new}" for name, (old, new) in _pairs(row["shown"]))
-            yield [
-                iso_moment(row["at"]),
-                row["who"],
-                row["email"],
-                row["via"],
-                row["key"],
-                row["action"],
-                row["what"],
-                row["object"],
-                changes,
-            ]
-
-    return csv_response(request, CSV_FIELDS, lines(), "slotserve-audit.csv")
-
-
-def _pairs(changes: dict[str, Any]) -> Iterator[tuple[str, tuple[Any, Any]]]:
-    for name, change in changes.items():
-        if isinstance(change, list) and len(change) == 2:
-            yield name, (change[0], change[1])
-        else:  # a many-to-many change: {"type": "add", "objects": [...]}
-            yield name, ("", str(change))
