@@ -279,7 +279,7 @@ def test_the_channel_index_chooses_as_route_does_without_looking_through_every_c
     the rest (no ready channel, a choice among several) to ``route``."""
     import random
 
-    from gateway.rules.access import ChannelIndex
+    from gateway.rules.channel_index import ChannelIndex
 
     rng = random.Random(7)
     cy = 3
@@ -385,7 +385,7 @@ def test_a_slot_that_begins_between_two_snapshots_is_kept_from_its_first_moment(
     mine = route(caller_id=ANA, model="llama", pinned=None, channels=[soon], in_flight={}, now=after)
     assert mine.channel is not None and mine.channel.booking == ahead, "her own channel, as booked"
     # The fast lane's index leaves such a channel to route, which looks at the time.
-    from gateway.rules.access import ChannelIndex
+    from gateway.rules.channel_index import ChannelIndex
 
     index = ChannelIndex.of([soon])
     assert index.only_choice(BO, "qwen") is None and index.only_choice(ANA, "qwen") is None

@@ -10,8 +10,7 @@ from datetime import datetime, timedelta, tzinfo
 
 from django.conf import settings
 
-from gateway.admit.request import with_switching
-from gateway.rules.access import ChannelView, Refusal, admit, told_at
+from gateway.rules.access import ChannelView, Refusal, admit, told_at, with_switching
 from gateway.rules.callers import Caller
 from gateway.types import Send
 from gateway.wire.counter_scripts import OverLimit, week_start

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.admit.snapshot import Snapshot
-from gateway.rules.access import ChannelView, Refusal
+from gateway.rules.access import Refusal
 from gateway.rules.body import parse_body
 from gateway.rules.callers import Caller
 from gateway.types import Scope
@@ -159,11 +159,6 @@ def split_path(path: str) -> tuple[str | None, str]:
     return None, path
 
 
-def is_booker(channel: ChannelView, caller: Caller) -> bool:
-    """Fair sharing's exemption: a booker in their own slot is not limited."""
-    return channel.booking is not None and channel.booking.user_id == caller.user_id
-
-
 def wait_seconds(scope: Scope, caller: Caller, most: float) -> tuple[float, str]:
     """How long to hold this request if its model is not ready: ``X-SlotServe-Wait`` (seconds),
     else the key's default; at most ``SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS``. And what is wrong
@@ -185,11 +180,6 @@ def wait_seconds(scope: Scope, caller: Caller, most: float) -> tuple[float, str]
 
 def header(scope: Scope, name: bytes) -> bytes:
     return next((v for k, v in scope["headers"] if k == name), b"")
-
-
-def with_switching(channel: ChannelView, switching: bool) -> ChannelView:
-    """``channel`` as the gateway sees it with its gate shut (``switching``) or open."""
-    return replace(channel, switching=switching) if switching != channel.switching else channel
 
 
 @dataclass(frozen=True, slots=True)

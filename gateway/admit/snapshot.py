@@ -24,8 +24,9 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
-from gateway.rules.access import Booking, ChannelIndex, ChannelView
+from gateway.rules.access import Booking, ChannelView
 from gateway.rules.callers import Caller, Limits
+from gateway.rules.channel_index import ChannelIndex
 from slotserve_base.hosts import url_host
 from slotserve_base.vocabulary import SERVING_PHASES, Phase
 

@@ -17,11 +17,12 @@ application then serves it from the start.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
-from gateway.admit.admission import Entry, chosen_at_once, going
+from gateway.admit.admission import Entry
 from gateway.admit.places import takes_place
 from gateway.admit.request import (
     ROOT_PATHS,
@@ -31,6 +32,7 @@ from gateway.admit.request import (
     is_admin_endpoint,
     path_problem,
 )
+from gateway.admit.step import Admission, GoNow, Seen, step
 from gateway.rules.access import Refusal
 from gateway.serve.exchange import Exchange
 from gateway.serve.proxy import Gateway
@@ -58,10 +60,11 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
     if snapshot is None:
         return False
     caller = authenticate(scope, snapshot)
-    if caller is None or caller.scoped:
-        return False  # refused, or checked against its key's scope: the application's
-    # The same stages as the application's, in the same order; where the application would
-    # refuse, hold or choose among channels by their requests in flight, the lane declines.
+    if caller is None:
+        return False  # refused by the application
+    # The same stages as the application's, in the same order, to the same first admission
+    # step; where the application would refuse, hold, wait a turn, count in first or weigh
+    # channels by their requests in flight, the lane declines.
     request = asked(
         scope,
         raw,
@@ -72,20 +75,29 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
         max_body=gateway.max_body,
         max_wait=gateway.max_wait,
     )
-    if isinstance(request, Refusal) or request.wait:
+    if isinstance(request, Refusal):
         return False
     now = timezone.now()
     if caller.expired(now):
         return False  # the application tells it so
-    channel = chosen_at_once(snapshot, request, now)
-    if channel is None or channel.upstream is None:
-        return False
-    places = gateway.places
-    go = going(
-        channel, caller, gateway.counters, places, waiting=False, takes_place=takes_place("POST", path)
+    clock = time.monotonic()
+    admission = Admission(caller, request.model, None, takes_place("POST", path), clock + request.wait)
+    seen = Seen(
+        snapshot.channels,
+        clock,
+        snapshot.index,
+        place_room=gateway.places.room,
+        limit_room=gateway.counters.room,
     )
-    if not go.at_once:
+    _, action = step(admission, seen, now)
+    # A lent slot's requests are the application's: borrowed ones may be ended by the booker's.
+    if not isinstance(action, GoNow) or action.lends:
         return False
+    go = action.go
+    channel = go.channel
+    if channel.upstream is None:
+        return False
+    gateway.take_room(go, caller)
     upstream = gateway.upstream_for(channel.upstream)
     answer = Answer()
     answer.caller, answer.method, answer.path, answer.model = caller, "POST", path, request.named

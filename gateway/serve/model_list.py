@@ -14,12 +14,9 @@ from gateway.admit.refusals import (
     error_body,
     respond,
 )
-from gateway.admit.request import (
-    with_switching,
-)
 from gateway.admit.snapshot import Snapshot
 from gateway.rules import key_scope
-from gateway.rules.access import ChannelView, models_for
+from gateway.rules.access import ChannelView, models_for, with_switching
 from gateway.rules.callers import Caller
 from gateway.types import Send
 from gateway.wire.counters import Counters

@@ -17,34 +17,33 @@ application does: holding a request that asked to wait, and answering the rest.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from gateway.admit.admission import Entry, Go, going, still_admitted
+from gateway.admit.admission import Entry
 from gateway.admit.places import Places, takes_place
 from gateway.admit.refusals import (
     error_body,
     error_flavour,
     held_cap,
-    over_limit_refusal,
     refuse,
     respond,
     send_event_error,
-    switching_refusal,
-    too_many_held,
     unreachable,
 )
 from gateway.admit.request import (
     ROOT_PATHS,
+    Asked,
     asked,
     authenticate,
     flavour_of,
@@ -55,8 +54,25 @@ from gateway.admit.request import (
     too_large,
 )
 from gateway.admit.snapshot import Snapshot, SnapshotCache
+from gateway.admit.step import (
+    Abandon,
+    Action,
+    Admission,
+    CountFlights,
+    CountHeld,
+    CountIn,
+    Forward,
+    GiveBack,
+    Go,
+    GoNow,
+    Hold,
+    Refuse,
+    Seen,
+    WaitTurn,
+    step,
+)
 from gateway.rules import key_scope
-from gateway.rules.access import ChannelView, Refusal, route
+from gateway.rules.access import Refusal
 from gateway.rules.body import BodyTooLarge
 from gateway.rules.callers import Caller
 from gateway.rules.cors import CorsPolicy
@@ -64,15 +80,15 @@ from gateway.serve.model_list import ModelList
 from gateway.stream.answer import Answer
 from gateway.stream.events import Usage
 from gateway.stream.holding import Holding, wait_turn
-from gateway.stream.lent import forward
+from gateway.stream.lent import carry
 from gateway.stream.outgoing import Outgoing
 from gateway.stream.relay import ON_DISCONNECT, adding_headers, continuing_stream, without_body
 from gateway.stream.tenancy import Tenancy
 from gateway.types import Receive, Scope, Send
 from gateway.wire.counter_scripts import OverLimit
-from gateway.wire.counters import HELD_TTL_SECONDS, Counters
+from gateway.wire.counters import Counters
 from gateway.wire.upstream import UpstreamTransport
-from slotserve_base.vocabulary import ErrorCode, Phase
+from slotserve_base.vocabulary import ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -227,85 +243,52 @@ class Gateway:
         if isinstance(request, Refusal):
             await refuse(send, request)
             return
-        if caller.scoped:
-            pinned_view = next((c for c in snapshot.channels if c.name == pinned), None) if pinned else None
-            outside = key_scope.outside(caller, request.model, pinned_view)
-            if outside is not None:
-                await refuse(send, outside)
-                return
-        body, model, wait = request.body, request.model, request.wait
         answer.model = request.named
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
+        state = Admission(
+            caller,
+            request.model,
+            pinned,
+            takes_place(scope["method"], path),
+            deadline=time.monotonic() + request.wait,
+        )
+        body = request.body
         holding = Holding(receive, send, stream=body is not None and body.get("stream") is True)
-        held, hold_token, hold_refresh_at = False, uuid.uuid4().hex, 0.0
+        hold_token = uuid.uuid4().hex
+        seen, now = self.seen(snapshot), answer.decide()
         try:
+            # Observe, step, act (``gateway.admit.step``): until the request goes upstream, is
+            # refused, or its client leaves.
             while True:
-                now = answer.decide()
-                channel, refusal = await self.choose(snapshot, caller, model, pinned, now)
-                if channel is not None and caller.scoped:
-                    # The scope is what the process serves, not what the body names: a pinned
-                    # channel or the caller's own booking may serve another model.
-                    outside = key_scope.outside(caller, channel.model, channel)
-                    if outside is not None:
-                        channel, refusal = None, outside
-                if channel is not None:
-                    go = going(
-                        channel,
-                        caller,
-                        self.counters,
-                        self.places,
-                        waiting=loop.time() < deadline,
-                        takes_place=takes_place(scope["method"], path),
-                    )
-                    if go.at_once:
-                        # Nothing to wait for, and no limit to check or room under them: the
-                        # request goes upstream while Redis counts it in (and checks the limits);
-                        # nothing comes back before it is counted.
-                        entry = Entry.soon(self.counters, go, caller, now)
-                        break
-                    place = None
-                    if go.queued:
-                        place, refusal = await wait_turn(self.places, go, caller, request, holding, answer)
-                        if place is None and refusal is None:
-                            return  # the client left while it waited its turn: nothing went upstream
-                        if place is not None:  # its turn: is the channel still open to it now?
-                            snapshot, now = await self.snapshots.get(), answer.decide()
-                            channel, refusal = still_admitted(snapshot, go.channel, caller, now)
-                            if refusal is not None:
-                                await self.places.leave(go.channel.id, place, caller.user_id)
-                    if refusal is None:
-                        request_id, refusal = await self.count_in(go, caller, now, place)
-                        if refusal is None:
-                            entry = Entry(request_id)
-                            break
-                assert refusal is not None
-                if refusal.status != 503 or refusal.code not in WAITABLE or loop.time() >= deadline:
+                state, action = step(state, seen, now)
+                if isinstance(action, GoNow | Forward):
+                    break
+                if isinstance(action, Refuse):
                     if holding.begun:  # the stream has begun: the refusal is its last event
-                        await send_event_error(send, refusal)
+                        await send_event_error(send, action.refusal)
                     else:
-                        await refuse(send, refusal)
+                        await refuse(send, action.refusal)
                     return
-                # Held, as the caller asked: look again until the model is ready or time is up,
-                # within the caller's cap of held requests (counted in Redis, refreshed while held).
-                if loop.time() >= hold_refresh_at:
-                    if not await self.counters.hold(caller.user_id, hold_token, held_cap(caller)):
-                        await refuse(send, too_many_held(caller))
-                        return
-                    held = True
-                    hold_refresh_at = loop.time() + HELD_TTL_SECONDS / 3
-                await holding.comment(f"waiting for {model}: {refusal.message}")
-                if await holding.pause(min(HOLD_POLL_SECONDS, deadline - loop.time())):
-                    return  # the client left: nothing goes upstream
-                snapshot = await self.snapshots.get()
+                if isinstance(action, Abandon):
+                    return  # the client left: nothing went upstream
+                seen, now = await self.act(action, seen, now, caller, request, holding, answer, hold_token)
         finally:
             # The client may have left while the gateway looked again (outside the wait).
             gone = holding.close()
-            if held:
+            if state.held:
                 with contextlib.suppress(RedisError):  # the entry expires by itself anyway
                     await self.counters.unhold(caller.user_id, hold_token)
+        go = action.go
+        channel = go.channel
+        if isinstance(action, GoNow):
+            # Nothing to wait for, and no limit to check or room under them: the request goes
+            # upstream while Redis counts it in (and checks the limits); nothing comes back
+            # before it is counted.
+            self.take_room(go, caller)
+            entry = Entry.soon(self.counters, go, caller, now)
+        else:
+            entry = Entry(action.request_id)
         if gone:
-            if channel is not None and await entry.settled():  # counted in: count it out, unsent
+            if await entry.settled():  # counted in: count it out, unsent
                 assert entry.request_id is not None
                 await self.counters.leave(
                     channel.id,
@@ -318,13 +301,12 @@ class Gateway:
             return  # nothing goes upstream
         if holding.begun:
             send = continuing_stream(send)
-        assert channel is not None
         answer.goes_to(channel)
         usage = Usage.asking(body)
         outgoing = Outgoing.of(request, scope["method"], scope.get("query_string", b""))
         try:
             on_disconnect = (scope.get("extensions") or {}).get(ON_DISCONNECT)
-            await forward(self, receive, send, channel, outgoing, usage, entry, on_disconnect, answer, caller)
+            await carry(self, receive, send, channel, outgoing, usage, entry, on_disconnect, answer, caller)
         finally:
             if entry.pending is not None:  # the client left before the count in was known
                 with contextlib.suppress(RedisError):
@@ -351,49 +333,66 @@ class Gateway:
                         "gateway: could not count request %s out of channel %s", entry.request_id, channel.id
                     )
 
-    async def choose(
-        self, snapshot: Snapshot, caller: Caller, model: str | None, pinned: str | None, now: datetime
-    ) -> tuple[ChannelView | None, Refusal | None]:
-        """The channel that may take the request, or why none does now."""
-        reachable = key_scope.reachable(caller, snapshot.channels)
-        candidates = [c for c in reachable if c.model == model and c.phase == Phase.READY]
-        in_flight = await self.counters.in_flight(c.id for c in candidates) if len(candidates) > 1 else {}
-        chosen = route(
-            caller_id=caller.user_id,
-            model=model,
-            pinned=pinned,
-            channels=reachable,
-            in_flight=in_flight,
-            now=now,
-            zone=caller.zone,
+    def seen(self, snapshot: Snapshot, **outcome: Any) -> Seen:
+        """What the admission step sees now: the snapshot, the clock, the room noted for
+        requests that go at once, and what the last action came to (``outcome``)."""
+        return Seen(
+            snapshot.channels,
+            time.monotonic(),
+            snapshot.index,
+            place_room=self.places.room,
+            limit_room=self.counters.room,
+            **outcome,
         )
-        if chosen.refusal is not None or chosen.channel is None:
-            return None, chosen.refusal or Refusal(404, ErrorCode.MODEL_NOT_LOADED, "no channel serves this")
-        return chosen.channel, None
 
-    async def count_in(
-        self, go: Go, caller: Caller, now: datetime, place: str | None = None
-    ) -> tuple[str | None, Refusal | None]:
-        """Count the request in on its channel (the caller's limits checked in the same step):
-        its id, or why it may not go there now. A request that took a place (``place``, its id)
-        gives it back when it is refused."""
-        try:
-            request_id = await self.counters.enter(
-                go.channel.id, go.limits, user_id=caller.user_id, key_id=caller.key_id, request_id=place
-            )
-        except OverLimit as over:
-            refusal = over_limit_refusal(over, caller, now)
-        else:
-            if request_id is not None:
-                return request_id, None
-            refusal = switching_refusal(go.channel, caller, now)
-        if place is not None:
-            await self.places.leave(go.channel.id, place, caller.user_id)
-        return None, replace(refusal, channel_id=go.channel.id)
+    def take_room(self, go: Go, caller: Caller) -> None:
+        """A request goes at once: it takes the room the step saw for it."""
+        if go.queued:
+            self.places.may_take(go.channel.id)
+        if go.limits is not None:
+            self.counters.may_go_ahead(caller.user_id, caller.key_id)
 
-
-# Refusals a caller may ask to wait out (X-SlotServe-Wait): the model will be ready.
-WAITABLE = frozenset({ErrorCode.MODEL_LOADING, ErrorCode.MODEL_SWITCHING})
-
-
-HOLD_POLL_SECONDS = 0.2
+    async def act(
+        self,
+        action: Action,
+        seen: Seen,
+        now: datetime,
+        caller: Caller,
+        request: Asked,
+        holding: Holding,
+        answer: Answer,
+        hold_token: str,
+    ) -> tuple[Seen, datetime]:
+        """Do what the admission step said (short of going upstream or answering): what is seen
+        next, and the moment the next step decides at."""
+        if isinstance(action, CountFlights):
+            return replace(seen, in_flight=await self.counters.in_flight(action.channel_ids)), now
+        if isinstance(action, WaitTurn):
+            place, refusal = await wait_turn(self.places, action.go, caller, request, holding, answer)
+            left = place is None and refusal is None
+            # Its turn: looked at again with the channels as they are now.
+            return self.seen(await self.snapshots.get(), turn=place or refusal, left=left), answer.decide()
+        if isinstance(action, CountIn):
+            go = action.go
+            try:
+                entered: str | OverLimit | None = await self.counters.enter(
+                    go.channel.id,
+                    go.limits,
+                    user_id=caller.user_id,
+                    key_id=caller.key_id,
+                    request_id=action.place,
+                )
+            except OverLimit as over:
+                entered = over
+            return replace(seen, entered=entered, clock=time.monotonic()), now
+        if isinstance(action, GiveBack):
+            await self.places.leave(action.channel_id, action.place, caller.user_id)
+            return seen, now
+        if isinstance(action, CountHeld):
+            held_ok = await self.counters.hold(caller.user_id, hold_token, held_cap(caller))
+            return replace(seen, held_ok=held_ok, clock=time.monotonic()), now
+        assert isinstance(action, Hold), action
+        await holding.comment(action.note)
+        if await holding.pause(action.seconds):
+            return replace(seen, left=True), now
+        return self.seen(await self.snapshots.get()), answer.decide()

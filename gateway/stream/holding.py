@@ -13,10 +13,10 @@ from collections.abc import Awaitable
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from gateway.admit.admission import Go
 from gateway.admit.places import POLL_SECONDS, Places
 from gateway.admit.refusals import queue_full, switching_refusal
 from gateway.admit.request import Asked
+from gateway.admit.step import Go
 from gateway.rules.access import Refusal, borrowed
 from gateway.rules.callers import Caller
 from gateway.rules.fair_queue import cost_of

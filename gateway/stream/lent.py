@@ -3,7 +3,7 @@ is marked as such and may be ended by the booker's; the booker's request ends th
 that hold the places it needs; and every request is watched for a slot's edge while it runs
 (``gateway.stream.tenancy``).
 
-The fast lane carries no request of a lent slot (``admission.chosen_at_once``): they all come
+The fast lane carries no request of a lent slot (``gateway.admit.step``: ``GoNow.lends``): they all come
 here, where a borrowed request is watched for its end while it runs.
 """
 
@@ -24,8 +24,7 @@ from gateway.stream.answer import Answer
 from gateway.stream.assembled import may_assemble
 from gateway.stream.events import Usage
 from gateway.stream.outgoing import Outgoing
-from gateway.stream.relay import Preemption, adding_headers
-from gateway.stream.relay import forward as relay_forward
+from gateway.stream.relay import Preemption, adding_headers, forward
 from gateway.stream.tenancy import Flight, Tenancy
 from gateway.types import Receive, Send
 from gateway.wire.upstream import UpstreamTransport
@@ -40,7 +39,7 @@ class Sender(Protocol):
     def upstream_for(self, upstream: str) -> UpstreamTransport: ...
 
 
-async def forward(
+async def carry(
     gateway: Sender,
     receive: Receive,
     send: Send,
@@ -79,7 +78,7 @@ async def forward(
             assert outgoing.body is not None
             outgoing.body["stream"] = True
     try:
-        await relay_forward(
+        await forward(
             gateway,
             receive,
             send,

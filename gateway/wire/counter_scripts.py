@@ -16,6 +16,10 @@ from slotserve_base.vocabulary import RedisKey, redis_key
 
 key = redis_key
 
+# A held request's entry lives this long unless its gateway refreshes it (every third of it,
+# ``gateway.admit.step``): a gateway that dies frees its callers' places within it.
+HELD_TTL_SECONDS = 30.0
+
 # Count a request in, unless its channel's gate is closed: one round trip, and atomic.
 # ARGV: request id, entry lifetime in seconds. (The set's own expiry is left to REFRESH, off
 # the hot path; an entry that outlives its gateway is counted out by its score.)

@@ -38,6 +38,7 @@ from gateway.rules.callers import Limits
 from gateway.wire.counter_scripts import (
     ENTER,
     ENTER_LIMITED,
+    HELD_TTL_SECONDS,
     HOLD,
     LEAVE,
     REFRESH,
@@ -68,11 +69,6 @@ log = logging.getLogger(__name__)
 # What a caller's room, as its last count in found it, is good for: this long, and half of it
 # (other gateway processes take from the same room meanwhile).
 ROOM_SECONDS = 1.0
-
-
-# A held request's entry lives this long unless its gateway refreshes it (every third of it):
-# a gateway that dies frees its callers' places within it.
-HELD_TTL_SECONDS = 30.0
 
 
 # A count out may wait this long for the next request's count in, to reach Redis in one write.
