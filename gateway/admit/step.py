@@ -46,7 +46,6 @@ class Stage:
     COUNT = "count"  # it was counted in (``CountIn``)
     GIVE_BACK = "give_back"  # it gave back a place it will not use, then is refused or held
     HELD_COUNT = "held_count"  # its place among the caller's held requests was asked for
-    DONE = "done"  # gone upstream, refused or left
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,9 +173,10 @@ Action = CountFlights | GoNow | WaitTurn | CountIn | Forward | GiveBack | CountH
 
 
 def step(state: Admission, seen: Seen, now: datetime) -> tuple[Admission, Action]:
-    """The next stage of ``state`` and what to do, from what was ``seen`` at ``now``."""
+    """The next stage of ``state`` and what to do, from what was ``seen`` at ``now``. ``GoNow``,
+    ``Forward``, ``Refuse`` and ``Abandon`` end the admission: the state comes back as it was."""
     if seen.left:
-        return dataclasses.replace(state, stage=Stage.DONE), Abandon()
+        return state, Abandon()
     stage = state.stage
     if stage == Stage.CHOOSE:
         return _choose(state, seen, now)
@@ -202,10 +202,7 @@ def step(state: Admission, seen: Seen, now: datetime) -> tuple[Admission, Action
         if isinstance(entered, str):
             channel = go.channel
             lends = channel.booking is not None and channel.booking.lends
-            return (
-                dataclasses.replace(state, stage=Stage.DONE, place=None),
-                Forward(go, entered, lends, borrowed(state.caller.user_id, channel)),
-            )
+            return state, Forward(go, entered, lends, borrowed(state.caller.user_id, channel))
         caller = state.caller
         if isinstance(entered, OverLimit):
             refusal = over_limit_refusal(entered, caller, now)
@@ -217,7 +214,7 @@ def step(state: Admission, seen: Seen, now: datetime) -> tuple[Admission, Action
         return _refused(dataclasses.replace(state, place=None), state.refusal, seen)
     if stage == Stage.HELD_COUNT:
         if not seen.held_ok:
-            return dataclasses.replace(state, stage=Stage.DONE), Refuse(too_many_held(state.caller))
+            return state, Refuse(too_many_held(state.caller))
         state = dataclasses.replace(state, held=True, refresh_at=seen.clock + HOLD_REFRESH_SECONDS)
         assert state.refusal is not None
         return _hold(state, state.refusal, seen)
@@ -241,10 +238,7 @@ def _choose(state: Admission, seen: Seen, now: datetime) -> tuple[Admission, Act
     go = going(state, channel, seen)
     if go.at_once:
         lends = channel.booking is not None and channel.booking.lends
-        return (
-            dataclasses.replace(state, stage=Stage.DONE),
-            GoNow(go, lends, borrowed(caller.user_id, channel)),
-        )
+        return state, GoNow(go, lends, borrowed(caller.user_id, channel))
     if go.queued:
         return dataclasses.replace(state, stage=Stage.TURN, go=go), WaitTurn(go)
     return dataclasses.replace(state, stage=Stage.COUNT, go=go), CountIn(go, None)
@@ -337,7 +331,7 @@ def _refused(state: Admission, refusal: Refusal, seen: Seen) -> tuple[Admission,
             GiveBack(state.go.channel.id, place),
         )
     if refusal.status != 503 or refusal.code not in WAITABLE or seen.clock >= state.deadline:
-        return dataclasses.replace(state, stage=Stage.DONE, refusal=refusal), Refuse(refusal)
+        return state, Refuse(refusal)
     if seen.clock >= state.refresh_at:
         return dataclasses.replace(state, stage=Stage.HELD_COUNT, refusal=refusal), CountHeld()
     return _hold(state, refusal, seen)
