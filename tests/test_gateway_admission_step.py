@@ -132,19 +132,19 @@ REFUSALS = [
     ),
     (
         "a limit met as it was counted in",
-        asking(BO_LIMITED, stage=Stage.COUNT, go=dataclasses.replace(GO_A, queued=False)),
+        asking(BO_LIMITED, stage=Stage.COUNT, go=GO_A._replace(queued=False)),
         seen(channel(), entered=OverLimit("user_per_minute", 12)),
         (429, "rate_limit_exceeded"),
     ),
     (
         "its week's tokens used",
-        asking(BO_LIMITED, stage=Stage.COUNT, go=dataclasses.replace(GO_A, queued=False)),
+        asking(BO_LIMITED, stage=Stage.COUNT, go=GO_A._replace(queued=False)),
         seen(channel(), entered=OverLimit("weekly_tokens", 0)),
         (429, "insufficient_quota"),
     ),
     (
         "the gate closed as it was counted in",
-        asking(BO_LIMITED, stage=Stage.COUNT, go=dataclasses.replace(GO_A, queued=False)),
+        asking(BO_LIMITED, stage=Stage.COUNT, go=GO_A._replace(queued=False)),
         seen(channel(), entered=None),
         (503, "model_switching"),
     ),
@@ -177,7 +177,7 @@ REFUSALS = [
     (
         "the model still loads when the caller's wait is over",
         asking(wait=30),
-        dataclasses.replace(seen(channel(phase="loading")), clock=CLOCK + 30),
+        seen(channel(phase="loading"))._replace(clock=CLOCK + 30),
         (503, "model_loading"),
     ),
 ]

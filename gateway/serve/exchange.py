@@ -32,7 +32,7 @@ from gateway.stream.events import Events, Usage
 from gateway.stream.outgoing import passed_on
 from gateway.stream.tenancy import Flight
 from gateway.wire.counter_scripts import OverLimit
-from gateway.wire.upstream import Connection, UpstreamTransport
+from gateway.wire.upstream import UpstreamConnection, UpstreamTransport
 
 if TYPE_CHECKING:
     from gateway.serve.http_cycle import Cycle
@@ -70,7 +70,7 @@ class Exchange:
         self.events: Events | None = None
         self.parts: list[bytes] = []  # an answer that is not streamed, as it arrives
         self.why: Callable[[OverLimit | None], Refusal] | None = None
-        self.connection: Connection | None = None
+        self.connection: UpstreamConnection | None = None
         self.connect_error: httpx.HTTPError | None = None  # no connection to the process
         self.request = b""  # the request as it goes to the process
         self.counted: bool | None = None  # None until Redis has answered the count in
@@ -84,7 +84,7 @@ class Exchange:
 
     # The callbacks
 
-    def send(self, connection: Connection) -> None:
+    def send(self, connection: UpstreamConnection) -> None:
         self.connection, self.answer.connected = connection, time.perf_counter()
         connection.listener = self.progress
         connection.send(self.request)
@@ -225,7 +225,7 @@ class Exchange:
                 connection.transport.pause_reading()
                 self.protocol.on_drained = self.resume
 
-    def _unanswered(self, connection: Connection) -> None:
+    def _unanswered(self, connection: UpstreamConnection) -> None:
         """The process's connection failed before the answer's head."""
         if connection.dropped_unanswered and not self.retried:
             # The process closed this idle connection as the request went out: once more, anew.
@@ -236,7 +236,7 @@ class Exchange:
         assert connection.error is not None
         self._answer_whole(*self._refusal(did_not_answer(self.channel, connection.error)))
 
-    def _connected(self, connecting: asyncio.Future[Connection]) -> None:
+    def _connected(self, connecting: asyncio.Future[UpstreamConnection]) -> None:
         if connecting.cancelled():
             return
         error = connecting.exception()

@@ -8,11 +8,12 @@ reply to its count in, with no task and no ASGI messages. Carried so, the gatewa
 what a byte relay costs (``bench/gateway_bench.py``), and its CPU goes to its work.
 
 Each request taken is an ``Exchange`` (``gateway.serve.exchange``). Everything else is the ASGI
-application's (``gateway.serve.proxy``), and the lane answers as it does:
-the same channel, count in and out, refusals, headers, stream, usage and log record, by the same
-functions. ``take`` declines what the lane does not carry (another origin's request, a wish to
-wait, a refusal to give, a choice among channels, no idle connection to the process); the
-application then serves it from the start.
+application's (``gateway.serve.proxy``), and the lane answers as it does: the same admission
+step from the same inputs (``gateway.admit.step``; the lane carries the request only when the
+step says ``GoNow`` on a channel whose slot does not lend), count in and out, refusals, headers,
+stream, usage and log record, by the same functions. ``take`` declines the rest (another
+origin's request, every other action of the step); the application then serves it from the
+start.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from gateway.admit.request import (
     is_admin_endpoint,
     path_problem,
 )
-from gateway.admit.step import Admission, GoNow, Seen, step
+from gateway.admit.step import Admission, GoNow, step
 from gateway.rules.access import Refusal
+from gateway.serve.admitting import seen, take_room
 from gateway.serve.exchange import Exchange
 from gateway.serve.proxy import Gateway
 from gateway.stream.answer import Answer
@@ -80,16 +82,9 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
     now = timezone.now()
     if caller.expired(now):
         return False  # the application tells it so
-    clock = time.monotonic()
-    admission = Admission(caller, request.model, None, takes_place("POST", path), clock + request.wait)
-    seen = Seen(
-        snapshot.channels,
-        clock,
-        snapshot.index,
-        place_room=gateway.places.room,
-        limit_room=gateway.counters.room,
-    )
-    _, action = step(admission, seen, now)
+    deadline = time.monotonic() + request.wait
+    admission = Admission(caller, request.model, None, takes_place("POST", path), deadline)
+    _, action = step(admission, seen(gateway, snapshot), now)
     # A lent slot's requests are the application's: borrowed ones may be ended by the booker's.
     if not isinstance(action, GoNow) or action.lends:
         return False
@@ -97,7 +92,7 @@ def take(gateway: Gateway, cycle: Cycle, raw: bytes) -> bool:
     channel = go.channel
     if channel.upstream is None:
         return False
-    gateway.take_room(go, caller)
+    take_room(gateway, go, caller)
     upstream = gateway.upstream_for(channel.upstream)
     answer = Answer()
     answer.caller, answer.method, answer.path, answer.model = caller, "POST", path, request.named

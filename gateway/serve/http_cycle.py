@@ -11,7 +11,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any, Protocol
 
 
-class Connection(Protocol):
+class ClientConnection(Protocol):
     """What a cycle needs of its connection (``gateway.serve.server.GatewayHttp``): to write, to
     wait while writing is paused, and to say that its answer is whole."""
 
@@ -38,7 +38,7 @@ STATUS_LINES = {
 class Cycle:
     """One request and its answer, as ASGI's ``receive`` and ``send``."""
 
-    def __init__(self, protocol: Connection, scope: dict[str, Any], keep_alive: bool) -> None:
+    def __init__(self, protocol: ClientConnection, scope: dict[str, Any], keep_alive: bool) -> None:
         self.protocol = protocol
         self.scope = scope
         self.keep_alive = keep_alive

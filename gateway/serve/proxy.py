@@ -8,11 +8,12 @@ whose JSON names a ``model`` is routed by that model; ``GET``/``HEAD /v1/models`
 
 A request goes through the same stages here and in the fast lane (``gateway.serve.fast_lane``),
 each a room of the gateway along its flow (docs/architecture.md): who is calling and what they
-ask (``gateway.admit.request``), where it goes (``gateway.rules.access``, pure), may it go now
-(``gateway.admit.admission``, with ``gateway.wire.counters``), send it (``gateway.stream.outgoing``,
-``gateway.stream.relay``), count it (``gateway.stream.answer``). Every refusal is built in
-``gateway.admit.refusals``, in the caller's API's own shape. This module holds what only the
-application does: holding a request that asked to wait, and answering the rest.
+ask (``gateway.admit.request``), may it go, where and how (the admission step,
+``gateway.admit.step``, pure, run by ``gateway.serve.admitting``'s loop here and once by the
+lane), send it (``gateway.stream.lent``, ``gateway.stream.relay``), count it
+(``gateway.stream.answer``). Every refusal is built in ``gateway.admit.refusals``, in the
+caller's API's own shape. This module answers what is not a request for a process (the list of
+models, an admin endpoint, a path nobody serves) and carries the rest upstream once admitted.
 """
 
 from __future__ import annotations
@@ -20,30 +21,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import uuid
-from dataclasses import replace
-from datetime import datetime
-from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from gateway.admit.admission import Entry
 from gateway.admit.places import Places, takes_place
 from gateway.admit.refusals import (
     error_body,
     error_flavour,
-    held_cap,
     refuse,
     respond,
-    send_event_error,
     unreachable,
 )
 from gateway.admit.request import (
     ROOT_PATHS,
-    Asked,
     asked,
     authenticate,
     flavour_of,
@@ -55,37 +48,23 @@ from gateway.admit.request import (
 )
 from gateway.admit.snapshot import Snapshot, SnapshotCache
 from gateway.admit.step import (
-    Abandon,
-    Action,
     Admission,
-    CountFlights,
-    CountHeld,
-    CountIn,
-    Forward,
-    GiveBack,
-    Go,
-    GoNow,
-    Hold,
-    Refuse,
-    Seen,
-    WaitTurn,
-    step,
 )
 from gateway.rules import key_scope
 from gateway.rules.access import Refusal
 from gateway.rules.body import BodyTooLarge
 from gateway.rules.callers import Caller
 from gateway.rules.cors import CorsPolicy
+from gateway.serve.admitting import admitted
 from gateway.serve.model_list import ModelList
 from gateway.stream.answer import Answer
 from gateway.stream.events import Usage
-from gateway.stream.holding import Holding, wait_turn
+from gateway.stream.holding import Holding
 from gateway.stream.lent import carry
 from gateway.stream.outgoing import Outgoing
 from gateway.stream.relay import ON_DISCONNECT, adding_headers, continuing_stream, without_body
 from gateway.stream.tenancy import Tenancy
 from gateway.types import Receive, Scope, Send
-from gateway.wire.counter_scripts import OverLimit
 from gateway.wire.counters import Counters
 from gateway.wire.upstream import UpstreamTransport
 from slotserve_base.vocabulary import ErrorCode
@@ -253,52 +232,13 @@ class Gateway:
         )
         body = request.body
         holding = Holding(receive, send, stream=body is not None and body.get("stream") is True)
-        hold_token = uuid.uuid4().hex
-        seen, now = self.seen(snapshot), answer.decide()
-        try:
-            # Observe, step, act (``gateway.admit.step``): until the request goes upstream, is
-            # refused, or its client leaves.
-            while True:
-                state, action = step(state, seen, now)
-                if isinstance(action, GoNow | Forward):
-                    break
-                if isinstance(action, Refuse):
-                    if holding.begun:  # the stream has begun: the refusal is its last event
-                        await send_event_error(send, action.refusal)
-                    else:
-                        await refuse(send, action.refusal)
-                    return
-                if isinstance(action, Abandon):
-                    return  # the client left: nothing went upstream
-                seen, now = await self.act(action, seen, now, caller, request, holding, answer, hold_token)
-        finally:
-            # The client may have left while the gateway looked again (outside the wait).
-            gone = holding.close()
-            if state.held:
-                with contextlib.suppress(RedisError):  # the entry expires by itself anyway
-                    await self.counters.unhold(caller.user_id, hold_token)
-        go = action.go
+        # Observe, step, act (``gateway.admit.step``): until the request may go upstream, is
+        # refused, or its client leaves.
+        going = await admitted(self, state, request, snapshot, holding, answer)
+        if going is None:
+            return
+        go, entry = going
         channel = go.channel
-        if isinstance(action, GoNow):
-            # Nothing to wait for, and no limit to check or room under them: the request goes
-            # upstream while Redis counts it in (and checks the limits); nothing comes back
-            # before it is counted.
-            self.take_room(go, caller)
-            entry = Entry.soon(self.counters, go, caller, now)
-        else:
-            entry = Entry(action.request_id)
-        if gone:
-            if await entry.settled():  # counted in: count it out, unsent
-                assert entry.request_id is not None
-                await self.counters.leave(
-                    channel.id,
-                    entry.request_id,
-                    user_id=caller.user_id,
-                    reservation_id=None,
-                    prompt=0,
-                    completion=0,
-                )
-            return  # nothing goes upstream
         if holding.begun:
             send = continuing_stream(send)
         answer.goes_to(channel)
@@ -332,67 +272,3 @@ class Gateway:
                     log.warning(
                         "gateway: could not count request %s out of channel %s", entry.request_id, channel.id
                     )
-
-    def seen(self, snapshot: Snapshot, **outcome: Any) -> Seen:
-        """What the admission step sees now: the snapshot, the clock, the room noted for
-        requests that go at once, and what the last action came to (``outcome``)."""
-        return Seen(
-            snapshot.channels,
-            time.monotonic(),
-            snapshot.index,
-            place_room=self.places.room,
-            limit_room=self.counters.room,
-            **outcome,
-        )
-
-    def take_room(self, go: Go, caller: Caller) -> None:
-        """A request goes at once: it takes the room the step saw for it."""
-        if go.queued:
-            self.places.may_take(go.channel.id)
-        if go.limits is not None:
-            self.counters.may_go_ahead(caller.user_id, caller.key_id)
-
-    async def act(
-        self,
-        action: Action,
-        seen: Seen,
-        now: datetime,
-        caller: Caller,
-        request: Asked,
-        holding: Holding,
-        answer: Answer,
-        hold_token: str,
-    ) -> tuple[Seen, datetime]:
-        """Do what the admission step said (short of going upstream or answering): what is seen
-        next, and the moment the next step decides at."""
-        if isinstance(action, CountFlights):
-            return replace(seen, in_flight=await self.counters.in_flight(action.channel_ids)), now
-        if isinstance(action, WaitTurn):
-            place, refusal = await wait_turn(self.places, action.go, caller, request, holding, answer)
-            left = place is None and refusal is None
-            # Its turn: looked at again with the channels as they are now.
-            return self.seen(await self.snapshots.get(), turn=place or refusal, left=left), answer.decide()
-        if isinstance(action, CountIn):
-            go = action.go
-            try:
-                entered: str | OverLimit | None = await self.counters.enter(
-                    go.channel.id,
-                    go.limits,
-                    user_id=caller.user_id,
-                    key_id=caller.key_id,
-                    request_id=action.place,
-                )
-            except OverLimit as over:
-                entered = over
-            return replace(seen, entered=entered, clock=time.monotonic()), now
-        if isinstance(action, GiveBack):
-            await self.places.leave(action.channel_id, action.place, caller.user_id)
-            return seen, now
-        if isinstance(action, CountHeld):
-            held_ok = await self.counters.hold(caller.user_id, hold_token, held_cap(caller))
-            return replace(seen, held_ok=held_ok, clock=time.monotonic()), now
-        assert isinstance(action, Hold), action
-        await holding.comment(action.note)
-        if await holding.pause(action.seconds):
-            return replace(seen, left=True), now
-        return self.seen(await self.snapshots.get()), answer.decide()

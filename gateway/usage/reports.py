@@ -18,7 +18,7 @@ from channels_app.models import Channel, LoadRecord
 from gateway.models import RequestLog
 from gateway.usage.rollups import roll_up
 from gateway.usage.summed import asked_within, minutes_within
-from gateway.usage.utilisation import Asked, Minutes, Span, minutes, shares_of, totals_of, union
+from gateway.usage.utilisation import Demand, Minutes, Span, minutes, shares_of, totals_of, union
 from reservations.models import Reservation, ReservationStatus
 
 BY = ("user", "group", "channel", "node")
@@ -63,7 +63,7 @@ def request_minutes(lo: datetime, hi: datetime) -> Touched:
     return minutes_within(lo, hi)
 
 
-def _asked(lo: datetime, hi: datetime, by: str) -> list[tuple[int | None, int | None, Asked]]:
+def _asked(lo: datetime, hi: datetime, by: str) -> list[tuple[int | None, int | None, Demand]]:
     """What the requests of ``[lo, hi)`` asked, per user (``by`` user or group) or per channel
     (channel or node): ``(user, channel, sums)`` with the other None, from the roll-ups (caught
     up by ``request_minutes``, which every report reads first). The
@@ -77,7 +77,7 @@ def _asked(lo: datetime, hi: datetime, by: str) -> list[tuple[int | None, int | 
         .distinct()
         .order_by()
     ):
-        sums.setdefault(before, Asked())
+        sums.setdefault(before, Demand())
     return [
         (key if per == "user_id" else None, key if per == "channel_id" else None, summed)
         for key, summed in sums.items()
@@ -143,7 +143,7 @@ def usage_rows(
         return [found] if found is not None else []
 
     held: dict[int, list[Span]] = defaultdict(list)
-    asked: dict[int, Asked] = defaultdict(Asked)
+    asked: dict[int, Demand] = defaultdict(Demand)
     for booking, node in bookings:
         for key in keys(booking.user_id, booking.channel_id, node):
             held[key].append(booking)
@@ -174,7 +174,7 @@ def usage_rows(
     rows = []
     for key in sorted(visible, key=lambda k: names.get(k, "")):
         counted = totals_of(
-            bookings=held.get(key, []), ran=ran, asked=asked.get(key, Asked()), lo=lo, hi=hi, now=now
+            bookings=held.get(key, []), ran=ran, asked=asked.get(key, Demand()), lo=lo, hi=hi, now=now
         )
         rows.append(
             {

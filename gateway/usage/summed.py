@@ -10,7 +10,7 @@ from typing import Any
 from django.db.models import Count, QuerySet, Sum
 
 from gateway.models import RequestDay, RequestHour, RequestLog, RequestMinutes, RequestMinutesDay
-from gateway.usage.utilisation import Asked, Minutes
+from gateway.usage.utilisation import Demand, Minutes
 
 HOUR = timedelta(hours=1)
 
@@ -93,7 +93,7 @@ _LOG_SUMS = {
 }
 
 
-def asked_within(lo: datetime, hi: datetime, per: str) -> dict[int | None, Asked]:
+def asked_within(lo: datetime, hi: datetime, per: str) -> dict[int | None, Demand]:
     """What the requests of ``[lo, hi)`` asked, per ``user_id`` or ``channel_id``: the whole
     days (UTC) from the daily roll-ups, the whole hours beside them from the hourly ones, the
     parts of an hour at either end (a zone whose midnight is not on the hour) from the log."""
@@ -117,10 +117,10 @@ def asked_within(lo: datetime, hi: datetime, per: str) -> dict[int | None, Asked
         for a, b in ((lo, inner_lo), (inner_hi, hi))
         if a < b
     ]
-    found: dict[int | None, Asked] = defaultdict(Asked)
+    found: dict[int | None, Demand] = defaultdict(Demand)
     for part in parts:
         for row in part.order_by():
-            found[row[per]] += Asked(
+            found[row[per]] += Demand(
                 row["n"] or 0,
                 row["prompt"] or 0,
                 row["completion"] or 0,

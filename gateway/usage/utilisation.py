@@ -148,7 +148,7 @@ class Totals:
 
 
 @dataclass(frozen=True)
-class Asked:
+class Demand:
     """What requests asked, summed: how many, their tokens, and their times to first token."""
 
     requests: int = 0
@@ -157,8 +157,8 @@ class Asked:
     ttft_sum: float = 0.0
     ttft_count: int = 0
 
-    def __add__(self, other: Asked) -> Asked:
-        return Asked(
+    def __add__(self, other: Demand) -> Demand:
+        return Demand(
             self.requests + other.requests,
             self.prompt + other.prompt,
             self.completion + other.completion,
@@ -167,7 +167,7 @@ class Asked:
         )
 
     @classmethod
-    def of(cls, requests: Iterable[Span]) -> Asked:
+    def of(cls, requests: Iterable[Span]) -> Demand:
         total = cls()
         for r in requests:
             has_ttft = r.ttft_ms is not None
@@ -181,7 +181,7 @@ def totals(
     """What ``bookings`` held and ``requests`` asked within ``[lo, hi)`` until ``now``: booked
     hours (exact), used hours (the booked minutes its own requests touched), idle booked hours,
     booked hours still to come, and the requests' counts, tokens and mean TTFT."""
-    asked = Asked.of(r for r in requests if lo <= r.start < hi)
+    asked = Demand.of(r for r in requests if lo <= r.start < hi)
     ran: dict[int, Minutes] = {}
     for r in requests:
         if r.reservation_id is not None:
@@ -193,7 +193,7 @@ def totals_of(
     *,
     bookings: list[Span],
     ran: Mapping[int, Minutes],
-    asked: Asked,
+    asked: Demand,
     lo: datetime,
     hi: datetime,
     now: datetime,

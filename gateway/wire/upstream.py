@@ -27,7 +27,7 @@ import httpx
 HIGH_WATER = 256 * 1024
 
 
-class Connection(asyncio.Protocol):
+class UpstreamConnection(asyncio.Protocol):
     """One keep-alive connection, reading one answer at a time (asyncio protocol and llhttp callbacks)."""
 
     def __init__(self) -> None:
@@ -163,7 +163,7 @@ class Connection(asyncio.Protocol):
 class AnswerStream(httpx.AsyncByteStream):
     """An answer's body, chunk by chunk as it arrives; the connection goes back when it ends."""
 
-    def __init__(self, connection: Connection, transport: UpstreamTransport) -> None:
+    def __init__(self, connection: UpstreamConnection, transport: UpstreamTransport) -> None:
         self.connection = connection
         self.transport = transport
         self._released = False
@@ -221,9 +221,9 @@ class Cancel:
 
     def __init__(self) -> None:
         self.fired = False
-        self._connection: Connection | None = None
+        self._connection: UpstreamConnection | None = None
 
-    def attach(self, connection: Connection) -> None:
+    def attach(self, connection: UpstreamConnection) -> None:
         self._connection = connection
         if self.fired:
             connection.abort()
@@ -252,7 +252,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             raise ValueError(f"an upstream is http://host:port, not {upstream!r}")
         self.host, self.port = url.host, url.port
         self.connect_timeout = connect_timeout
-        self.idle: list[Connection] = []
+        self.idle: list[UpstreamConnection] = []
         self._host_header = url.netloc
         self._base = url
         self._urls: dict[str, httpx.URL] = {}
@@ -266,11 +266,11 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             found = self._urls[path] = self._base.join(path)
         return found
 
-    async def connect(self) -> Connection:
+    async def connect(self) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, connection = await loop.create_connection(Connection, self.host, self.port)
+                _, connection = await loop.create_connection(UpstreamConnection, self.host, self.port)
         except TimeoutError as exc:
             raise httpx.ConnectTimeout(
                 f"no connection to {self.host}:{self.port} within {self.connect_timeout:g} s"
@@ -279,14 +279,14 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
         return connection
 
-    def idle_connection(self) -> Connection | None:
+    def idle_connection(self) -> UpstreamConnection | None:
         while self.idle:
             connection = self.idle.pop()
             if not connection.closed:
                 return connection
         return None
 
-    def give_back(self, connection: Connection) -> None:
+    def give_back(self, connection: UpstreamConnection) -> None:
         if connection.reusable and len(self.idle) < self.KEEP:
             self.idle.append(connection)
         elif not connection.closed:
@@ -333,7 +333,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         lines.append(content)
         return b"".join(lines)
 
-    async def _answered(self, data: bytes, cancel: Cancel | None) -> Connection:
+    async def _answered(self, data: bytes, cancel: Cancel | None) -> UpstreamConnection:
         """Send a request on an idle connection (or a new one) and wait for its answer's head."""
         connection = self.idle_connection()
         if connection is not None:
@@ -351,7 +351,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         return connection
 
     @staticmethod
-    async def _exchange(connection: Connection, data: bytes, cancel: Cancel | None) -> None:
+    async def _exchange(connection: UpstreamConnection, data: bytes, cancel: Cancel | None) -> None:
         """Send the request and wait for the answer's head."""
         connection.send(data)
         if cancel is not None:
