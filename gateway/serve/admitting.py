@@ -8,14 +8,15 @@ import contextlib
 import time
 import uuid
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
 from gateway.admit.admission import Entry
+from gateway.admit.places import Places
 from gateway.admit.refusals import held_cap, refuse, send_event_error
 from gateway.admit.request import Asked
-from gateway.admit.snapshot import Snapshot
+from gateway.admit.snapshot import Snapshot, SnapshotCache
 from gateway.admit.step import (
     Abandon,
     Action,
@@ -37,12 +38,18 @@ from gateway.rules.callers import Caller
 from gateway.stream.answer import Answer
 from gateway.stream.holding import Holding, wait_turn
 from gateway.wire.counter_scripts import OverLimit
-
-if TYPE_CHECKING:
-    from gateway.serve.proxy import Gateway
+from gateway.wire.counters import Counters
 
 
-def seen(gateway: Gateway, snapshot: Snapshot, **outcome: Any) -> Seen:
+class GatewayParts(Protocol):
+    """What the loop needs of the gateway (``gateway.serve.proxy.Gateway``)."""
+
+    snapshots: SnapshotCache
+    counters: Counters
+    places: Places
+
+
+def seen(gateway: GatewayParts, snapshot: Snapshot, **outcome: Any) -> Seen:
     """What the admission step sees now: the snapshot, the clock, the room noted for requests
     that go at once, and what the last action came to (``outcome``)."""
     return Seen(
@@ -55,7 +62,7 @@ def seen(gateway: Gateway, snapshot: Snapshot, **outcome: Any) -> Seen:
     )
 
 
-def take_room(gateway: Gateway, go: Go, caller: Caller) -> None:
+def take_room(gateway: GatewayParts, go: Go, caller: Caller) -> None:
     """A request goes at once: it takes the room the step saw for it."""
     if go.queued:
         gateway.places.may_take(go.channel.id)
@@ -64,7 +71,7 @@ def take_room(gateway: Gateway, go: Go, caller: Caller) -> None:
 
 
 async def admitted(
-    gateway: Gateway,
+    gateway: GatewayParts,
     state: Admission,
     request: Asked,
     snapshot: Snapshot,
@@ -121,7 +128,7 @@ async def admitted(
 
 
 async def act(
-    gateway: Gateway,
+    gateway: GatewayParts,
     action: Action,
     looked: Seen,
     now: datetime,
