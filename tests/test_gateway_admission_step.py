@@ -5,7 +5,7 @@ Every refusal the step gives is one row of ``REFUSALS``; the ways on are rows of
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
@@ -32,28 +32,10 @@ from gateway.rules.access import Booking, ChannelView, Refusal
 from gateway.rules.callers import Caller, Limits
 from gateway.rules.channel_index import ChannelIndex
 from gateway.wire.counter_scripts import OverLimit
+from tests.test_gateway_access import NOW, channel
 
-NOW = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
 CLOCK = 1000.0
 ANA, BO = 1, 2
-
-
-def channel(name: str = "a", **changes) -> ChannelView:
-    base = ChannelView(
-        id={"a": 1, "b": 2}.get(name, 3),
-        name=name,
-        phase="ready",
-        model="qwen",
-        upstream="http://127.0.0.1:9",
-        since=NOW - timedelta(seconds=10),
-        load_seconds=40,
-        next_load_seconds=60,
-        drain_seconds=30,
-        switching=False,
-        stop_seconds=15,
-        node="n1",
-    )
-    return dataclasses.replace(base, **changes)
 
 
 LIMITED = Limits(user_concurrent=2, user_per_minute=60, user_weekly_tokens=1000)

@@ -275,7 +275,11 @@ def test_a_borrowed_answer_ended_before_it_began_is_a_503_and_scopes_still_apply
 ):
     from gateway.api_keys import api_key_create
 
-    lent_world(world, standins, places=1, prefill_ms=2000)  # a whole answer comes after 2 s
+    # A whole answer comes after 2 s.
+    port, log = standins(
+        "slow", "--standin-chunks", "200", "--standin-chunk-delay", "20", "--standin-prefill-ms", "2000"
+    )
+    booked_on(world, port, places=1, start=timezone.now() - timedelta(minutes=5), lend=True)
     # A key of bo's kept to another channel borrows nothing: the scope applies as ever.
     _, elsewhere = api_key_create(user=world.bo, name="ch-a only", channels=[world.channel])
     snapshot_seen(gateway_url)
@@ -287,7 +291,7 @@ def test_a_borrowed_answer_ended_before_it_began_is_a_503_and_scopes_still_apply
     whole = threading.Thread(target=lambda: answers.append(chat(gateway_url, world.bo_key, max_tokens=200)))
     whole.start()
     assert eventually(lambda: in_flight(world.other.pk) == 1, timeout=10)
-    time.sleep(0.3)  # under way in the process
+    assert eventually(lambda: "generating for" in log.read_text(), timeout=10)  # under way in the process
     mine = Stream(gateway_url, world.ana_key, max_tokens=5)
     mine.join(timeout=30)
     whole.join(timeout=30)
@@ -439,7 +443,7 @@ def test_a_gateway_that_cannot_listen_still_ends_a_borrowed_request_by_its_mark(
         deaf, booker = _two_gateways("redis://127.0.0.1:1/0")
         _borrowed_in_flight(42, "b2")
         await deaf.lent(42, "b2", lambda: ended.append(time.perf_counter()))
-        await asyncio.sleep(0.2)
+        assert await _until(lambda: "not listening for preemptions" in caplog.text)
         assert not deaf.listening
         return await _booker_ends(deaf, booker, 42, "b2", ended)
 
@@ -470,8 +474,7 @@ def test_after_redis_restarts_the_booker_still_ends_a_borrowed_request_in_flight
         client.client_kill_filter(_id=listener["id"])
         assert await _until(lambda: not holding.listening)
         assert await _until(lambda: holding.listening)
-        await asyncio.sleep(0.05)
-        assert client.zscore(key(RedisKey.LENT, 44), "b4") is not None
+        assert await _until(lambda: client.zscore(key(RedisKey.LENT, 44), "b4") is not None)
         await _booker_ends(holding, booker, 44, "b4", ended)
 
     asyncio.run(run())
