@@ -720,3 +720,18 @@ def test_a_slot_ended_before_the_edge_job_saw_it_begin_is_told_started_then_ende
         "booking.ended_early",
     ]
     assert told[2][1] == booking.start
+
+
+@pytest.mark.django_db
+def test_a_used_budget_is_told_once_a_week_whatever_the_webhooks_keep(settings, bo):
+    """``limit.reached`` is told once a week: the gateway keeps its own mark of having told it,
+    so pruned events (or none kept at all) do not tell it again at the next flush."""
+    from reservations.webhooks.models import Event
+
+    settings.SLOTSERVE_LIMIT_WEEKLY_TOKENS = 1000
+    client = redis_client()
+    client.set(week_tokens_key(bo.pk), 1200)
+    now = timezone.now()
+    assert tell_budgets_used(client, now=now) == 1
+    Event.objects.all().delete()  # as the webhooks' retention would
+    assert tell_budgets_used(client, now=now + timedelta(minutes=1)) == 0

@@ -1,5 +1,7 @@
 """A user's weekly token budget used up, told to their webhooks once a week
-(``limit.reached``, docs/webhooks.md): the periodic flush looks at the week's counts."""
+(``limit.reached``, docs/webhooks.md): the periodic flush looks at the week's counts, and marks
+in Redis whom it told (the happening's key makes a second telling a no-op where the mark is
+lost; what the webhooks keep is theirs)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,6 @@ from slotserve_base.vocabulary import redis_key as key
 def tell_budgets_used(client: redis.Redis, *, now: datetime) -> int:
     """Announce each user whose tokens this week reached their budget; returns how many."""
     from gateway.admit.snapshot import limits_reader
-    from reservations.webhooks.models import Event
 
     monday = week_start(now)
     label = f"{monday:%Y%m%d}"
@@ -35,7 +36,8 @@ def tell_budgets_used(client: redis.Redis, *, now: datetime) -> int:
         budget = mine.user_weekly_tokens if mine is not None else 0
         used = int(client.get(name) or 0)
         once = f"{WebhookEvent.LIMIT_REACHED}:weekly_tokens:{user_id}:{label}"
-        if not budget or used < budget or Event.objects.filter(key=once).exists():
+        mark = key(RedisKey.BUDGET_TOLD, f"{user_id}-{label}")
+        if not budget or used < budget or client.exists(mark):
             continue
         user = get_user_model().objects.filter(pk=user_id).first()
         if user is None:
@@ -62,5 +64,10 @@ def tell_budgets_used(client: redis.Redis, *, now: datetime) -> int:
                 key=once,
             )
         )
+        client.set(mark, 1, ex=TOLD_MARK_SECONDS)
         told += 1
     return told
+
+
+# A mark lives past its week's end.
+TOLD_MARK_SECONDS = 8 * 24 * 3600
