@@ -626,3 +626,45 @@ def test_a_process_started_by_a_step_that_cannot_be_stored_is_stopped_not_left_t
     orphan.refresh_from_db()
     assert orphan.finished is not None and orphan.succeeded is False
     assert runtime.load_id is not None and LoadRecord.objects.get(pk=runtime.load_id).succeeded is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_start_another_reconcile_stored_first_is_stopped_not_left_running(node_env, tiny, monkeypatch):
+    """Two reconciles of one channel at once (its lock lost under a live holder: Redis restarted,
+    the node's link cut) both start its process. The one whose start would be stored second
+    finds the runtime naming another run: it stops what it started and keeps the other's, so no
+    process runs that no channel owns (the worker's own children are never swept as strays)."""
+    import subprocess
+
+    channel = factories.channel("cpu-0", default=tiny.small)
+    decide_channels(now=timezone.now())
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    mine: list[int] = []
+    start = processes.start
+
+    def overtaken(launch):
+        started = start(launch)
+        mine.append(started.pid)
+        # Meanwhile the other reconcile started its own process and stored it.
+        ChannelRuntime.objects.filter(channel=channel).update(run_id="the-others", pid=other.pid)
+        return started
+
+    monkeypatch.setattr(processes, "start", overtaken)
+    try:
+        assert worker.reconcile(channel_id=channel.pk, now=timezone.now()) is None
+        [pid] = mine
+        assert eventually(lambda: not _runs(pid), timeout=10), "what it started still runs"
+        runtime = ChannelRuntime.objects.get(channel=channel)
+        assert (runtime.run_id, runtime.pid) == ("the-others", other.pid)
+    finally:
+        other.kill()
+        other.wait()
+
+
+def _runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state != "Z"

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import assert_never
 
 from django.conf import settings
+from django.db import transaction
 
-from channels_app.backends import Backend, places_asked
+from channels_app.backends import Backend
 from channels_app.models import (
     Channel,
     ChannelRuntime,
@@ -45,6 +46,7 @@ from channels_app.node_worker.lifecycle import (
     step,
 )
 from channels_app.node_worker.news import News, channel_news
+from channels_app.node_worker.places import places_of
 from channels_app.node_worker.registration import executable_for
 from channels_app.node_worker.rows import state_of, store, wanted_of
 from slotserve_base import locks, overview
@@ -278,7 +280,15 @@ def reconcile(*, channel_id: int, now: datetime) -> ProcessState | None:
     with locks.held(redis_client(), redis_key(RedisKey.RECONCILE, channel_id), ttl) as mine:
         if not mine:
             return None
-        return _reconcile(channel_id, now)
+        try:
+            return _reconcile(channel_id, now)
+        except Overtaken as overtaken:
+            log.warning("channel %s: %s", channel_id, overtaken)
+            return None
+
+
+class Overtaken(Exception):
+    """Another reconcile of the channel stored a start first (the lock was lost under this one)."""
 
 
 def _reconcile(channel_id: int, now: datetime) -> ProcessState:
@@ -305,7 +315,12 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
         elif after.phase == Phase.READY:
             runtime.places = places_of(runtime)
         # Stored before it is told: a process just started is the channel's if telling fails.
-        store(runtime, after)
+        with transaction.atomic():
+            if runtime.run_id != known_run:  # a start is stored only over the run it replaced
+                stored = ChannelRuntime.objects.select_for_update().filter(pk=runtime.pk)
+                if stored.values_list("run_id", flat=True).first() != known_run:
+                    raise Overtaken(f"another reconcile started a run first; stopping {runtime.run_id}")
+            store(runtime, after)
     except BaseException:
         if runtime.run_id and runtime.run_id != known_run and runtime.pid is not None:
             # Started, never stored: nobody would stop it (strays are never this worker's children).
@@ -314,38 +329,6 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
         raise
     announce_channel(channel, target_row, before, after, result.actions, runtime.load_id, now)
     return after
-
-
-# What each run's llama-server said of its slots (``/props``), by run.
-_slots_told: dict[str, int | None] = {}
-
-
-def places_of(runtime: ChannelRuntime) -> int | None:
-    """The requests the ready process serves at once (docs/gateway.md "Fair sharing under
-    contention"): its preset's ``places`` (read at each look, so an edit counts at once), else
-    what llama-server said when it was ready (``/props``), else what its arguments ask for or
-    its backend's default."""
-    preset = Preset.objects.filter(pk=runtime.preset_id).first() if runtime.preset_id else None
-    if preset is not None and preset.places:
-        return preset.places
-    if runtime.model_id is None:
-        return None
-    backend = LLMModel.objects.filter(pk=runtime.model_id).values_list("backend", flat=True).first()
-    if backend is None:
-        return None
-    if backend == Backend.LLAMA_CPP and runtime.port is not None and runtime.run_id:
-        if runtime.run_id not in _slots_told:  # asked once per run
-            if len(_slots_told) > 256:
-                _slots_told.clear()
-            _slots_told[runtime.run_id] = processes.slots(runtime.host, runtime.port, runtime.api_secret)
-        told = _slots_told[runtime.run_id]
-        if told is not None:
-            return told
-    try:
-        args = preset.args_list if preset is not None else []
-    except ValueError:
-        args = []
-    return places_asked(backend, args)
 
 
 def _adopt_unknown_fingerprints(state: ProcessState, wanted: Wanted) -> ProcessState:
