@@ -1,7 +1,7 @@
 """Writes of a channel's story (``channels_app.models.story``, docs/scheduling.md "A channel's
-story"), by the stages that know what happened: the scheduler its decisions, overrides and
-reloads, the node worker its process's steps (``node_worker.announce``), and a node's readiness
-from the happenings (``on_happening``). Each row is written in the transaction of what it tells."""
+story"): the scheduler's decisions, overrides and reloads, written by the scheduler; the process's
+steps and a node's readiness, kept from the happenings (``on_happening``; docs/architecture.md,
+"What happened, told once"). Each row is written in the transaction of what it tells."""
 
 from __future__ import annotations
 
@@ -14,10 +14,23 @@ from slotserve_base.happenings import Happening
 from slotserve_base.iso import iso_moment
 from slotserve_base.vocabulary import WebhookEvent
 
-NODE_KINDS = {
+# The happenings a channel's story keeps, as its kinds.
+KEPT = {
+    WebhookEvent.CHANNEL_LOADING: StoryKind.LOADING,
+    WebhookEvent.CHANNEL_READY: StoryKind.READY,
+    WebhookEvent.CHANNEL_FAILED: StoryKind.FAILED,
+    WebhookEvent.CHANNEL_FALLBACK: StoryKind.FALLBACK,
+    WebhookEvent.CHANNEL_RECOVERED: StoryKind.RECOVERED,
+    WebhookEvent.CHANNEL_SWITCHED: StoryKind.SWITCHED,
+    WebhookEvent.CHANNEL_DRAINING: StoryKind.DRAINING,
+    WebhookEvent.CHANNEL_STOPPING: StoryKind.STOPPING,
+    WebhookEvent.CHANNEL_STOPPED: StoryKind.STOPPED,
     WebhookEvent.NODE_NOT_READY: StoryKind.NODE_NOT_READY,
     WebhookEvent.NODE_READY: StoryKind.NODE_READY,
 }
+NODE_KINDS = (StoryKind.NODE_NOT_READY, StoryKind.NODE_READY)
+# A process's facts kept as they are (the names are read when the story is told).
+PROCESS_FACTS = ("fallback", "error", "attempts", "retry_at", "attempt", "load_seconds")
 
 
 def told(channel_id: int, at: datetime, kind: StoryKind, **data: Any) -> None:
@@ -46,14 +59,34 @@ def decided(rows: Iterable[ChannelTarget], load_seconds: Mapping[int, float | No
 
 
 def on_happening(sender: Any, happening: Happening, **kwargs: Any) -> None:
-    """A node's worker stopped or resumed reporting: told once per spell in each of its
-    channels' stories (the readiness job may tell the same spell again)."""
-    kind = NODE_KINDS.get(WebhookEvent(happening.type)) if happening.type in NODE_KINDS else None
+    """A happening the story keeps, told in each of its channels' stories."""
+    kind = KEPT.get(WebhookEvent(happening.type)) if happening.type in KEPT else None
     if kind is None or not happening.channels:
         return
+    if kind in NODE_KINDS:
+        _node(happening, kind)
+        return
+    data = happening.data
+    facts: dict[str, Any] = {"model_id": _id(data.get("model"))}
+    if kind == StoryKind.SWITCHED:  # model to model
+        facts["previous_model_id"] = _id(data.get("previous_model"))
+    else:
+        facts.update(preset_id=_id(data.get("preset")), booking_id=_id(data.get("booking")))
+        facts.update((name, data[name]) for name in PROCESS_FACTS if name in data)
+    for channel_id in happening.channels:
+        told(channel_id, happening.at, kind, **facts)
+
+
+def _id(named: Any) -> Any:
+    return named.get("id") if isinstance(named, Mapping) else None
+
+
+def _node(happening: Happening, kind: StoryKind) -> None:
+    """A node's worker stopped or resumed reporting: told once per spell in each of its
+    channels' stories (the readiness job may tell the same spell again)."""
     for channel_id in happening.channels:
         last = (
-            StoryEntry.objects.filter(channel_id=channel_id, kind__in=list(NODE_KINDS.values()))
+            StoryEntry.objects.filter(channel_id=channel_id, kind__in=NODE_KINDS)
             .order_by("-at", "-pk")
             .values_list("kind", flat=True)
             .first()

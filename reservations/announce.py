@@ -1,5 +1,5 @@
-"""A booking's events for the webhooks (``slotserve_base.happenings``): the booking's ids and
-names, whom it concerns, the portal page it leads to."""
+"""A booking's happenings (``slotserve_base.happenings``): the booking's ids and names, who did
+it, whom it concerns, the portal page it leads to."""
 
 from __future__ import annotations
 
@@ -62,14 +62,18 @@ def announce_booking(
     said: str = "",
     more: dict[str, Any] | None = None,
     once: bool = False,
+    by: Any = None,
 ) -> None:
-    """Tell the webhooks of ``event`` about ``reservation`` (its booker's, and staff's).
-    ``once``: at most once per booking and event (a job that runs again finds it told)."""
+    """Tell what happened to ``reservation`` (docs/architecture.md, "What happened, told once"):
+    its booker's webhooks and staff's hear of it, the booker is notified where it is news to
+    them (``reservations.notices``). ``by``: the person who did it, when one did. ``once``: at
+    most once per booking and event (a job that runs again finds it told)."""
+    by_whom = {"by": user_ref(by)} if by is not None else {}
     tell(
         Happening(
             type=event,
             at=at,
-            data={"booking": booking_data(reservation), **(more or {})},
+            data={"booking": booking_data(reservation), **by_whom, **(more or {})},
             subject=f"reservation:{reservation.pk}",
             words=booking_words(event, reservation, said),
             users=frozenset({reservation.user_id}),

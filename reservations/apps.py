@@ -7,6 +7,6 @@ class ReservationsConfig(AppConfig):
 
     def ready(self) -> None:
         # Registered in every process, so eager mode runs them where they are sent by name.
-        # The node worker's news of a channel reaches the people it concerns.
-        import reservations.channel_news
+        # The happenings people are told of (notifications).
+        import reservations.notices
         import reservations.tasks  # noqa: F401

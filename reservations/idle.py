@@ -34,13 +34,6 @@ def _warning_words(channel: str, start: datetime, then: datetime | None, zone: t
     return words
 
 
-def _released_words(channel: str, at: datetime, unused: int, zone: tzinfo) -> str:
-    return (
-        f"Your booking of {channel} was released at {moment_words(at, zone)}: no request reached it in "
-        f"its first {unused} minutes (the channel's rule for unused slots)."
-    )
-
-
 def used_now(reservation: Reservation) -> bool:
     """Whether a request reached the booking: counted in the database, or still in Redis."""
     if reservation.requests > 0:
@@ -94,14 +87,6 @@ def apply_idle_rule(*, now: datetime) -> dict[str, int]:
             except InvalidTransition:
                 continue  # ended or changed meanwhile
             Reservation.objects.filter(pk=reservation.pk).update(released_idle_at=now)
-            notify(
-                user=reservation.user,
-                event=NotificationEvent.IDLE_RELEASED,
-                text=functools.partial(_released_words, str(channel), now, unused),
-                link="/reservations/",
-                key=f"idle_released:{reservation.pk}",
-                about=slot_of(reservation),
-            )
             log.info("released reservation %s on %s: unused for %s minutes", reservation.pk, channel, unused)
             done["released"] += 1
     return done

@@ -69,7 +69,10 @@ class NotificationEvent(models.TextChoices):
 
 
 class WebhookEvent(models.TextChoices):
-    """The events a webhook may ask for (docs/webhooks.md), named ``<object>.<what happened>``."""
+    """What happened: the one vocabulary of happenings (``slotserve_base.happenings``), named
+    ``<object>.<what happened>``. Every writer tells one happening per fact; the webhooks offer
+    each of them (docs/webhooks.md), a channel's story and the notifications keep the ones they
+    name (docs/architecture.md, "What happened, told once")."""
 
     BOOKING_REQUESTED = "booking.requested", "A booking was made (pending or approved at once)"
     BOOKING_APPROVED = "booking.approved", "A booking was approved"
@@ -88,6 +91,9 @@ class WebhookEvent(models.TextChoices):
     CHANNEL_FALLBACK = "channel.fallback", "A channel serves its default model instead of the booked one"
     CHANNEL_RECOVERED = "channel.recovered", "A channel's booked model serves again after a failure"
     CHANNEL_SWITCHED = "channel.switched", "A channel serves another model than before"
+    CHANNEL_DRAINING = "channel.draining", "A channel's requests in flight finish before a switch"
+    CHANNEL_STOPPING = "channel.stopping", "A channel's process was asked to stop"
+    CHANNEL_STOPPED = "channel.stopped", "A channel's process has stopped"
     NODE_NOT_READY = "node.not_ready", "A node's worker stopped reporting"
     NODE_READY = "node.ready", "A node's worker reports again"
     LIMIT_REACHED = "limit.reached", "A user used up their week's token budget"

@@ -133,12 +133,10 @@ def test_the_rule_is_shown_with_the_booking_and_in_the_hints(world, ana):
 
     client = Client()
     client.force_login(ana)
+    # A day after both now and the world's own bookings (which a day from now met on their eve).
+    later = max(datetime.now(UTC), T0 + 120 * MIN) + timedelta(days=1)
     future = factories.reservation(
-        owner=ana,
-        on=world.channel,
-        start=datetime.now(UTC) + timedelta(days=1),
-        end=datetime.now(UTC) + timedelta(days=1, hours=1),
-        target=world.booked.preset,
+        owner=ana, on=world.channel, start=later, end=later + timedelta(hours=1), target=world.booked.preset
     )
     page = client.get("/reservations/").content.decode()
     row = page.split(f'data-reservation="{future.pk}"')[1].split("</tr>")[0]

@@ -95,7 +95,7 @@ CASES = [
         T0,
         Phase.READY,
         B,
-        [LoadFinished(True), Tell("model_ready", "the model of the reservation is ready")],
+        [LoadFinished(True), Tell("channel.ready")],
     ),
     (
         "loading, exits: failed with its reason",
@@ -105,7 +105,7 @@ CASES = [
         T0,
         Phase.FAILED,
         None,
-        [LoadFinished(False, DEAD_TEXT), Tell("load_failed", DEAD_TEXT, episode=T0)],
+        [LoadFinished(False, DEAD_TEXT), Tell("channel.failed", episode=T0)],
     ),
     (
         "loading, out of memory: failed, explained",
@@ -115,7 +115,7 @@ CASES = [
         T0,
         Phase.FAILED,
         None,
-        [LoadFinished(False, OOM_TEXT), Tell("load_failed", OOM_TEXT, episode=T0)],
+        [LoadFinished(False, OOM_TEXT), Tell("channel.failed", episode=T0)],
     ),
     (
         "loading past the load timeout: stop it, failing",
@@ -127,11 +127,7 @@ CASES = [
         B,
         [
             LoadFinished(False, "The model was not ready within 600 s (SLOTSERVE_LOAD_TIMEOUT_SECONDS)."),
-            Tell(
-                "load_failed",
-                "The model was not ready within 600 s (SLOTSERVE_LOAD_TIMEOUT_SECONDS).",
-                episode=T0,
-            ),
+            Tell("channel.failed", episode=T0),
             Terminate(PID),
         ],
     ),
@@ -164,7 +160,7 @@ CASES = [
         T0,
         Phase.FAILED,
         None,
-        [Tell("load_failed", DEAD_TEXT, episode=T0)],
+        [Tell("channel.failed", episode=T0)],
     ),
     ("ready, target changed: drain", state(Phase.READY), WANT_A, BUSY, T0, Phase.DRAINING, B, []),
     (
@@ -340,7 +336,7 @@ CASES = [
         T0,
         Phase.LOADING,
         A,
-        [Tell("fallback", "the default model serves the reservation until the next retry"), Start(A, True)],
+        [Tell("channel.fallback"), Start(A, True)],
     ),
     (
         "failed, no reservation: waits for the retry with nothing",
@@ -380,7 +376,7 @@ CASES = [
         T0,
         Phase.READY,
         B,
-        [LoadFinished(True), Tell("recovered", "the booked model loaded after a retry and serves again")],
+        [LoadFinished(True), Tell("channel.recovered")],
     ),
 ]
 
@@ -453,14 +449,14 @@ def test_a_later_booking_of_the_same_target_starts_a_new_episode():
     loading = state(Phase.LOADING, B, since=T0 - s(5), failure=EPISODE_1)
     failed = step(loading, FOR_BOOKING_2, DEAD, T0)
     assert failed.state.failure == Failure(B, 1, T0 + s(30), DEAD_TEXT, purpose=BOOKING_2, began=T0)
-    assert Tell("load_failed", DEAD_TEXT, episode=T0) in failed.actions
+    assert Tell("channel.failed", episode=T0) in failed.actions
     # It loads at once: the booker hears that it is ready, not that it recovered.
     ready = step(loading, FOR_BOOKING_2, HEALTHY, T0)
-    assert ready.actions == [LoadFinished(True), Tell("model_ready", "the model of the reservation is ready")]
+    assert ready.actions == [LoadFinished(True), Tell("channel.ready")]
     assert ready.state.failure is None
 
 
-def test_each_episode_tells_once_and_a_second_one_in_the_same_booking_tells_again():
+def test_each_failure_is_told_with_its_episode_and_a_second_one_in_the_same_booking_begins_another():
     now, told = T0, []
     current = state(Phase.LOADING, since=now)
     for _ in range(3):  # three failures in a row: one episode
@@ -468,25 +464,23 @@ def test_each_episode_tells_once_and_a_second_one_in_the_same_booking_tells_agai
         told += [a for a in failed.actions if isinstance(a, Tell)]
         now = failed.state.failure.retry_at
         current = step(dataclasses.replace(failed.state, fallback=False), FOR_BOOKING_1, GONE, now).state
-    assert told == [Tell("load_failed", DEAD_TEXT, episode=T0)]
+    assert told == [Tell("channel.failed", episode=T0)] * 3  # people hear of it once (its episode)
     recovered = step(current, FOR_BOOKING_1, HEALTHY, now)
-    assert recovered.actions[1] == Tell(
-        "recovered", "the booked model loaded after a retry and serves again", episode=T0
-    )
+    assert recovered.actions[1] == Tell("channel.recovered", episode=T0)
     # The same booking's model dies an hour later: a new episode, told again.
     later = now + timedelta(hours=1)
     again = step(recovered.state, FOR_BOOKING_1, DEAD, later)
-    assert again.actions == [Tell("load_failed", DEAD_TEXT, episode=later)]
+    assert again.actions == [Tell("channel.failed", episode=later)]
     assert again.state.failure is not None and again.state.failure.attempts == 1
 
 
-def test_the_default_failing_tells_the_admins_once_per_episode():
+def test_the_default_failing_again_is_the_same_episode():
     failed = step(state(Phase.LOADING, A), AFTER_THE_BOOKING, DEAD, T0)
-    assert failed.actions == [LoadFinished(False, DEAD_TEXT), Tell("load_failed", DEAD_TEXT, episode=T0)]
+    assert failed.actions == [LoadFinished(False, DEAD_TEXT), Tell("channel.failed", episode=T0)]
     retried = step(failed.state, AFTER_THE_BOOKING, GONE, T0 + s(30))
     assert retried.actions == [Start(A)]
     again = step(retried.state, AFTER_THE_BOOKING, DEAD, T0 + s(31))
-    assert again.actions == [LoadFinished(False, DEAD_TEXT)]  # the same episode: told already
+    assert again.actions == [LoadFinished(False, DEAD_TEXT), Tell("channel.failed", episode=T0)]
 
 
 def test_fallback_that_fails_too_waits_for_the_booked_retry():

@@ -151,11 +151,12 @@ def test_without_a_public_address_an_email_carries_no_link_it_cannot_make_whole(
 @pytest.mark.django_db
 def test_the_admins_told_of_a_bookings_failure_hear_of_its_recovery_too(ana, staff):
     """docs/scheduling.md: each episode tells the booker and the admins once of its first
-    failure, its fallback and its recovery."""
-    from channels_app.models import ChannelTarget
-    from channels_app.node_worker.lifecycle import Tell
-    from channels_app.node_worker.worker import _tell
-    from slotserve_base.vocabulary import NotificationEvent
+    failure, its fallback and its recovery; every failure is in the channel's story."""
+    from channels_app.models import ChannelTarget, StoryEntry
+    from channels_app.node_worker.announce import announce_channel
+    from channels_app.node_worker.lifecycle import Failure, ProcessState, Tell
+    from slotserve_base.target import Target
+    from slotserve_base.vocabulary import NotificationEvent, Phase, WebhookEvent
 
     target = factories.preset(factories.llm("qwen"), "chat")
     channel = factories.channel("a100-0")
@@ -165,11 +166,26 @@ def test_the_admins_told_of_a_bookings_failure_hear_of_its_recovery_too(ana, sta
     row = ChannelTarget.objects.create(
         channel=channel, model=target.model, preset=target, reason="active_reservation", reservation=booking
     )
-    for event, words in (
-        (NotificationEvent.LOAD_FAILED, "failed to load: out of memory"),
-        (NotificationEvent.RECOVERED, "the booked model loaded after a retry and serves again"),
-    ):
-        _tell(channel, row, Tell(event, words, episode=T0))
+    running = Target(target.model_id, target.pk)
+    loading = ProcessState(phase=Phase.LOADING, running=running)
+    failed = ProcessState(
+        phase=Phase.FAILED, failure=Failure(running, 1, T0, "out of memory", began=T0), error="out of memory"
+    )
+    for when in (T0, T0 + timedelta(minutes=1)):  # two failures of one episode
+        announce_channel(
+            channel, row, loading, failed, [Tell(WebhookEvent.CHANNEL_FAILED, episode=T0)], None, when
+        )
+    ready = ProcessState(phase=Phase.READY, running=running)
+    announce_channel(
+        channel, row, loading, ready, [Tell(WebhookEvent.CHANNEL_RECOVERED, episode=T0)], None, T0
+    )
     for person in (ana, staff):
-        told = set(Notification.objects.filter(user=person).values_list("event", flat=True))
-        assert told == {NotificationEvent.LOAD_FAILED, NotificationEvent.RECOVERED}, (person, told)
+        told = list(Notification.objects.filter(user=person).values_list("event", "text"))
+        assert sorted(event for event, _ in told) == [
+            NotificationEvent.LOAD_FAILED,
+            NotificationEvent.RECOVERED,
+        ]
+        assert any(text.startswith("a100-0: out of memory. (ana's booking of a100-0") for _, text in told), (
+            told
+        )
+    assert StoryEntry.objects.filter(channel=channel, kind="failed").count() == 2

@@ -205,7 +205,7 @@ def test_opening_notifications_marks_them_read_and_shows_which_were_new():
 
 
 def test_a_channels_news_names_the_booking_by_its_channel_and_time_not_its_number():
-    from reservations.channel_news import reservation_summary
+    from reservations.notices import reservation_summary
 
     ana = factories.user("ana")
     channel = factories.channel("a100-0")

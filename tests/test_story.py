@@ -138,19 +138,27 @@ def test_lines_put_bookings_and_happenings_on_one_axis():
 
 
 def test_a_retry_is_told_with_its_attempt_and_a_failure_with_its_next_try():
-    from channels_app.node_worker.announce import story_entries
-    from channels_app.node_worker.lifecycle import Failure, ProcessState
+    from channels_app.node_worker.announce import channel_facts
+    from channels_app.node_worker.lifecycle import Failure, ProcessState, Tell
     from slotserve_base.target import Target
+    from slotserve_base.vocabulary import WebhookEvent
 
     qwen = Target(1, 10)
     failure = Failure(qwen, attempts=2, retry_at=at(60), error="It ran out of memory.")
     failed = ProcessState(phase=Phase.FAILED, running=qwen, failure=failure, error="It ran out of memory.")
     loading = ProcessState(phase=Phase.LOADING, running=qwen, failure=failure)
-    assert story_entries(failed, loading, []) == [("loading", {**QWEN, "attempt": 3})]
-    assert story_entries(loading, failed, []) == [
+    assert channel_facts(failed, loading, []) == [("channel.loading", {**QWEN, "attempt": 3})]
+    told = [Tell(WebhookEvent.CHANNEL_FAILED, episode=at(-60))]
+    assert channel_facts(loading, failed, told) == [
         (
-            "failed",
-            {**QWEN, "error": "It ran out of memory.", "attempts": 2, "retry_at": "2026-12-07T10:01:00Z"},
+            "channel.failed",
+            {
+                **QWEN,
+                "error": "It ran out of memory.",
+                "attempts": 2,
+                "retry_at": "2026-12-07T10:01:00Z",
+                "episode": "2026-12-07T09:59:00Z",
+            },
         )
     ]
     assert _said(
@@ -162,7 +170,7 @@ def test_a_retry_is_told_with_its_attempt_and_a_failure_with_its_next_try():
         NAMES,
         UTC,
     ) == ("qwen (long) failed: It ran out of memory (attempt 2, next try at 10:01:00).")
-    assert story_entries(loading, loading, []) == []
+    assert channel_facts(loading, loading, []) == []
 
 
 @pytest.mark.django_db
@@ -295,7 +303,7 @@ def test_a_real_load_failure_fallback_and_recovery_read_in_order(node_env, tiny,
     told = [(line["kind"], line["words"]) for line in answer.data["lines"]]
     kinds = [kind for kind, _ in told]
     expected = [
-        "decided", "loading", "failed", "loading", "fallback", "ready",
+        "decided", "loading", "failed", "fallback", "loading", "ready",
         "stopping", "loading", "ready", "recovered", "switched",
     ]  # fmt: skip
     assert [k for k in kinds if k != "booking_started"] == expected, told

@@ -16,7 +16,7 @@ from django.utils import timezone
 from standardwebhooks.webhooks import Webhook as Verifier
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from channels_app.node_worker.announce import channel_events
+from channels_app.node_worker.announce import channel_facts
 from channels_app.node_worker.lifecycle import ProcessState, Tell
 from gateway.api_keys import api_key_create, tell_keys_expiring
 from gateway.usage.budgets import tell_budgets_used
@@ -177,7 +177,7 @@ def test_every_event_arrives_once_signed_and_verified_by_the_standard_webhooks_l
 
 
 def test_a_channels_events_come_from_the_node_worker_with_a_real_process(node_env, tiny, ana, staff):
-    """Loading, ready, failed, in fallback, recovered and switched, from the node worker's own
+    """Loading, ready, failed, in fallback, stopping, recovered and switched, from the node worker's own
     reconciles of a real llama-server and the stand-in backend's out-of-memory failure."""
     from channels_app.scheduling.services import decide_channels
     from tests.test_node_worker import converge, out_of_memory, phase_after
@@ -212,9 +212,10 @@ def test_a_channels_events_come_from_the_node_worker_with_a_real_process(node_en
             "channel.fallback",
             "channel.loading",
             "channel.ready",
+            "channel.stopping",
             "channel.loading",
-            "channel.recovered",
             "channel.ready",
+            "channel.recovered",
             "channel.switched",
         ]
         # The booker's own webhook hears of it, and staff's for this channel (not the other's).
@@ -233,15 +234,27 @@ def test_a_channels_events_come_from_the_node_worker_with_a_real_process(node_en
     assert switched["data"]["model"]["name"] == "big-vllm"
 
 
-def test_the_lifecycles_news_become_events_in_the_order_they_happened():
+def test_the_lifecycles_news_become_happenings_in_the_order_they_happened():
+    def kinds(before: ProcessState, after: ProcessState, actions: list[Tell]) -> list[str]:
+        return [event for event, _ in channel_facts(before, after, actions)]
+
     loading = ProcessState(phase=Phase.LOADING, running=Target(1))
-    assert channel_events(ProcessState(), loading, []) == ["channel.loading"]
+    assert kinds(ProcessState(), loading, []) == ["channel.loading"]
     ready = ProcessState(phase=Phase.READY, running=Target(1))
-    told = [Tell(NotificationEvent.RECOVERED, "serves again")]
-    assert channel_events(loading, ready, told) == ["channel.recovered", "channel.ready"]
-    assert channel_events(ready, ready, []) == []
-    failed = ProcessState(phase=Phase.FAILED)
-    assert channel_events(loading, failed, [Tell(NotificationEvent.LOAD_FAILED, "oom")]) == ["channel.failed"]
+    told = [Tell(WebhookEvent.CHANNEL_RECOVERED)]
+    assert kinds(loading, ready, told) == ["channel.ready", "channel.recovered"]
+    assert kinds(ready, ready, []) == []
+    # A failure is told when it fails, before the stop it leads to; the failed phase it rests in
+    # afterwards is not told again.
+    stopping = ProcessState(phase=Phase.STOPPING, running=Target(1), failing=True)
+    failure = [Tell(WebhookEvent.CHANNEL_FAILED, episode=timezone.now())]
+    assert kinds(loading, stopping, failure) == ["channel.failed", "channel.stopping"]
+    assert kinds(stopping, ProcessState(phase=Phase.FAILED), []) == []
+    # The booked model's readiness is the ready itself, marked as the booked one.
+    [(_, facts)] = channel_facts(loading, ready, [Tell(WebhookEvent.CHANNEL_READY)])
+    assert facts["booked"] is True
+    [(_, facts)] = channel_facts(loading, ready, [])
+    assert facts["booked"] is False
 
 
 def test_a_receiver_that_fails_twice_gets_the_event_three_times_with_growing_pauses(settings, ana):

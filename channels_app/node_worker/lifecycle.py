@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from slotserve_base.target import Target
-from slotserve_base.vocabulary import NotificationEvent, Phase
+from slotserve_base.vocabulary import Phase, WebhookEvent
 
 RETRY_FIRST_SECONDS = 30
 RETRY_MAX_SECONDS = 600
@@ -121,11 +121,12 @@ class LoadFinished:
 
 @dataclass(frozen=True)
 class Tell:
-    """Notify the booker and staff: ``event`` is a NotificationEvent value; ``episode``, when
-    the failure episode began, makes each episode's news its own (sent once per episode)."""
+    """A fact the phase alone does not say (``node_worker.announce`` tells it): a run failed
+    (each time), the default model serves as a fallback, the booked model serves again after a
+    failure, the booked model is ready. ``episode``: when the failure episode began; whoever
+    tells people of a failure, a fallback or a recovery does so once per episode."""
 
-    event: str
-    text: str
+    event: WebhookEvent
     episode: datetime | None = None
 
 
@@ -233,8 +234,8 @@ def _end_stale_episode(state: ProcessState, wanted: Wanted) -> ProcessState:
 
 
 def _fail(state: ProcessState, wanted: Wanted, now: datetime, error: str, alive: bool) -> Step:
-    """A run failed: remember it, schedule the retry, stop what is left of it. The first
-    failure of an episode tells the booker and the admins; later ones in it do not."""
+    """A run failed: remember it, schedule the retry, stop what is left of it. Every failure is
+    told with its episode (people hear of an episode's first only)."""
     assert state.running is not None
     previous = state.failure
     attempts = previous.attempts + 1 if previous and previous.target == state.running else 1
@@ -242,8 +243,7 @@ def _fail(state: ProcessState, wanted: Wanted, now: datetime, error: str, alive:
     retry_at = now + retry_delay(attempts)
     failure = Failure(state.running, attempts, retry_at, error, purpose=wanted.purpose, began=began)
     actions: list[Action] = [LoadFinished(False, error)] if state.phase == Phase.LOADING else []
-    if previous is None and not state.fallback:
-        actions.append(Tell(NotificationEvent.LOAD_FAILED, error, episode=began))
+    actions.append(Tell(WebhookEvent.CHANNEL_FAILED, episode=began))
     # A failing fallback keeps the booked model's failure record, and is not
     # tried again before the booked model's own retry.
     kept = dataclasses.replace(previous, fallback_failed=True) if state.fallback and previous else failure
@@ -266,13 +266,7 @@ def _start_if_wanted(state: ProcessState, wanted: Wanted, now: datetime, actions
         return Step(state, actions)
     if fallback and not state.fallback:
         began = state.failure.began if state.failure is not None else None
-        actions.append(
-            Tell(
-                NotificationEvent.FALLBACK,
-                "the default model serves the reservation until the next retry",
-                episode=began,
-            )
-        )
+        actions.append(Tell(WebhookEvent.CHANNEL_FALLBACK, episode=began))
     loading = dataclasses.replace(
         state,
         phase=Phase.LOADING,
@@ -381,16 +375,10 @@ def _ready(state: ProcessState, wanted: Wanted, now: datetime) -> Step:
     if recovered:
         assert failure is not None
         if wanted.serves_reservation:
-            actions.append(
-                Tell(
-                    NotificationEvent.RECOVERED,
-                    "the booked model loaded after a retry and serves again",
-                    episode=failure.began,
-                )
-            )
+            actions.append(Tell(WebhookEvent.CHANNEL_RECOVERED, episode=failure.began))
         failure = None
     elif wanted.serves_reservation and not state.fallback:
-        actions.append(Tell(NotificationEvent.MODEL_READY, "the model of the reservation is ready"))
+        actions.append(Tell(WebhookEvent.CHANNEL_READY))
     error = "" if recovered or not state.fallback else state.error
     ready = dataclasses.replace(state, phase=Phase.READY, since=now, failure=failure, error=error)
     return Step(ready, actions)

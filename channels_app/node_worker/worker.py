@@ -45,7 +45,6 @@ from channels_app.node_worker.lifecycle import (
     effective_target,
     step,
 )
-from channels_app.node_worker.news import News, channel_news
 from channels_app.node_worker.places import places_of
 from channels_app.node_worker.registration import executable_for
 from channels_app.node_worker.rows import state_of, store, wanted_of
@@ -53,7 +52,7 @@ from slotserve_base import locks, overview
 from slotserve_base.inflight import in_flight_counts
 from slotserve_base.redis_client import redis_client
 from slotserve_base.target import Target
-from slotserve_base.vocabulary import NotificationEvent, Phase, RedisKey, redis_key
+from slotserve_base.vocabulary import Phase, RedisKey, redis_key
 
 log = logging.getLogger(__name__)
 
@@ -219,36 +218,10 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
     )
 
 
-def _tell(channel: Channel, target_row: ChannelTarget | None, action: Tell) -> None:
-    """The booker hears of their reservation's model; the admins of failures and fallbacks,
-    a booking's or not, and of the recovery that ends them (``news``; docs/scheduling.md). Each
-    failure episode's news goes out once: its key names the episode."""
-    reservation = target_row.reservation if target_row is not None else None
-    for_admins = action.event in {
-        NotificationEvent.LOAD_FAILED,
-        NotificationEvent.FALLBACK,
-        NotificationEvent.RECOVERED,
-    }
-    if reservation is None and not for_admins:
-        return
-    about = f"channel:{channel.pk}" if reservation is None else str(reservation.pk)
-    episode = f":{action.episode:%Y%m%dT%H%M%S.%f}" if action.episode is not None else ""
-    told = News(
-        channel=channel,
-        reservation=reservation,
-        event=action.event,
-        text=f"{channel.name}: {action.text}.",
-        key=f"{action.event}:{about}{episode}",
-        for_admins=for_admins,
-    )
-    channel_news.send(sender=News, news=told)
-
-
 def act(
     actions: Sequence[Action],
     runtime: ChannelRuntime,
     channel: Channel,
-    target_row: ChannelTarget | None,
     now: datetime,
 ) -> None:
     for action in actions:
@@ -266,7 +239,7 @@ def act(
                         finished=now, succeeded=succeeded, error=error
                     )
             case Tell():
-                _tell(channel, target_row, action)
+                pass  # told with the step's other happenings, once the step is stored (``announce``)
             case _:
                 assert_never(action)
 
@@ -306,7 +279,7 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
         overview.refresh([channel_id], result.state.phase.value)
     known_run = runtime.run_id
     try:
-        act(result.actions, runtime, channel, target_row, now)
+        act(result.actions, runtime, channel, now)
         after = result.state
         if any(isinstance(a, Start) for a in result.actions):
             after = dataclasses.replace(after, pid=runtime.pid)  # known once the process runs

@@ -12,7 +12,6 @@ from django.db import IntegrityError, transaction
 from channels_app.models import LLMModel, Preset, validate_target
 from reservations.announce import announce_booking
 from reservations.models import BLOCKING_STATUSES, Reservation, ReservationStatus
-from reservations.notifications import notify
 from reservations.selectors import first_conflict
 from reservations.services.common import (
     InvalidTransition,
@@ -28,12 +27,10 @@ from reservations.services.common import (
     whole_booking,
 )
 from reservations.services.waitlist import tell_waiting
-from reservations.wording import slot_words
 from slotserve_base.audit import audited
 from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InvalidInput
-from slotserve_base.iso import iso_moment
-from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
+from slotserve_base.vocabulary import WebhookEvent
 
 
 def reservation_extend(*, reservation: Reservation, by: User, end: datetime, now: datetime) -> Reservation:
@@ -245,19 +242,8 @@ def reservation_change(
             raise InvalidTransition("the reservation changed meanwhile; reload it and try again")
         was_approved = reservation.status == ReservationStatus.APPROVED
         reservation.refresh_from_db()
-        if (moved or retargeted) and by != reservation.user:
-            notify(
-                user=reservation.user,
-                event=NotificationEvent.CHANGED,
-                text=lambda zone: (
-                    f"Your reservation of {reservation.channel} was changed by {by}: now "
-                    f"{slot_words(start, end, zone)}, {reservation.what}."
-                ),
-                key=f"changed:{reservation.pk}:{iso_moment(start)}:{iso_moment(end)}:{reservation.target}",
-                about=(str(reservation.channel), start, end),
-            )
         if moved or retargeted:
-            announce_booking(WebhookEvent.BOOKING_CHANGED, reservation, at=now)
+            announce_booking(WebhookEvent.BOOKING_CHANGED, reservation, at=now, by=by)
         if was_approved or asks_again:
             enqueue_redecide(reservation.channel_id)
         if moved:

@@ -10,7 +10,6 @@ from django.db import transaction
 
 from reservations.announce import announce_booking
 from reservations.models import Reservation, ReservationStatus
-from reservations.notifications import notify, slot_of
 from reservations.services.common import InvalidTransition
 from reservations.services.waitlist import tell_waiting
 from reservations.wording import slot_words
@@ -18,7 +17,7 @@ from slotserve_base import overview
 from slotserve_base.audit import audited
 from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InvalidInput
-from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
+from slotserve_base.vocabulary import WebhookEvent
 
 
 def _transition(
@@ -47,17 +46,7 @@ def reservation_approve(*, reservation: Reservation, by: User, now: datetime) ->
             reviewed_by=by,
             reviewed_at=now,
         )
-        notify(
-            user=reservation.user,
-            event=NotificationEvent.APPROVED,
-            text=lambda zone: (
-                f"Your reservation of {reservation.channel}, "
-                f"{slot_words(reservation.start, reservation.end, zone)}, is approved."
-            ),
-            key=f"approved:{reservation.pk}",
-            about=slot_of(reservation),
-        )
-        announce_booking(WebhookEvent.BOOKING_APPROVED, reservation, at=now, said=f"approved by {by}")
+        announce_booking(WebhookEvent.BOOKING_APPROVED, reservation, at=now, said=f"approved by {by}", by=by)
         enqueue_redecide(reservation.channel_id)
     return reservation
 
@@ -75,23 +64,13 @@ def reservation_reject(*, reservation: Reservation, by: User, reason: str, now: 
             reviewed_by=by,
             reviewed_at=now,
         )
-        notify(
-            user=reservation.user,
-            event=NotificationEvent.REJECTED,
-            text=lambda zone: (
-                f"Your reservation of {reservation.channel}, "
-                f"{slot_words(reservation.start, reservation.end, zone)}, was rejected: "
-                f"{reservation.reject_reason}"
-            ),
-            key=f"rejected:{reservation.pk}",
-            about=slot_of(reservation),
-        )
         announce_booking(
             WebhookEvent.BOOKING_REJECTED,
             reservation,
             at=now,
             said=f"rejected by {by}: {reservation.reject_reason}",
             more={"reason": reservation.reject_reason},
+            by=by,
         )
         tell_waiting(channel_id=reservation.channel_id, now=now)
     return reservation
@@ -113,18 +92,9 @@ def reservation_cancel(*, reservation: Reservation, by: User, now: datetime) -> 
             "cancel",
             status=ReservationStatus.CANCELLED,
         )
-        if by != reservation.user:
-            notify(
-                user=reservation.user,
-                event=NotificationEvent.CANCELLED,
-                text=lambda zone: (
-                    f"Your reservation of {reservation.channel}, "
-                    f"{slot_words(reservation.start, reservation.end, zone)}, was cancelled by {by}."
-                ),
-                key=f"cancelled:{reservation.pk}",
-                about=slot_of(reservation),
-            )
-        announce_booking(WebhookEvent.BOOKING_CANCELLED, reservation, at=now, said=f"cancelled by {by}")
+        announce_booking(
+            WebhookEvent.BOOKING_CANCELLED, reservation, at=now, said=f"cancelled by {by}", by=by
+        )
         if was == ReservationStatus.APPROVED:
             enqueue_redecide(reservation.channel_id)
         tell_waiting(channel_id=reservation.channel_id, now=now)
@@ -151,14 +121,6 @@ def reservation_end(
         else:
             changes = {"status": ReservationStatus.CANCELLED}
         _transition(reservation, (ReservationStatus.APPROVED,), "end", **changes)
-        if by != reservation.user:
-            notify(
-                user=reservation.user,
-                event=NotificationEvent.ENDED_EARLY,
-                text=f"Your reservation of {reservation.channel} was ended early by {by}.",
-                key=f"ended:{reservation.pk}",
-                about=slot_of(reservation),
-            )
         if unused_minutes is not None:
             announce_booking(
                 WebhookEvent.BOOKING_RELEASED_IDLE,
@@ -166,13 +128,15 @@ def reservation_end(
                 at=now,
                 said=f"released, no request reached it in {unused_minutes} minutes",
                 more={"unused_minutes": unused_minutes},
-            )
+            )  # by nobody: the channel's rule released it
         elif reservation.status == ReservationStatus.ENDED:
             announce_booking(
-                WebhookEvent.BOOKING_ENDED_EARLY, reservation, at=now, said=f"ended early by {by}"
+                WebhookEvent.BOOKING_ENDED_EARLY, reservation, at=now, said=f"ended early by {by}", by=by
             )
         else:
-            announce_booking(WebhookEvent.BOOKING_CANCELLED, reservation, at=now, said=f"cancelled by {by}")
+            announce_booking(
+                WebhookEvent.BOOKING_CANCELLED, reservation, at=now, said=f"cancelled by {by}", by=by
+            )
         enqueue_redecide(reservation.channel_id)
         tell_waiting(channel_id=reservation.channel_id, now=now)
     return reservation

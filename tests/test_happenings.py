@@ -1,0 +1,101 @@
+"""What happened, told once (docs/architecture.md): each fact is one happening, and the
+webhooks, a channel's story and the notifications each keep what they name of it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from channels_app.models import ChannelTarget, StoryEntry
+from channels_app.node_worker.announce import announce_channel
+from channels_app.node_worker.lifecycle import Failure, ProcessState, Tell
+from reservations.models import Notification
+from reservations.services import reservation_approve, reservation_cancel
+from reservations.webhooks.models import Event
+from reservations.webhooks.services import webhook_create
+from slotserve_base.happenings import Happening, happened
+from slotserve_base.target import Target
+from slotserve_base.vocabulary import NotificationEvent, Phase, WebhookEvent
+from tests import factories
+from tests.clock import T0
+from tests.receiver import Receiver
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def local_receivers(settings: Any) -> None:
+    settings.SLOTSERVE_WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]
+
+
+@pytest.fixture
+def heard() -> Iterator[list[Happening]]:
+    """Every happening told while the test runs."""
+    told: list[Happening] = []
+
+    def listen(sender: Any, happening: Happening, **_: Any) -> None:
+        told.append(happening)
+
+    happened.connect(listen, sender=Happening, dispatch_uid="tests.heard")
+    yield told
+    happened.disconnect(sender=Happening, dispatch_uid="tests.heard")
+
+
+def test_an_approval_is_one_happening_that_the_webhooks_and_the_booker_each_keep(heard, ana, staff):
+    channel = factories.channel("a100-0")
+    booking = factories.reservation(
+        owner=ana, on=channel, start=T0 + timedelta(hours=1), end=T0 + timedelta(hours=2), status="pending"
+    )
+    with Receiver() as receiver:
+        webhook_create(owner=ana, url=receiver.url, events=[WebhookEvent.BOOKING_APPROVED])
+        reservation_approve(reservation=booking, by=staff, now=T0)
+    assert [(h.type, h.data["by"]["username"]) for h in heard] == [("booking.approved", staff.username)]
+    assert list(Event.objects.values_list("type", flat=True)) == ["booking.approved"]
+    assert list(Notification.objects.filter(user=ana).values_list("event", flat=True)) == [
+        NotificationEvent.APPROVED
+    ]
+
+
+def test_the_bookers_own_cancel_is_kept_by_the_webhooks_but_is_no_news_to_them(heard, ana, staff):
+    channel = factories.channel("a100-0")
+    mine = factories.reservation(
+        owner=ana, on=channel, start=T0 + timedelta(hours=1), end=T0 + timedelta(hours=2)
+    )
+    theirs = factories.reservation(
+        owner=ana, on=channel, start=T0 + timedelta(hours=3), end=T0 + timedelta(hours=4)
+    )
+    reservation_cancel(reservation=mine, by=ana, now=T0)
+    reservation_cancel(reservation=theirs, by=staff, now=T0)
+    assert [h.type for h in heard] == ["booking.cancelled", "booking.cancelled"]
+    told = list(Notification.objects.filter(user=ana).values_list("event", "text"))
+    assert told == [(NotificationEvent.CANCELLED, told[0][1])] and f"cancelled by {staff}" in told[0][1]
+
+
+def test_a_failure_is_one_happening_the_story_keeps_each_time_and_people_hear_once(heard, ana, staff):
+    target = factories.preset(factories.llm("qwen"), "chat")
+    channel = factories.channel("a100-0")
+    booking = factories.reservation(
+        owner=ana, on=channel, start=T0, end=T0 + timedelta(hours=1), target=target
+    )
+    row = ChannelTarget.objects.create(
+        channel=channel, model=target.model, preset=target, reason="active_reservation", reservation=booking
+    )
+    running = Target(target.model_id, target.pk)
+    loading = ProcessState(phase=Phase.LOADING, running=running)
+    failure = Failure(running, 1, T0 + timedelta(seconds=30), "It ran out of memory.", began=T0)
+    failed = ProcessState(phase=Phase.FAILED, failure=failure, error="It ran out of memory.")
+    with Receiver() as receiver:
+        webhook_create(owner=ana, url=receiver.url, events=[WebhookEvent.CHANNEL_FAILED])
+        for seconds in (0, 30):  # the first failure of an episode, then its retry failing too
+            told = [Tell(WebhookEvent.CHANNEL_FAILED, episode=T0)]
+            announce_channel(channel, row, loading, failed, told, None, T0 + timedelta(seconds=seconds))
+    assert [h.type for h in heard] == ["channel.failed", "channel.failed"]
+    assert StoryEntry.objects.filter(channel=channel, kind="failed").count() == 2
+    assert Event.objects.filter(type="channel.failed").count() == 1
+    for person in (ana, staff):
+        assert list(Notification.objects.filter(user=person).values_list("event", flat=True)) == [
+            NotificationEvent.LOAD_FAILED
+        ]
