@@ -63,12 +63,17 @@ def announce_booking(
     more: dict[str, Any] | None = None,
     once: bool = False,
     by: Any = None,
+    was: str | None = None,
 ) -> None:
     """Tell what happened to ``reservation`` (docs/architecture.md, "What happened, told once"):
     its booker's webhooks and staff's hear of it, the booker is notified where it is news to
-    them (``reservations.notices``). ``by``: the person who did it, when one did. ``once``: at
-    most once per booking and event (a job that runs again finds it told)."""
-    by_whom = {"by": user_ref(by)} if by is not None else {}
+    them (``reservations.notices``), and what follows from it follows (``reservations.consequences``:
+    the channel re-decides, those waiting hear of a slot left). ``by``: the person who did it, when
+    one did; ``was``: the booking's status before, when it changed. ``once``: at most once per
+    booking and event (a job that runs again finds it told)."""
+    by_whom: dict[str, Any] = {"by": user_ref(by)} if by is not None else {}
+    if was is not None:
+        by_whom["was"] = was
     tell(
         Happening(
             type=event,

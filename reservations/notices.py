@@ -19,11 +19,12 @@ from typing import Any, NamedTuple
 from django.contrib.auth import get_user_model
 from django.dispatch import receiver
 
-from reservations.models import Reservation
+from reservations.models import Reservation, WaitlistEntry
 from reservations.notifications import notify, slot_of
+from reservations.services.waitlist import freed_words
 from reservations.wording import moment_words, slot_words
 from slotserve_base.happenings import Happening, happened
-from slotserve_base.iso import iso_moment
+from slotserve_base.iso import iso_moment, parse_moment
 from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 
 
@@ -126,6 +127,28 @@ def on_happening(sender: type[Happening], happening: Happening, **_: Any) -> Non
         _channel_news(happening, CHANNEL_NOTICES[WebhookEvent(kind)])
     elif kind in BOOKING_NOTICES:
         _booking_news(happening, BOOKING_NOTICES[WebhookEvent(kind)])
+    elif kind == WebhookEvent.WAITLIST_SLOT_FREED:
+        _slot_freed(happening)
+
+
+def _slot_freed(happening: Happening) -> None:
+    """The one waiting hears that their slot (what is left of it) is free."""
+    entry = (
+        WaitlistEntry.objects.select_related("user", "channel")
+        .filter(pk=happening.data["waitlist"]["id"])
+        .first()
+    )
+    if entry is None:
+        return
+    start, end = parse_moment(happening.data["start"]), entry.end
+    notify(
+        user=entry.user,
+        event=NotificationEvent.SLOT_FREED,
+        text=functools.partial(freed_words, entry.channel.name, start, end),
+        link=happening.link,
+        key=f"slot_freed:{entry.pk}",
+        about=(entry.channel.name, start, end),
+    )
 
 
 def _booking_news(happening: Happening, notice: BookingNotice) -> None:

@@ -99,3 +99,46 @@ def test_a_failure_is_one_happening_the_story_keeps_each_time_and_people_hear_on
         assert list(Notification.objects.filter(user=person).values_list("event", flat=True)) == [
             NotificationEvent.LOAD_FAILED
         ]
+
+
+def test_a_series_approved_at_once_re_decides_its_channel_once(ana, django_capture_on_commit_callbacks):
+    from reservations.services import reservation_series_create
+    from slotserve_base.dispatch import Redecide, enqueue_redecide
+
+    channel = factories.channel("a100-0", policy="none")
+    target = factories.preset(factories.llm("qwen"), "chat")
+    with django_capture_on_commit_callbacks() as callbacks:
+        _, made, _ = reservation_series_create(
+            user=ana, channel=channel, start=T0 + timedelta(hours=1), end=T0 + timedelta(hours=2),
+            model=target.model, preset=target, repeat="daily", time_zone="UTC", count=5, now=T0,
+        )  # fmt: skip
+    assert len(made) == 5
+    assert [c for c in callbacks if isinstance(c, Redecide)] == [Redecide(channel.pk)], callbacks
+    # A re-decision asked in a savepoint rolled back is gone with it; one asked again stands.
+    channel = factories.channel("a100-1")
+    with django_capture_on_commit_callbacks() as callbacks:
+        from django.db import transaction
+
+        try:
+            with transaction.atomic():
+                enqueue_redecide(channel.pk)
+                raise RuntimeError("rolled back")
+        except RuntimeError:
+            pass
+        enqueue_redecide(channel.pk)
+    assert [c for c in callbacks if isinstance(c, Redecide)] == [Redecide(channel.pk)]
+
+
+def test_a_slot_left_is_one_happening_and_its_waiter_is_told_once(heard, ana, bo, staff):
+    from reservations.services import waitlist_join
+
+    channel = factories.channel("a100-0")
+    taken = factories.reservation(
+        owner=ana, on=channel, start=T0 + timedelta(hours=1), end=T0 + timedelta(hours=2)
+    )
+    waitlist_join(user=bo, channel=channel, start=taken.start, end=taken.end, now=T0)
+    reservation_cancel(reservation=taken, by=ana, now=T0)
+    assert sorted(h.type for h in heard) == ["booking.cancelled", "waitlist.slot_freed"]
+    freed = list(Notification.objects.filter(user=bo).values_list("event", "link"))
+    [slot_freed] = [h for h in heard if h.type == "waitlist.slot_freed"]
+    assert freed == [(NotificationEvent.SLOT_FREED, slot_freed.link)]

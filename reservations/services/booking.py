@@ -21,7 +21,6 @@ from reservations.services.common import (
     tell_approvers,
     validate_slot,
 )
-from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InvalidInput
 
 
@@ -93,8 +92,6 @@ def reservation_create(
             raise ReservationConflict(first_conflict(channel, start, end)) from None
         if pending:
             tell_approvers(reservation)
-        else:
-            enqueue_redecide(channel.pk)
         return reservation
 
     reservation = retrying_deadlocks(book)

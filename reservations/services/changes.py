@@ -26,9 +26,7 @@ from reservations.services.common import (
     tell_approvers,
     whole_booking,
 )
-from reservations.services.waitlist import tell_waiting
 from slotserve_base.audit import audited
-from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InvalidInput
 from slotserve_base.vocabulary import WebhookEvent
 
@@ -110,8 +108,6 @@ def reservation_extend(*, reservation: Reservation, by: User, end: datetime, now
             raise InvalidTransition("the reservation changed meanwhile; reload it and try again")
         reservation.refresh_from_db()
         announce_booking(WebhookEvent.BOOKING_CHANGED, reservation, at=now, said="extended")
-        if reservation.status == ReservationStatus.APPROVED:
-            enqueue_redecide(reservation.channel_id)
         return reservation
 
     return retrying_deadlocks(grow)
@@ -240,14 +236,10 @@ def reservation_change(
             ) from None
         if not updated:
             raise InvalidTransition("the reservation changed meanwhile; reload it and try again")
-        was_approved = reservation.status == ReservationStatus.APPROVED
+        was = reservation.status
         reservation.refresh_from_db()
         if moved or retargeted:
-            announce_booking(WebhookEvent.BOOKING_CHANGED, reservation, at=now, by=by)
-        if was_approved or asks_again:
-            enqueue_redecide(reservation.channel_id)
-        if moved:
-            tell_waiting(channel_id=reservation.channel_id, now=now)
+            announce_booking(WebhookEvent.BOOKING_CHANGED, reservation, at=now, by=by, was=was)
         return reservation
 
     return retrying_deadlocks(change)

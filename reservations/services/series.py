@@ -27,7 +27,6 @@ from reservations.services.common import (
 )
 from reservations.services.transitions import reservation_cancel
 from reservations.wording import slot_words
-from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InvalidInput
 
 
@@ -188,8 +187,6 @@ def reservation_series_create(
             ) from None
         if pending:
             tell_approvers(made[0], also=len(made) - 1)
-        else:
-            enqueue_redecide(channel.pk)
         return series, made, problems
 
     return retrying_deadlocks(book)

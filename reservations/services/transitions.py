@@ -1,4 +1,6 @@
-"""Approving, rejecting, cancelling and ending reservations: conditional transitions."""
+"""Approving, rejecting, cancelling and ending reservations: conditional transitions, each told
+once (``reservations.announce``); the booker's notice, the channel's re-decision and the news
+for those waiting follow from what is told (``reservations.notices``, ``reservations.consequences``)."""
 
 from __future__ import annotations
 
@@ -11,11 +13,9 @@ from django.db import transaction
 from reservations.announce import announce_booking
 from reservations.models import Reservation, ReservationStatus
 from reservations.services.common import InvalidTransition
-from reservations.services.waitlist import tell_waiting
 from reservations.wording import slot_words
 from slotserve_base import overview
 from slotserve_base.audit import audited
-from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InvalidInput
 from slotserve_base.vocabulary import WebhookEvent
 
@@ -47,7 +47,6 @@ def reservation_approve(*, reservation: Reservation, by: User, now: datetime) ->
             reviewed_at=now,
         )
         announce_booking(WebhookEvent.BOOKING_APPROVED, reservation, at=now, said=f"approved by {by}", by=by)
-        enqueue_redecide(reservation.channel_id)
     return reservation
 
 
@@ -72,7 +71,6 @@ def reservation_reject(*, reservation: Reservation, by: User, reason: str, now: 
             more={"reason": reservation.reject_reason},
             by=by,
         )
-        tell_waiting(channel_id=reservation.channel_id, now=now)
     return reservation
 
 
@@ -93,11 +91,8 @@ def reservation_cancel(*, reservation: Reservation, by: User, now: datetime) -> 
             status=ReservationStatus.CANCELLED,
         )
         announce_booking(
-            WebhookEvent.BOOKING_CANCELLED, reservation, at=now, said=f"cancelled by {by}", by=by
+            WebhookEvent.BOOKING_CANCELLED, reservation, at=now, said=f"cancelled by {by}", by=by, was=was
         )
-        if was == ReservationStatus.APPROVED:
-            enqueue_redecide(reservation.channel_id)
-        tell_waiting(channel_id=reservation.channel_id, now=now)
     return reservation
 
 
@@ -128,15 +123,24 @@ def reservation_end(
                 at=now,
                 said=f"released, no request reached it in {unused_minutes} minutes",
                 more={"unused_minutes": unused_minutes},
+                was=ReservationStatus.APPROVED,
             )  # by nobody: the channel's rule released it
         elif reservation.status == ReservationStatus.ENDED:
             announce_booking(
-                WebhookEvent.BOOKING_ENDED_EARLY, reservation, at=now, said=f"ended early by {by}", by=by
+                WebhookEvent.BOOKING_ENDED_EARLY,
+                reservation,
+                at=now,
+                said=f"ended early by {by}",
+                by=by,
+                was=ReservationStatus.APPROVED,
             )
         else:
             announce_booking(
-                WebhookEvent.BOOKING_CANCELLED, reservation, at=now, said=f"cancelled by {by}", by=by
+                WebhookEvent.BOOKING_CANCELLED,
+                reservation,
+                at=now,
+                said=f"cancelled by {by}",
+                by=by,
+                was=ReservationStatus.APPROVED,
             )
-        enqueue_redecide(reservation.channel_id)
-        tell_waiting(channel_id=reservation.channel_id, now=now)
     return reservation

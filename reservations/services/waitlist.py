@@ -1,8 +1,9 @@
 """The waitlist: "tell me when this slot frees" (docs/scheduling.md, the portal's booking dialog).
 
-``waitlist_join`` records a wish for a slot that is taken now; ``tell_waiting`` runs wherever
-time on a channel is freed (a cancellation, an early end, a rejection, a change) and notifies
-each user whose whole wished-for slot is now free, once.
+``waitlist_join`` records a wish for a slot that is taken now; ``tell_waiting`` runs after every
+happening that may leave time on a channel (a cancellation, an early end, a rejection, a change:
+``reservations.consequences``) and tells, once, of each wished-for slot that is now wholly free
+(``waitlist.slot_freed``; its waiter's notice follows, ``reservations.notices``).
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ from django.db import IntegrityError, transaction
 
 from channels_app.models import Channel
 from reservations.models import Reservation, WaitlistEntry
-from reservations.notifications import notify
 from reservations.services.common import group_problems
 from reservations.wording import slot_words
 from slotserve_base.errors import InvalidInput
 from slotserve_base.happenings import Happening, named, tell, user_ref
 from slotserve_base.iso import iso_moment
-from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
+from slotserve_base.vocabulary import WebhookEvent
 
 
 def waitlist_join(
@@ -70,15 +70,7 @@ def tell_waiting(*, channel_id: int, now: datetime) -> int:
             continue
         if not WaitlistEntry.objects.filter(pk=entry.pk, notified_at__isnull=True).update(notified_at=now):
             continue  # told by someone else meanwhile
-        notify(
-            user=entry.user,
-            event=NotificationEvent.SLOT_FREED,
-            text=functools.partial(_freed_words, entry.channel.name, start, entry.end),
-            link=f"/book/?channel={entry.channel_id}&start={iso_moment(start)}&end={iso_moment(entry.end)}",
-            key=f"slot_freed:{entry.pk}",
-            about=(entry.channel.name, start, entry.end),
-        )
-        _announce_freed(entry, start, now)
+        _announce_freed(entry, start, now)  # the waiter's notice follows (``reservations.notices``)
         told += 1
     return told
 
@@ -96,7 +88,7 @@ def _announce_freed(entry: WaitlistEntry, start: datetime, now: datetime) -> Non
                 "end": iso_moment(entry.end),
             },
             subject=f"waitlist:{entry.pk}",
-            words=functools.partial(_freed_words, entry.channel.name, start, entry.end),
+            words=functools.partial(freed_words, entry.channel.name, start, entry.end),
             users=frozenset({entry.user_id}),
             channels=frozenset({entry.channel_id}),
             link=link,
@@ -104,6 +96,6 @@ def _announce_freed(entry: WaitlistEntry, start: datetime, now: datetime) -> Non
     )
 
 
-def _freed_words(channel: str, start: datetime, end: datetime, zone: tzinfo) -> str:
+def freed_words(channel: str, start: datetime, end: datetime, zone: tzinfo) -> str:
     slot = slot_words(start, end, zone)
     return f"{channel} is free {slot}, the time you waited for: book it before someone else does."
