@@ -49,7 +49,7 @@ def book_many(count: int, start_hour: int) -> list[float]:
     from django.utils import timezone
 
     from channels_app.models import Channel
-    from reservations.services import reservation_create
+    from reservations.services import NewBooking, reservation_create
 
     user = get_user_model().objects.get(username="bench")
     channel = Channel.objects.get(name="bench")
@@ -59,11 +59,9 @@ def book_many(count: int, start_hour: int) -> list[float]:
         start = base + timedelta(hours=start_hour + i)
         began = time.perf_counter()
         reservation_create(
-            user=user,
-            channel=channel,
-            start=start,
-            end=start + timedelta(minutes=30),
-            exclusive=True,
+            NewBooking(
+                user=user, channel=channel, start=start, end=start + timedelta(minutes=30), exclusive=True
+            ),
             now=timezone.now(),
         )
         times.append((time.perf_counter() - began) * 1000)

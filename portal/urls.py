@@ -1,6 +1,6 @@
 from django.urls import path
 
-from portal import account, staff_actions, usage
+from portal import account, booking, staff_actions, usage
 from portal import actions as portal_actions
 from portal import calendar as portal_calendar
 from portal import views as portal
@@ -15,7 +15,7 @@ urlpatterns = [
     path("models/", portal.models_page, name="models"),
     path("models/files/<int:pk>/register", portal.register_model_file, name="register_model_file"),
     path("channel/<int:pk>/log", portal.run_log, name="run_log"),
-    path("book/", portal_actions.book, name="book"),
+    path("book/", booking.book, name="book"),
     path("reservations/", portal_actions.my_reservations, name="my_reservations"),
     path("reservations/<int:pk>/cancel", portal_actions.cancel, name="cancel"),
     path("reservations/<int:pk>/end", portal_actions.end, name="end"),

@@ -66,16 +66,18 @@ class ReservationAdminForm(forms.ModelForm[Reservation]):
         if self.instance.pk is None:
             self.instance = service_errors_as_form_errors(
                 lambda: services.reservation_create(
-                    user=data["user"],
-                    channel=data["channel"],
-                    start=data["start"],
-                    end=data["end"],
+                    services.NewBooking(
+                        user=data["user"],
+                        channel=data["channel"],
+                        start=data["start"],
+                        end=data["end"],
+                        model=data.get("model"),
+                        preset=data.get("preset"),
+                        exclusive=bool(data.get("exclusive")),
+                        note=data.get("note", ""),
+                        by=by,
+                    ),
                     now=now,
-                    model=data.get("model"),
-                    preset=data.get("preset"),
-                    exclusive=bool(data.get("exclusive")),
-                    note=data.get("note", ""),
-                    by=by,
                 )
             )
         else:

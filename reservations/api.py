@@ -154,15 +154,9 @@ class ReservationViewSet(
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = ReservationInput(data=request.data)
         data.is_valid(raise_exception=True)
-        fields = data.validated_data
-        if fields["channel"] is None:
-            reservation = services.reservation_create_anywhere(
-                user=current_user(request), now=timezone.now(), **fields
-            )
-        else:
-            reservation = services.reservation_create(
-                user=current_user(request), now=timezone.now(), **fields
-            )
+        booking = services.NewBooking.of(current_user(request), data.validated_data)
+        create = services.reservation_create if booking.channel else services.reservation_create_anywhere
+        reservation = create(booking, now=timezone.now())
         return Response(ReservationOutput(reservation).data, status=status.HTTP_201_CREATED)
 
     def _to_decide(self, request: Request, pk: str | None) -> Reservation:
@@ -226,8 +220,10 @@ class ReservationViewSet(
     def series(self, request: Request) -> Response:
         """Book a recurring slot: every occurrence or none (409 lists each that cannot be); with
         ``skip_conflicts``, those that can be, and the skipped ones listed."""
-        user, fields = self._series_fields(request.data)
-        series, made, skipped = services.reservation_series_create(user=user, now=timezone.now(), **fields)
+        booking, repeat, fields = self._series_fields(request.data)
+        series, made, skipped = services.reservation_series_create(
+            booking, repeat, now=timezone.now(), skip_conflicts=fields.get("skip_conflicts", False)
+        )
         return Response(
             {
                 "series": series.pk,
@@ -243,14 +239,8 @@ class ReservationViewSet(
     def series_preview(self, request: Request) -> Response:
         """A series' occurrences as they would be booked now, each with why it cannot be (""
         when it can): the dialog's preview; nothing is booked."""
-        user, fields = self._series_fields(request.query_params)
-        seen = services.series_preview(
-            user=user,
-            now=timezone.now(),
-            **{k: fields[k] for k in ("channel", "start", "end", "repeat", "time_zone", "exclusive")},
-            until=fields.get("until"),
-            count=fields.get("count"),
-        )
+        booking, repeat, _ = self._series_fields(request.query_params)
+        seen = services.series_preview(booking, repeat, now=timezone.now())
         return Response(
             {
                 "occurrences": [
@@ -259,15 +249,20 @@ class ReservationViewSet(
             }
         )
 
-    def _series_fields(self, given: Any) -> tuple[Any, dict[str, Any]]:
+    def _series_fields(self, given: Any) -> tuple[services.NewBooking, services.Repeat, dict[str, Any]]:
         data = SeriesInput(data=given)
         data.is_valid(raise_exception=True)
         fields = dict(data.validated_data)
         if fields["channel"] is None:
             raise serializers.ValidationError({"channel": "a series is booked on one channel; name it"})
         user = current_user(self.request)
-        fields["time_zone"] = fields.get("time_zone") or profile_for(user).time_zone
-        return user, fields
+        repeat = services.Repeat(
+            repeat=fields["repeat"],
+            time_zone=fields.get("time_zone") or profile_for(user).time_zone,
+            until=fields.get("until"),
+            count=fields.get("count"),
+        )
+        return services.NewBooking.of(user, fields), repeat, fields
 
     @action(detail=False, methods=["post"], url_path=r"series/(?P<series_id>\d+)/cancel")
     def cancel_series(self, request: Request, series_id: str) -> Response:

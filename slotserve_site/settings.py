@@ -1,7 +1,8 @@
-"""SlotServe settings: one module, driven by the environment.
+"""SlotServe settings, driven by the environment.
 
-Every SlotServe setting of docs/settings.md is read here with its default, and a
-bad value stops start-up naming the variable (see ``slotserve_base.env``).
+Every SlotServe setting of docs/settings.md is read here with its default, or in the module its
+section names (the database, sign-in, the gateway), and a bad value stops start-up naming the
+variable (see ``slotserve_base.env``).
 """
 
 from __future__ import annotations
@@ -213,7 +214,7 @@ SLOTSERVE_OIDC_STAFF_GROUP: str = _oidc["SLOTSERVE_OIDC_STAFF_GROUP"]
 OIDC_AUTHENTICATION_CALLBACK_URL = "oidc_authentication_callback"
 LOGIN_REDIRECT_URL_FAILURE = "/accounts/login/?sign_in_failed=1"
 if SLOTSERVE_OIDC_CLIENT_ID:
-    AUTHENTICATION_BACKENDS.append("slotserve_site.sign_in.DirectoryOIDCBackend")
+    AUTHENTICATION_BACKENDS.append("portal.sign_in.DirectoryOIDCBackend")
 
 # --- Email: printed to the console unless an SMTP server is configured ------
 EMAIL_HOST = env_str("SLOTSERVE_EMAIL_HOST", "")
@@ -324,18 +325,12 @@ SLOTSERVE_SCORE_WARM_MAX = env_float("SLOTSERVE_SCORE_WARM_MAX", 5.0)
 SLOTSERVE_DEFAULT_MAX_BOOKING_HOURS = env_float("SLOTSERVE_DEFAULT_MAX_BOOKING_HOURS", 24, minimum=0.25)
 SLOTSERVE_DEFAULT_MAX_DAYS_AHEAD = env_int("SLOTSERVE_DEFAULT_MAX_DAYS_AHEAD", 60, minimum=1)
 
+# The gateway's own: how it holds, limits and queues requests (slotserve_site.gateway_settings).
+from slotserve_site.gateway_settings import *  # noqa: E402, F403
+
 # Prometheus: /metrics is open unless a token is set.
 SLOTSERVE_METRICS_TOKEN = env_str("SLOTSERVE_METRICS_TOKEN", "")
 
-# The gateway.
-SLOTSERVE_GATEWAY_REFRESH_SECONDS = env_float("SLOTSERVE_GATEWAY_REFRESH_SECONDS", 1.0, minimum=0.05)
-# The longest a caller may ask the gateway to hold a request (X-SlotServe-Wait, a key's default).
-SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS = env_int("SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS", 600, minimum=0)
-# Fair sharing outside slots, per user (0: no limit; per-user overrides in the admin, "Sharing
-# limits"; a booker in their own slot is never limited).
-SLOTSERVE_LIMIT_CONCURRENT_REQUESTS = env_int("SLOTSERVE_LIMIT_CONCURRENT_REQUESTS", 0, minimum=0)
-SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE = env_int("SLOTSERVE_LIMIT_REQUESTS_PER_MINUTE", 0, minimum=0)
-SLOTSERVE_LIMIT_WEEKLY_TOKENS = env_int("SLOTSERVE_LIMIT_WEEKLY_TOKENS", 0, minimum=0)
 # Days the request log, the audit trail and the channels' stories keep their rows.
 SLOTSERVE_REQUEST_LOG_DAYS = env_int("SLOTSERVE_REQUEST_LOG_DAYS", 90, minimum=1)
 SLOTSERVE_AUDIT_DAYS = env_int("SLOTSERVE_AUDIT_DAYS", 365, minimum=1)
@@ -356,23 +351,10 @@ SLOTSERVE_WEBHOOK_RETRY_SECONDS = env_seconds_list(
 SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS = env_float("SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.5)
 # Days the delivery log keeps events and their tries.
 SLOTSERVE_WEBHOOK_LOG_DAYS = env_int("SLOTSERVE_WEBHOOK_LOG_DAYS", 30, minimum=1)
-# Browser origins that may call the gateway (CORS): comma-separated, "*" for any; none by default.
-SLOTSERVE_CORS_ORIGINS = env_list("SLOTSERVE_CORS_ORIGINS", [])
 # Web processes `manage.py run` starts (pages, API and gateway; each with its own snapshot, all
 # sharing Redis). 0: one per CPU core, at most 4, on PostgreSQL; one on SQLite (one writer at a
 # time). bench/portal_load.py measured what more give (docs/benchmarks.md).
 SLOTSERVE_WEB_PROCESSES = env_int("SLOTSERVE_WEB_PROCESSES", 0, minimum=0)
-# Connections and requests the web server takes at once (`manage.py run`); past it, a 503.
-SLOTSERVE_GATEWAY_MAX_CONNECTIONS = env_int("SLOTSERVE_GATEWAY_MAX_CONNECTIONS", 2000, minimum=10)
-# Requests one user may have held at once (X-SlotServe-Wait), all gateway processes together;
-# a user with a concurrency limit of their own may hold at most that many. Past it, a 429.
-SLOTSERVE_GATEWAY_MAX_HELD_PER_USER = env_int("SLOTSERVE_GATEWAY_MAX_HELD_PER_USER", 16, minimum=1)
-# The fair queue of each channel whose process's places are known (docs/gateway.md, "Fair
-# sharing under contention"): on, and how many requests may wait, per user and per channel.
-SLOTSERVE_FAIR_QUEUE = env_bool("SLOTSERVE_FAIR_QUEUE", True)
-SLOTSERVE_QUEUE_PER_USER = env_int("SLOTSERVE_QUEUE_PER_USER", 64, minimum=1)
-SLOTSERVE_QUEUE_PER_CHANNEL = env_int("SLOTSERVE_QUEUE_PER_CHANNEL", 512, minimum=1)
-SLOTSERVE_GATEWAY_MAX_BODY_BYTES = env_int("SLOTSERVE_GATEWAY_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
 
 # Backend executables (docs/api.md, "Backend programs").
 SLOTSERVE_LLAMA_SERVER = env_str("SLOTSERVE_LLAMA_SERVER", "llama-server")

@@ -17,15 +17,15 @@ from channels_app.api.views import (
 from channels_app.placement.api import FreeSlotsView, PlacementView
 from gateway.api import ApiKeyViewSet, RequestLogViewSet
 from gateway.usage.api import UsageView
-from portal import audit
+from portal import audit, sign_in
+from portal.password_reset import PublicAddressResetView
+from portal.story import api as story_api
+from portal.story import page as story_page
 from reservations.account_api import MeView, NotificationViewSet, WaitlistViewSet
 from reservations.api import ReservationViewSet
 from reservations.webhooks.api import WebhookViewSet
 from slotserve_base.audit_trail import AuditViewSet
-from slotserve_site import sign_in
 from slotserve_site.metrics import metrics_view
-from slotserve_site.password_reset import PublicAddressResetView
-from slotserve_site.story import views as story_views
 
 router = DefaultRouter()
 # The API spells collections with a slash (/api/nodes/) and actions without one
@@ -77,13 +77,13 @@ urlpatterns = [
     path("api/placement", PlacementView.as_view(), name="placement"),
     path("api/placement/free-slots", FreeSlotsView.as_view(), name="free_slots"),
     path("api/usage/", UsageView.as_view(), name="usage"),
-    path("api/channels/<int:pk>/story", story_views.StoryView.as_view(), name="channel_story_api"),
+    path("api/channels/<int:pk>/story", story_api.StoryView.as_view(), name="channel_story_api"),
     path("api/", include(router.urls)),
     path("api-auth/", include("rest_framework.urls")),
     # Programs that ask for the icon without reading a page's <link rel="icon">.
     path("favicon.ico", RedirectView.as_view(url="/static/portal/slotserve.svg", permanent=True)),
     path("audit/", audit.audit_page, name="audit"),
-    path("channel/<int:pk>/story", story_views.story_page, name="story"),
+    path("channel/<int:pk>/story", story_page.story_page, name="story"),
     path("audit/csv", audit.audit_csv, name="audit_csv"),
     path("health", health),
     path("metrics", metrics_view),

@@ -3,6 +3,8 @@ and changes nothing (docs/security.md). One table per edge: the REST API, the po
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from datetime import timedelta
 
@@ -14,7 +16,8 @@ from rest_framework.test import APIClient
 
 from channels_app.models import Channel, ChannelRuntime, LLMModel, Node, Override, Preset
 from gateway.api_keys import api_key_create
-from reservations.models import Reservation
+from reservations.models import Reservation, ReservationStatus
+from slotserve_base.csv_cells import SafeWriter
 from tests import factories
 from tests.conftest import serve
 from tests.factories import iso
@@ -320,3 +323,68 @@ def test_a_storys_booking_that_is_no_id_is_a_named_400(world, staff, booking):
         answer = client.get(path, {"booking": booking})
         assert answer.status_code in (400, 404), (path, answer.status_code)
         assert b"booking" in answer.content
+
+
+ESCAPING = "application/x-www-form-urlencoded; charset=unicode_escape"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("where", ["/api/keys/", "/api/webhooks/", "/api/reservations/", "/api/waitlist/"])
+def test_a_form_body_in_a_charset_that_makes_lone_surrogates_is_refused_400_by_the_api(ana, where):
+    factories.channel("a100-0")
+    api = APIClient()
+    api.force_authenticate(ana)
+    answer = api.generic("POST", where, b"name=%5Cud800&url=%5Cud800&channel=a100-0", content_type=ESCAPING)
+    assert answer.status_code == 400, answer.content
+    assert "charset" in answer.json()["message"] and "UTF-8" in answer.json()["message"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "where", ["/book/", "/keys/", "/webhooks/", "/settings/", "/settings/time-zone", "/approvals/approve"]
+)
+def test_a_form_body_in_a_charset_that_makes_lone_surrogates_is_refused_400_by_the_portal(staff, where):
+    browser = Client()
+    browser.force_login(staff)
+    answer = browser.generic("POST", where, b"name=%5Cud800&reservation=1", content_type=ESCAPING)
+    assert answer.status_code == 400, (where, answer.status_code)
+    assert b"UTF-8" in answer.content
+
+
+@pytest.mark.django_db
+def test_a_form_in_utf_8_still_goes_through(ana):
+    browser = Client()
+    browser.force_login(ana)
+    for charset in ("utf-8", "UTF-8"):
+        answer = browser.generic(
+            "POST",
+            "/settings/time-zone",
+            b"time_zone=Europe%2FBerlin",
+            content_type=f"application/x-www-form-urlencoded; charset={charset}",
+        )
+        assert answer.status_code in (200, 204, 302), (charset, answer.status_code)
+
+
+@pytest.mark.django_db
+def test_ticks_that_only_look_like_numbers_are_skipped_not_a_500(staff, ana):
+    channel = factories.channel("a100-1", policy="all")
+    start = timezone.now() + timedelta(days=1)
+    asked = factories.reservation(
+        owner=ana, on=channel, start=start, end=start + timedelta(hours=1), status=ReservationStatus.PENDING
+    )
+    browser = Client()
+    browser.force_login(staff)
+    answer = browser.post("/approvals/approve", {"reservation": ["²", "١", str(asked.pk)]})
+    assert answer.status_code == 302
+    assert Reservation.objects.get(pk=asked.pk).status == ReservationStatus.APPROVED
+
+
+@pytest.mark.django_db
+def test_csv_cells_with_a_semicolon_are_quoted_for_spreadsheets_that_split_on_it():
+    out = io.StringIO()
+    SafeWriter(out).writerow(["x;=1+1", "plain", 3, "=SUM(A1)"])
+    line = out.getvalue().strip()
+    assert '"x;=1+1"' in line and "'=SUM(A1)" in line
+    # A spreadsheet that splits on ";" keeps the cell whole (quoted), so its formula is text.
+    cells = next(csv.reader(io.StringIO(line), delimiter=";"))
+    assert not any(cell.startswith("=") for cell in cells), cells

@@ -19,6 +19,7 @@ SETTINGS_SOURCES = (
     "slotserve_site/settings.py",
     "slotserve_site/database_settings.py",
     "slotserve_site/sign_in_settings.py",
+    "slotserve_site/gateway_settings.py",
     "slotserve_base/env.py",
 )
 

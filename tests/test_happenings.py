@@ -102,16 +102,17 @@ def test_a_failure_is_one_happening_the_story_keeps_each_time_and_people_hear_on
 
 
 def test_a_series_approved_at_once_re_decides_its_channel_once(ana, django_capture_on_commit_callbacks):
-    from reservations.services import reservation_series_create
+    from reservations.services import NewBooking, Repeat, reservation_series_create
     from slotserve_base.dispatch import Redecide, enqueue_redecide
 
     channel = factories.channel("a100-0", policy="none")
     target = factories.preset(factories.llm("qwen"), "chat")
     with django_capture_on_commit_callbacks() as callbacks:
-        _, made, _ = reservation_series_create(
+        booking = NewBooking(
             user=ana, channel=channel, start=T0 + timedelta(hours=1), end=T0 + timedelta(hours=2),
-            model=target.model, preset=target, repeat="daily", time_zone="UTC", count=5, now=T0,
+            model=target.model, preset=target,
         )  # fmt: skip
+        _, made, _ = reservation_series_create(booking, Repeat("daily", "UTC", count=5), now=T0)
     assert len(made) == 5
     assert [c for c in callbacks if isinstance(c, Redecide)] == [Redecide(channel.pk)], callbacks
     # A re-decision asked in a savepoint rolled back is gone with it; one asked again stands.

@@ -27,7 +27,7 @@ from gateway.usage.flush import flush_usage
 from gateway.usage.request_log import flush_request_log
 from gateway.usage.utilisation import Span, channel_shares
 from reservations.models import Reservation
-from reservations.services import reservation_change, reservation_create
+from reservations.services import NewBooking, reservation_change, reservation_create
 from slotserve_base.errors import InvalidInput
 from slotserve_base.redis_client import redis_client
 from tests import factories
@@ -77,21 +77,18 @@ def test_lending_is_chosen_by_the_channel_and_the_booker_alone(ana, bo, staff):
     channel = factories.channel("a100-0")
     preset = factories.preset(factories.llm("qwen"), "default")
     now = timezone.now()
-    slot = {
-        "channel": channel,
-        "start": now + timedelta(hours=1),
-        "end": now + timedelta(hours=2),
-        "now": now,
-    }
+    slot = {"channel": channel, "start": now + timedelta(hours=1), "end": now + timedelta(hours=2)}
     with pytest.raises(InvalidInput) as refused:
-        reservation_create(user=ana, model=preset.model, preset=preset, lend=True, **slot)
+        reservation_create(
+            NewBooking(user=ana, model=preset.model, preset=preset, lend=True, **slot), now=now
+        )
     assert refused.value.field == "lend" and "does not lend booked time" in str(refused.value)
     channel.lend_while_idle = True
     channel.save()
     with pytest.raises(InvalidInput) as whole_card:
-        reservation_create(user=ana, exclusive=True, lend=True, **slot)
+        reservation_create(NewBooking(user=ana, exclusive=True, lend=True, **slot), now=now)
     assert "a whole-card booking runs no model to lend" in str(whole_card.value)
-    booking = reservation_create(user=ana, model=preset.model, preset=preset, **slot)
+    booking = reservation_create(NewBooking(user=ana, model=preset.model, preset=preset, **slot), now=now)
     assert booking.lend is False  # off unless the booker says so
     with pytest.raises(InvalidInput, match="only the booker chooses"):
         reservation_change(reservation=booking, by=staff, now=now, lend=True)

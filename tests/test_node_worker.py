@@ -14,10 +14,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.test import Client
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from channels_app.models import ChannelRuntime, ChannelTarget, LoadRecord
-from channels_app.node_worker import processes, registration, worker
+from channels_app.node_worker import ports, processes, registration, worker
 from channels_app.scheduling.services import decide_channels
 from gateway.wire.counters import INFLIGHT, key
 from reservations.models import Notification
@@ -162,7 +164,6 @@ def test_out_of_memory_falls_back_to_the_default_and_switches_back(node_env, tin
     # While the booked model waits for its retry, the default serves the booking.
     fallback = converge(channel, until={Phase.READY})
     assert fallback.model_id == tiny.model.pk and fallback.fallback
-    from rest_framework.test import APIClient
 
     api = APIClient()
     api.force_authenticate(ana)
@@ -194,7 +195,6 @@ def test_out_of_memory_falls_back_to_the_default_and_switches_back(node_env, tin
 def test_a_failure_episode_belongs_to_its_booking(node_env, tiny, ana, bo, staff):
     """docs/scheduling.md "Retries": the retry schedule, the fallback, the error and the news
     of a failure end with the booking; a later booking of the same target starts afresh."""
-    from rest_framework.test import APIClient
 
     greedy = out_of_memory(tiny, "never", "--standin-oom")
     never = greedy.model
@@ -357,7 +357,6 @@ def test_tick_reaches_the_node_worker_through_redis(node_env, tiny, real_node_qu
 
 @pytest.mark.django_db(transaction=True)
 def test_run_log_through_the_api_and_the_portal(node_env, tiny, ana, staff):
-    from django.test import Client
     from rest_framework.test import APIClient
 
     channel = factories.channel("cpu-0", default=tiny.small)
@@ -382,7 +381,6 @@ def test_run_log_through_the_api_and_the_portal(node_env, tiny, ana, staff):
 def test_the_run_log_reaches_hosts_that_do_not_have_the_file(node_env, tiny, ana, staff, monkeypatch):
     """The node worker ships its runs' lines to a bounded Redis stream; the API and the portal
     read it from any host, following new lines as the process writes them."""
-    from django.test import Client
     from rest_framework.test import APIClient
 
     from channels_app.node_worker import log_shipping
@@ -422,7 +420,6 @@ def test_the_run_log_reaches_hosts_that_do_not_have_the_file(node_env, tiny, ana
 def test_the_run_log_is_followed_live_from_a_cursor(ana):
     """Each answer carries a cursor; asking ``after`` it gives only the lines shipped since, and
     a new run's lines replace the old run's (``new_run``). The portal page starts from it."""
-    from django.test import Client
     from rest_framework.test import APIClient
 
     from channels_app.node_worker import log_shipping
@@ -460,7 +457,6 @@ def test_an_edited_preset_is_a_new_target_and_reaches_the_node_at_once(
 ):
     """Seed 000: editing a running preset's arguments restarts the process with them (drain,
     restart), at once, not at the next tick and not never."""
-    from rest_framework.test import APIClient
 
     channel = factories.channel("cpu-0", default=tiny.small)
     decide_channels(now=timezone.now())
@@ -567,16 +563,16 @@ def test_processes_listen_in_the_port_range_and_a_full_range_fails_naming_it(nod
 def test_a_port_range_inside_the_machines_ephemeral_ports_is_warned_of(tmp_path):
     said = tmp_path / "ip_local_port_range"
     said.write_text("32768\t60999\n")
-    ephemeral = processes.ephemeral_ports(said)
+    ephemeral = ports.ephemeral_ports(said)
     assert ephemeral == range(32768, 61000)
-    assert processes.port_range_warning(range(31000, 32000), ephemeral) == ""
-    assert processes.port_range_warning(None, ephemeral) == ""  # "any": the kernel picks, knowingly
-    warning = processes.port_range_warning(range(40000, 40064), ephemeral)
+    assert ports.port_range_warning(range(31000, 32000), ephemeral) == ""
+    assert ports.port_range_warning(None, ephemeral) == ""  # "any": the kernel picks, knowingly
+    warning = ports.port_range_warning(range(40000, 40064), ephemeral)
     assert warning.startswith(
         "SLOTSERVE_PROCESS_PORTS (40000-40063) overlaps this machine's ephemeral ports (32768-60999"
     )
-    assert processes.port_range_warning(range(32000, 32769), ephemeral) != ""  # one port in common
-    assert processes.ephemeral_ports(tmp_path / "absent") is None
+    assert ports.port_range_warning(range(32000, 32769), ephemeral) != ""  # one port in common
+    assert ports.ephemeral_ports(tmp_path / "absent") is None
 
 
 @pytest.mark.django_db(transaction=True)
@@ -668,3 +664,41 @@ def _runs(pid: int) -> bool:
         return False
     state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     return state != "Z"
+
+
+@pytest.mark.django_db
+def test_ports_squatted_by_another_local_user_are_named_in_the_error():
+    import os
+    import subprocess
+
+    from channels_app.node_worker.ports import free_port
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to act as another local user")
+    ports = range(30950, 30954)
+    squatter = subprocess.Popen(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            "import socket, time\n"
+            f"held = [socket.create_server(('0.0.0.0', p)) for p in range({ports.start}, {ports.stop})]\n"
+            "print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert squatter.stdout is not None and squatter.stdout.readline().strip() == "ready"
+        with pytest.raises(OSError, match="no free port") as refused:
+            free_port("127.0.0.1", ports)
+    finally:
+        squatter.kill()
+        squatter.wait()
+    message = str(refused.value)
+    assert "no free port on 127.0.0.1 in SLOTSERVE_PROCESS_PORTS (30950-30953)" in message
+    assert "4 are listened on, by uid 65534 (4 of them, port 30950 first)" in message, message
+    assert "Ports taken by another user" in message

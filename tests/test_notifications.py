@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import html
+from datetime import datetime, time, timedelta
 
 import pytest
 from django.core import mail
+from django.test import Client
+from django.utils import timezone
 
-from reservations.models import Notification
+from reservations.models import Notification, ReservationStatus
 from reservations.notifications import notify
 from reservations.profiles import profile_for
+from reservations.services import reservation_approve
 from reservations.tasks import send_starting_soon_reminders
+from slotserve_base.vocabulary import Phase
 from tests import factories
 from tests.clock import T0
 from tests.factories import iso
@@ -156,7 +161,7 @@ def test_the_admins_told_of_a_bookings_failure_hear_of_its_recovery_too(ana, sta
     from channels_app.node_worker.announce import announce_channel
     from channels_app.node_worker.lifecycle import Failure, ProcessState, Tell
     from slotserve_base.target import Target
-    from slotserve_base.vocabulary import NotificationEvent, Phase, WebhookEvent
+    from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 
     target = factories.preset(factories.llm("qwen"), "chat")
     channel = factories.channel("a100-0")
@@ -189,3 +194,111 @@ def test_the_admins_told_of_a_bookings_failure_hear_of_its_recovery_too(ana, sta
             told
         )
     assert StoryEntry.objects.filter(channel=channel, kind="failed").count() == 2
+
+
+def client_for(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def in_zone(user, zone: str) -> None:
+    profile = profile_for(user)
+    profile.time_zone, profile.time_zone_chosen = zone, True
+    profile.save()
+
+
+def tomorrow_at(hour: int) -> datetime:
+    day = (timezone.localtime() + timedelta(days=1)).date()
+    return datetime.combine(day, time(hour), tzinfo=timezone.get_current_timezone())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_emails_name_the_channel_and_the_time_in_their_subject(django_capture_on_commit_callbacks):
+    staff = factories.user("boss", staff=True)
+    ana = factories.user("ana")
+    channels = [factories.channel("a100-0"), factories.channel("a100-1")]
+    start = timezone.now().replace(minute=0, second=0, microsecond=0) + timedelta(days=1)
+    made = [
+        factories.reservation(
+            owner=ana,
+            on=channels[0],
+            start=start,
+            end=start + timedelta(hours=2),
+            status=ReservationStatus.PENDING,
+        ),
+        factories.reservation(
+            owner=ana,
+            on=channels[1],
+            start=start,
+            end=start + timedelta(hours=2),
+            status=ReservationStatus.PENDING,
+        ),
+        factories.reservation(
+            owner=ana,
+            on=channels[0],
+            start=start + timedelta(hours=3),
+            end=start + timedelta(hours=4),
+            status=ReservationStatus.PENDING,
+        ),
+    ]
+    mail.outbox.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        for booking in made:
+            reservation_approve(reservation=booking, by=staff, now=timezone.now())
+    subjects = [str(m.subject) for m in mail.outbox if ana.email in m.to]
+    assert len(subjects) == 3 and len(set(subjects)) == 3, subjects
+    for subject, booking in zip(subjects, made, strict=True):
+        local = timezone.localtime(booking.start)  # its own day: the third may begin after midnight
+        assert subject.startswith("[SlotServe] approved: "), subject
+        assert booking.channel.name in subject, subject
+        assert f"{local:%H:%M}" in subject
+        assert f"{local.day} {local:%b}" in subject
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_channels_news_names_the_booking_by_its_channel_and_time_not_its_number():
+    from reservations.notices import reservation_summary
+
+    ana = factories.user("ana")
+    channel = factories.channel("a100-0")
+    start = tomorrow_at(10)
+    booking = factories.reservation(owner=ana, on=channel, start=start, end=start + timedelta(hours=2))
+    said = reservation_summary(booking, timezone.get_default_timezone())
+    assert f"reservation {booking.pk}" not in said
+    assert "ana's booking" in said and "10:00" in said
+
+
+@pytest.mark.django_db
+def test_notifications_and_errors_speak_in_the_readers_zone(frozen, ana, staff):
+    from reservations import services
+
+    in_zone(ana, "Europe/Berlin")
+    in_zone(staff, "Asia/Shanghai")
+    chat = factories.preset(factories.llm("qwen"), "chat")
+    channel = factories.channel("a100-0", policy="all")
+    asked = services.reservation_create(
+        services.NewBooking(
+            user=ana, channel=channel, start=T0 + 24 * HOUR, end=T0 + 26 * HOUR, model=chat.model, preset=chat
+        ),
+        now=T0,
+    )
+    to_staff = Notification.objects.get(user=staff, event="submitted")
+    assert to_staff.text == "ana asks for a100-0, Tue 8 Dec 16:00–18:00 CST."
+    assert to_staff.link == f"/approvals/#reservation-{asked.pk}"
+    services.reservation_approve(reservation=asked, by=staff, now=T0)
+    to_ana = Notification.objects.get(user=ana, event="approved")
+    assert to_ana.text == "Your reservation of a100-0, Tue 8 Dec 09:00–11:00 CET, is approved."
+    assert "T08:00:00Z" not in to_ana.text
+    # A conflict, as the Berlin user submitting reads it.
+    refused = client_for(ana).post(
+        "/book/",
+        {
+            "channel": channel.pk,
+            "start": "2026-12-08T10:00",
+            "end": "2026-12-08T12:00",
+            "model": chat.model_id,
+            "preset": chat.pk,
+        },
+    )
+    assert "ana's, Tue 8 Dec 09:00–11:00 CET, approved" in html.unescape(refused.content.decode())

@@ -11,7 +11,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
+import pytest
 
+from gateway.models import ApiKey
+from tests import factories
 from tests.clock import eventually
 from tests.conftest import free_port
 
@@ -292,3 +295,24 @@ def _redis_servers(parent: int) -> list[int]:
         if int(stat[1]) == parent and stat[0] != "Z" and b"redis-server" in cmdline:
             found.append(int(entry.name))
     return found
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_one_command_start_links_emails_to_the_address_it_serves_unless_told_another(monkeypatch):
+    from slotserve_site.running.parts import default_public_url
+
+    assert default_public_url("127.0.0.1", 8000) == "http://127.0.0.1:8000"
+    assert default_public_url("::1", 8080) == "http://[::1]:8080"
+    everywhere = default_public_url("0.0.0.0", 8000)
+    assert everywhere.startswith("http://") and "0.0.0.0" not in everywhere  # the machine's name
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_start_of_the_demo_does_not_make_another_key():
+    from slotserve_site.running.demo import demo_key
+
+    admin = factories.user("admin", staff=True)
+    first = demo_key(admin)
+    assert first is not None and ApiKey.objects.filter(user=admin).count() == 1
+    assert demo_key(admin) is None  # said at the first start; not made again
+    assert ApiKey.objects.filter(user=admin).count() == 1

@@ -126,3 +126,47 @@ def test_yours_is_told_apart_without_colour_borders_show_past_time_is_grey_and_a
     shot(page, "calendar-dragging")
     page.mouse.up()
     page.wait_for_url("**/book/?*")
+
+
+needs_chromium = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason="needs Chromium (apt-get install chromium)"
+)
+
+
+@pytest.mark.django_db(transaction=True)
+@needs_chromium
+def test_on_a_phone_the_keys_requests_usage_and_models_tables_are_cards(browser, live_server):  # noqa: F811
+    from gateway.api_keys import api_key_create
+    from gateway.models import RequestLog
+
+    boss = factories.user("boss", staff=True)
+    api_key_create(user=boss, name="a-notebook-key-with-a-long-name")
+    channel = factories.channel("a100-with-a-long-channel-name-0")
+    factories.llm("qwen2.5-coder-32b-instruct-q4_k_m")
+    now = timezone.now()
+    factories.reservation(
+        owner=boss, on=channel, start=now - timedelta(hours=2), end=now - timedelta(hours=1)
+    )
+    RequestLog.objects.create(
+        at=now - timedelta(minutes=5),
+        user=boss,
+        channel=channel,
+        model="qwen2.5-coder-32b-instruct-q4_k_m",
+        path="/channels/a100-with-a-long-channel-name-0/v1/chat/completions",
+        status=403,
+        duration_ms=3.0,
+        error_code="gpu_reserved",
+        error="channel a100-with-a-long-channel-name-0 is reserved by someone else until Sat 5 Dec 14:00 UTC",
+    )
+    page = sign_in(browser, live_server, "boss", width=390, height=844)
+    for path in ("/keys/", "/requests/", "/usage/?by=channel&period=week", "/models/"):
+        page.goto(f"{live_server.url}{path}")
+        sideways = page.evaluate(
+            "[...document.querySelectorAll('main table')].map(t => t.scrollWidth - t.clientWidth)"
+        )
+        assert sideways and max(sideways) <= 1, (path, sideways)
+        assert page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0, path
+        shot(page, "phone-" + path.strip("/").split("/")[0].split("?")[0])
+    page.goto(f"{live_server.url}/keys/")
+    box = page.locator("#keys-table button", has_text="Revoke").bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, box

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import pytest
+from django.utils import timezone
 
 from channels_app.models import ChannelTarget
 from reservations.models import Notification, Reservation
+from reservations.profiles import profile_for
 from tests import factories
 from tests.clock import T0
 from tests.factories import iso
@@ -310,3 +312,31 @@ def test_lists_filter_with_named_errors_and_paginate_when_asked(world, ana_api, 
     assert by_name == by_id
     page = staff_api.get("/api/reservations/", {"limit": 1})
     assert set(page.data) == {"count", "next", "previous", "results"} and len(page.data["results"]) <= 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_api_moment_is_written_in_utc_whoever_asks_and_wherever_it_is_made():
+    """One format (docs/api.md): a webhook body made in a Berlin user's request and one made by a
+    task, and the REST API read in a Berlin session, all write ``…Z``."""
+    import zoneinfo
+
+    from rest_framework.test import APIClient
+
+    from slotserve_base.iso import iso_moment
+
+    moment = timezone.now().replace(microsecond=0)
+    berlin = zoneinfo.ZoneInfo("Europe/Berlin")
+    with timezone.override(berlin):
+        assert iso_moment(moment) == moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    ana = factories.user("ana")
+    profile = profile_for(ana)
+    profile.time_zone, profile.time_zone_chosen = "Europe/Berlin", True
+    profile.save()
+    booking = factories.reservation(
+        owner=ana, on=factories.channel("a100-0"), start=moment, end=moment + timedelta(hours=1)
+    )
+    client = APIClient()
+    client.force_login(ana)
+    (row,) = client.get("/api/reservations/").json()
+    assert row["start"] == iso_moment(booking.start) and row["start"].endswith("Z"), row
+    assert row["created"].endswith("Z"), row

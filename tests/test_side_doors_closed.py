@@ -376,7 +376,7 @@ def test_a_caller_cannot_hold_more_requests_than_their_limit(gateway_url, world,
 
 
 def test_run_gives_the_web_server_a_connection_limit(monkeypatch):
-    from slotserve_site.management.commands.run import web_command
+    from slotserve_site.running.parts import web_command
 
     monkeypatch.setattr("django.conf.settings.SLOTSERVE_GATEWAY_MAX_CONNECTIONS", 123, raising=False)
     argv = web_command("127.0.0.1", 8000)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -17,6 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 from django.contrib.auth import get_user_model
+from django.core import mail
+from django.test import Client
 
 from tests import factories
 from tests.clock import eventually
@@ -239,7 +242,7 @@ def test_openid_connect_sign_in_in_chromium_maps_groups_and_staff(settings, oidc
     settings.AUTHENTICATION_BACKENDS = [
         "axes.backends.AxesStandaloneBackend",
         "django.contrib.auth.backends.ModelBackend",
-        "slotserve_site.sign_in.DirectoryOIDCBackend",
+        "portal.sign_in.DirectoryOIDCBackend",
     ]
     with _browser() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
@@ -275,3 +278,28 @@ def test_oidc_settings_are_read_from_the_providers_discovery_document(oidc_provi
     assert lines["SLOTSERVE_OIDC_AUTHORIZATION_ENDPOINT"].startswith(oidc_provider)
     with pytest.raises(CommandError, match="could not read"):
         call_command("oidc_settings", f"http://127.0.0.1:{free_port()}")
+
+
+@pytest.mark.django_db
+def test_the_password_reset_mail_links_to_the_public_address_whatever_the_host_header(settings, ana):
+    settings.SLOTSERVE_PUBLIC_URL = "https://gpu.lab.example"
+    settings.ALLOWED_HOSTS = ["*"]
+    ana.email = "ana@lab.example"
+    ana.save()
+    Client().post("/accounts/password_reset/", {"email": ana.email}, HTTP_HOST="evil.example:8080")
+    assert len(mail.outbox) == 1
+    links = re.findall(r"https?://\S+", mail.outbox[0].body)
+    assert links and all(link.startswith("https://gpu.lab.example/accounts/reset/") for link in links), links
+
+
+@pytest.mark.django_db
+def test_the_password_reset_flow_is_linked_and_each_step_renders(db):
+    client = Client()
+    assert 'href="/accounts/password_reset/"' in client.get("/accounts/login/").content.decode()
+    form = client.get("/accounts/password_reset/")
+    assert form.status_code == 200 and "Send the link" in form.content.decode()
+    sent = client.post("/accounts/password_reset/", {"email": "nobody@example.org"})
+    assert sent.status_code == 302
+    assert "Check your email" in client.get(sent["Location"]).content.decode()
+    stale = client.get("/accounts/reset/MQ/set-password/")
+    assert "used already or is too old" in stale.content.decode()

@@ -15,9 +15,9 @@ from rest_framework.test import APIClient
 from channels_app.models import StoryEntry
 from channels_app.scheduling.services import channel_reload, decide_channels, override_clear, override_set
 from gateway.models import RequestLog
+from portal.story.telling import Booking, Entry, Names, _said, lines, seconds, verdict
 from slotserve_base.happenings import Happening, tell
 from slotserve_base.vocabulary import Phase
-from slotserve_site.story.telling import Booking, Entry, Names, _said, lines, seconds, verdict
 from tests import factories
 from tests.test_browser import browser  # noqa: F401  (a fixture)
 from tests.test_node_worker import converge, out_of_memory, phase_after

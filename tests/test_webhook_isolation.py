@@ -172,7 +172,7 @@ def test_receivers_that_drip_and_stall_do_not_delay_an_override(tmp_path):
 
 def test_the_one_command_start_runs_deliveries_on_a_worker_of_their_own():
     from slotserve_base.dispatch import webhook_queue
-    from slotserve_site.management.commands.run import scheduler_command, webhooks_command
+    from slotserve_site.running.parts import scheduler_command, webhooks_command
 
     scheduler, webhooks = scheduler_command(), webhooks_command()
     assert "--queues" not in scheduler and "--beat" in scheduler  # the default queue

@@ -25,6 +25,7 @@ from reservations.idle import apply_idle_rule
 from reservations.models import Notification
 from reservations.reminders import send_starting_soon
 from reservations.services import (
+    NewBooking,
     reservation_approve,
     reservation_cancel,
     reservation_change,
@@ -76,17 +77,18 @@ def test_every_event_arrives_once_signed_and_verified_by_the_standard_webhooks_l
         now = timezone.now()
         # booking.requested and .approved (at once), .changed, .cancelled
         first = reservation_create(
-            user=ana, channel=open_channel, start=hour(2), end=hour(3), model=target.model, now=now
+            NewBooking(user=ana, channel=open_channel, start=hour(2), end=hour(3), model=target.model),
+            now=now,
         )
         reservation_change(reservation=first, by=ana, now=now, end=hour(4))
         reservation_cancel(reservation=first, by=ana, now=now)
         # booking.requested (pending), then .rejected; another approved by staff
         asked = reservation_create(
-            user=bo, channel=approved_channel, start=hour(2), end=hour(3), exclusive=True, now=now
+            NewBooking(user=bo, channel=approved_channel, start=hour(2), end=hour(3), exclusive=True), now=now
         )
         reservation_reject(reservation=asked, by=staff, reason="the card is in repair", now=now)
         kept = reservation_create(
-            user=bo, channel=approved_channel, start=hour(5), end=hour(6), exclusive=True, now=now
+            NewBooking(user=bo, channel=approved_channel, start=hour(5), end=hour(6), exclusive=True), now=now
         )
         reservation_approve(reservation=kept, by=staff, now=now)
         # waitlist.slot_freed: ana waits for bo's slot, bo cancels
@@ -94,13 +96,15 @@ def test_every_event_arrives_once_signed_and_verified_by_the_standard_webhooks_l
         reservation_cancel(reservation=kept, by=bo, now=now)
         # booking.starting_soon, .started, .ended, .ended_early, .released_idle
         soon = reservation_create(
-            user=ana, channel=open_channel, start=hour(5), end=hour(7), model=target.model, now=now
+            NewBooking(user=ana, channel=open_channel, start=hour(5), end=hour(7), model=target.model),
+            now=now,
         )
         send_starting_soon(now=soon.start - timedelta(minutes=10))
         announce_booking_edges(now=soon.start + timedelta(minutes=1))
         announce_booking_edges(now=soon.end + timedelta(minutes=1))
         early = reservation_create(
-            user=ana, channel=open_channel, start=hour(8), end=hour(9), model=target.model, now=now
+            NewBooking(user=ana, channel=open_channel, start=hour(8), end=hour(9), model=target.model),
+            now=now,
         )
         reservation_end(reservation=early, by=staff, now=early.start + timedelta(minutes=20))
         factories.reservation(
@@ -263,11 +267,7 @@ def test_a_receiver_that_fails_twice_gets_the_event_three_times_with_growing_pau
     with Receiver([500, 500, 200]) as receiver:
         webhook = webhook_create(owner=ana, url=receiver.url, events=["booking.requested"])
         reservation_create(
-            user=ana,
-            channel=channel,
-            start=hour(2),
-            end=hour(3),
-            model=channel.default_model,
+            NewBooking(user=ana, channel=channel, start=hour(2), end=hour(3), model=channel.default_model),
             now=timezone.now(),
         )
 
@@ -300,13 +300,15 @@ def test_one_bookings_events_keep_their_order_while_the_receiver_fails(settings,
         webhook = webhook_create(owner=ana, url=receiver.url)
         now = timezone.now()
         asked = reservation_create(
-            user=ana, channel=channel, start=hour(2), end=hour(3), exclusive=True, now=now
+            NewBooking(user=ana, channel=channel, start=hour(2), end=hour(3), exclusive=True), now=now
         )
         # The first try of "requested" failed: "cancelled" of the same booking waits behind it,
         # while another booking's events go on.
         reservation_cancel(reservation=asked, by=ana, now=now)
         factories.user("staffer", staff=True)
-        reservation_create(user=ana, channel=other, start=hour(2), end=hour(3), exclusive=True, now=now)
+        reservation_create(
+            NewBooking(user=ana, channel=other, start=hour(2), end=hour(3), exclusive=True), now=now
+        )
         assert [r.json["type"] for r in receiver.received] == [
             "booking.requested",  # 503
             "booking.requested",  # the other booking's
@@ -329,7 +331,9 @@ def test_a_webhook_that_keeps_failing_is_paused_its_owner_told_and_resumed_in_or
     with Receiver([500]) as receiver:
         webhook = webhook_create(owner=ana, url=receiver.url, events=["booking.requested"])
         now = timezone.now()
-        reservation_create(user=ana, channel=channel, start=hour(2), end=hour(3), exclusive=True, now=now)
+        reservation_create(
+            NewBooking(user=ana, channel=channel, start=hour(2), end=hour(3), exclusive=True), now=now
+        )
 
         def due() -> bool:
             webhooks_due()
@@ -341,7 +345,9 @@ def test_a_webhook_that_keeps_failing_is_paused_its_owner_told_and_resumed_in_or
         told = Notification.objects.get(user=ana, event=NotificationEvent.WEBHOOK_PAUSED)
         assert "paused" in told.text and told.link == "/webhooks/"
         # Paused: a later event waits, it is not sent.
-        reservation_create(user=ana, channel=channel, start=hour(4), end=hour(5), exclusive=True, now=now)
+        reservation_create(
+            NewBooking(user=ana, channel=channel, start=hour(4), end=hour(5), exclusive=True), now=now
+        )
         assert throughout(lambda: webhooks_due() == 0 and len(receiver.received) == 3, seconds=0.4)
         receiver.statuses = [200]
         webhook_resume(webhook=webhook, now=timezone.now())
@@ -414,9 +420,11 @@ def test_a_users_webhook_hears_only_of_their_own_bookings(ana, bo):
     with Receiver() as receiver:
         webhook_create(owner=ana, url=receiver.url, scope="mine")
         now = timezone.now()
-        reservation_create(user=bo, channel=channel, start=hour(2), end=hour(3), exclusive=True, now=now)
+        reservation_create(
+            NewBooking(user=bo, channel=channel, start=hour(2), end=hour(3), exclusive=True), now=now
+        )
         mine = reservation_create(
-            user=ana, channel=channel, start=hour(4), end=hour(5), exclusive=True, now=now
+            NewBooking(user=ana, channel=channel, start=hour(4), end=hour(5), exclusive=True), now=now
         )
         assert eventually(lambda: len(receiver.received) == 2)
         assert throughout(lambda: len(receiver.received) == 2, seconds=0.3)
@@ -433,7 +441,8 @@ def test_user_text_in_a_slack_compatible_body_is_escaped_as_slack_says(staff, an
         api_key_create(user=ana, name=hostile, expires_at=timezone.now() + timedelta(days=3))
         tell_keys_expiring(now=timezone.now())
         asked = reservation_create(
-            user=bo, channel=channel, start=hour(2), end=hour(3), exclusive=True, now=timezone.now()
+            NewBooking(user=bo, channel=channel, start=hour(2), end=hour(3), exclusive=True),
+            now=timezone.now(),
         )
         reservation_reject(reservation=asked, by=staff, reason=hostile, now=timezone.now())
         assert eventually(lambda: {"key.expiring", "booking.rejected"} <= set(_slack_kinds(receiver)))
@@ -466,11 +475,9 @@ def test_a_slack_compatible_body_is_in_the_owners_words_and_zone(settings, ana):
         webhook_create(owner=ana, url=receiver.url, body="slack", events=["booking.approved"])
         start = timezone.now().replace(hour=9, minute=0, second=0, microsecond=0) + timedelta(days=2)
         reservation_create(
-            user=ana,
-            channel=channel,
-            start=start,
-            end=start + timedelta(hours=1),
-            exclusive=True,
+            NewBooking(
+                user=ana, channel=channel, start=start, end=start + timedelta(hours=1), exclusive=True
+            ),
             now=timezone.now(),
         )
         assert eventually(lambda: len(receiver.received) == 1)
@@ -659,7 +666,7 @@ def test_an_event_no_webhook_hears_of_is_not_kept_unless_it_is_told_once_only(an
     channel = factories.channel("a100-0")
     webhook_create(owner=bo, url="https://hooks.example.invalid/bo")  # bo's own: hears nothing of ana's
     booking = reservation_create(
-        user=ana, channel=channel, start=hour(2), end=hour(3), exclusive=True, now=timezone.now()
+        NewBooking(user=ana, channel=channel, start=hour(2), end=hour(3), exclusive=True), now=timezone.now()
     )
     assert not Event.objects.exists()
     assert announce_booking_edges(now=booking.start + timedelta(minutes=1)) == 1
@@ -679,7 +686,8 @@ def paused_with_five_bookings(ana, receiver: Receiver) -> Webhook:
     webhook_pause(webhook=webhook, now=timezone.now())
     for h in range(5):
         reservation_create(
-            user=ana, channel=channel, start=hour(2 + h), end=hour(3 + h), exclusive=True, now=timezone.now()
+            NewBooking(user=ana, channel=channel, start=hour(2 + h), end=hour(3 + h), exclusive=True),
+            now=timezone.now(),
         )
     return webhook
 
@@ -714,11 +722,13 @@ def test_a_slot_ended_before_the_edge_job_saw_it_begin_is_told_started_then_ende
     webhook_create(owner=staff, url="https://hooks.example.invalid/lab", scope="all")
     now = timezone.now()
     booking = reservation_create(
-        user=ana,
-        channel=channel,
-        start=now - timedelta(minutes=5),
-        end=now + timedelta(hours=1),
-        exclusive=True,
+        NewBooking(
+            user=ana,
+            channel=channel,
+            start=now - timedelta(minutes=5),
+            end=now + timedelta(hours=1),
+            exclusive=True,
+        ),
         now=now - timedelta(minutes=10),
     )
     reservation_end(reservation=booking, by=ana, now=now)  # no edge job ran since it began

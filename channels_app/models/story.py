@@ -2,7 +2,7 @@
 happening, kept ``SLOTSERVE_STORY_DAYS`` days.
 
 The rows hold facts (names, reasons, moments, errors) and no sentences: the story is told in the
-reader's words and time zone when it is read (``slotserve_site.story``). Bookings, the queue and
+reader's words and time zone when it is read (``portal.story``). Bookings, the queue and
 the requests served are not kept here; they are read from their own tables.
 """
 

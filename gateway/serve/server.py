@@ -3,7 +3,7 @@
     uvicorn slotserve_site.asgi:application --http gateway.serve.server:GatewayHttp
 
 (what ``./slotserve start``, the Dockerfile and Compose run). Each connection's requests to
-the gateway's paths (``gateway.serve.proxy.is_gateway_path``) are parsed here by llhttp
+the gateway's paths (``gateway.serve.handoff.judge``) are parsed here by llhttp
 (``httptools``, the parser uvicorn uses) and given to the gateway's ASGI application directly;
 at its first request to any other path the connection, with that request's bytes, goes to
 uvicorn's own httptools protocol for the rest of its life: the portal, the REST API and the
@@ -22,7 +22,7 @@ task; whatever the lane declines, and every other gateway request, is answered b
 ASGI application in a task of its own.
 
 What it leaves to uvicorn: a request it cannot judge at its first bytes (a target that is not a
-path, an ``Upgrade`` header, a head larger than ``MAX_HEAD``). Requests pipelined behind a
+path, an ``Upgrade`` header, a head larger than ``handoff.MAX_HEAD``). Requests pipelined behind a
 gateway request are read here and answered in order: the gateway's by the gateway, any other by
 the whole site's application (as uvicorn would call it).
 """
@@ -42,52 +42,15 @@ import httptools
 from gateway.admit.refusals import error_body
 from gateway.admit.request import flavour_of, is_gateway_path
 from gateway.serve import fast_lane
+from gateway.serve.handoff import find_gateway, judge
 from gateway.serve.http_cycle import STATUS_LINES, Cycle
-from gateway.serve.proxy import Gateway
 from gateway.stream.relay import ON_DISCONNECT
 from slotserve_base.vocabulary import ErrorCode
 
 log = logging.getLogger(__name__)
 
-# A request head this long without its end is left to uvicorn (which refuses what is too long).
-MAX_HEAD = 16 * 1024
 # Reading pauses while this much of the next pipelined requests waits for an answer to end.
 WAITING_HIGH_WATER = 64 * 1024
-
-
-def find_gateway(app: Any) -> Gateway | None:
-    """The ``Gateway`` in an ASGI application: the app itself, its ``gateway`` attribute, or
-    either of an app it wraps (``.app``, as uvicorn's middleware do)."""
-    for _ in range(8):
-        if isinstance(app, Gateway):
-            return app
-        found = getattr(app, "gateway", None)
-        if isinstance(found, Gateway):
-            return found
-        app = getattr(app, "app", None)
-        if app is None:
-            return None
-    return None
-
-
-def judge(data: bytes) -> bool | None:
-    """Whether the request that ``data`` begins is the gateway's to serve here (True), uvicorn's
-    (False), or cannot be told yet (None: its head is not all there)."""
-    end = data.find(b"\r\n\r\n")
-    if end < 0:
-        return False if len(data) > MAX_HEAD else None
-    line_end = data.find(b"\r\n")
-    parts = data[:line_end].split(b" ")
-    if len(parts) != 3 or not parts[1].startswith(b"/"):
-        return False
-    head = data[line_end:end].lower()
-    if b"\nupgrade:" in head:
-        return False
-    try:
-        path = unquote(parts[1].partition(b"?")[0].decode("ascii"))
-    except UnicodeDecodeError:
-        return False
-    return is_gateway_path(path)
 
 
 class GatewayHttp(asyncio.Protocol):

@@ -11,6 +11,7 @@ import hashlib
 import time
 from datetime import UTC, datetime, timedelta
 
+from gateway.rules.callers import Limits
 from slotserve_base.inflight import REDIS_NOW
 from slotserve_base.vocabulary import RedisKey, redis_key
 
@@ -258,3 +259,70 @@ def leave_arguments(
             "1" if limited else "0",
         ],
     )
+
+
+def enter_arguments(
+    cache: dict[tuple[str, object], str],
+    ttl: str,
+    channel_id: int,
+    limits: Limits | None,
+    user_id: int,
+    key_id: int,
+    request_id: str,
+) -> tuple[str, list[str], list[str | int | bytes], tuple[str, ...]]:
+    """A count in's script (``ENTER``, or ``ENTER_LIMITED`` with the caller's ``limits``), keys
+    and arguments, and the sets it counts the request in; ``ttl``: the entry's lifetime."""
+    inflight, gate = (
+        cached_key(cache, RedisKey.INFLIGHT, channel_id),
+        cached_key(cache, RedisKey.GATE, channel_id),
+    )
+    if limits is None:
+        return ENTER, [inflight, gate], [request_id, ttl], (inflight,)
+    flights = (
+        cached_key(cache, RedisKey.USER_FLIGHT, user_id),
+        cached_key(cache, RedisKey.KEY_FLIGHT, key_id),
+    )
+    keys = [
+        inflight,
+        gate,
+        *flights,
+        cached_key(cache, RedisKey.RATE, f"user-{user_id}"),
+        cached_key(cache, RedisKey.RATE, f"key-{key_id}"),
+        week_tokens_key(user_id),
+    ]
+    args: list[str | int | bytes] = [
+        request_id,
+        ttl,
+        limits.user_concurrent,
+        limits.key_concurrent,
+        limits.user_per_minute,
+        limits.key_per_minute,
+        limits.user_weekly_tokens,
+    ]
+    return ENTER_LIMITED, keys, args, (inflight, *flights)
+
+
+def leave_keys(
+    cache: dict[tuple[str, object], str],
+    channel_id: int,
+    user_id: int,
+    key_id: int | None,
+    reservation_id: int | None,
+    *,
+    limited: bool,
+) -> list[str]:
+    """A count out's keys of the request: its channel's in-flight set (with ``limited``, the
+    week's tokens and the user's and key's in-flight sets too), then the usage it adds to."""
+    keys = [cached_key(cache, RedisKey.INFLIGHT, channel_id)]
+    if limited:
+        keys += (
+            week_tokens_key(user_id),
+            cached_key(cache, RedisKey.USER_FLIGHT, user_id),
+            cached_key(cache, RedisKey.KEY_FLIGHT, key_id or 0),
+        )
+    keys.append(cached_key(cache, RedisKey.USAGE_USER, user_id))
+    if key_id is not None:
+        keys.append(cached_key(cache, RedisKey.USAGE_KEY, key_id))
+    if reservation_id:
+        keys.append(cached_key(cache, RedisKey.USAGE_RESERVATION, reservation_id))
+    return keys

@@ -36,17 +36,15 @@ from redis.exceptions import NoScriptError, RedisError
 
 from gateway.rules.callers import Limits
 from gateway.wire.counter_scripts import (
-    ENTER,
-    ENTER_LIMITED,
     HELD_TTL_SECONDS,
     HOLD,
     LEAVE,
     REFRESH,
     OverLimit,
-    cached_key,
+    enter_arguments,
     leave_arguments,
+    leave_keys,
     script_sha,
-    week_tokens_key,
 )
 from gateway.wire.owed import UNREACHABLE, Owed
 from gateway.wire.redis_protocol import RespPipe, chain
@@ -141,7 +139,9 @@ class Counters:
         place on the channel (``gateway.admit.places``) is counted in under the id it took it with.
         """
         request_id = request_id or next(self._ids)
-        script, keys, args, sets = self._entering(channel_id, limits, user_id, key_id, request_id)
+        script, keys, args, sets = enter_arguments(
+            self._keys(), self._ttl, channel_id, limits, user_id, key_id, request_id
+        )
         return self._entered(await self._run(script, keys, args), request_id, sets, limits, user_id, key_id)
 
     def enter_soon(
@@ -153,7 +153,9 @@ class Counters:
         the connection is not open or when Redis no longer knows the script."""
         loop = asyncio.get_running_loop()
         request_id = next(self._ids)
-        script, keys, args, sets = self._entering(channel_id, limits, user_id, key_id, request_id)
+        script, keys, args, sets = enter_arguments(
+            self._keys(), self._ttl, channel_id, limits, user_id, key_id, request_id
+        )
         reply = self.pipe.send_now("EVALSHA", script_sha(script), len(keys), *keys, *args)
         if reply is None:
             return asyncio.ensure_future(self.enter(channel_id, limits, user_id=user_id, key_id=key_id))
@@ -195,37 +197,6 @@ class Counters:
             return False
         self.room[(user_id, key_id)] = (until, places - 1)
         return True
-
-    def _entering(
-        self, channel_id: int, limits: Limits | None, user_id: int, key_id: int, request_id: str
-    ) -> tuple[str, list[str], list[str | int | bytes], tuple[str, ...]]:
-        """The count in's script, keys and arguments, and the sets it counts the request in."""
-        cache = self._keys()
-        inflight, gate = cached_key(cache, INFLIGHT, channel_id), cached_key(cache, GATE, channel_id)
-        if limits is None:
-            return ENTER, [inflight, gate], [request_id, self._ttl], (inflight,)
-        flights = (
-            cached_key(cache, RedisKey.USER_FLIGHT, user_id),
-            cached_key(cache, RedisKey.KEY_FLIGHT, key_id),
-        )
-        keys = [
-            inflight,
-            gate,
-            *flights,
-            cached_key(cache, RedisKey.RATE, f"user-{user_id}"),
-            cached_key(cache, RedisKey.RATE, f"key-{key_id}"),
-            week_tokens_key(user_id),
-        ]
-        args: list[str | int | bytes] = [
-            request_id,
-            self._ttl,
-            limits.user_concurrent,
-            limits.key_concurrent,
-            limits.user_per_minute,
-            limits.key_per_minute,
-            limits.user_weekly_tokens,
-        ]
-        return ENTER_LIMITED, keys, args, (inflight, *flights)
 
     def _entered(
         self,
@@ -347,19 +318,7 @@ class Counters:
         """The count out's keys and arguments."""
         limited = len(self.live.pop(request_id, ())) > 1  # counted in the user's and key's sets too
         cache = self._keys()
-        names = [cached_key(cache, USAGE_USER, user_id)]
-        if key_id is not None:
-            names.append(cached_key(cache, RedisKey.USAGE_KEY, key_id))
-        if reservation_id:
-            names.append(cached_key(cache, USAGE_RESERVATION, reservation_id))
-        keys = [cached_key(cache, INFLIGHT, channel_id)]
-        if limited:
-            keys += (
-                week_tokens_key(user_id),
-                cached_key(cache, RedisKey.USER_FLIGHT, user_id),
-                cached_key(cache, RedisKey.KEY_FLIGHT, key_id or 0),
-            )
-        keys += names
+        keys = leave_keys(cache, channel_id, user_id, key_id, reservation_id, limited=limited)
         return leave_arguments(
             cache, status, ttft_seconds, keys, prompt, completion, request_id, record, limited
         )

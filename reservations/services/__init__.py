@@ -4,11 +4,13 @@
 Every state change is a conditional ``UPDATE … WHERE status = …``: zero rows
 means someone else changed the reservation first, and the caller is told
 which state it is in now. Every change that can alter what a channel runs
-re-decides that channel right after it commits.
+re-decides that channel right after it commits. What a booking asks for is one value,
+``NewBooking`` (a series adds its ``Repeat``).
 """
 
 from __future__ import annotations
 
+from reservations.services.asked import NewBooking as NewBooking
 from reservations.services.booking import NoChannelFits as NoChannelFits
 from reservations.services.booking import reservation_create as reservation_create
 from reservations.services.booking import reservation_create_anywhere as reservation_create_anywhere
@@ -21,6 +23,7 @@ from reservations.services.common import ReservationConflict as ReservationConfl
 from reservations.services.common import limits_of as limits_of
 from reservations.services.common import needs_approval as needs_approval
 from reservations.services.common import validate_slot as validate_slot
+from reservations.services.series import Repeat as Repeat
 from reservations.services.series import SeriesConflict as SeriesConflict
 from reservations.services.series import reservation_series_cancel as reservation_series_cancel
 from reservations.services.series import reservation_series_create as reservation_series_create

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import dataclasses
+from datetime import datetime
 
-from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
-from channels_app.models import Channel, LLMModel, Preset
+from channels_app.models import Channel
 from reservations.models import Reservation
 from reservations.selectors import first_conflict
+from reservations.services.asked import NewBooking
 from reservations.services.common import (
     ReservationConflict,
     check_limits,
@@ -24,22 +25,8 @@ from reservations.services.common import (
 from slotserve_base.errors import InvalidInput
 
 
-def reservation_create(
-    *,
-    user: User,
-    channel: Channel,
-    start: datetime,
-    end: datetime,
-    now: datetime,
-    model: LLMModel | None = None,
-    preset: Preset | None = None,
-    exclusive: bool = False,
-    note: str = "",
-    by: User | None = None,
-    lend: bool = False,
-) -> Reservation:
-    """Book ``[start, end)`` on ``channel`` for ``user`` (by ``by``, staff booking for
-    someone, when given); raises ``ReservationConflict`` on overlap.
+def reservation_create(booking: NewBooking, *, now: datetime) -> Reservation:
+    """Book what ``booking`` asks for; raises ``ReservationConflict`` on overlap.
 
     The overlap check and the insert run one booking of the channel at a time:
     in one ``BEGIN IMMEDIATE`` transaction on SQLite, under the channel's row
@@ -47,20 +34,10 @@ def reservation_create(
     behind the check; should an insert still break it, the slot that won is
     reported.
     """
-    # In UTC from here on: Python subtracts two times of one zone as wall-clock
-    # times, which is wrong across a daylight-saving change.
-    start, end = start.astimezone(UTC), end.astimezone(UTC)
-    validate_slot(
-        channel=channel,
-        start=start,
-        end=end,
-        now=now,
-        model=model,
-        preset=preset,
-        exclusive=exclusive,
-        lend=lend,
-    )
-    pending = needs_approval(channel=channel, exclusive=exclusive, user=user, by=by)
+    booking = booking.in_utc()
+    validate_slot(booking, now=now)
+    channel, user, start, end = booking.where, booking.user, booking.start, booking.end
+    pending = needs_approval(channel=channel, exclusive=booking.exclusive, user=user, by=booking.by)
 
     def book() -> Reservation:
         # Inside the transaction: on SQLite it holds the write lock, so two
@@ -72,20 +49,7 @@ def reservation_create(
             raise ReservationConflict(conflict)
         try:
             with transaction.atomic():
-                reservation = new_reservation(
-                    user=user,
-                    channel=channel,
-                    start=start,
-                    end=end,
-                    model=model,
-                    preset=preset,
-                    exclusive=exclusive,
-                    note=note,
-                    pending=pending,
-                    now=now,
-                    by=by,
-                    lend=lend,
-                )
+                reservation = new_reservation(booking, pending=pending, now=now)
         except IntegrityError as exc:
             if not is_overlap(exc):
                 raise
@@ -94,48 +58,27 @@ def reservation_create(
             tell_approvers(reservation)
         return reservation
 
-    reservation = retrying_deadlocks(book)
-    return reservation
+    return retrying_deadlocks(book)
 
 
-def reservation_create_anywhere(
-    *,
-    user: User,
-    start: datetime,
-    end: datetime,
-    now: datetime,
-    model: LLMModel | None = None,
-    preset: Preset | None = None,
-    exclusive: bool = False,
-    note: str = "",
-    channel: None = None,
-    lend: bool = False,
-) -> Reservation:
-    """Book the best channel that fits (docs/scheduling.md): placement ranks them, and each is
-    tried in turn with the same overlap guarantee as any booking, so two people asking
-    at once end up on different channels or get a clear 409."""
+def reservation_create_anywhere(booking: NewBooking, *, now: datetime) -> Reservation:
+    """Book the best channel that fits (docs/scheduling.md), whatever ``booking.channel`` says:
+    placement ranks them, and each is tried in turn with the same overlap guarantee as any
+    booking, so two people asking at once end up on different channels or get a clear 409."""
     from channels_app.placement.selectors import placement_for
 
-    if exclusive or model is None:
+    model = booking.model
+    if booking.exclusive or model is None:
         raise InvalidInput(
             "channel", '"auto" needs a model to place; name a channel for a whole-card booking'
         )
-    ranked = placement_for(model=model, preset=preset, start=start, end=end)
+    ranked = placement_for(model=model, preset=booking.preset, start=booking.start, end=booking.end)
     closed: list[str] = []  # channels that fit but are for groups the user is not in
     for scored in ranked.ranked:
         chosen = Channel.objects.get(pk=scored.candidate.id)
         try:
-            return reservation_create(
-                user=user,
-                channel=chosen,
-                start=start,
-                end=end,
-                now=now,
-                model=model,
-                preset=preset,
-                note=note,
-                lend=lend and chosen.lend_while_idle,
-            )
+            there = dataclasses.replace(booking.on(chosen), lend=booking.lend and chosen.lend_while_idle)
+            return reservation_create(there, now=now)
         except ReservationConflict:
             continue  # taken meanwhile: the next best
         except InvalidInput as refused:

@@ -13,12 +13,13 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
 from django.db import IntegrityError, OperationalError, connection, transaction
 
-from channels_app.models import ApprovalPolicy, Channel, LLMModel, Preset, validate_target
+from channels_app.models import ApprovalPolicy, Channel, validate_target
 from reservations.announce import announce_booking
 from reservations.models import BLOCKING_STATUSES, Reservation, ReservationSeries, ReservationStatus
 from reservations.notifications import notify, slot_of
 from reservations.rules import BookingLimits, LimitBroken, check_length_and_horizon, check_quota
 from reservations.selectors import group_held_slots, held_slots, reviewable_by
+from reservations.services.asked import NewBooking
 from reservations.wording import moment_words, slot_words
 from slotserve_base import overview
 from slotserve_base.errors import InvalidInput
@@ -238,18 +239,14 @@ def slot_problems(
     return problems
 
 
-def validate_slot(
-    *,
-    channel: Channel,
-    start: datetime,
-    end: datetime,
-    now: datetime,
-    model: LLMModel | None,
-    preset: Preset | None,
-    exclusive: bool,
-    lend: bool = False,
-) -> None:
-    problems = slot_problems(channel=channel, start=start, end=end, now=now, exclusive=exclusive)
+def validate_slot(booking: NewBooking, *, now: datetime) -> None:
+    """What the booking asks for is possible at all: its slot, a model or the whole card, a
+    preset of that model, lending where the channel lends."""
+    channel = booking.where
+    exclusive, model, preset = booking.exclusive, booking.model, booking.preset
+    problems = slot_problems(
+        channel=channel, start=booking.start, end=booking.end, now=now, exclusive=exclusive
+    )
     if problems:
         raise InvalidInput(problems[0].field, problems[0].message)
     if exclusive and (model is not None or preset is not None):
@@ -257,7 +254,7 @@ def validate_slot(
     if not exclusive and model is None:
         raise InvalidInput("model", "name a model (and preset), or book the whole card with exclusive: true")
     validate_target(model=model, preset=preset)
-    if lend:
+    if booking.lend:
         lend_problem(channel=channel, exclusive=exclusive)
 
 
@@ -273,36 +270,24 @@ def lend_problem(*, channel: Channel, exclusive: bool) -> None:
 
 
 def new_reservation(
-    *,
-    user: User,
-    channel: Channel,
-    start: datetime,
-    end: datetime,
-    model: LLMModel | None,
-    preset: Preset | None,
-    exclusive: bool,
-    note: str,
-    pending: bool,
-    now: datetime,
-    by: User | None = None,
-    series: ReservationSeries | None = None,
-    lend: bool = False,
+    booking: NewBooking, *, pending: bool, now: datetime, series: ReservationSeries | None = None
 ) -> Reservation:
     """The insert every booking ends in (inside the caller's checks and transaction)."""
+    exclusive = booking.exclusive
     reservation = Reservation.objects.create(
-        user=user,
-        channel=channel,
-        start=start,
-        end=end,
-        model=None if exclusive else model,
-        preset=None if exclusive else preset,
+        user=booking.user,
+        channel=booking.where,
+        start=booking.start,
+        end=booking.end,
+        model=None if exclusive else booking.model,
+        preset=None if exclusive else booking.preset,
         exclusive=exclusive,
-        lend=lend and not exclusive,
+        lend=booking.lend and not exclusive,
         status=ReservationStatus.PENDING if pending else ReservationStatus.APPROVED,
-        note=note,
+        note=booking.note,
         created=now,
         reviewed_at=None if pending else now,
-        reviewed_by=None if pending or by is None else by,
+        reviewed_by=None if pending or booking.by is None else booking.by,
         series=series,
     )
     announce_booking(WebhookEvent.BOOKING_REQUESTED, reservation, at=now)

@@ -4,15 +4,16 @@ booker asks) those that can be, skipping the rest (docs/scheduling.md)."""
 from __future__ import annotations
 
 import zoneinfo
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 
-from channels_app.models import Channel, LLMModel, Preset
 from reservations.models import Reservation, ReservationSeries, ReservationStatus
 from reservations.recurrence import RecurrenceError, occurrences
 from reservations.selectors import first_conflict
+from reservations.services.asked import NewBooking
 from reservations.services.common import (
     InvalidTransition,
     hold_channel,
@@ -43,10 +44,11 @@ class SeriesConflict(Exception):
 
 
 def series_problems(
-    *, user: User, channel: Channel, slots: list[tuple[datetime, datetime]], now: datetime, exclusive: bool
+    booking: NewBooking, *, slots: list[tuple[datetime, datetime]], now: datetime
 ) -> list[tuple[datetime, datetime, str]]:
-    """Why each occurrence that cannot be booked cannot: the slot's own rules, the channel's limits
-    (the weekly quota counting the series' earlier occurrences), and overlaps."""
+    """Why each occurrence of ``booking`` that cannot be booked cannot: the slot's own rules, the
+    channel's limits (the weekly quota counting the series' earlier occurrences), and overlaps."""
+    user, channel, exclusive = booking.user, booking.where, booking.exclusive
     problems: list[tuple[datetime, datetime, str]] = []
     accepted: list[tuple[datetime, datetime]] = []
     for start, end in slots:
@@ -79,73 +81,56 @@ def series_slots(
     return [(s.astimezone(UTC), e.astimezone(UTC)) for s, e in slots]
 
 
+@dataclass(frozen=True)
+class Repeat:
+    """How a series repeats: ``repeat`` (daily, weekdays, weekly), until a date or for a count,
+    keeping the local times of ``time_zone``."""
+
+    repeat: str
+    time_zone: str
+    until: date | None = None
+    count: int | None = None
+
+    def slots(self, booking: NewBooking) -> list[tuple[datetime, datetime]]:
+        return series_slots(
+            start=booking.start,
+            end=booking.end,
+            repeat=self.repeat,
+            time_zone=self.time_zone,
+            until=self.until,
+            count=self.count,
+        )
+
+
 def series_preview(
-    *,
-    user: User,
-    channel: Channel,
-    start: datetime,
-    end: datetime,
-    now: datetime,
-    repeat: str,
-    time_zone: str,
-    until: date | None = None,
-    count: int | None = None,
-    exclusive: bool = False,
+    booking: NewBooking, repeat: Repeat, *, now: datetime
 ) -> list[tuple[datetime, datetime, str]]:
     """Each occurrence of a series as it would be booked now, with why it cannot be ("" when it
     can): what the booking dialog shows before anything is booked."""
-    slots = series_slots(start=start, end=end, repeat=repeat, time_zone=time_zone, until=until, count=count)
-    problems = {
-        (s, e): why
-        for s, e, why in series_problems(
-            user=user, channel=channel, slots=slots, now=now, exclusive=exclusive
-        )
-    }
+    slots = repeat.slots(booking)
+    problems = {(s, e): why for s, e, why in series_problems(booking, slots=slots, now=now)}
     return [(s, e, problems.get((s, e), "")) for s, e in slots]
 
 
 def reservation_series_create(
-    *,
-    user: User,
-    channel: Channel,
-    start: datetime,
-    end: datetime,
-    now: datetime,
-    repeat: str,
-    time_zone: str,
-    until: date | None = None,
-    count: int | None = None,
-    model: LLMModel | None = None,
-    preset: Preset | None = None,
-    exclusive: bool = False,
-    note: str = "",
-    skip_conflicts: bool = False,
-    lend: bool = False,
+    booking: NewBooking, repeat: Repeat, *, now: datetime, skip_conflicts: bool = False
 ) -> tuple[ReservationSeries, list[Reservation], list[tuple[datetime, datetime, str]]]:
-    """Book ``[start, end)`` and its repetitions, keeping the local times of ``time_zone``: the
-    series, its reservations, and the occurrences skipped (with why).
+    """Book ``booking`` and its repetitions: the series, its reservations, and the occurrences
+    skipped (with why).
 
     Every occurrence is checked first; if any cannot be booked, ``SeriesConflict`` lists each
     and nothing is saved, unless ``skip_conflicts``: then the others are booked (and with none
     left, ``SeriesConflict``). They are inserted in one transaction, one booking of the channel
     at a time (as ``reservation_create``), with the database's rule behind.
     """
-    slots = series_slots(start=start, end=end, repeat=repeat, time_zone=time_zone, until=until, count=count)
-    validate_slot(
-        channel=channel,
-        start=slots[0][0],
-        end=slots[0][1],
-        now=now,
-        model=model,
-        preset=preset,
-        exclusive=exclusive,
-        lend=lend,
-    )
-    pending = needs_approval(channel=channel, exclusive=exclusive, user=user)
+    slots = repeat.slots(booking)
+    validate_slot(booking.at(*slots[0]), now=now)
+    user, channel = booking.user, booking.where
+    pending = needs_approval(channel=channel, exclusive=booking.exclusive, user=user)
 
     def book() -> tuple[ReservationSeries, list[Reservation], list[tuple[datetime, datetime, str]]]:
         hold_channel(channel.pk)
-        problems = series_problems(user=user, channel=channel, slots=slots, now=now, exclusive=exclusive)
+        problems = series_problems(booking, slots=slots, now=now)
         if problems and (not skip_conflicts or len(problems) == len(slots)):
             raise SeriesConflict(problems, len(slots))
         cannot = {(s, e) for s, e, _ in problems}
@@ -155,34 +140,21 @@ def reservation_series_create(
                 series = ReservationSeries.objects.create(
                     user=user,
                     channel=channel,
-                    repeat=repeat,
-                    until=until,
-                    count=count,
-                    time_zone=time_zone,
+                    repeat=repeat.repeat,
+                    until=repeat.until,
+                    count=repeat.count,
+                    time_zone=repeat.time_zone,
                     created=now,
                 )
                 made = [
-                    new_reservation(
-                        user=user,
-                        channel=channel,
-                        start=s,
-                        end=e,
-                        model=model,
-                        preset=preset,
-                        exclusive=exclusive,
-                        note=note,
-                        pending=pending,
-                        now=now,
-                        series=series,
-                        lend=lend,
-                    )
+                    new_reservation(booking.at(s, e), pending=pending, now=now, series=series)
                     for s, e in wanted
                 ]
         except IntegrityError as exc:
             if not is_overlap(exc):
                 raise
             raise SeriesConflict(
-                series_problems(user=user, channel=channel, slots=slots, now=now, exclusive=exclusive),
+                series_problems(booking, slots=slots, now=now),
                 len(slots),
             ) from None
         if pending:

@@ -116,7 +116,7 @@ def reservation_end(
         else:
             changes = {"status": ReservationStatus.CANCELLED}
         _transition(reservation, (ReservationStatus.APPROVED,), "end", **changes)
-        if unused_minutes is not None:
+        if unused_minutes is not None:  # by nobody: the channel's rule released it
             announce_booking(
                 WebhookEvent.BOOKING_RELEASED_IDLE,
                 reservation,
@@ -124,23 +124,10 @@ def reservation_end(
                 said=f"released, no request reached it in {unused_minutes} minutes",
                 more={"unused_minutes": unused_minutes},
                 was=ReservationStatus.APPROVED,
-            )  # by nobody: the channel's rule released it
-        elif reservation.status == ReservationStatus.ENDED:
-            announce_booking(
-                WebhookEvent.BOOKING_ENDED_EARLY,
-                reservation,
-                at=now,
-                said=f"ended early by {by}",
-                by=by,
-                was=ReservationStatus.APPROVED,
             )
         else:
-            announce_booking(
-                WebhookEvent.BOOKING_CANCELLED,
-                reservation,
-                at=now,
-                said=f"cancelled by {by}",
-                by=by,
-                was=ReservationStatus.APPROVED,
-            )
+            ended = reservation.status == ReservationStatus.ENDED
+            event = WebhookEvent.BOOKING_ENDED_EARLY if ended else WebhookEvent.BOOKING_CANCELLED
+            said = f"ended early by {by}" if ended else f"cancelled by {by}"
+            announce_booking(event, reservation, at=now, said=said, by=by, was=ReservationStatus.APPROVED)
     return reservation

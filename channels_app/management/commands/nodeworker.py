@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from channels_app.models import Channel
-from channels_app.node_worker import heartbeat, processes, registration, worker
+from channels_app.node_worker import heartbeat, ports, registration, worker
 from slotserve_base.dispatch import node_queue
 
 
@@ -37,12 +37,16 @@ class Command(BaseCommand):
         except registration.NodeNameTaken as taken:
             raise CommandError(str(taken)) from None
         node = registration.heartbeat(node_name=name, now=now)
-        ports = settings.SLOTSERVE_PROCESS_PORTS
-        where = f"ports {ports.start}-{ports.stop - 1}" if ports else "ports the kernel picks"
+        process_ports = settings.SLOTSERVE_PROCESS_PORTS
+        where = (
+            f"ports {process_ports.start}-{process_ports.stop - 1}"
+            if process_ports
+            else "ports the kernel picks"
+        )
         self.stdout.write(
             f"node {name}: {node.gpus.count()} GPU(s); queue {node_queue(name)}; processes on {where}"
         )
-        if warning := processes.port_range_warning(ports, processes.ephemeral_ports()):
+        if warning := ports.port_range_warning(process_ports, ports.ephemeral_ports()):
             self.stderr.write(f"warning: {warning}")
         for channel_id in Channel.objects.filter(node=node).values_list("pk", flat=True):
             worker.reconcile(channel_id=channel_id, now=timezone.now())

@@ -33,8 +33,9 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from slotserve_site.demo import demo_key
-from slotserve_site.embedded_redis import EmbeddedRedis
+from slotserve_site.running.demo import add_demo
+from slotserve_site.running.embedded_redis import EmbeddedRedis
+from slotserve_site.running.parts import default_public_url, scheduler_command, web_command, webhooks_command
 
 STOP_GRACE_SECONDS = 10
 RESTART_PAUSES = (1.0, 2.0, 5.0, 10.0, 30.0)  # seconds before a dead part is started again
@@ -74,7 +75,7 @@ class Command(BaseCommand):
         if options["demo"]:
             if options["no_node"]:
                 raise CommandError("--demo needs this machine's node worker; leave out --no-node")
-            self._demo(admin, options)
+            add_demo(admin, options["host"], options["port"], self.stdout.write)
         self._allow_host(options["host"])
         self._public_url(options["host"], options["port"])
         python = sys.executable
@@ -196,47 +197,6 @@ class Command(BaseCommand):
         )
         return embedded
 
-    def _demo(self, admin: Any, options: dict[str, Any]) -> None:
-        """A channel on a fake 24 GiB GPU serving a tiny model with a real llama-server."""
-        from channels_app.models import Channel, LLMModel, Node, Preset
-        from devtools.tinymodel import write_tiny_llama
-
-        os.environ.setdefault("SLOTSERVE_FAKE_GPUS", "1x24GiB")
-        if "SLOTSERVE_LLAMA_SERVER" not in os.environ:
-            self.stdout.write("Building llama-server once for this machine (several minutes the first time)…")
-            script = Path(settings.BASE_DIR) / "scripts" / "build-llama-server"
-            built = subprocess.run(
-                [str(script)], capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable}
-            )
-            if built.returncode != 0:
-                raise CommandError(f"could not build llama-server:\n{built.stderr[-2000:]}")
-            os.environ["SLOTSERVE_LLAMA_SERVER"] = built.stdout.strip().splitlines()[-1]
-        path = write_tiny_llama(Path(settings.DATA_DIR) / "models" / "tiny.gguf")
-        model, _ = LLMModel.objects.get_or_create(
-            name="tiny",
-            defaults={"backend": "llama.cpp", "path": str(path), "size_bytes": path.stat().st_size},
-        )
-        preset, _ = Preset.objects.get_or_create(model=model, name="chat", defaults={"args": "-c 512 -t 2"})
-        node, _ = Node.objects.get_or_create(name=settings.SLOTSERVE_NODE_NAME)
-        Channel.objects.get_or_create(
-            name="demo-0",
-            defaults={"node": node, "gpu_indexes": [0], "default_model": model, "default_preset": preset},
-        )
-        key = demo_key(admin)
-        base = f"http://{options['host']}:{options['port']}"
-        if key is None:  # shown at the first start; a start does not make another
-            self.stdout.write(
-                f"Demo channel demo-0 serves the model 'tiny'. {admin.username}'s demo key was shown at the "
-                f"first start; make another at {base}/keys/"
-            )
-            return
-        self.stdout.write(f"Demo channel demo-0 serves the model 'tiny'. API key for {admin.username}: {key}")
-        self.stdout.write(
-            f"Try: python -c \"from openai import OpenAI; c = OpenAI(base_url='{base}/v1', api_key='{key}'); "
-            "print(c.chat.completions.create(model='tiny', messages=[{'role': 'user', 'content': 'hi'}], "
-            'max_tokens=8).choices[0].message.content)"'
-        )
-
     def _first_admin(self, username: str) -> Any:
         users = get_user_model()
         existing = users.objects.filter(is_superuser=True).order_by("pk").first()
@@ -259,88 +219,6 @@ class Command(BaseCommand):
             except subprocess.TimeoutExpired:
                 os.killpg(child.pid, signal.SIGKILL)
                 child.wait()
-
-
-def web_command(host: str, port: int) -> list[str]:
-    """The web part: uvicorn with uvloop and httptools, measured faster than daphne for the
-    gateway's streams; the gateway's requests through its own HTTP server (gateway.serve.server),
-    the rest through uvicorn's (bench/gateway_bench.py, docs/benchmarks.md). At most
-    ``SLOTSERVE_GATEWAY_MAX_CONNECTIONS`` connections and requests at once (more get a 503 in
-    the caller's API's shape). The client's address is the socket's: SlotServe reads
-    ``X-Forwarded-For`` itself, from the proxies it is told to trust (slotserve_site.client_address)."""
-    return [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "slotserve_site.asgi:application",
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--lifespan",
-        "off",
-        "--no-access-log",
-        "--no-proxy-headers",
-        "--limit-concurrency",
-        str(settings.SLOTSERVE_GATEWAY_MAX_CONNECTIONS),
-        "--http",
-        "gateway.serve.server:GatewayHttp",
-        "--workers",
-        str(web_processes()),
-    ]
-
-
-def default_public_url(host: str, port: int) -> str:
-    """The address a start on ``host:port`` is reached at: the machine's name when it listens on
-    every address, ``[::1]`` for an IPv6 one."""
-    if host in {"0.0.0.0", "::", ""}:
-        host = socket.getfqdn()
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{port}"
-
-
-def web_processes() -> int:
-    """``SLOTSERVE_WEB_PROCESSES``, or by default one per CPU core, at most 4, on PostgreSQL and
-    one on SQLite (which takes one writer at a time)."""
-    if settings.SLOTSERVE_WEB_PROCESSES:
-        return int(settings.SLOTSERVE_WEB_PROCESSES)
-    if settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-        return 1
-    return max(1, min(4, len(os.sched_getaffinity(0))))
-
-
-def celery_worker(name: str, *options: str) -> list[str]:
-    """A Celery worker of SlotServe's named ``name`` (``<name>@<host>``) with two processes."""
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "slotserve_site",
-        "worker",
-        *options,
-        "--hostname",
-        f"{name}@%h",
-        "--loglevel",
-        settings.SLOTSERVE_LOG_LEVEL,
-        "--concurrency",
-        "2",
-    ]
-
-
-def scheduler_command() -> list[str]:
-    """The scheduler: beat and the worker of the scheduler's queue (decisions, node news, the
-    request log's flush, a slot's edges)."""
-    return celery_worker("scheduler", "--beat")
-
-
-def webhooks_command() -> list[str]:
-    """The webhooks' worker: the only consumer of the webhooks' queue, so that a slow receiver
-    holds its processes and none of the scheduler's (docs/webhooks.md, "Delivery")."""
-    from slotserve_base.dispatch import webhook_queue
-
-    return celery_worker("webhooks", "--queues", webhook_queue())
 
 
 def _restart_pause(deaths: int, ran: float) -> float:

@@ -1,5 +1,5 @@
 """A channel's story told in words (docs/scheduling.md, "A channel's story"): pure functions of
-the facts the reads gather (``slotserve_site.story.reads``), with ``now`` and the reader's time
+the facts the reads gather (``portal.story.reads``), with ``now`` and the reader's time
 zone passed in.
 
 ``lines`` puts every happening on one time axis, oldest first; ``verdict`` says in a sentence or

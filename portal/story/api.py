@@ -1,5 +1,5 @@
-"""A channel's story (docs/scheduling.md, "A channel's story"): the page ``/channel/<id>/story``
-and ``GET /api/channels/{id}/story?from=&to=&booking=``.
+"""A channel's story (docs/scheduling.md, "A channel's story"), as the API answers it:
+``GET /api/channels/{id}/story?from=&to=&booking=`` (the page, ``portal.story.page``, shows the same).
 
 Members read the story of the channels they may book, with the requests counted but not whose;
 staff read every channel's, with who sent the requests. ``booking`` centres the window on a
@@ -8,17 +8,11 @@ booking and says why its model was, or was not, ready at its start.
 
 from __future__ import annotations
 
-import re
 from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
-import pygal
-from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
 from django.utils import timezone
-from pygal.style import Style
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
@@ -26,11 +20,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from channels_app.models import Channel
+from portal.story import reads
+from portal.story.telling import lines, verdict
 from reservations.models import Reservation, ReservationStatus
 from slotserve_base.api_fields import is_id, moment_param
 from slotserve_base.iso import iso_moment
-from slotserve_site.story import reads
-from slotserve_site.story.telling import lines, verdict
 
 # The longest window one answer tells.
 MAX_WINDOW = timedelta(days=7)
@@ -41,7 +35,7 @@ BEFORE_BOOKING = timedelta(minutes=30)
 AFTER_BOOKING = timedelta(minutes=10)
 
 
-def _channel(viewer: User, pk: int) -> Channel:
+def channel_for(viewer: User, pk: int) -> Channel:
     channel = reads.channels_for(viewer).select_related("node").filter(pk=pk).first()
     if channel is None:
         raise NotFound("no channel with this id that you may use")
@@ -52,7 +46,7 @@ def _channel(viewer: User, pk: int) -> Channel:
 SHOWN_TO_ALL = [ReservationStatus.PENDING, ReservationStatus.APPROVED, ReservationStatus.ENDED]
 
 
-def _booking(channel: Channel, raw: str | None, viewer: User) -> Reservation | None:
+def booking_on(channel: Channel, raw: str | None, viewer: User) -> Reservation | None:
     if raw in (None, ""):
         return None
     if not is_id(str(raw)):
@@ -122,7 +116,7 @@ def story(
     return answer
 
 
-def _window(request: Request, booking: Reservation | None, now: datetime) -> tuple[datetime, datetime]:
+def window(request: Request, booking: Reservation | None, now: datetime) -> tuple[datetime, datetime]:
     if booking is not None:
         default_start, default_end = booking.start - BEFORE_BOOKING, booking.end + AFTER_BOOKING
     else:
@@ -139,10 +133,10 @@ class StoryView(APIView):
     def get(self, request: Request, pk: int) -> Response:
         viewer = request.user
         assert isinstance(viewer, User)
-        channel = _channel(viewer, pk)
-        booking = _booking(channel, request.query_params.get("booking"), viewer)
+        channel = channel_for(viewer, pk)
+        booking = booking_on(channel, request.query_params.get("booking"), viewer)
         now = timezone.now()
-        start, end = _window(request, booking, now)
+        start, end = window(request, booking, now)
         return Response(
             story(
                 channel=channel,
@@ -154,68 +148,3 @@ class StoryView(APIView):
                 tz=timezone.get_current_timezone(),
             )
         )
-
-
-CHART_STYLE = Style(
-    background="transparent", plot_background="transparent", colors=("#1e7b45", "#b3261e", "#f0a33a")
-)
-
-
-def _chart(requests: dict[str, Any], tz: tzinfo) -> str:
-    buckets = requests["buckets"]
-    if not buckets:
-        return ""
-    chart = pygal.StackedBar(
-        style=CHART_STYLE,
-        js=[],
-        explicit_size=False,
-        height=220,
-        legend_at_bottom=True,
-        show_minor_x_labels=False,
-        x_label_rotation=20,
-        title={60: "Requests per minute", 300: "Requests per 5 minutes"}.get(
-            requests["bucket_seconds"], "Requests per hour"
-        ),
-    )
-    chart.x_labels = [datetime.fromisoformat(b["at"]).astimezone(tz).strftime("%H:%M") for b in buckets]
-    chart.x_labels_major_every = max(1, len(buckets) // 12)
-    chart.add("served", [b["served"] - b["waited"] if b["served"] >= b["waited"] else 0 for b in buckets])
-    chart.add("refused", [b["refused"] for b in buckets])
-    chart.add("served after a wait", [min(b["waited"], b["served"]) for b in buckets])
-    svg = str(chart.render(is_unicode=True, disable_xml_declaration=True))
-    return re.sub(r"<script\b.*?</script>", "", svg, flags=re.S)
-
-
-@login_required
-def story_page(request: HttpRequest, pk: int) -> HttpResponse:
-    """The story on one time axis: the verdict for a booking first, the requests' chart, then
-    every happening, oldest first."""
-    viewer = request.user
-    assert isinstance(viewer, User)
-    api_request = Request(request)
-    tz = timezone.get_current_timezone()
-    errors: dict[str, Any] = {}
-    try:
-        channel = _channel(viewer, pk)
-    except NotFound:
-        raise Http404("no channel with this id that you may use") from None
-    answer: dict[str, Any] | None = None
-    try:
-        booking = _booking(channel, request.GET.get("booking"), viewer)
-        now = timezone.now()
-        start, end = _window(api_request, booking, now)
-        answer = story(channel=channel, viewer=viewer, start=start, end=end, booking=booking, now=now, tz=tz)
-    except serializers.ValidationError as exc:
-        errors = exc.detail if isinstance(exc.detail, dict) else {"query": exc.detail}
-    context = {
-        "channel": channel,
-        "story": answer,
-        "errors": errors,
-        "chart": _chart(answer["requests"], tz) if answer else "",
-        "lines": [{**line, "at": datetime.fromisoformat(line["at"])} for line in answer["lines"]]
-        if answer
-        else [],
-        "filters": {"from": request.GET.get("from", ""), "to": request.GET.get("to", "")},
-        "window": [datetime.fromisoformat(answer[end]) for end in ("from", "to")] if answer else [],
-    }
-    return render(request, "portal/story.html", context, status=400 if errors else 200)

@@ -16,10 +16,10 @@ from django.db.models.functions import TruncMinute
 from channels_app.models import Channel, LLMModel, Preset, StoryEntry
 from channels_app.scheduling.selectors import load_estimates
 from gateway.models import RequestLog
+from portal.story.telling import Booking, Entry, Names
 from reservations.models import SCHEDULED_STATUSES, Reservation, ReservationStatus
 from reservations.selectors import bookable_by
 from slotserve_base.target import Target
-from slotserve_site.story.telling import Booking, Entry, Names
 
 # The process's last step before a window is part of its story (what ran when it began): rows
 # this far before it are read too.

@@ -1,0 +1,93 @@
+"""The parts ``manage.py run`` starts and supervises, as the command lines that start them: the
+web server (pages, API and gateway), the scheduler (Celery beat and its worker), the webhooks'
+worker. The node worker and the embedded Redis are started as they are (``run``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from django.conf import settings
+
+
+def web_command(host: str, port: int) -> list[str]:
+    """The web part: uvicorn with uvloop and httptools, measured faster than daphne for the
+    gateway's streams; the gateway's requests through its own HTTP server (gateway.serve.server),
+    the rest through uvicorn's (bench/gateway_bench.py, docs/benchmarks.md). At most
+    ``SLOTSERVE_GATEWAY_MAX_CONNECTIONS`` connections and requests at once (more get a 503 in
+    the caller's API's shape). The client's address is the socket's: SlotServe reads
+    ``X-Forwarded-For`` itself, from the proxies it is told to trust (slotserve_site.client_address)."""
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "slotserve_site.asgi:application",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--lifespan",
+        "off",
+        "--no-access-log",
+        "--no-proxy-headers",
+        "--limit-concurrency",
+        str(settings.SLOTSERVE_GATEWAY_MAX_CONNECTIONS),
+        "--http",
+        "gateway.serve.server:GatewayHttp",
+        "--workers",
+        str(web_processes()),
+    ]
+
+
+def default_public_url(host: str, port: int) -> str:
+    """The address a start on ``host:port`` is reached at: the machine's name when it listens on
+    every address, ``[::1]`` for an IPv6 one."""
+    if host in {"0.0.0.0", "::", ""}:
+        host = socket.getfqdn()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def web_processes() -> int:
+    """``SLOTSERVE_WEB_PROCESSES``, or by default one per CPU core, at most 4, on PostgreSQL and
+    one on SQLite (which takes one writer at a time)."""
+    if settings.SLOTSERVE_WEB_PROCESSES:
+        return int(settings.SLOTSERVE_WEB_PROCESSES)
+    if settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+        return 1
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+def celery_worker(name: str, *options: str) -> list[str]:
+    """A Celery worker of SlotServe's named ``name`` (``<name>@<host>``) with two processes."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "slotserve_site",
+        "worker",
+        *options,
+        "--hostname",
+        f"{name}@%h",
+        "--loglevel",
+        settings.SLOTSERVE_LOG_LEVEL,
+        "--concurrency",
+        "2",
+    ]
+
+
+def scheduler_command() -> list[str]:
+    """The scheduler: beat and the worker of the scheduler's queue (decisions, node news, the
+    request log's flush, a slot's edges)."""
+    return celery_worker("scheduler", "--beat")
+
+
+def webhooks_command() -> list[str]:
+    """The webhooks' worker: the only consumer of the webhooks' queue, so that a slow receiver
+    holds its processes and none of the scheduler's (docs/webhooks.md, "Delivery")."""
+    from slotserve_base.dispatch import webhook_queue
+
+    return celery_worker("webhooks", "--queues", webhook_queue())

@@ -1,0 +1,100 @@
+"""One's own pages (docs/portal.md): API keys and their snippets, notifications, the settings'
+time zone."""
+
+from __future__ import annotations
+
+from datetime import datetime, time, timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from reservations.models import Notification
+from reservations.notifications import notify
+from reservations.profiles import profile_for
+from tests import factories
+
+
+def client_for(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _year(day: Any) -> str:
+    return f" {day.year}" if day.year != timezone.now().year else ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_keys_expiry_is_shown_as_it_was_asked_the_last_day_it_works():
+    import zoneinfo
+
+    from reservations.wording import expiry_words
+
+    berlin = zoneinfo.ZoneInfo("Europe/Berlin")
+    ana = factories.user("ana")
+    profile = profile_for(ana)
+    profile.time_zone, profile.time_zone_chosen = "Europe/Berlin", True
+    profile.save()
+    client = Client()
+    client.force_login(ana)
+    last = (timezone.now() + timedelta(days=40)).astimezone(berlin).date()
+    made = client.post("/keys/", {"name": "ci", "wait_seconds": 0, "expires": last.isoformat()})
+    assert made.status_code == 200, made.content
+    page = client.get("/keys/").content.decode()
+    said = f"last day it works: {last:%a} {last.day} {last:%b}"
+    assert said in page, page[page.index("ci") : page.index("ci") + 400]
+    after = last + timedelta(days=1)
+    assert f"{after.day} {after:%b}" not in page
+    # A moment not at midnight (set through the API) is said as a moment.
+
+    odd = datetime.combine(last, time(14, 30), tzinfo=berlin)
+    assert expiry_words(odd, berlin) == f"works until {last:%a} {last.day} {last:%b}{_year(last)} 14:30 CET"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_keys_page_gives_the_base_url_ready_snippets_and_a_copy_button(settings):
+    settings.SLOTSERVE_PUBLIC_URL = "https://gpu.lab.example"
+    ana = factories.user("ana")
+    client = Client()
+    client.force_login(ana)
+    page = client.post("/keys/", {"name": "notebook", "wait_seconds": 0}).content.decode()
+    assert "https://gpu.lab.example/v1" in page
+    assert "curl https://gpu.lab.example/v1/chat/completions" in page
+    assert 'base_url="https://gpu.lab.example/v1"' in page  # Python's openai client
+    assert 'data-copy="new-key"' in page
+    key = page.split('id="new-key">')[1].split("<")[0]
+    assert key.startswith("ss-") and f'api_key="{key}"' in page  # the snippets carry the new key
+
+
+@pytest.mark.django_db(transaction=True)
+def test_opening_notifications_marks_them_read_and_shows_which_were_new():
+
+    ana = factories.user("ana")
+    notify(user=ana, event="approved", text="a100-0: your booking is approved.", link="/", key="k1")
+    client = Client()
+    client.force_login(ana)
+    assert Notification.objects.filter(user=ana, read=False).count() == 1
+    first = client.get("/notifications/").content.decode()
+    assert "your booking is approved" in first and 'class="new"' in first
+    assert not Notification.objects.filter(user=ana, read=False).exists()
+    assert 'class="new"' not in client.get("/notifications/").content.decode()
+
+
+@pytest.mark.django_db
+def test_the_browsers_zone_is_taken_at_first_and_never_over_a_choice(ana):
+    client = client_for(ana)
+    assert profile_for(ana).time_zone_chosen is False
+    taken = client.post("/settings/time-zone", {"time_zone": "Europe/Berlin", "detected": "1"})
+    assert taken.json() == {"time_zone": "Europe/Berlin", "changed": True}
+    again = client.post("/settings/time-zone", {"time_zone": "Asia/Tokyo", "detected": "1"})
+    assert again.json() == {"time_zone": "Europe/Berlin", "changed": False}, "detection never overrides"
+    chosen = client.post("/settings/time-zone", {"time_zone": "Asia/Tokyo"})  # the offer, accepted
+    assert chosen.json() == {"time_zone": "Asia/Tokyo", "changed": True}
+    bad = client.post("/settings/time-zone", {"time_zone": "Mars/Olympus"})
+    assert bad.status_code == 400 and bad.json()["field"] == "time_zone"
+    assert "'Mars/Olympus' is not a time zone" in bad.json()["message"]
+    assert profile_for(ana).time_zone == "Asia/Tokyo"
+    page = client.get("/").content.decode()
+    assert 'id="nav-zone">Asia/Tokyo<' in page
