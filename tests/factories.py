@@ -99,3 +99,21 @@ def load(
 def iso(moment: datetime) -> str:
     """A time as the API writes it: ISO 8601 in UTC with ``Z``."""
     return moment.isoformat().replace("+00:00", "Z")
+
+
+def client_for(user: Any, *, csrf: bool = False) -> Any:
+    """A test client signed in as ``user`` (checking CSRF tokens when ``csrf``)."""
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=csrf)
+    client.force_login(user)
+    return client
+
+
+def in_zone(user: Any, zone: str) -> None:
+    """``user`` chose the time zone ``zone`` in their settings."""
+    from reservations.profiles import profile_for
+
+    profile = profile_for(user)
+    profile.time_zone, profile.time_zone_chosen = zone, True
+    profile.save()

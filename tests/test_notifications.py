@@ -7,7 +7,6 @@ from datetime import datetime, time, timedelta
 
 import pytest
 from django.core import mail
-from django.test import Client
 from django.utils import timezone
 
 from reservations.models import Notification, ReservationStatus
@@ -18,7 +17,7 @@ from reservations.tasks import send_starting_soon_reminders
 from slotserve_base.vocabulary import Phase
 from tests import factories
 from tests.clock import T0
-from tests.factories import iso
+from tests.factories import client_for, in_zone, iso
 from tests.world import World
 
 HOUR = timedelta(hours=1)
@@ -194,18 +193,6 @@ def test_the_admins_told_of_a_bookings_failure_hear_of_its_recovery_too(ana, sta
             told
         )
     assert StoryEntry.objects.filter(channel=channel, kind="failed").count() == 2
-
-
-def client_for(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def in_zone(user, zone: str) -> None:
-    profile = profile_for(user)
-    profile.time_zone, profile.time_zone_chosen = zone, True
-    profile.save()
 
 
 def tomorrow_at(hour: int) -> datetime:

@@ -13,6 +13,7 @@ from reservations.models import Profile, Reservation
 from reservations.profiles import profile_for
 from slotserve_base.vocabulary import Phase
 from tests import clock, factories
+from tests.factories import client_for
 from tests.world import World
 
 T0 = clock.T0 - timedelta(hours=3)  # 13:00 in Shanghai
@@ -29,12 +30,6 @@ def world(db, frozen, ana, bo, staff):
     channel = factories.channel("a100-0", default=chat, on=factories.node("gpu-a", memory=24 * GiB))
     booked = factories.reservation(owner=ana, on=channel, start=T0 - HOUR, end=T0 + HOUR, target=chat)
     return World(channel=channel, model=qwen, preset=chat, other_model=big, ana=ana, bo=bo, booked=booked)
-
-
-def client_for(user, *, csrf: bool = False) -> Client:
-    client = Client(enforce_csrf_checks=csrf)
-    client.force_login(user)
-    return client
 
 
 def test_pages_need_login(db):

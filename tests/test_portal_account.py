@@ -14,12 +14,7 @@ from reservations.models import Notification
 from reservations.notifications import notify
 from reservations.profiles import profile_for
 from tests import factories
-
-
-def client_for(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
+from tests.factories import client_for
 
 
 def _year(day: Any) -> str:

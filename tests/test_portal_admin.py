@@ -8,12 +8,7 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 
 from tests import factories
-
-
-def client_for(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
+from tests.factories import client_for
 
 
 @pytest.mark.django_db(transaction=True)

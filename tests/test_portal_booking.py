@@ -14,24 +14,12 @@ from django.test import Client
 from django.utils import timezone
 
 from reservations.models import Reservation
-from reservations.profiles import profile_for
 from tests import factories
 from tests.clock import T0
+from tests.factories import client_for, in_zone
 from tests.test_browser import CHROMIUM, browser, shot, sign_in  # noqa: F401  (browser: a fixture)
 
 HOUR = timedelta(hours=1)
-
-
-def client_for(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def in_zone(user, zone: str) -> None:
-    profile = profile_for(user)
-    profile.time_zone, profile.time_zone_chosen = zone, True
-    profile.save()
 
 
 def hints(client: Client, channel, start: str, end: str, **extra) -> Any:

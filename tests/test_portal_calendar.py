@@ -14,15 +14,10 @@ from django.utils import timezone
 from reservations.profiles import profile_for
 from tests import factories
 from tests.clock import T0
+from tests.factories import in_zone
 from tests.test_browser import CHROMIUM, browser, shot, sign_in  # noqa: F401  (browser: a fixture)
 
 HOUR = timedelta(hours=1)
-
-
-def in_zone(user, zone: str) -> None:
-    profile = profile_for(user)
-    profile.time_zone, profile.time_zone_chosen = zone, True
-    profile.save()
 
 
 needs_chromium = pytest.mark.skipif(

@@ -12,15 +12,10 @@ from django.utils import timezone
 from reservations.models import Reservation, WaitlistEntry
 from tests import factories
 from tests.clock import T0
+from tests.factories import client_for
 from tests.test_browser import CHROMIUM, browser, sign_in  # noqa: F401  (browser: a fixture)
 
 HOUR = timedelta(hours=1)
-
-
-def client_for(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 needs_chromium = pytest.mark.skipif(
