@@ -40,6 +40,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+# How long a stand-in's /health answers 503 before it is ready (``--standin-load-seconds``).
+LOAD_SECONDS = 0.2
+
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="standin", add_help=True)
@@ -51,7 +54,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("-a", "--alias", "--served-model-name", dest="alias")
     parser.add_argument("--api-key")
     parser.add_argument("--config", help="SGLang's config file: `option: value` lines")
-    parser.add_argument("--standin-load-seconds", type=float, default=0.2)
+    parser.add_argument("--standin-load-seconds", type=float, default=LOAD_SECONDS)
     parser.add_argument("--standin-hang", action="store_true")
     parser.add_argument("--standin-crash-after", type=float)
     parser.add_argument("--standin-oom", action="store_true")

@@ -21,6 +21,7 @@ from rest_framework.test import APIClient
 from channels_app.models import ChannelRuntime, ChannelTarget, LoadRecord
 from channels_app.node_worker import ports, processes, registration, worker
 from channels_app.scheduling.services import decide_channels
+from devtools import standin
 from gateway.wire.counters import INFLIGHT, key
 from reservations.models import Notification
 from slotserve_base.redis_client import redis_client
@@ -264,8 +265,10 @@ def test_a_load_that_never_becomes_healthy_fails_at_the_load_timeout(node_env, t
     decide_channels(now=now)
     loading = converge(channel, until={Phase.LOADING}, now=now)
     pid = loading.pid
-    # The hanging process never gets ready by itself: loading, up to the load timeout.
-    assert throughout(lambda: phase_after(channel, now + timedelta(seconds=599)) == Phase.LOADING, 0.5)
+    # The hanging process never gets ready by itself: loading, up to the load timeout, for three
+    # times as long as a stand-in that loads takes to be ready.
+    hung = 3 * standin.LOAD_SECONDS
+    assert throughout(lambda: phase_after(channel, now + timedelta(seconds=599)) == Phase.LOADING, hung)
     timeout = now + timedelta(seconds=settings.SLOTSERVE_LOAD_TIMEOUT_SECONDS)
     assert phase_after(channel, timeout) == Phase.STOPPING
     failed = converge(channel, until={Phase.FAILED}, now=timeout)
