@@ -15,7 +15,7 @@ workers that decide, hear of nodes or keep a slot's time (docs/webhooks.md).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from celery import current_app
@@ -82,16 +82,13 @@ def send_to_node(
     send(task_name, args=(*args,), queue=node_queue(node_name), countdown=countdown, expires=expires)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Redecide:
-    """Re-decide one channel: a callback equal to another of the same channel; ``sent`` once it
-    ran (a callback run before its transaction ends, as tests run them, asks for no other)."""
+    """Re-decide one channel: a callback equal to another of the same channel."""
 
     channel_id: int
-    sent: bool = field(default=False, compare=False)
 
     def __call__(self) -> None:
-        self.sent = True
         try:
             send(
                 CHANNEL_REDECIDE,
@@ -117,9 +114,6 @@ def enqueue_redecide(channel_id: int) -> None:
     # rolled back went with its savepoint; one from a block already closed is not counted on).
     if connection.in_atomic_block:
         open_now = set(connection.savepoint_ids)
-        if any(
-            waiting == job and not waiting.sent and asked <= open_now
-            for asked, waiting, _ in connection.run_on_commit
-        ):
+        if any(waiting == job and asked <= open_now for asked, waiting, _ in connection.run_on_commit):
             return
     transaction.on_commit(job)
