@@ -170,6 +170,8 @@ class Lab:
     made: dict[int, set[str]] = field(default_factory=dict)
     webhooks: dict[int, LabReceiver] = field(default_factory=dict)  # the API confirmed them
     decided: dict[int, float] = field(default_factory=dict)  # reservation → first its channel's target
+    # reservation id → how and when (seconds into the run) the API last confirmed it
+    told: dict[int, str] = field(default_factory=dict)
 
     def violated(self, promise: int, at: float, what: str, kind: str = "") -> None:
         with self.lock:
@@ -441,6 +443,17 @@ def plan_week(
     return sorted(plan, key=lambda p: p.create_at)
 
 
+# How long the node workers have to register at the start.
+REGISTER_SECONDS = 180
+
+
+def _tail(log: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) or "(nothing)"
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
 class World:
     """The lab's people, keys, models and channels, made in the database."""
 
@@ -450,10 +463,23 @@ class World:
         from channels_app.models import Channel, LLMModel, Node, Preset
         from gateway.api_keys import api_key_create
 
-        deadline = time.monotonic() + 90
-        while Node.objects.filter(name__in=NODES, gpus__isnull=False).distinct().count() < len(NODES):
+        # Three Python programs and a database starting on a machine the suite also loads: the
+        # wait is generous, and a node that did not come says what its worker wrote.
+        deadline = time.monotonic() + REGISTER_SECONDS
+        while True:
+            registered = set(
+                Node.objects.filter(name__in=NODES, gpus__isnull=False).values_list("name", flat=True)
+            )
+            if len(registered) == len(NODES):
+                break
             if time.monotonic() > deadline:
-                raise SystemExit("chaos_week: the nodes did not register within 90 s")
+                missing = sorted(set(NODES) - registered)
+                logs = "\n".join(
+                    f"{name}'s worker wrote:\n{_tail(work / name / 'node-worker.log')}" for name in missing
+                )
+                raise SystemExit(
+                    f"chaos_week: {', '.join(missing)} did not register within {REGISTER_SECONDS} s\n{logs}"
+                )
             time.sleep(0.3)
         self.presets: dict[int, Any] = {}
         for load in LOAD_SECONDS:
@@ -590,6 +616,9 @@ def book(lab: Lab, world: World, base: str, planned: list[Planned], stop: thread
                 with lab.lock:
                     lab.confirmed[slot.reservation_id] = slot.status
                     lab.made[slot.reservation_id] = {slot.status}
+                    door = "the portal" if slot.portal else "the REST API"
+                    at = time.time() - lab.began
+                    lab.told[slot.reservation_id] = f"booked {slot.status} in {door} at {at:.2f} s"
                 if slot.status == "pending":
                     pending.append((time.time() + 1.5, slot))
                 if slot.then == "cancel":
@@ -607,6 +636,7 @@ def book(lab: Lab, world: World, base: str, planned: list[Planned], stop: thread
                     with lab.lock:
                         lab.confirmed[slot.reservation_id] = "approved"
                         lab.made[slot.reservation_id].add("approved")
+                        lab.told[slot.reservation_id] += f", approved at {time.time() - lab.began:.2f} s"
                 elif answer is None or answer.status_code >= 500:
                     pending.append((time.time() + 1, slot))  # the control host is down: again
         for due_at, slot in list(follow_ups):
@@ -620,6 +650,7 @@ def book(lab: Lab, world: World, base: str, planned: list[Planned], stop: thread
                     with lab.lock:
                         lab.confirmed[slot.reservation_id] = answer.json()["status"]
                         lab.made[slot.reservation_id].add("cancelled" if verb == "cancel" else "ended early")
+                        lab.told[slot.reservation_id] += f", {verb} at {time.time() - lab.began:.2f} s"
         stop.wait(0.1)
 
 
@@ -1396,7 +1427,10 @@ def check_confirmed(lab: Lab) -> None:
             status, {status}
         )
         if now not in allowed:
-            lab.violated(7, time.time(), f"booking {reservation_id} was confirmed {status}, is now {now}")
+            how = lab.told.get(reservation_id, "")
+            lab.violated(
+                7, time.time(), f"booking {reservation_id} was confirmed {status} ({how}), is now {now}"
+            )
     from reservations.webhooks.models import Webhook
 
     kept = set(Webhook.objects.filter(pk__in=list(lab.webhooks)).values_list("pk", flat=True))

@@ -17,12 +17,13 @@ The request log is written in no time order, as a restore or an import writes it
 time``: in the order the requests came, as the gateway writes it): a mass of rows that usage counts
 in the background. The benchmark times a usage page while that backlog waits, then catches it up
 with ``manage.py catch_up_usage`` (its time, rows a second and peak memory). Then
-``manage.py run --no-node`` (the one-command start's web server and scheduler) serves it,
-and the benchmark reports for each page and API call, as a signed-in staff member: p50 and p95
-over ``--requests`` calls, and the SQL queries it makes (counted in this process, on the same
-database); the scheduler tick's time and queries; the request log's CSV export in rows per
-second; and ``--users`` colleagues browsing at once for ``--seconds`` (requests per second, p95,
-errors, PostgreSQL connections at the peak). Last, the web server's resident memory.
+``manage.py run --no-node`` (the one-command start's web server and scheduler) serves it, and
+the benchmark reports for each page and API call, as a signed-in staff member: p50 and p95 over
+``--requests`` calls, the web processes' CPU time a call, and the SQL queries it makes (counted
+in this process, on the same database); the scheduler tick's time and queries; the request log's
+CSV export in rows per second; and ``--users`` colleagues browsing at once for ``--seconds``
+(requests per second, p95, errors, PostgreSQL connections at the peak). Last, the web server's
+resident memory.
 """
 
 from __future__ import annotations
@@ -68,6 +69,14 @@ PAGES = [
     "/api/channels/",
     "/api/usage/?by=channel&period=week",
     "/requests/",
+    "/keys/",
+    "/calendar/?view=agenda",
+    "/audit/",
+    "/calendar/?view=month",
+    "/closures/",
+    "/people/",
+    "/playground/",
+    "/api/blackouts/",
 ]
 
 
@@ -298,6 +307,29 @@ def main() -> None:
         run_size(name, SIZES[name], options, base_url, work)
 
 
+def web_cpu_seconds(server_pid: int) -> float:
+    """The CPU time the web processes (``run``'s uvicorn and its workers) have used so far: a
+    page's server CPU is the difference across its requests, divided by them (the scheduler and
+    the other parts are processes of their own, not counted)."""
+    import psutil
+
+    web: list[psutil.Process] = []
+    for process in psutil.Process(server_pid).children(recursive=True):
+        try:
+            if "uvicorn" in " ".join(process.cmdline()):
+                web += [process, *process.children(recursive=True)]  # its workers: spawned Pythons
+        except psutil.Error:
+            continue
+    spent = 0.0
+    for process in web:
+        try:
+            times = process.cpu_times()
+            spent += times.user + times.system
+        except psutil.Error:
+            continue
+    return spent
+
+
 def filled(size: dict[str, int], options: argparse.Namespace) -> Any:
     """With ``--reuse``: the staff member of a database the last run filled at this size, or None."""
     from django.contrib.auth import get_user_model
@@ -387,9 +419,10 @@ def run_size(name: str, size: dict[str, int], options: argparse.Namespace, base_
             except httpx.HTTPError:
                 time.sleep(0.3)
         client = httpx.Client(base_url=base, cookies={"sessionid": cookie}, timeout=120)
-        print(f"{'page or call':40} {'p50':>9} {'p95':>9} {'queries':>8} {'bytes':>9}")
+        print(f"{'page or call':40} {'p50':>9} {'p95':>9} {'queries':>8} {'bytes':>9} {'server CPU':>11}")
         for path in PAGES:
             times, length = [], 0
+            cpu_before = web_cpu_seconds(server.pid)
             for _ in range(options.requests):
                 begun = time.perf_counter()
                 got = client.get(path)
@@ -397,9 +430,10 @@ def run_size(name: str, size: dict[str, int], options: argparse.Namespace, base_
                 length = len(got.content)
                 if got.status_code != 200:
                     print(f"  {path}: {got.status_code}")
+            cpu_ms = (web_cpu_seconds(server.pid) - cpu_before) / options.requests * 1000
             print(
                 f"{path:40} {statistics.median(times):7.0f}ms {percentile(times, 0.95):7.0f}ms "
-                f"{queries[path]:8d} {length:9d}"
+                f"{queries[path]:8d} {length:9d} {cpu_ms:9.0f}ms"
             )
         begun = time.perf_counter()
         rows = 0

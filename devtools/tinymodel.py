@@ -8,6 +8,7 @@ tokens from it (nonsense, but real tokens). Used by the tests and the demo.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,8 @@ def write_tiny_llama(path: str | Path, *, seed: int = 0) -> Path:
     """Write the model to ``path`` (about 0.5 MB) and return the path."""
     import gguf
 
+    # The writer's lines ("Writing the following files: …") are not news to whoever starts the demo.
+    logging.getLogger("gguf").setLevel(logging.WARNING)
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)

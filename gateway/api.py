@@ -50,6 +50,9 @@ class ApiKeyOutput(serializers.ModelSerializer[ApiKey]):
             "channels",
             "expires_at",
             "read_only",
+            "max_concurrent",
+            "requests_per_minute",
+            "weekly_tokens",
         ]
 
 
@@ -73,6 +76,27 @@ class ApiKeyInput(serializers.Serializer[Any]):
         help_text="the channels it may reach; empty: all",
     )
     expires_at = MomentField(required=False, allow_null=True, help_text="when it stops working; null: never")
+    max_concurrent = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=10_000,
+        help_text="requests it may have in flight at once; null: none of its own (yours apply)",
+    )
+    requests_per_minute = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=1_000_000,
+        help_text="requests it may start a minute; null: none of its own (yours apply)",
+    )
+    weekly_tokens = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=10**15,
+        help_text="tokens it may use a week outside your own slots; null: none of its own (yours apply)",
+    )
 
     def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
         fields = super().get_fields()
@@ -118,6 +142,9 @@ class ApiKeyViewSet(
             expires_at=given.get("expires_at", UNCHANGED),
             read_only=given.get("read_only", False),
             by_key=calling_key(request),
+            max_concurrent=given.get("max_concurrent"),
+            requests_per_minute=given.get("requests_per_minute"),
+            weekly_tokens=given.get("weekly_tokens"),
         )
         return Response({**ApiKeyOutput(api_key).data, "key": key}, status=status.HTTP_201_CREATED)
 

@@ -35,6 +35,10 @@ def api_key_create(
     read_only: bool = False,
     by_key: ApiKey | None = None,
     now: datetime | None = None,
+    playground: bool = False,
+    max_concurrent: int | None = None,
+    requests_per_minute: int | None = None,
+    weekly_tokens: int | None = None,
 ) -> tuple[ApiKey, str]:
     """A new key for ``user``, limited to ``models`` and ``channels`` when given, until
     ``expires_at``; the plain key is returned once and never stored.
@@ -53,6 +57,9 @@ def api_key_create(
     _check_expiry(expires_at, now or timezone.now())
     if by_key is not None:
         _within(by_key, _limits(models, channels, expires_at), "make")
+        max_concurrent = _no_looser(by_key, "max_concurrent", max_concurrent, "make")
+        requests_per_minute = _no_looser(by_key, "requests_per_minute", requests_per_minute, "make")
+        weekly_tokens = _no_looser(by_key, "weekly_tokens", weekly_tokens, "make")
     key = new_key()
     with transaction.atomic():
         api_key = ApiKey.objects.create(
@@ -63,10 +70,28 @@ def api_key_create(
             wait_seconds=wait_seconds,
             expires_at=expires_at,
             read_only=read_only,
+            playground=playground,
+            max_concurrent=_limit("max_concurrent", max_concurrent),
+            requests_per_minute=_limit("requests_per_minute", requests_per_minute),
+            weekly_tokens=_limit("weekly_tokens", weekly_tokens),
         )
         api_key.models_allowed.set(models)
         api_key.channels_allowed.set(channels)
     return api_key, key
+
+
+# How long a playground's key works: a sitting. The page makes another when opened again.
+PLAYGROUND_LASTS = timedelta(hours=1)
+
+
+def playground_key(*, user: User, now: datetime) -> tuple[ApiKey, str]:
+    """A key for the portal's playground, its person's own (their limits, scope-free, and their
+    bookings apply as to any key of theirs), lasting ``PLAYGROUND_LASTS``. The playground's
+    keys that have expired go (the request log keeps their requests, under no key)."""
+    ApiKey.objects.filter(user=user, playground=True, expires_at__lte=now).delete()
+    return api_key_create(
+        user=user, name="Playground", expires_at=now + PLAYGROUND_LASTS, now=now, playground=True
+    )
 
 
 def api_key_change(
@@ -80,10 +105,14 @@ def api_key_change(
     read_only: bool | None = None,
     by_key: ApiKey | None = None,
     now: datetime | None = None,
+    max_concurrent: int | object | None = UNCHANGED,
+    requests_per_minute: int | object | None = UNCHANGED,
+    weekly_tokens: int | object | None = UNCHANGED,
 ) -> ApiKey:
     """Rename a key, change how long the gateway holds its requests by default, its scope
-    (an empty list: all), its expiry (None: never) or whether it only reads. Through a key
-    (``by_key``), only a key within that key's scope, and only within it."""
+    (an empty list: all), its expiry (None: never), whether it only reads, or its own limits
+    (None: none of its own). Through a key (``by_key``), only a key within that key's scope,
+    and only within it, its limits no looser than that key's."""
     models = list(models) if models is not None else None
     channels = list(channels) if channels is not None else None
     if by_key is not None:
@@ -107,8 +136,30 @@ def api_key_change(
         api_key.wait_seconds = wait_seconds
     if read_only is not None:
         api_key.read_only = read_only
+    own_limits = (
+        ("max_concurrent", max_concurrent),
+        ("requests_per_minute", requests_per_minute),
+        ("weekly_tokens", weekly_tokens),
+    )
+    for field, value in own_limits:
+        if value is not UNCHANGED:
+            assert value is None or isinstance(value, int)
+            if by_key is not None:
+                value = _no_looser(by_key, field, value, "change")
+            setattr(api_key, field, _limit(field, value))
     with transaction.atomic():
-        api_key.save(update_fields=["name", "wait_seconds", "expires_at", "expiry_told_at", "read_only"])
+        api_key.save(
+            update_fields=[
+                "name",
+                "wait_seconds",
+                "expires_at",
+                "expiry_told_at",
+                "read_only",
+                "max_concurrent",
+                "requests_per_minute",
+                "weekly_tokens",
+            ]
+        )
         if models is not None:
             api_key.models_allowed.set(models)
         if channels is not None:
@@ -148,6 +199,39 @@ def _within(by_key: ApiKey, wanted: KeyLimits, doing: str) -> None:
     )
 
 
+# The words of a key's own limits, for refusals.
+LIMIT_WORDS = {
+    "max_concurrent": "requests at once",
+    "requests_per_minute": "requests a minute",
+    "weekly_tokens": "tokens a week",
+}
+
+
+def _limit(field: str, value: int | None) -> int | None:
+    """A key's own limit: a whole number of at least 1, or None for none of its own (the
+    person's limits still apply to every key of theirs)."""
+    if value is not None and value < 1:
+        raise InvalidInput(
+            field, f"at least 1 ({LIMIT_WORDS[field]}); leave it empty for no limit of its own"
+        )
+    return value
+
+
+def _no_looser(by_key: ApiKey, field: str, wanted: int | None, doing: str) -> int | None:
+    """Through a key, a key's limit is that key's unless a tighter one is asked for."""
+    own = getattr(by_key, field)
+    if own is None:
+        return wanted
+    if wanted is None:
+        return int(own)
+    if wanted > own:
+        raise OutsideScope(
+            f"this API key may not {doing} a key with more {LIMIT_WORDS[field]} than its own {own} "
+            "(use the portal, or a key without that limit)"
+        )
+    return wanted
+
+
 def _check_expiry(expires_at: datetime | None, now: datetime) -> None:
     if expires_at is not None and expires_at <= now:
         raise InvalidInput("expires_at", "a key's expiry must be in the future")
@@ -178,20 +262,29 @@ def _expiry_words(api_key: ApiKey, expires: datetime, zone: tzinfo) -> str:
 EXPIRY_NOTICE = timedelta(days=7)
 
 
+def notice_due(*, created: datetime, expires: datetime, now: datetime) -> bool:
+    """Whether the owner should hear now that their key stops working: ``EXPIRY_NOTICE``
+    before, or, for a key made to last less than twice that, when half its life is left (a
+    key made for five days is no news the day it is made)."""
+    return expires - now <= min(EXPIRY_NOTICE, (expires - created) / 2)
+
+
 def tell_keys_expiring(*, now: datetime) -> int:
-    """Tell the owner of each key that stops working within ``EXPIRY_NOTICE``, once per expiry."""
+    """Tell the owner of each key whose notice is due (``notice_due``), once per expiry."""
     from reservations.notifications import notify
     from reservations.wording import expiry_words
 
     soon = (
         ApiKey.objects.usable(now)
-        .filter(expires_at__lte=now + EXPIRY_NOTICE, expiry_told_at__isnull=True)
+        .filter(expires_at__lte=now + EXPIRY_NOTICE, expiry_told_at__isnull=True, playground=False)
         .select_related("user")
     )
     told = 0
     for api_key in soon:
         expires = api_key.expires_at
         assert expires is not None
+        if not notice_due(created=api_key.created, expires=expires, now=now):
+            continue
 
         def text(zone: tzinfo, k: ApiKey = api_key, at: datetime = expires) -> str:
             return (
@@ -205,6 +298,7 @@ def tell_keys_expiring(*, now: datetime) -> int:
             text=text,
             link="/keys/",
             key=f"key_expiring:{api_key.pk}:{expires.isoformat()}",
+            about=f"{api_key.name} ({api_key.prefix}…)",
         )
         tell(
             Happening(

@@ -51,6 +51,11 @@ class ApiKey(models.Model):
     requests_per_minute = models.PositiveIntegerField(
         null=True, blank=True, help_text="Requests this key may start per minute (empty: no own limit)."
     )
+    weekly_tokens = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Tokens this key may use a week outside its person's own slots (empty: no own limit).",
+    )
     # A key's scope (docs/api.md, "Keys scoped like a team's keys"): none set means all.
     models_allowed = models.ManyToManyField(
         "channels_app.LLMModel",
@@ -78,6 +83,9 @@ class ApiKey(models.Model):
         help_text="How long the gateway holds this key's requests while their model loads or the "
         "channel switches, instead of answering 503 at once (the X-SlotServe-Wait header overrides).",
     )
+    # Made by the portal's playground for one sitting (``gateway.api_keys.playground_key``): it
+    # lasts an hour, the keys page does not list it and nobody is told it expires.
+    playground = models.BooleanField(default=False)
 
     objects = ApiKeyQuerySet.as_manager()
 

@@ -15,18 +15,19 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.cache import add_never_cache_headers, get_conditional_response
 from django.views.decorators.http import require_POST
-from icalendar import Calendar, Event
 
-from channels_app.models import LLMModel
+from gateway.admit.snapshot import channel_views_now
 from gateway.api_keys import api_key_create, api_key_revoke
 from gateway.models import ApiKey
+from gateway.rules.key_scope import callable_now
 from portal.actions import FEED_DAYS_BACK, me
+from portal.feed import FeedEvent, feed_ical
 from portal.forms import (
     ApiKeyForm,
     PreferencesForm,
 )
 from reservations.models import Notification, Profile, Reservation, ReservationStatus
-from reservations.profiles import profile_for, profile_set_time_zone
+from reservations.profiles import profile_for, profile_set_time_zone, profile_set_week_start, user_set_email
 from reservations.wording import zone_of
 from slotserve_base import overview
 from slotserve_base.errors import InvalidInput
@@ -55,6 +56,9 @@ def preferences(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         form = PreferencesForm(request.POST)
         if form.is_valid():
+            user_set_email(me(request), form.cleaned_data["email"])
+            if form.cleaned_data["week_start"] is not None:
+                profile_set_week_start(me(request), form.cleaned_data["week_start"])
             profile_set_time_zone(me(request), form.cleaned_data["time_zone"])
             profile.refresh_from_db()
             profile.email_events = {e.value: form.cleaned_data[f"email_{e.value}"] for e in NotificationEvent}
@@ -62,7 +66,11 @@ def preferences(request: HttpRequest) -> HttpResponse:
             messages.success(request, "Settings saved.")
             return redirect("portal:preferences")
     else:
-        initial: dict[str, Any] = {"time_zone": profile.time_zone}
+        initial: dict[str, Any] = {
+            "time_zone": profile.time_zone,
+            "email": me(request).email,
+            "week_start": profile.week_start,
+        }
         initial.update({f"email_{e.value}": profile.wants_email(e.value) for e in NotificationEvent})
         form = PreferencesForm(initial=initial)
     feed = public_url(f"/calendar/{profile.calendar_token}.ics", request)
@@ -89,6 +97,7 @@ def set_time_zone(request: HttpRequest) -> HttpResponse:
 def keys(request: HttpRequest) -> HttpResponse:
     new_key = None
     form = ApiKeyForm(request.POST or None)
+    scope: dict[str, frozenset[Any] | None] = {}
     if request.method == "POST" and form.is_valid():
         given = form.cleaned_data
         # The last day it works, in the user's zone: it stops at the midnight after it.
@@ -107,26 +116,61 @@ def keys(request: HttpRequest) -> HttpResponse:
                 channels=given["channels"],
                 expires_at=expires,
                 read_only=given["read_only"],
+                max_concurrent=given["max_concurrent"],
+                requests_per_minute=given["requests_per_minute"],
+                weekly_tokens=given["weekly_tokens"],
             )
         except InvalidInput as exc:
             form.add_error("expires", exc.message)
         else:
             form = ApiKeyForm()
-    mine = ApiKey.objects.filter(user=me(request), revoked_at__isnull=True).prefetch_related(
-        "models_allowed", "channels_allowed"
+            scope = {
+                "models_allowed": frozenset(m.name for m in given["models"]) or None,
+                "channels_allowed": frozenset(c.pk for c in given["channels"]) or None,
+            }
+    # The snippets call a model the person may call now (through the new key's scope).
+    callable_models = callable_now(
+        caller_id=me(request).pk, channels=channel_views_now(), now=timezone.now(), **scope
     )
+    mine = list(
+        ApiKey.objects.filter(user=me(request), revoked_at__isnull=True, playground=False).prefetch_related(
+            "models_allowed", "channels_allowed"
+        )
+    )
+    used = key_use(me(request), since=timezone.now() - KEY_USE_DAYS)
+    for listed in mine:
+        listed.used = used.get(listed.pk)  # type: ignore[attr-defined]
     context = {
         "form": form,
         "keys": mine,
         "new_key": new_key,
         "base_url": public_url("/v1", request),
-        "a_model": LLMModel.objects.order_by("name").values_list("name", flat=True).first() or "MODEL",
+        "a_model": callable_models.models[0] if callable_models.models else "MODEL",
+        "why_no_model": callable_models.why_none,
     }
     page = render(request, "portal/keys.html", context)
     # The page may show a new key: no browser or proxy may keep a copy of it.
     add_never_cache_headers(page)
     page["Cache-Control"] = "no-store, no-cache, must-revalidate, private, max-age=0"
     return page
+
+
+# The keys page counts each key's requests and tokens over this long.
+KEY_USE_DAYS = timedelta(days=7)
+
+
+def key_use(user: Any, *, since: datetime) -> dict[int, dict[str, int]]:
+    """Each of ``user``'s keys' requests and tokens since ``since`` (the request log's), by key."""
+    from django.db.models import Count, F, Sum
+
+    from gateway.models import RequestLog
+
+    rows = (
+        RequestLog.objects.filter(user=user, at__gte=since, key__isnull=False)
+        .values("key_id")
+        .annotate(requests=Count("pk"), tokens=Sum(F("prompt_tokens") + F("completion_tokens")))
+    )
+    return {row["key_id"]: {"requests": row["requests"], "tokens": row["tokens"] or 0} for row in rows}
 
 
 @login_required
@@ -195,24 +239,19 @@ def calendar_feed(request: HttpRequest, token: str) -> HttpResponse:
     unchanged = get_conditional_response(request, etag=etag)
     if unchanged is not None:
         return unchanged
-    calendar = Calendar()
-    calendar.add("prodid", "-//SlotServe//reservations//EN")
-    calendar.add("version", "2.0")
-    calendar.add("x-wr-calname", "SlotServe reservations")
-    calendar.add("x-wr-timezone", str(zone))
-    for r in reservations:
-        event = Event()
-        what = "whole card" if r.exclusive else (r.model.name if r.model else "")
-        event.add("uid", f"reservation-{r.pk}@{host}")
-        event.add("summary", f"{r.channel.name}: {what}" + (" (pending)" if r.status == "pending" else ""))
-        # In the user's zone (with its VTIMEZONE), as the portal shows them.
-        event.add("dtstart", r.start.astimezone(zone))
-        event.add("dtend", r.end.astimezone(zone))
-        event.add("dtstamp", r.created)
-        if r.note:
-            event.add("description", r.note)
-        calendar.add_component(event)
-    calendar.add_missing_timezones()
-    answer = HttpResponse(calendar.to_ical(), content_type="text/calendar; charset=utf-8")
+    events = [
+        FeedEvent(
+            pk=r.pk,
+            status=r.status,
+            start=r.start,
+            end=r.end,
+            channel=r.channel.name,
+            what="whole card" if r.exclusive else (r.model.name if r.model else ""),
+            note=r.note,
+            created=r.created,
+        )
+        for r in reservations
+    ]
+    answer = HttpResponse(feed_ical(events, zone, host), content_type="text/calendar; charset=utf-8")
     answer["ETag"] = etag
     return answer

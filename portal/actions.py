@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from functools import wraps
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Count, Q, QuerySet, Sum
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -81,7 +83,8 @@ def lent_words(reservations: list[Reservation]) -> None:
         said = f"Lent: {n} request{'' if n == 1 else 's'} by others"
         if n:
             said += (
-                f" ({round((row['busy'] or 0) / 60000, 1)} min of place time, {row['ended']} ended for yours)"
+                f" (they ran {round((row['busy'] or 0) / 60000, 1)} min in all; {row['ended']} ended "
+                "early to make room for yours)"
             )
         waited = row["waited"]
         said += "; none of yours waited" if not waited else f"; {waited} of yours waited for a place"
@@ -124,6 +127,23 @@ def leave_waitlist(request: HttpRequest, pk: int) -> HttpResponse:
     services.waitlist_leave(entry=entry, by=me(request))
     messages.success(request, f"You no longer wait for {entry.channel.name}.")
     return redirect("portal:my_reservations")
+
+
+def staff_only(what: str) -> Callable[[Callable[..., HttpResponseBase]], Callable[..., HttpResponseBase]]:
+    """A page for staff: a member signed in is told so on a portal page (403, ``what`` it is);
+    someone signed out signs in first."""
+
+    def wrap(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
+        @login_required
+        @wraps(view)
+        def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            if not request.user.is_staff:
+                raise PermissionDenied(f"{what} is for staff. Ask one of them if you need something from it.")
+            return view(request, *args, **kwargs)
+
+        return checked
+
+    return wrap
 
 
 def me(request: HttpRequest) -> User:

@@ -52,6 +52,8 @@ def book(request: HttpRequest) -> HttpResponse:
                     repeat=data["repeat"],
                     until=data["until"],
                     count=data["count"],
+                    every=data["every"] or 1,
+                    on_days=tuple(sorted(data["on_days"])) if data["repeat"] == "weekly" else (),
                     time_zone=timezone.get_current_timezone_name(),
                 )
                 _, made, skipped = services.reservation_series_create(
@@ -101,6 +103,8 @@ def book(request: HttpRequest) -> HttpResponse:
         "vram": {str(c.pk): c.vram_bytes() for c in channels},
         "sizes": {str(pk): size for pk, size in LLMModel.objects.values_list("pk", "size_bytes")},
         "lends": [str(c.pk) for c in channels if c.lend_while_idle],
+        # Each channel's own preset: the one a model's preset starts at (book.html).
+        "defaults": {str(c.pk): c.default_preset_id for c in channels if c.default_preset_id},
     }
     return render(
         request, "portal/book.html", {"form": form, "presets": presets, "fit": fit, "conflicts": conflicts}

@@ -5,7 +5,6 @@ bookings shown (50 channels a page)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta, tzinfo
 from typing import Any
 
@@ -15,45 +14,27 @@ from django.core.paginator import Paginator
 from django.db.models import Prefetch, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.urls import reverse
 from django.utils import timezone
 
 from channels_app.models import Channel, LLMModel, Node
 from channels_app.scheduling import selectors
 from channels_app.scheduling.decision import PlanSegment
 from channels_app.scheduling.services import plans_for
+from portal.calendar_lanes import Block, CalendarRow, lane_html, placed
 from portal.views import MANUAL, PRELOADING, target_label, viewer_of
 from reservations.hints import adjacent_switch_minutes
-from reservations.models import Reservation, ReservationStatus
+from reservations.models import Blackout, Reservation, ReservationStatus
+from reservations.profiles import profile_for
 from reservations.wording import slot_words
 from slotserve_base.api_fields import is_id
 from slotserve_base.target import Target
 
-
-@dataclass
-class Block:
-    """Something placed on the timeline, in percent of the row's width."""
-
-    left: float
-    width: float
-    css: str
-    label: str
-    title: str
-    details: dict[str, Any] | None = None  # a booking's, shown when it is clicked
-    short: str = ""  # a booking's second line: what it runs, shortened (the title has it whole)
-
-
-@dataclass
-class CalendarRow:
-    channel: Channel
-    blocks: list[Block] = field(default_factory=list)
-    plan: list[Block] = field(default_factory=list)
-
-
-def _place(start: datetime, end: datetime, origin: datetime, span: timedelta) -> tuple[float, float] | None:
-    lo, hi = max(start, origin), min(end, origin + span)
-    if hi <= lo:
-        return None
-    return (lo - origin) / span * 100, (hi - lo) / span * 100
+# What the calendar reads of each booking it shows (with its booker's name, model and preset).
+SHOWN_FIELDS = (
+    "start", "end", "status", "exclusive", "lend", "channel_id", "user_id", "model_id", "preset_id",
+    "user__username", "model__name", "preset__name",
+)  # fmt: skip
 
 
 def channels_listed(channel_id: int | None, node_id: int | None) -> QuerySet[Channel]:
@@ -76,12 +57,15 @@ def calendar_rows(
     model_id: int | None = None,
     group_id: int | None = None,
     channel_slice: slice | None = None,
+    plans: bool = True,
 ) -> list[list[CalendarRow]]:
     """The timeline's rows for each lane (a day: its start and length); with filters, only the
     channel, the node's channels, or the blocks of one model (and the channels that have them or
     default to it); ``channel_slice``: a page of the channels, in name order. One read of the
     bookings, plans and load estimates for all the lanes, in a number of queries that does not
-    grow with the channels or the bookings shown."""
+    grow with the channels or the bookings shown. ``plans`` False: the bookings and blackouts
+    only (the agenda's list), without the preloads and the minutes lost to loading, which cost
+    a scheduling plan per channel."""
     tz = timezone.get_current_timezone()
     first, last = lanes[0][0], max(origin + span for origin, span in lanes)
     shown = Reservation.objects.exclude(status__in=[ReservationStatus.REJECTED, ReservationStatus.CANCELLED])
@@ -98,21 +82,57 @@ def calendar_rows(
                 "reservations",
                 queryset=shown.overlapping(first, last)
                 .select_related("user", "model", "preset")
+                .only(*SHOWN_FIELDS)
                 .order_by("start"),
                 to_attr="shown",
             )
         )
     )
     names = dict(LLMModel.objects.values_list("pk", "name"))
-    plans = plans_for(channel_ids=[c.pk for c in channels], now=now, start=max(first, now), end=last)
-    estimates = selectors.load_estimates(
-        (c.node_id, r.target) for c in channels for r in c.shown if r.target is not None
-    )
+    if plans:
+        planned = plans_for(channel_ids=[c.pk for c in channels], now=now, start=max(first, now), end=last)
+        estimates = selectors.load_estimates(
+            (c.node_id, r.target) for c in channels for r in c.shown if r.target is not None
+        )
+    else:
+        planned, estimates = {}, {}
     shown_on = {c.pk: list(c.shown) for c in channels}
+    blackouts = list(Blackout.objects.filter(start__lt=last, end__gt=first).prefetch_related("channels"))
+    closed_on: dict[int, list[Blackout]] = {c.pk: [] for c in channels}
+    for blackout in blackouts:
+        named = {c.pk for c in blackout.channels.all()}
+        for channel in channels:
+            if not named or channel.pk in named:
+                closed_on[channel.pk].append(blackout)
     return [
-        _lane_rows(origin, span, channels, shown_on, plans, estimates, names, viewer, tz, model_id, group_id)
+        _closed(
+            _lane_rows(
+                origin, span, channels, shown_on, planned, estimates, names, viewer, tz, model_id, group_id
+            ),
+            closed_on,
+            origin,
+            span,
+            tz,
+        )
         for origin, span in lanes
     ]
+
+
+def _closed(
+    rows: list[CalendarRow],
+    closed_on: dict[int, list[Blackout]],
+    origin: datetime,
+    span: timedelta,
+    tz: tzinfo,
+) -> list[CalendarRow]:
+    """The lane's rows with the blackouts of each channel placed on them."""
+    for row in rows:
+        for blackout in closed_on[row.channel.pk]:
+            place = placed(blackout.start, blackout.end, origin, span)
+            if place is not None:
+                title = f"closed {slot_words(blackout.start, blackout.end, tz)}: {blackout.reason}"
+                row.closed.append(Block(*place, "closed", f"closed: {blackout.reason}", title))
+    return rows
 
 
 def _lane_rows(
@@ -140,7 +160,7 @@ def _lane_rows(
         row = CalendarRow(channel)
         previous: Reservation | None = None
         for r in bookings:
-            place = _place(r.start, r.end, origin, span)
+            place = placed(r.start, r.end, origin, span)
             if place is None:
                 continue
             what = "whole card" if r.exclusive else target_label(r.model, r.preset)
@@ -175,13 +195,13 @@ def _lane_rows(
                 "lent": lent if lends else "",
             }
             row.blocks.append(Block(*place, css, label, title, details, short))
-            if previous is not None and previous.target != r.target and r.target is not None:
+            if previous is not None and previous.target != r.target and r.target is not None and estimates:
                 lost = adjacent_switch_minutes(
                     load_seconds=estimates[(channel.node_id, r.target)],
                     gap_seconds=(r.start - previous.end).total_seconds(),
                 )
                 lost_place = (
-                    _place(r.start, r.start + timedelta(minutes=lost), origin, span) if lost else None
+                    placed(r.start, r.start + timedelta(minutes=lost), origin, span) if lost else None
                 )
                 if lost_place:
                     row.blocks.append(Block(*lost_place, "lost", "", f"about {lost} min lost to loading"))
@@ -189,7 +209,7 @@ def _lane_rows(
         for segment in plans.get(channel.pk, []):
             if segment.reason not in PRELOADING | MANUAL:
                 continue
-            place = _place(segment.start, segment.end, origin, span)
+            place = placed(segment.start, segment.end, origin, span)
             if place is None:
                 continue
             model = names.get(segment.target.model_id, "nothing") if segment.target else "nothing"
@@ -204,11 +224,11 @@ def _lane_rows(
 FIRST_DAY, LAST_DAY = date(1970, 1, 8), date(8999, 12, 24)
 
 
-def _number(raw: str | None) -> int | None:
+def number_param(raw: str | None) -> int | None:
     return int(raw) if raw and is_id(raw) and len(raw) < 12 else None
 
 
-def _day(raw: str | None, today: date) -> date:
+def day_param(raw: str | None, today: date) -> date:
     """The day asked for; today when it is not a day, the nearest shown one at the ends of time."""
     try:
         day = date.fromisoformat(raw) if raw and len(raw) <= 10 else today
@@ -226,15 +246,21 @@ CALENDAR_CHANNELS = 50
 def calendar(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     tz = timezone.get_current_timezone()
-    week = request.GET.get("view") == "week"
-    day = _day(request.GET.get("day"), timezone.localdate(now))
-    if week:
-        day -= timedelta(days=day.weekday())
-    days = 7 if week else 1
+    view = request.GET.get("view")
+    if view == "month":
+        from portal.calendar_month import month_page  # the month's own module, which reads this one
+
+        return month_page(request, now)
+    week, agenda = view == "week", view == "agenda"
+    day = day_param(request.GET.get("day"), timezone.localdate(now))
+    if week:  # from the day the reader's weeks begin on (Settings; Monday unless chosen)
+        day -= timedelta(days=(day.weekday() - profile_for(viewer_of(request)).week_start) % 7)
+    # The agenda: a week from the day chosen, as a list (a phone's calendar reads it better).
+    days = 7 if week or agenda else 1
     origin = timezone.make_aware(datetime.combine(day, time()), tz)
     # Hour ticks over one day: the week view shows each day as a lane of its own.
     ticks = [{"left": i / 24 * 100, "label": f"{i:02d}", "minor": i % 3 != 0} for i in range(24)]
-    filters = {name: _number(request.GET.get(name)) for name in ("channel", "node", "model", "group")}
+    filters = {name: number_param(request.GET.get(name)) for name in ("channel", "node", "model", "group")}
     days_shown = []
     for offset in range(days):
         lane_day = day + timedelta(days=offset)
@@ -254,6 +280,7 @@ def calendar(request: HttpRequest) -> HttpResponse:
         model_id=filters["model"],
         group_id=filters["group"],
         channel_slice=slice(page.start_index() - 1 if pages.count else 0, page.end_index()),
+        plans=not agenda,
     )
     lanes: dict[int, dict[str, Any]] = {}
     for (lane_day, lane_origin, lane_span), rows in zip(days_shown, all_rows, strict=True):
@@ -261,6 +288,7 @@ def calendar(request: HttpRequest) -> HttpResponse:
             lane = lanes.setdefault(row.channel.pk, {"channel": row.channel, "days": []})
             lane["days"].append(
                 {
+                    "date": lane_day,
                     "label": f"{lane_day:%a %d}",
                     "row": row,
                     "origin": lane_origin,
@@ -272,8 +300,49 @@ def calendar(request: HttpRequest) -> HttpResponse:
                     "past": min(max((now - lane_origin) / lane_span * 100, 0.0), 100.0),
                 }
             )
+    # The agenda's days: each day's bookings across the channels shown, in time order.
+    listed_days: dict[date, list[tuple[float, str, dict[str, Any]]]] = {d: [] for d, _, _ in days_shown}
+    for lane in lanes.values():
+        for d in lane["days"]:
+            listed_days[d["date"]] += [
+                (b.left, lane["channel"].name, b.details) for b in d["row"].blocks if b.details
+            ]
+            listed_days[d["date"]] += [
+                (b.left, lane["channel"].name, {"channel": lane["channel"].name, "closed": b.title})
+                for b in d["row"].closed
+            ]
+    book_url = reverse("portal:book")  # once for the page, not per lane
     context = {
-        "lanes": list(lanes.values()),
+        "agenda": [
+            (d, [details for _, _, details in sorted(items, key=lambda i: i[:2])])
+            for d, items in listed_days.items()
+        ]
+        if agenda
+        else [],
+        "view": view if week or agenda else "",
+        "lanes": [
+            lane_html(lane, week=week, first=i == 0, book_url=book_url)
+            for i, lane in enumerate(lanes.values())
+        ]
+        if not agenda
+        else [],
+        **filtering(filters, page),
+        "origin": origin,
+        "day": day,
+        "week": week,
+        "ticks": ticks,
+        "previous": day - timedelta(days=days),
+        "next": day + timedelta(days=days),
+        "is_agenda": agenda,
+        "today": timezone.localdate(now),
+    }
+    return render(request, "portal/calendar.html", context)
+
+
+def filtering(filters: dict[str, int | None], page: Any) -> dict[str, Any]:
+    """What the filters' form and the page links need: the filters chosen, as a query, and the
+    choices (the calendar's views share them)."""
+    return {
         "filters": filters,
         "filter_query": "".join(f"&{k}={v}" for k, v in filters.items() if v is not None)
         + (f"&page={page.number}" if page.number > 1 else ""),
@@ -285,12 +354,4 @@ def calendar(request: HttpRequest) -> HttpResponse:
             "model": LLMModel.objects.values_list("pk", "name"),
             "group": Group.objects.values_list("pk", "name"),
         },
-        "origin": origin,
-        "day": day,
-        "week": week,
-        "ticks": ticks,
-        "previous": day - timedelta(days=days),
-        "next": day + timedelta(days=days),
-        "today": timezone.localdate(now),
     }
-    return render(request, "portal/calendar.html", context)

@@ -15,6 +15,7 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
         return {
             "oidc_name": settings.SLOTSERVE_OIDC_NAME if settings.SLOTSERVE_OIDC_CLIENT_ID else "",
             "ldap_name": settings.SLOTSERVE_LDAP_NAME if settings.SLOTSERVE_LDAP_URL else "",
+            "signup_open": settings.SLOTSERVE_SIGNUP != "off",
         }
     from reservations.profiles import profile_for
 

@@ -8,10 +8,12 @@ from typing import Any
 
 from django import forms
 from django.conf import settings
+from django.contrib.auth.models import Group
 from django.utils.safestring import SafeString, mark_safe
 
 from channels_app.models import Channel, LLMModel, Preset
-from reservations.recurrence import MAX_OCCURRENCES
+from reservations.models import BLACKOUT_REASON_MOST, BULLETIN_MOST, WEEKDAYS
+from reservations.recurrence import DAY_NAMES, MAX_EVERY, MAX_OCCURRENCES
 from reservations.selectors import bookable_by
 from reservations.webhooks.models import Body
 from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
@@ -69,8 +71,25 @@ class BookingForm(forms.Form):
             ("daily", "Daily"),
             ("weekdays", "Every weekday"),
             ("weekly", "Weekly"),
+            ("monthly", "Monthly, on the same date"),
+            ("monthly_weekday", "Monthly, on the same weekday (the 2nd Tuesday)"),
         ],
         required=False,
+    )
+    every = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_EVERY,
+        initial=1,
+        label="Every",
+        help_text="days, weeks or months",
+    )
+    on_days = forms.TypedMultipleChoiceField(
+        choices=[(i, name.capitalize()) for i, name in enumerate(DAY_NAMES)],
+        coerce=int,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Also on (weekly)",
     )
     until = forms.DateField(
         required=False, widget=forms.DateInput(attrs={"type": "date"}), label="Until (the last day)"
@@ -148,6 +167,14 @@ def _zone_choices() -> list[tuple[str, str]]:
 
 class PreferencesForm(forms.Form):
     time_zone = forms.ChoiceField(choices=_zone_choices)
+    email = forms.EmailField(required=False, label="Email", help_text="Where SlotServe's emails to you go.")
+    week_start = forms.TypedChoiceField(
+        coerce=int,
+        empty_value=None,
+        required=False,  # left out (an older page, a script): as it was
+        label="Weeks begin on",
+        choices=list(enumerate(WEEKDAYS)),
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -182,7 +209,34 @@ class ApiKeyForm(forms.Form):
         label="Stops working after",
         help_text="The last day it works (your zone); empty: it does not expire. You are told a week ahead.",
     )
-    read_only = forms.BooleanField(required=False, label="Read-only for the REST API (a dashboard's key)")
+    max_concurrent = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=10_000,
+        label="At most this many requests at once",
+        help_text="Empty: none of its own (yours apply to every key).",
+    )
+    requests_per_minute = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=1_000_000,
+        label="At most this many requests a minute",
+        help_text="Empty: none of its own.",
+    )
+    weekly_tokens = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=10**15,
+        label="At most this many tokens a week",
+        help_text="Outside your own slots, as your own budget. Empty: none of its own.",
+    )
+    read_only = forms.BooleanField(
+        required=False,
+        label="Read-only for the REST API (a dashboard's key)",
+        help_text=(
+            "Read-only in the REST API only: it still calls models through the gateway, as any key of yours."
+        ),
+    )
 
     def clean_wait_seconds(self) -> int:
         value = self.cleaned_data.get("wait_seconds") or 0
@@ -221,3 +275,73 @@ class WebhookForm(forms.Form):
         label="Only these channels' events (with everyone's)",
         help_text="None: every channel, and the nodes.",
     )
+
+
+class BlackoutForm(forms.Form):
+    """Close channels for a time (``reservations.services.blackouts.blackout_create`` checks it)."""
+
+    channels = forms.ModelMultipleChoiceField(
+        queryset=Channel.objects.order_by("name"),
+        required=False,
+        help_text="None chosen: every channel.",
+        widget=forms.SelectMultiple(attrs={"size": 6}),
+    )
+    start = LocalDateTimeField()
+    end = LocalDateTimeField()
+    reason = forms.CharField(
+        max_length=BLACKOUT_REASON_MOST, help_text="Quoted by every refusal and shown on the calendar."
+    )
+    cancel_bookings = forms.BooleanField(
+        required=False,
+        label="Cancel the bookings it overlaps",
+        help_text="Their bookers are told the reason; unticked, overlapping bookings refuse the blackout.",
+    )
+
+
+class BulletinForm(forms.Form):
+    text = forms.CharField(max_length=BULLETIN_MOST, widget=forms.Textarea(attrs={"rows": 3}))
+    shown_from = LocalDateTimeField(required=False, label="Shown from", help_text="Empty: now.")
+    shown_until = LocalDateTimeField(
+        required=False, label="Shown until", help_text="Empty: until taken down."
+    )
+
+
+class InviteForm(forms.Form):
+    emails = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}), max_length=20_000, help_text="One address a line."
+    )
+    groups = forms.ModelMultipleChoiceField(
+        queryset=Group.objects.order_by("name"), required=False, help_text="The groups they join."
+    )
+
+    def clean_emails(self) -> list[str]:
+        found = [line.strip() for line in self.cleaned_data["emails"].splitlines() if line.strip()]
+        if not found:
+            raise forms.ValidationError("Write at least one address.")
+        if len(found) > 100:
+            raise forms.ValidationError("At most 100 addresses at once.")
+        return found
+
+
+class AccountForm(forms.Form):
+    """A new account's name and password (``reservations.joining`` checks the rest)."""
+
+    username = forms.CharField(max_length=150, help_text="Letters, digits and @ . + - _ only.")
+    password = forms.CharField(widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}))
+    password_again = forms.CharField(
+        widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}), label="The password again"
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("password") and data.get("password") != data.get("password_again"):
+            self.add_error("password_again", "The two passwords differ.")
+        return data
+
+
+class SignupForm(AccountForm):
+    email = forms.EmailField(help_text="A link to confirm it is yours goes there.")
+
+
+class GroupForm(forms.Form):
+    name = forms.CharField(max_length=150)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from portal import account, booking, staff_actions, usage
+from portal import account, booking, closures, people, playground, staff_actions, usage
 from portal import actions as portal_actions
 from portal import calendar as portal_calendar
 from portal import views as portal
@@ -31,10 +31,21 @@ urlpatterns = [
     path("channel/<int:pk>/controls", portal.channel_controls, name="channel_controls"),
     path("channel/<int:pk>/override", staff_actions.channel_override, name="override"),
     path("channel/<int:pk>/reload", staff_actions.channel_reload_view, name="reload"),
+    path("join/<str:token>", people.join, name="join"),
+    path("signup/", people.signup, name="signup"),
+    path("signup/confirm/<str:token>", people.confirm, name="signup_confirm"),
+    path("people/", people.people, name="people"),
+    path("people/<int:pk>/change", people.person_change, name="person_change"),
+    path("people/signups/<int:pk>/decide", people.signup_decide, name="signup_decide"),
+    path("closures/", closures.closures, name="closures"),
+    path("closures/blackouts/<int:pk>/delete", closures.delete_blackout, name="delete_blackout"),
+    path("closures/bulletins/<int:pk>/delete", closures.delete_bulletin, name="delete_bulletin"),
     path("notifications/", account.notifications, name="notifications"),
     path("settings/", account.preferences, name="preferences"),
     path("settings/time-zone", account.set_time_zone, name="set_time_zone"),
     path("keys/", account.keys, name="keys"),
+    path("playground/", playground.playground, name="playground"),
+    path("playground/key", playground.key, name="playground_key"),
     path("requests/", account.my_requests, name="requests"),
     path("usage/", usage.usage_page, name="usage"),
     path("usage/csv", usage.usage_csv, name="usage_csv"),

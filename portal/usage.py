@@ -15,6 +15,7 @@ from django.core.cache import cache
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.utils import numberformat
 from pygal.style import Style
 
 from gateway.usage.api import report
@@ -27,6 +28,7 @@ COLUMNS = [
     "booked_hours",
     "used_hours",
     "idle_booked_hours",
+    "lent_hours",
     "to_come_hours",
     "requests",
     "prompt_tokens",
@@ -76,6 +78,9 @@ CHART_LOOK: dict[str, Any] = {
     "height": 320,
     "x_label_rotation": 20,
     "legend_at_bottom": True,
+    # Every series named in full, two a row under the chart (pygal cuts a legend to fit by default).
+    "truncate_legend": -1,
+    "legend_at_bottom_columns": 2,
 }
 
 
@@ -136,6 +141,16 @@ def shares_chart(rows: list[dict[str, Any]]) -> str:
     return _drawn("shares", title, labels, series)
 
 
+def as_text(value: Any) -> Any:
+    """A number as the template would show it (Django's localisation of ``12.5`` is "12.5" in
+    SlotServe's English), written once here: a week's table by user and by channel has thousands
+    of numbers, and the template's localisation of each cost a third of the page."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value
+    text = str(value)
+    return numberformat.format(value, ".") if "e" in text else text
+
+
 @login_required
 def usage_page(request: HttpRequest) -> HttpResponse:
     assert isinstance(request.user, User)
@@ -144,6 +159,7 @@ def usage_page(request: HttpRequest) -> HttpResponse:
     except (ValueError, NotYours) as problem:
         return render(request, "portal/usage.html", {"problem": str(problem), "by_choices": BY}, status=400)
     rows = Paginator(found["rows"], TABLE_PAGE).get_page(request.GET.get("page"))
+    rows.object_list = [{k: as_text(v) for k, v in r.items()} for r in rows.object_list]
     others = request.GET.copy()
     others.pop("page", None)
     context = {
@@ -156,7 +172,8 @@ def usage_page(request: HttpRequest) -> HttpResponse:
         "share_labels": [SHARE_LABELS[share] for share in SHARES],
         # Each channel's hours in the order of the columns: the table is the longest part of the page.
         "share_cells": [
-            (r["name"], [(SHARE_LABELS[share], r[share]) for share in SHARES]) for r in found["shares"]
+            (r["name"], [(SHARE_LABELS[share], as_text(r[share])) for share in SHARES])
+            for r in found["shares"]
         ],
     }
     return render(request, "portal/usage.html", context)

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from reservations import people_admin, services  # noqa: F401  (people_admin: the User admin)
 from reservations.forms import RejectForm
-from reservations.models import GroupPolicy, Notification, Reservation
+from reservations.models import Blackout, Bulletin, GroupPolicy, Notification, Reservation
 from slotserve_base.admin_services import SavedByServicesAdmin
 from slotserve_base.errors import InvalidInput
 
@@ -192,3 +192,29 @@ class NotificationAdmin(admin.ModelAdmin[Notification]):
     list_display = ["user", "event", "created", "read"]
     list_filter = ["event", "read"]
     search_fields = ["user__username", "text"]
+
+
+class MadeInThePortalAdmin(admin.ModelAdmin[Any]):
+    """Read here; made and removed on the portal's Blackouts page, where the services check them
+    (a blackout cancels the bookings it overlaps only when staff say so there)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Blackout)
+class BlackoutAdmin(MadeInThePortalAdmin):
+    list_display = ["start", "end", "reason", "created_by"]
+    search_fields = ["reason"]
+
+
+@admin.register(Bulletin)
+class BulletinAdmin(MadeInThePortalAdmin):
+    list_display = ["__str__", "shown_from", "shown_until", "created_by"]
+    search_fields = ["text"]

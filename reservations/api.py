@@ -18,8 +18,9 @@ from reservations import hints, services
 from reservations.filters import ReservationFilter
 from reservations.models import REJECT_REASON_MOST, Reservation
 from reservations.profiles import profile_for
-from reservations.recurrence import MAX_OCCURRENCES
+from reservations.recurrence import DAY_NAMES, MAX_EVERY, MAX_OCCURRENCES, REPEATS
 from reservations.selectors import reviewable_by
+from reservations.wording import slot_words, zone_of
 from slotserve_base.api_fields import IdOrNameField, MomentField, current_user, is_id, moment_param
 from slotserve_base.iso import iso_moment
 
@@ -85,7 +86,20 @@ class ExtendInput(serializers.Serializer[Any]):
 
 
 class SeriesInput(ReservationInput):
-    repeat = serializers.ChoiceField(choices=["daily", "weekdays", "weekly"])
+    repeat = serializers.ChoiceField(choices=list(REPEATS))
+    every = serializers.IntegerField(
+        required=False,
+        default=1,
+        min_value=1,
+        max_value=MAX_EVERY,
+        help_text="every this many days, weeks or months",
+    )
+    on_days = serializers.MultipleChoiceField(
+        choices=list(DAY_NAMES),
+        required=False,
+        default=set,
+        help_text="a weekly series' days besides its first slot's: mon … sun",
+    )
     until = serializers.DateField(
         required=False, allow_null=True, help_text="the last day (local), inclusive"
     )
@@ -241,10 +255,18 @@ class ReservationViewSet(
         when it can): the dialog's preview; nothing is booked."""
         booking, repeat, _ = self._series_fields(request.query_params)
         seen = services.series_preview(booking, repeat, now=timezone.now())
+        zone = zone_of(current_user(request))
         return Response(
             {
                 "occurrences": [
-                    {"start": iso_moment(s), "end": iso_moment(e), "problem": why} for s, e, why in seen
+                    # ``words``: the slot in the caller's zone, named as every page names it.
+                    {
+                        "start": iso_moment(s),
+                        "end": iso_moment(e),
+                        "words": slot_words(s, e, zone),
+                        "problem": why,
+                    }
+                    for s, e, why in seen
                 ]
             }
         )
@@ -261,6 +283,8 @@ class ReservationViewSet(
             time_zone=fields.get("time_zone") or profile_for(user).time_zone,
             until=fields.get("until"),
             count=fields.get("count"),
+            every=fields.get("every") or 1,
+            on_days=tuple(sorted(DAY_NAMES.index(d) for d in fields.get("on_days") or ())),
         )
         return services.NewBooking.of(user, fields), repeat, fields
 

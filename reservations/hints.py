@@ -17,7 +17,7 @@ from reservations.models import Reservation
 from reservations.rules import quota_left, week_of
 from reservations.selectors import held_slots
 from reservations.services import needs_approval
-from reservations.services.common import limit_problems, slot_problems
+from reservations.services.common import group_approvers, limit_problems, slot_problems
 from reservations.wording import slot_words
 from slotserve_base.target import Target
 
@@ -163,5 +163,11 @@ def booking_hints(
             rule += f", and {channel.idle_release_minutes} minutes later the rest of it is released to others"
         warnings.append({"code": "idle_rule", "message": rule})
     if needs_approval(channel=channel, exclusive=exclusive, user=user):
-        warnings.append({"code": "approval_required", "message": "staff must approve this booking"})
+        approvers = [str(a) for a in group_approvers(user)]
+        who = (
+            f"{', '.join(approvers)} (your group's approver{'s' if len(approvers) > 1 else ''})"
+            if approvers
+            else "staff"
+        )
+        warnings.append({"code": "approval_required", "message": f"{who} must approve this booking"})
     return warnings

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -171,10 +171,15 @@ class Reservation(models.Model):
             # What waits for approval (every page's count, the Approvals list, nearest first):
             # the pending ones only, a few among a year of bookings.
             models.Index(fields=["start"], name="reservation_pending_idx", condition=Q(status="pending")),
+            # Every booking in time order, a page at a time (staff's REST list: ORDER BY start, id
+            # LIMIT 100 read a year of bookings to sort them), and the calendars' days.
+            models.Index(fields=["start", "id"], name="reservation_start_id_idx"),
         ]
 
     def __str__(self) -> str:
-        return f"{self.channel} {self.start:%Y-%m-%d %H:%M}–{self.end:%H:%M} ({self.status})"
+        # UTC, said so: the text is kept (the audit trail's, the admin's) for any reader.
+        start, end = self.start.astimezone(UTC), self.end.astimezone(UTC)
+        return f"{self.channel} {start:%Y-%m-%d %H:%M}–{end:%H:%M} UTC ({self.status})"
 
     @property
     def target(self) -> Target | None:
@@ -228,9 +233,15 @@ class ReservationSeries(models.Model):
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="series")
     channel = models.ForeignKey("channels_app.Channel", on_delete=models.CASCADE, related_name="series")
-    repeat = models.CharField(max_length=10, choices=[(r, r) for r in ("daily", "weekdays", "weekly")])
+    repeat = models.CharField(
+        max_length=16,
+        choices=[(r, r) for r in ("daily", "weekdays", "weekly", "monthly", "monthly_weekday")],
+    )
     until = models.DateField(null=True, blank=True)
     count = models.PositiveSmallIntegerField(null=True, blank=True)
+    every = models.PositiveSmallIntegerField(default=1, help_text="Every this many days, weeks or months.")
+    # A weekly series' days besides its first slot's: 0 Monday … 6 Sunday.
+    on_days = models.JSONField(default=list, blank=True)
     time_zone = models.CharField(max_length=64, help_text="The zone whose wall-clock times the series keeps.")
     created = models.DateTimeField(default=timezone.now)
 
@@ -301,6 +312,9 @@ def _calendar_token() -> str:
     return secrets.token_urlsafe(24)
 
 
+WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+
+
 class Profile(models.Model):
     """A user's own settings: time zone, email preferences, calendar feed token."""
 
@@ -312,13 +326,34 @@ class Profile(models.Model):
     # Event kind → whether to email it; kinds not listed are emailed.
     email_events = models.JSONField(default=dict, blank=True)
     calendar_token = models.CharField(max_length=64, unique=True, default=_calendar_token)
+    # The day the calendar's week begins on: 0 Monday … 6 Sunday.
+    week_start = models.PositiveSmallIntegerField(
+        default=0,
+        choices=list(enumerate(WEEKDAYS)),
+    )
     # Gateway usage, all time, copied from Redis by the tick.
     requests = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(week_start__lte=6), name="profile_week_start_a_weekday")
+        ]
 
     def __str__(self) -> str:
         return f"profile of {self.user}"
 
     def wants_email(self, event: str) -> bool:
         return bool(self.email_events.get(event, True))
+
+
+# What staff keep for the whole lab: blackouts, bulletins, invitations and sign-ups.
+from reservations.lab_models import (  # noqa: E402  (after the models they sit beside)
+    BLACKOUT_REASON_MOST as BLACKOUT_REASON_MOST,
+)
+from reservations.lab_models import BULLETIN_MOST as BULLETIN_MOST  # noqa: E402
+from reservations.lab_models import Blackout as Blackout  # noqa: E402
+from reservations.lab_models import Bulletin as Bulletin  # noqa: E402
+from reservations.lab_models import Invitation as Invitation  # noqa: E402
+from reservations.lab_models import SignupRequest as SignupRequest  # noqa: E402

@@ -20,7 +20,7 @@ from django.contrib.auth import get_user_model
 from django.dispatch import receiver
 
 from reservations.models import Reservation, WaitlistEntry
-from reservations.notifications import notify, slot_of
+from reservations.notifications import About, notify, slot_of
 from reservations.services.waitlist import freed_words
 from reservations.wording import moment_words, slot_words
 from slotserve_base.happenings import Happening, happened
@@ -72,6 +72,11 @@ def _your(reservation: Reservation, zone: tzinfo) -> str:
     )
 
 
+def _because(data: dict[str, Any]) -> str:
+    """The reason someone gave, where one did (a blackout's)."""
+    return f": {data['reason']}" if data.get("reason") else ""
+
+
 BOOKING_NOTICES = {
     WebhookEvent.BOOKING_APPROVED: BookingNotice(
         NotificationEvent.APPROVED,
@@ -86,13 +91,13 @@ BOOKING_NOTICES = {
     ),
     WebhookEvent.BOOKING_CANCELLED: BookingNotice(
         NotificationEvent.CANCELLED,
-        lambda r, by, data, zone: f"{_your(r, zone)} was cancelled by {by}.",
+        lambda r, by, data, zone: f"{_your(r, zone)} was cancelled by {by}{_because(data)}.",
         lambda r: f"cancelled:{r.pk}",
         by_others=True,
     ),
     WebhookEvent.BOOKING_ENDED_EARLY: BookingNotice(
         NotificationEvent.ENDED_EARLY,
-        lambda r, by, data, zone: f"Your reservation of {r.channel} was ended early by {by}.",
+        lambda r, by, data, zone: f"Your reservation of {r.channel} was ended early by {by}{_because(data)}.",
         lambda r: f"ended:{r.pk}",
         by_others=True,
     ),
@@ -195,11 +200,13 @@ def _channel_news(happening: Happening, notice: Notice) -> None:
         return told if reservation is None else f"{told} {reservation_summary(reservation, zone)}"
 
     admins = get_user_model().objects.filter(is_staff=True, is_active=True) if notice.for_admins else None
+    # The mail's subject names the booking's channel and slot, or the channel alone.
+    subject: About | None = slot_of(reservation) if reservation is not None else channel
     if reservation is not None:
-        notify(user=reservation.user, event=notice.event, text=text, link="/", key=key)
+        notify(user=reservation.user, event=notice.event, text=text, link="/", key=key, about=subject)
         admins = admins.exclude(pk=reservation.user_id) if admins is not None else None
     for admin in admins if admins is not None else ():
-        notify(user=admin, event=notice.event, text=text, link="/", key=key)
+        notify(user=admin, event=notice.event, text=text, link="/", key=key, about=subject)
 
 
 def reservation_summary(reservation: Reservation, zone: tzinfo | None = None) -> str:

@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 # A notification's words: fixed, or written for the recipient's time zone.
 Text = str | Callable[[tzinfo], str]
 
-# What a notification is about, for its email's subject: a channel and a slot.
-About = tuple[str, datetime, datetime]
+# What a notification is about, for its email's subject: a channel and a slot, or a thing
+# named in words (an API key).
+About = tuple[str, datetime, datetime] | str
 
 
 def slot_of(reservation: Any) -> About:
@@ -92,7 +93,9 @@ def email_of(
     its text, and its link made whole with the portal's public address (``SLOTSERVE_PUBLIC_URL``;
     ``./slotserve start`` sets it to the address it serves)."""
     subject = f"[SlotServe] {event.replace('_', ' ')}"
-    if about is not None:
+    if isinstance(about, str):
+        subject += f": {about}"
+    elif about is not None:
         channel, start, end = about
         subject += f": {channel}, {slot_words(start, end, zone)}"
     whole = public_url(link) if link else None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, tzinfo
 
 from django.db.models import Exists, OuterRef, Value
 from django.db.models.functions import Concat
@@ -10,6 +10,7 @@ from django.db.models.functions import Concat
 from reservations.announce import announce_booking
 from reservations.models import Notification, Reservation, ReservationStatus
 from reservations.notifications import notify, slot_of
+from reservations.wording import slot_words
 from slotserve_base.vocabulary import NotificationEvent, WebhookEvent
 
 STARTING_SOON = timedelta(minutes=15)
@@ -30,10 +31,15 @@ def send_starting_soon(*, now: datetime) -> int:
     sent = 0
     for reservation in due:
         minutes = max(1, round((reservation.start - now).total_seconds() / 60))
+
+        def text(zone: tzinfo, booking: Reservation = reservation, soon: int = minutes) -> str:
+            slot = slot_words(booking.start, booking.end, zone)
+            return f"Your reservation of {booking.channel} starts in {soon} minutes: {slot}."
+
         if notify(
             user=reservation.user,
             event=NotificationEvent.STARTING_SOON,
-            text=f"Your reservation of {reservation.channel} starts in {minutes} minutes.",
+            text=text,
             link="/reservations/",
             key=f"starting_soon:{reservation.pk}",
             about=slot_of(reservation),

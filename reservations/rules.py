@@ -131,3 +131,19 @@ def check_quota(
 def quota_left(*, at: datetime, held: Iterable[tuple[datetime, datetime]], quota_hours: Decimal) -> Decimal:
     """Hours left in the quota week holding ``at``."""
     return quota_hours - hours_by_week(held).get(week_of(at), Decimal(0))
+
+
+@dataclass(frozen=True)
+class Closure:
+    """A blackout as the booking rules see it (``reservations.models.Blackout``)."""
+
+    start: datetime
+    end: datetime
+    reason: str
+
+
+def closure_over(*, start: datetime, end: datetime, closures: Iterable[Closure]) -> Closure | None:
+    """The first blackout the slot ``[start, end)`` overlaps, if any: a slot that overlaps one is
+    refused, whoever books it (back to back is fine)."""
+    overlapping = sorted((c for c in closures if c.start < end and c.end > start), key=lambda c: c.start)
+    return overlapping[0] if overlapping else None

@@ -7,12 +7,12 @@ from collections.abc import Collection
 from datetime import datetime, timedelta
 
 from django.contrib.auth.models import User
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from channels_app.models import Channel
 from channels_app.models.channel import channels_bookable_by
-from reservations.models import Reservation
-from reservations.rules import week_of
+from reservations.models import Blackout, Bulletin, Reservation
+from reservations.rules import Closure, week_of
 
 
 def first_conflict(
@@ -77,3 +77,34 @@ def bookable_by(user: User) -> QuerySet[Channel]:
     """The channels ``user`` may book: staff every one; others those kept for no group, or for a
     group of theirs (the rule ``reservation_create`` enforces, docs/portal.md, "Groups")."""
     return channels_bookable_by(user)
+
+
+def blackouts_over(channel_id: int, start: datetime, end: datetime) -> QuerySet[Blackout]:
+    """The blackouts that close ``channel_id`` at some time in ``[start, end)``: its own, and
+    those that name no channel (every channel)."""
+    return (
+        Blackout.objects.filter(start__lt=end, end__gt=start)
+        .filter(Q(channels=channel_id) | Q(channels__isnull=True))
+        .distinct()
+        .order_by("start")
+    )
+
+
+def closures_over(channel_id: int, start: datetime, end: datetime) -> list[Closure]:
+    return [Closure(b.start, b.end, b.reason) for b in blackouts_over(channel_id, start, end)]
+
+
+def blackouts_ahead(now: datetime, days: int = 7) -> QuerySet[Blackout]:
+    """The blackouts under way or beginning within ``days``, with their channels."""
+    return (
+        Blackout.objects.filter(end__gt=now, start__lt=now + timedelta(days=days))
+        .prefetch_related("channels")
+        .order_by("start")
+    )
+
+
+def bulletins_shown(now: datetime) -> QuerySet[Bulletin]:
+    """What staff post now, newest first."""
+    return Bulletin.objects.filter(shown_from__lte=now).filter(
+        Q(shown_until__isnull=True) | Q(shown_until__gt=now)
+    )

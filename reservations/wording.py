@@ -23,24 +23,9 @@ def zone_of(user: User) -> tzinfo:
         return zoneinfo.ZoneInfo("UTC")
 
 
-def _zone_name(local: datetime) -> str:
-    return local.tzname() or "UTC"
-
-
-def moment_words(moment: datetime, zone: tzinfo | None = None) -> str:
-    """``Tue 8 Dec 2026 10:00 CET`` (the year only when it is not this year's)."""
-    local = moment.astimezone(zone or timezone.get_current_timezone())
-    year = f" {local.year}" if local.year != timezone.now().astimezone(local.tzinfo).year else ""
-    return f"{local:%a} {local.day} {local:%b}{year} {local:%H:%M} {_zone_name(local)}"
-
-
-def slot_words(start: datetime, end: datetime, zone: tzinfo | None = None) -> str:
-    """``Tue 8 Dec 10:00–12:00 CET``, or ``Tue 8 Dec 22:00 – Wed 9 Dec 02:00 CET`` across midnight."""
-    zone = zone or timezone.get_current_timezone()
-    first, last = start.astimezone(zone), end.astimezone(zone)
-    if first.date() == last.date() and _zone_name(first) == _zone_name(last):
-        return f"{moment_words(start, zone).rsplit(' ', 1)[0]}–{last:%H:%M} {_zone_name(last)}"
-    return f"{moment_words(start, zone)} – {moment_words(end, zone)}"
+# The words of a time and a slot are the shared base's, so every room names times alike.
+from slotserve_base.time_words import moment_words as moment_words  # noqa: E402
+from slotserve_base.time_words import slot_words as slot_words  # noqa: E402
 
 
 def expiry_words(moment: datetime, zone: tzinfo | None = None) -> str:

@@ -110,10 +110,14 @@ BARE_GIB_AT_MOST = 16 * 1024
 
 
 def gib(size: int | None) -> str:
-    """``80 GiB``, ``74.51 GiB``: memory in binary gigabytes, named so (never "GB" for GiB)."""
+    """``80 GiB``, ``74.51 GiB``: memory in binary gigabytes, named so (never "GB" for GiB); under
+    a GiB in the binary unit that says it (``512 MiB``, ``1.5 KiB``), never ``0 GiB``."""
     if size is None:
         return ""
-    return f"{size / GiB:.2f}".rstrip("0").rstrip(".") + " GiB"
+    unit, name = next(
+        ((u, n) for u, n in ((GiB, "GiB"), (2**20, "MiB"), (2**10, "KiB")) if size >= u), (1, "bytes")
+    )
+    return f"{size / unit:.2f}".rstrip("0").rstrip(".") + f" {name}"
 
 
 class MemoryField(forms.Field):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from typing import Any
 
+from django.db import DatabaseError, connection
 from django.dispatch import Signal
 
 # Words for people: fixed, or written for the reader's time zone.
@@ -49,8 +50,14 @@ happened = Signal()
 
 
 def tell(happening: Happening) -> None:
-    """Announce ``happening`` to every listener (in this process, in the caller's transaction)."""
+    """Announce ``happening`` to every listener (in this process, in the caller's transaction).
+
+    A listener may fail quietly (the webhooks' event not kept), but not leave the caller's
+    transaction marked for rollback: Django would roll it back at its end without a word, and
+    the caller report as done what is not there. Then this raises instead."""
     happened.send(sender=Happening, happening=happening)
+    if connection.in_atomic_block and connection.needs_rollback:
+        raise DatabaseError(f"a listener of {happening.type} left its transaction unable to commit")
 
 
 def user_ref(user: Any) -> dict[str, Any]:

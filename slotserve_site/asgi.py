@@ -25,6 +25,7 @@ from django.urls import path  # noqa: E402
 from gateway.admit.request import is_gateway_path  # noqa: E402
 from gateway.serve.proxy import Gateway  # noqa: E402
 from portal.live import OverviewConsumer  # noqa: E402
+from slotserve_site.warm import warm_up  # noqa: E402
 
 gateway_app = Gateway()
 if TRACED:
@@ -56,6 +57,8 @@ application = ProtocolTypeRouter(
 # gateway.serve.server.GatewayHttp (uvicorn --http) serves the gateway's requests itself: it finds it here.
 application.gateway = gateway_app
 
+# Every view imported and every template compiled now, not by the first request (slotserve_site.warm).
+warm_up()
 # What start-up made lives as long as the process: out of the garbage collector's sight, a full
 # collection under load takes a few milliseconds instead of a hundred.
 gc.freeze()

@@ -113,6 +113,7 @@ AUDITED: dict[str, dict[str, Any]] = {
             "revoked_at",
             "max_concurrent",
             "requests_per_minute",
+            "weekly_tokens",
             "expires_at",
             "read_only",
             "wait_seconds",
@@ -134,6 +135,15 @@ AUDITED: dict[str, dict[str, Any]] = {
         "m2m_fields": {"groups", "user_permissions"},
     },
     "auth.Group": {"include_fields": ["name"], "m2m_fields": {"permissions"}},
+    "reservations.Blackout": {"include_fields": ["start", "end", "reason"], "m2m_fields": {"channels"}},
+    "reservations.Bulletin": {"include_fields": ["text", "shown_from", "shown_until"]},
+    "reservations.Invitation": {
+        "include_fields": ["email", "expires_at", "accepted_by", "accepted_at"],
+        "m2m_fields": {"groups"},
+    },
+    "reservations.SignupRequest": {
+        "include_fields": ["user", "email_confirmed_at", "decided_at", "decided_by"]
+    },
 }
 
 

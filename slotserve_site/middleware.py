@@ -16,16 +16,28 @@ class UserTimezoneMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.user.is_authenticated:
-            from reservations.profiles import profile_for
-
-            try:
-                timezone.activate(zoneinfo.ZoneInfo(profile_for(request.user).time_zone))
-            except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-                timezone.deactivate()
-        else:
+        # The zone is this request's alone: the thread goes on to other people's work (a
+        # websocket's, the next request's) in the site's zone.
+        zone = self.zone(request)
+        if zone is None:
             timezone.deactivate()
-        return self.get_response(request)
+        else:
+            timezone.activate(zone)
+        try:
+            return self.get_response(request)
+        finally:
+            timezone.deactivate()
+
+    @staticmethod
+    def zone(request: HttpRequest) -> zoneinfo.ZoneInfo | None:
+        if not request.user.is_authenticated:
+            return None
+        from reservations.profiles import profile_for
+
+        try:
+            return zoneinfo.ZoneInfo(profile_for(request.user).time_zone)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            return None
 
 
 # What a body may be written in: UTF-8 (ASCII is a part of it).

@@ -64,7 +64,7 @@ SESSION_COOKIE_HTTPONLY = True
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    "slotserve_site.admin_site.SlotServeAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -192,8 +192,17 @@ LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
+# --- Joining (docs/portal.md, "Joining"): staff invite by email; people sign themselves up only
+# where a lab says so: "approval" (anyone may ask; staff approve each once its email is
+# confirmed) or "domain" (addresses in SLOTSERVE_SIGNUP_DOMAINS only, active once confirmed).
+SLOTSERVE_SIGNUP = env_choice("SLOTSERVE_SIGNUP", "OFF", ("OFF", "APPROVAL", "DOMAIN")).lower()
+SLOTSERVE_SIGNUP_DOMAINS = [
+    d.strip().lower().lstrip("@") for d in env_list("SLOTSERVE_SIGNUP_DOMAINS", []) if d.strip()
+]
+SLOTSERVE_INVITATION_DAYS = env_int("SLOTSERVE_INVITATION_DAYS", 7, minimum=1)
+
 # --- Sign-in with the team's own accounts: LDAP and OpenID Connect, each on when configured.
-# Local accounts keep working; nobody registers themselves. Directory groups become SlotServe
+# Local accounts keep working. Directory groups become SlotServe
 # groups (Django groups of the same name) at each sign-in; one directory group may make staff.
 SLOTSERVE_LDAP_URL = env_str("SLOTSERVE_LDAP_URL", "")
 SLOTSERVE_LDAP_NAME = env_str("SLOTSERVE_LDAP_NAME", "your directory account")
@@ -355,6 +364,10 @@ SLOTSERVE_WEBHOOK_LOG_DAYS = env_int("SLOTSERVE_WEBHOOK_LOG_DAYS", 30, minimum=1
 # sharing Redis). 0: one per CPU core, at most 4, on PostgreSQL; one on SQLite (one writer at a
 # time). bench/portal_load.py measured what more give (docs/benchmarks.md).
 SLOTSERVE_WEB_PROCESSES = env_int("SLOTSERVE_WEB_PROCESSES", 0, minimum=0)
+# Seconds the web server keeps a client's idle connection open. Longer than a person's pause
+# between pages and than a load balancer's idle timeout (60 s is common): a client, or a balancer,
+# that reuses a connection the server is closing at that moment sees it reset.
+SLOTSERVE_KEEP_ALIVE_SECONDS = env_float("SLOTSERVE_KEEP_ALIVE_SECONDS", 65.0, minimum=1.0)
 
 # Backend executables (docs/api.md, "Backend programs").
 SLOTSERVE_LLAMA_SERVER = env_str("SLOTSERVE_LLAMA_SERVER", "llama-server")

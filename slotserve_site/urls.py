@@ -23,6 +23,7 @@ from portal.story import api as story_api
 from portal.story import page as story_page
 from reservations.account_api import MeView, NotificationViewSet, WaitlistViewSet
 from reservations.api import ReservationViewSet
+from reservations.closures_api import BlackoutViewSet, BulletinViewSet
 from reservations.webhooks.api import WebhookViewSet
 from slotserve_base.audit_trail import AuditViewSet
 from slotserve_site.metrics import metrics_view
@@ -40,6 +41,8 @@ router.register("model-files", ModelFileViewSet, basename="modelfile")
 router.register("reservations", ReservationViewSet, basename="reservation")
 router.register("notifications", NotificationViewSet, basename="notification")
 router.register("waitlist", WaitlistViewSet, basename="waitlist")
+router.register("blackouts", BlackoutViewSet, basename="blackout")
+router.register("bulletins", BulletinViewSet, basename="bulletin")
 router.register("keys", ApiKeyViewSet, basename="apikey")
 router.register("requests", RequestLogViewSet, basename="requestlog")
 router.register("webhooks", WebhookViewSet, basename="webhook")

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
+# The portal's pages are read at 13:00 in Shanghai (05:00 UTC), a booking under way.
+PORTAL_T0 = datetime(2026, 12, 7, 5, 0, tzinfo=UTC)
 
 
 def eventually(predicate: Callable[[], object], timeout: float = 10.0, every: float = 0.02) -> bool:

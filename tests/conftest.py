@@ -11,24 +11,27 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import uvicorn
+from django.conf import settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 import slotserve_base.dispatch
 from channels_app.models import ChannelRuntime
 from gateway.api_keys import api_key_create
-from slotserve_site.celery import app as celery_app
 from tests import factories
-from tests.clock import eventually
+from tests.clock import PORTAL_T0, eventually
+from tests.queued import MEMORY, Queued, use_broker
 from tests.world import Tiny, World
 
 STANDIN = f"{sys.executable} -m devtools.standin"
+GiB = 2**30
 
 
 @pytest.fixture
@@ -43,11 +46,14 @@ def frozen(request):
 
 
 @pytest.fixture(autouse=True)
-def _eager_celery():
-    """Tasks run in-process unless a test starts a real worker on Redis."""
-    celery_app.conf.task_always_eager = True
-    yield
-    celery_app.conf.task_always_eager = False
+def queued() -> Iterator[Queued]:
+    """Tasks wait on Celery's in-memory broker until the test runs them (``queued.run()``,
+    tests/queued.py); a test that needs Redis and a real worker switches the broker back."""
+    use_broker(MEMORY)
+    waiting = Queued()
+    waiting.clear()
+    yield waiting
+    waiting.clear()
 
 
 REAL_SEND_TO_NODE = slotserve_base.dispatch.send_to_node
@@ -69,7 +75,7 @@ def node_queue_sends(monkeypatch):
 def real_node_queues(monkeypatch):
     """For the tests that run a real node worker on Redis."""
     monkeypatch.setattr("slotserve_base.dispatch.send_to_node", REAL_SEND_TO_NODE)
-    celery_app.conf.task_always_eager = False
+    use_broker(settings.CELERY_BROKER_URL)
 
 
 @pytest.fixture
@@ -240,7 +246,8 @@ def snapshot_seen(url: str, timeout: float = 10.0) -> None:
     Its keeper reads every few hundredths of a second while requests come; a fixed sleep fails
     when one read is slow. A gateway with no read for a second has stopped keeping: its next
     request reads the database itself."""
-    snapshots = SERVING_APPS[url].snapshots
+    served = SERVING_APPS[url]
+    snapshots = getattr(served, "gateway", served).snapshots  # the whole site's gateway, or a gateway
     called = time.monotonic()
     first: float | None = None
     while time.monotonic() - called < timeout:
@@ -360,6 +367,26 @@ def serve(channel, model, port: int | None, phase: str = "ready") -> None:
             "pid": 1 if port else None,
         },
     )
+
+
+@pytest.fixture
+def portal(db, ana, bo, staff) -> Iterator[World]:
+    """The portal's pages' world, at ``PORTAL_T0`` (time stands still): a100-0 on a 24 GiB node
+    serving qwen-7b's "chat" by default, llama-70b (too big for it) beside, and ana's booking
+    under way."""
+    import time_machine
+
+    with time_machine.travel(PORTAL_T0, tick=False):
+        qwen = factories.llm("qwen-7b", size=5 * GiB)
+        chat = factories.preset(qwen, "chat", "-c 8192 --port 9 -ngl 99")
+        big = factories.llm("llama-70b", size=40 * GiB)
+        factories.preset(big, "long")
+        channel = factories.channel("a100-0", default=chat, on=factories.node("gpu-a", memory=24 * GiB))
+        hour = timedelta(hours=1)
+        booked = factories.reservation(
+            owner=ana, on=channel, start=PORTAL_T0 - hour, end=PORTAL_T0 + hour, target=chat
+        )
+        yield World(channel=channel, model=qwen, preset=chat, other_model=big, ana=ana, bo=bo, booked=booked)
 
 
 @pytest.fixture

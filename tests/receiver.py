@@ -70,18 +70,25 @@ class Receiver:
         return [r.json["type"] for r in self.received]
 
 
+HUNG_UP = ("BrokenPipeError", "ConnectionResetError")
+
+
 class SlowReceiver:
     """A receiver that misbehaves as a real one can, on a raw socket: ``drip`` answers its
     status and headers, then one byte of its body every ``every`` seconds (never a whole
     answer, never a silence long enough for a read timeout), ``stall`` reads the request and
     never answers, ``huge`` answers 200 at once with a body of ``size`` bytes. ``accepted``
-    counts connections; ``written`` counts the bytes of answers that left it."""
+    counts connections; ``written`` counts the bytes of answers that left it; ``ended`` is set
+    when an answer stops early, and ``ended_by`` names why (the sender hung up: ``HUNG_UP``; or
+    it stopped reading: ``TimeoutError``)."""
 
     def __init__(self, how: str, every: float = 1.0, size: int = 200 * 1024 * 1024) -> None:
         assert how in ("drip", "stall", "huge"), how
         self.how, self.every, self.size = how, every, size
         self.accepted = 0
         self.written = 0
+        self.ended = threading.Event()
+        self.ended_by = ""
         self._stop = threading.Event()
         self._server = socket.create_server(("127.0.0.1", 0))
         self._server.settimeout(0.2)
@@ -126,5 +133,6 @@ class SlowReceiver:
                     if self.how == "drip":
                         conn.sendall(b"x")
                         self.written += 1
-            except OSError:
-                return  # the sender hung up
+            except OSError as error:
+                self.ended_by = type(error).__name__
+                self.ended.set()

@@ -74,12 +74,13 @@ def test_status_cannot_be_set_by_hand(admin_client, booking):
     assert pending.status == "pending"
 
 
-def test_approve_action_notifies_and_redecides(admin_client, booking, ana):
+def test_approve_action_notifies_and_redecides(admin_client, booking, ana, queued):
     pending = booking.booked
     answer = admin_client.post(
         "/admin/reservations/reservation/", {"action": "approve", ACTION_CHECKBOX_NAME: [pending.pk]}
     )
     assert answer.status_code == 302
+    queued.run()
     pending.refresh_from_db()
     assert pending.status == "approved" and pending.reviewed_by is not None
     assert Notification.objects.filter(user=ana, event="approved").exists()
@@ -218,7 +219,7 @@ def test_reservations_cannot_be_deleted_in_the_admin(admin_client, booking):
     assert Reservation.objects.filter(pk=pending.pk).exists()
 
 
-def test_override_saved_in_the_admin_redecides_and_is_validated(admin_client, booking):
+def test_override_saved_in_the_admin_redecides_and_is_validated(admin_client, booking, queued):
     channel, target = booking.channel, booking.preset
     booking.booked.delete()
     until = timezone.now() + timedelta(hours=1)
@@ -235,8 +236,23 @@ def test_override_saved_in_the_admin_redecides_and_is_validated(admin_client, bo
     assert not Override.objects.exists()
     answer = admin_client.post("/admin/channels_app/override/add/", data)
     assert answer.status_code == 302, answer.content.decode()[-2000:]
+    queued.run()
     assert ChannelTarget.objects.get(channel=channel).reason == "manual_override"
     override = Override.objects.get(channel=channel)
     admin_client.post(f"/admin/channels_app/override/{override.pk}/delete/", {"post": "yes"})
+    queued.run()
     assert not Override.objects.exists()
     assert ChannelTarget.objects.get(channel=channel).reason != "manual_override"
+
+
+def test_the_admin_index_keeps_slotserves_internals_apart_at_the_end(admin_client):
+    """Staff see what they manage first; the periodic jobs, runtimes, load records, lock-outs
+    and deliveries SlotServe keeps for itself sit together, last, under "Internals"."""
+    page = admin_client.get("/admin/").content.decode()
+    internals = page.index("Internals (kept by SlotServe")
+    for kept in ("Periodic tasks", "Channel runtimes", "Load records", "Access attempts", "Deliveries"):
+        assert page.index(kept) > internals, kept
+    for managed in ("Channels", "Reservations", "API keys", "Webhooks"):
+        assert page.index(managed) < internals, managed
+    # An internal model's own page is where it was.
+    assert admin_client.get("/admin/django_celery_beat/periodictask/").status_code == 200

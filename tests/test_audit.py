@@ -164,3 +164,70 @@ def test_the_trail_reads_on_a_phone(browser, live_server):  # noqa: F811
     shot(page, "phone-audit")
     page.set_viewport_size({"width": 1366, "height": 768})
     shot(page, "audit")
+
+
+def test_every_time_in_the_trail_is_in_the_readers_zone_or_names_its_zone():
+    """A booking moved to 10:00 in Paris reads 10:00 CET on a Paris reader's page, not the UTC
+    hour stored; the CSV names the zone of each time it writes."""
+    from reservations.profiles import profile_for
+    from reservations.services import reservation_change
+
+    boss, ana = factories.user("boss", staff=True), factories.user("ana")
+    profile = profile_for(boss)
+    profile.time_zone = "Europe/Paris"
+    profile.save()
+    channel = factories.channel("a100-0")
+    start = timezone.now().replace(microsecond=0) + timedelta(days=2)
+    booking = factories.reservation(owner=ana, on=channel, start=start, end=start + timedelta(hours=2))
+    moved = start.replace(hour=9, minute=0, second=0)  # 09:00 UTC: 10:00 in Paris in December
+    reservation_change(
+        reservation=booking, by=ana, now=timezone.now(), start=moved, end=moved + timedelta(hours=1)
+    )
+    page = Client()
+    page.force_login(boss)
+    shown = page.get("/audit/", {"what": "reservation"}).content.decode()
+    assert f"{moved:%-d %b %Y} 10:00 CET" in shown, shown[shown.find("<table") :][:3000]
+    assert "9 a.m." not in shown
+    exported = page.get("/audit/csv", {"what": "reservation"})
+    text = b"".join(exported.streaming_content).decode()  # type: ignore[attr-defined]
+    assert "10:00 CET" in text
+
+
+def test_a_member_who_opens_the_trail_is_told_it_is_for_staff():
+    ana = factories.user("ana")
+    member = Client()
+    member.force_login(ana)
+    answer = member.get("/audit/")
+    assert answer.status_code == 403
+    page = answer.content.decode()
+    assert "for staff" in page and 'id="nav-zone"' in page  # a portal page, not the admin's sign-in
+    assert member.get("/audit/csv").status_code == 403
+
+
+def test_the_trail_names_related_objects_in_a_few_queries_however_many_entries_it_shows(
+    django_assert_max_num_queries,
+):
+    """A page of 200 entries read each booking's person, channel and model one at a time (800
+    queries at the lab's size): the names are read together, once per kind."""
+    boss = factories.user("boss", staff=True)
+    people = [factories.user(f"user{n}") for n in range(6)]
+    channels = [factories.channel(f"a100-{n}") for n in range(6)]
+    chat = factories.preset(factories.llm("qwen"), "chat")
+    start = timezone.now().replace(microsecond=0) + timedelta(days=2)
+    for n in range(30):
+        at = start + timedelta(hours=n)
+        factories.reservation(
+            owner=people[n % 6], on=channels[n % 6], start=at, end=at + timedelta(hours=1), target=chat
+        )
+    page = Client()
+    page.force_login(boss)
+    page.get("/audit/")  # the session and the profile, read once
+    with django_assert_max_num_queries(20):
+        shown = page.get("/audit/", {"what": "reservation"}).content.decode()
+    row = shown[shown.index("<code>preset</code>") :][:80]
+    assert shown.count("<tr") >= 31 and "qwen/chat" in row, row  # the preset by its name
+    api = APIClient()
+    api.force_authenticate(boss)
+    with django_assert_max_num_queries(20):
+        listed = api.get("/api/audit/", {"what": "reservation"}).data["results"]
+    assert len(listed) == 30 and {row["shown"]["channel"][1] for row in listed} >= {"a100-0", "a100-5"}

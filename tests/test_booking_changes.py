@@ -213,7 +213,9 @@ def test_a_move_racing_a_new_booking_of_the_same_time_exactly_one_wins():
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("edit", ["model", "preset"])
-def test_a_model_or_preset_edit_re_decides_at_once(staff_api, edit, django_capture_on_commit_callbacks):
+def test_a_model_or_preset_edit_re_decides_at_once(
+    staff_api, edit, django_capture_on_commit_callbacks, queued
+):
     """A booking 20 minutes ahead is outside a small model's preload window; made large (its
     load estimate grows past 20 minutes), the channel starts preloading it at once, not at the
     next tick. A preset edit (here: none to the same) re-decides the channels that use it too."""
@@ -235,5 +237,6 @@ def test_a_model_or_preset_edit_re_decides_at_once(staff_api, edit, django_captu
             small.size_bytes = 400 * 10**9
             small.save()  # a change the scheduler has not seen yet
             answer = staff_api.patch(f"/api/presets/{chat.pk}/", {"args": "-c 4096"}, format="json")
+    queued.run()
     assert answer.status_code == 200, answer.content
     assert ChannelTarget.objects.get(channel=channel).reason == "preload_next"

@@ -125,6 +125,12 @@ REFUSALS = [
         (429, "insufficient_quota"),
     ),
     (
+        "its key's week's tokens used",
+        asking(BO_LIMITED, stage=Stage.COUNT, go=GO_A._replace(queued=False)),
+        seen(channel(), entered=OverLimit("key_weekly_tokens", 0)),
+        (429, "insufficient_quota"),
+    ),
+    (
         "the gate closed as it was counted in",
         asking(BO_LIMITED, stage=Stage.COUNT, go=GO_A._replace(queued=False)),
         seen(channel(), entered=None),

@@ -160,6 +160,16 @@ def test_a_groups_approver_receives_and_decides_its_requests(lab, staff):
     channel = factories.channel("strict-0", policy="all")
     policy = GroupPolicy.objects.create(group=lab["vision"])
     policy.approvers.add(lab["bo"])
+    # The hint names who decides: the group's approver, not "staff".
+    asking = {
+        "channel": channel.pk,
+        "start": iso(lab["start"]),
+        "end": iso(lab["start"] + HOUR),
+        "model": "qwen",
+    }
+    hints = api(lab["ana"]).get("/api/reservations/hints", asking).data["warnings"]
+    (approval,) = [w for w in hints if w["code"] == "approval_required"]
+    assert approval["message"] == "bo (your group's approver) must approve this booking", approval
     asked = api(lab["ana"]).post(
         "/api/reservations/", body(channel, lab["chat"], lab["start"]), format="json"
     )

@@ -143,3 +143,34 @@ def test_a_slot_left_is_one_happening_and_its_waiter_is_told_once(heard, ana, bo
     freed = list(Notification.objects.filter(user=bo).values_list("event", "link"))
     [slot_freed] = [h for h in heard if h.type == "waitlist.slot_freed"]
     assert freed == [(NotificationEvent.SLOT_FREED, slot_freed.link)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_listener_that_swallows_a_failed_transaction_cannot_make_a_booking_look_made(ana):
+    """A listener that catches a database failure it cannot recover from (its savepoint could
+    not be rolled back, so Django marked the transaction for rollback) would let the booking's
+    transaction end in a silent rollback: the booking fails instead of being returned."""
+    from django.db import DatabaseError, transaction
+
+    from reservations.models import Reservation
+    from reservations.services import NewBooking, reservation_create
+
+    def careless(sender: Any, happening: Happening, **_: Any) -> None:
+        # The last listener of the last thing the booking does; marked as a savepoint that could
+        # not be rolled back leaves it.
+        if happening.type == WebhookEvent.BOOKING_APPROVED:
+            transaction.set_rollback(True)
+
+    channel = factories.channel("a100-0")
+    target = factories.preset(factories.llm("qwen"), "chat")
+    happened.connect(careless, sender=Happening, dispatch_uid="tests.careless")
+    try:
+        booking = NewBooking(
+            user=ana, channel=channel, start=T0 + timedelta(hours=1), end=T0 + timedelta(hours=2),
+            model=target.model, preset=target,
+        )  # fmt: skip
+        with pytest.raises(DatabaseError):
+            reservation_create(booking, now=T0)
+    finally:
+        happened.disconnect(sender=Happening, dispatch_uid="tests.careless")
+    assert not Reservation.objects.exists()

@@ -33,6 +33,7 @@ def test_a_key_limited_to_a_model_and_a_channel_is_refused_outside_them_naming_i
     assert call(gateway_url, only_b, model="llama").status_code == 200
     pinned = call(gateway_url + "/channels/ch-a", only_b)
     assert error(pinned) == (403, "key_scope") and "channel ch-a" in pinned.json()["error"]["message"]
+    assert pinned.json()["error"]["message"].endswith("it is limited to channel ch-b")  # named, not counted
     # The same user's unscoped key reaches everything.
     assert call(gateway_url, world.ana_key, model="llama").status_code == 200
 
@@ -106,6 +107,17 @@ def test_the_keys_page_makes_a_scoped_key_and_shows_its_scope(ana):
     made = ApiKey.objects.get(name="notebook")
     assert list(made.models_allowed.all()) == [qwen] and made.read_only and made.expires_at is not None
     assert "models qwen" in page and "read-only" in page and "last day it works" in page
+    assert "it still calls models through the gateway" in page  # said where it is made
+
+
+def test_a_key_made_to_last_days_is_told_when_half_its_life_is_left_not_at_once(ana):
+    """A five-day key made now is no news today: its owner hears of it two and a half days
+    before it stops, as one made long ago hears a week before."""
+    now = timezone.now()
+    api_key_create(user=ana, name="five days", expires_at=now + timedelta(days=5))
+    assert tell_keys_expiring(now=now + timedelta(minutes=2)) == 0
+    assert tell_keys_expiring(now=now + timedelta(days=2)) == 0
+    assert tell_keys_expiring(now=now + timedelta(days=2, hours=13)) == 1
 
 
 def test_an_owner_is_told_once_a_week_before_their_key_stops_working(ana):
@@ -113,6 +125,7 @@ def test_an_owner_is_told_once_a_week_before_their_key_stops_working(ana):
     soon, _ = api_key_create(user=ana, name="soon", expires_at=now + timedelta(days=3))
     api_key_create(user=ana, name="later", expires_at=now + timedelta(days=10))
     api_key_create(user=ana, name="forever")
+    ApiKey.objects.update(created=now - timedelta(days=60))  # made long ago
     assert tell_keys_expiring(now=now) == 1
     assert tell_keys_expiring(now=now + timedelta(hours=1)) == 0  # once
     told = Notification.objects.get(user=ana, event="key_expiring")
@@ -126,6 +139,7 @@ def test_a_new_expiry_set_in_the_admin_is_told_anew(ana):
     root = factories.user("root", staff=True, is_superuser=True)
     now = timezone.now()
     key, _ = api_key_create(user=ana, name="soon", expires_at=now + timedelta(days=3))
+    ApiKey.objects.filter(pk=key.pk).update(created=now - timedelta(days=60))
     assert tell_keys_expiring(now=now) == 1
     admin = Client()
     admin.force_login(root)

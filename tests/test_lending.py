@@ -265,6 +265,7 @@ def test_the_bookers_request_ends_the_borrowed_stream_and_starts_at_once(gateway
     ana.force_login(world.ana)
     page = ana.get("/reservations/").content.decode()
     assert "Lent: 1 request by others" in page and "none of yours waited" in page
+    assert "1 ended early to make room for yours" in page and "place time" not in page  # no jargon
 
 
 def test_a_borrowed_answer_ended_before_it_began_is_a_503_and_scopes_still_apply(
@@ -422,10 +423,18 @@ def test_a_borrowed_request_hears_at_once_that_the_booker_ended_it(monkeypatch):
 
     async def run() -> float:
         holding, booker = _two_gateways()
+        looks: list[float] = []
+        first_look = holding._look
+
+        async def look() -> None:
+            await first_look()
+            looks.append(time.perf_counter())
+
+        holding._look = look
         _borrowed_in_flight(41, "b1")
         await holding.lent(41, "b1", lambda: ended.append(time.perf_counter()))
-        assert await _until(lambda: holding.listening)
-        await asyncio.sleep(0.05)  # past its first look for marks
+        # Listening, and past its first look for marks (the next is a minute away).
+        assert await _until(lambda: holding.listening and bool(looks))
         return await _booker_ends(holding, booker, 41, "b1", ended)
 
     asked = asyncio.run(run())

@@ -198,15 +198,17 @@ def test_a_webhooks_log_shows_each_try_as_it_is_made_without_a_reload(browser, s
     is open shows in its log, with the receiver's answer, and the page is not reloaded."""
 
     from reservations.webhooks.services import webhook_create
+    from slotserve_base.dispatch import webhook_queue
     from slotserve_site.asgi import application
     from tests.conftest import serving
+    from tests.queued import worker
     from tests.receiver import Receiver
 
     settings.ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
     settings.SLOTSERVE_WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]
     ana = factories.user("ana")
     channel = factories.channel("a100-0", policy="all")
-    with Receiver(statuses=[202]) as receiver, serving(application) as url:
+    with Receiver(statuses=[202]) as receiver, serving(application) as url, worker(webhook_queue()):
         webhook = webhook_create(owner=ana, url=receiver.url, events=["booking.requested"])
         page = live_page(browser, url, "ana", "/webhooks/")
         page.evaluate("() => { window.stillThisPage = true; }")

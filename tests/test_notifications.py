@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import html
-from datetime import datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 
 import pytest
 from django.core import mail
@@ -14,6 +14,7 @@ from reservations.notifications import notify
 from reservations.profiles import profile_for
 from reservations.services import reservation_approve
 from reservations.tasks import send_starting_soon_reminders
+from slotserve_base.dispatch import NOTIFICATION_EMAIL
 from slotserve_base.vocabulary import Phase
 from tests import factories
 from tests.clock import T0
@@ -51,7 +52,7 @@ def mails_to(address: str) -> list[str]:
 
 
 def test_submitted_approved_rejected_cancelled_each_once(
-    world, ana, staff, ana_api, staff_api, django_capture_on_commit_callbacks
+    world, ana, staff, ana_api, staff_api, django_capture_on_commit_callbacks, queued
 ):
     with django_capture_on_commit_callbacks(execute=True):
         first = book(ana_api, world, T0 + HOUR, T0 + 2 * HOUR)
@@ -60,6 +61,9 @@ def test_submitted_approved_rejected_cancelled_each_once(
         staff_api.post(f"/api/reservations/{first['id']}/approve")  # a second click changes nothing
         staff_api.post(f"/api/reservations/{second['id']}/reject", {"reason": "maintenance"})
         staff_api.post(f"/api/reservations/{first['id']}/cancel")
+    # The emails wait on the queue, sent by a worker, never in the request.
+    assert not mail.outbox and queued.names().count(NOTIFICATION_EMAIL) == 5
+    queued.run()
     assert sorted(Notification.objects.filter(user=staff).values_list("event", flat=True)) == [
         "submitted",
         "submitted",
@@ -78,19 +82,20 @@ def test_submitted_approved_rejected_cancelled_each_once(
     assert mails_to(staff.email) == ["[SlotServe] submitted", "[SlotServe] submitted"]
 
 
-def test_email_preference_off_keeps_the_inbox(world, ana, django_capture_on_commit_callbacks):
+def test_email_preference_off_keeps_the_inbox(world, ana, django_capture_on_commit_callbacks, queued):
     profile = profile_for(ana)
     profile.email_events = {"approved": False}
     profile.save()
     with django_capture_on_commit_callbacks(execute=True):
         notify(user=ana, event="approved", text="yes", key="k1")
         notify(user=ana, event="rejected", text="no", key="k2")
+    queued.run()
     assert Notification.objects.filter(user=ana).count() == 2
     assert mails_to(ana.email) == ["[SlotServe] rejected"]
 
 
 def test_starting_soon_is_sent_once_however_often_the_tick_runs(
-    world, ana, frozen, django_capture_on_commit_callbacks
+    world, ana, frozen, django_capture_on_commit_callbacks, queued
 ):
     world.channel.approval_policy = "none"
     world.channel.save()
@@ -104,8 +109,11 @@ def test_starting_soon_is_sent_once_however_often_the_tick_runs(
         for minutes in (15, 10, 5, 1):
             frozen.move_to(T0 + HOUR - timedelta(minutes=minutes))
             send_starting_soon_reminders()
+    queued.run()
     notes = Notification.objects.filter(user=ana, event="starting_soon")
-    assert [n.text for n in notes] == ["Your reservation of ch starts in 15 minutes."]
+    # Its slot, in ana's zone (UTC here): when, not only how soon.
+    slot = "Mon 7 Dec 09:00–10:00 UTC"
+    assert [n.text for n in notes] == [f"Your reservation of ch starts in 15 minutes: {slot}."]
     assert mails_to(ana.email) == ["[SlotServe] starting soon"]
 
 
@@ -130,12 +138,13 @@ def test_inbox_api_reads_only_your_own(world, ana, bo, ana_api, bo_api):
 
 
 def test_emails_link_to_the_booking_or_the_approvals_at_the_portals_public_address(
-    world, ana, staff, ana_api, staff_api, settings, django_capture_on_commit_callbacks
+    world, ana, staff, ana_api, staff_api, settings, django_capture_on_commit_callbacks, queued
 ):
     settings.SLOTSERVE_PUBLIC_URL = "https://gpu.lab.example"
     with django_capture_on_commit_callbacks(execute=True):
         made = book(ana_api, world, T0 + HOUR, T0 + 2 * HOUR)
         staff_api.post(f"/api/reservations/{made['id']}/approve")
+    queued.run()
     (asked,) = [m for m in mail.outbox if staff.email in m.to]
     assert f"https://gpu.lab.example/approvals/#reservation-{made['id']}" in asked.body
     (approved,) = [m for m in mail.outbox if ana.email in m.to]
@@ -143,12 +152,13 @@ def test_emails_link_to_the_booking_or_the_approvals_at_the_portals_public_addre
 
 
 def test_without_a_public_address_an_email_carries_no_link_it_cannot_make_whole(
-    world, ana, staff, ana_api, staff_api, settings, django_capture_on_commit_callbacks
+    world, ana, staff, ana_api, staff_api, settings, django_capture_on_commit_callbacks, queued
 ):
     settings.SLOTSERVE_PUBLIC_URL = ""
     with django_capture_on_commit_callbacks(execute=True):
         made = book(ana_api, world, T0 + HOUR, T0 + 2 * HOUR)
         staff_api.post(f"/api/reservations/{made['id']}/approve")
+    queued.run()
     assert mail.outbox and not any("/reservations/" in m.body or "/approvals/" in m.body for m in mail.outbox)
 
 
@@ -201,7 +211,7 @@ def tomorrow_at(hour: int) -> datetime:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_emails_name_the_channel_and_the_time_in_their_subject(django_capture_on_commit_callbacks):
+def test_emails_name_the_channel_and_the_time_in_their_subject(django_capture_on_commit_callbacks, queued):
     staff = factories.user("boss", staff=True)
     ana = factories.user("ana")
     channels = [factories.channel("a100-0"), factories.channel("a100-1")]
@@ -233,6 +243,7 @@ def test_emails_name_the_channel_and_the_time_in_their_subject(django_capture_on
     with django_capture_on_commit_callbacks(execute=True):
         for booking in made:
             reservation_approve(reservation=booking, by=staff, now=timezone.now())
+    queued.run()
     subjects = [str(m.subject) for m in mail.outbox if ana.email in m.to]
     assert len(subjects) == 3 and len(set(subjects)) == 3, subjects
     for subject, booking in zip(subjects, made, strict=True):
@@ -289,3 +300,46 @@ def test_notifications_and_errors_speak_in_the_readers_zone(frozen, ana, staff):
         },
     )
     assert "ana's, Tue 8 Dec 09:00–11:00 CET, approved" in html.unescape(refused.content.decode())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_ready_model_and_an_expiring_key_name_their_channel_slot_and_key_in_the_mail(
+    ana, queued, django_capture_on_commit_callbacks
+):
+    """Mails read in an inbox: "model ready" says which channel and slot, "key expiring" which key."""
+    from channels_app.models import ChannelTarget
+    from channels_app.node_worker.announce import announce_channel
+    from channels_app.node_worker.lifecycle import ProcessState, Tell
+    from gateway.api_keys import api_key_create, tell_keys_expiring
+    from gateway.models import ApiKey
+    from slotserve_base.target import Target
+    from slotserve_base.vocabulary import WebhookEvent
+
+    profile = profile_for(ana)
+    profile.email_events = {"model_ready": True, "key_expiring": True}
+    profile.save()
+    target = factories.preset(factories.llm("qwen"), "chat")
+    channel = factories.channel("a100-0")
+    now = timezone.now()
+    booking = factories.reservation(
+        owner=ana, on=channel, start=now - timedelta(minutes=1), end=now + timedelta(hours=1), target=target
+    )
+    row = ChannelTarget.objects.create(
+        channel=channel, model=target.model, preset=target, reason="active_reservation", reservation=booking
+    )
+    running = Target(target.model_id, target.pk)
+    loading, ready = (
+        ProcessState(phase=Phase.LOADING, running=running),
+        ProcessState(phase=Phase.READY, running=running),
+    )
+    key, _ = api_key_create(user=ana, name="notebook", expires_at=now + timedelta(days=3))
+    ApiKey.objects.filter(pk=key.pk).update(created=now - timedelta(days=60))
+    with django_capture_on_commit_callbacks(execute=True):
+        announce_channel(channel, row, loading, ready, [Tell(WebhookEvent.CHANNEL_READY)], None, now)
+        tell_keys_expiring(now=now)
+    queued.run()
+    subjects = sorted(str(m.subject) for m in mail.outbox if ana.email in m.to)
+    slot = booking.start.astimezone(UTC)
+    assert len(subjects) == 2, subjects
+    assert subjects[0].startswith("[SlotServe] key expiring: notebook (") and "…)" in subjects[0]
+    assert subjects[1].startswith("[SlotServe] model ready: a100-0, ") and f"{slot:%H:%M}" in subjects[1]

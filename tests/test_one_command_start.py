@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -71,6 +72,23 @@ def test_restart_pause_grows_while_a_part_keeps_dying_and_resets_after_a_steady_
     assert _restart_pause(4, ran=STEADY_SECONDS) == RESTART_PAUSES[0]
 
 
+def try_line(data_dir: Path) -> str | None:
+    """The shell line the demo printed to try its model, once it has."""
+    lines = log_text(data_dir).splitlines()
+    said = [i for i, line in enumerate(lines) if line.startswith("The demo model answers.")]
+    return lines[said[-1] + 1].strip() if said and len(lines) > said[-1] + 1 else None
+
+
+def python_without_openai(tmp_path: Path) -> Path:
+    """A folder whose ``python`` is the system's, without the ``openai`` library."""
+    folder = tmp_path / "plain-bin"
+    folder.mkdir(exist_ok=True)
+    plain = Path("/usr/bin/python3")
+    (folder / "python").symlink_to(plain)
+    assert subprocess.run([folder / "python", "-c", "import openai"], capture_output=True).returncode != 0
+    return folder
+
+
 def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
     import openai
 
@@ -93,6 +111,20 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
 
         assert eventually(key_shown, timeout=120, every=0.2), (tmp_path / "run.log").read_text()[-3000:]
         key = key_shown()
+        # The line to try it comes once the model answers, and runs as printed, the moment it
+        # appears, in a shell whose ``python`` has no ``openai``: it streams.
+        assert eventually(lambda: try_line(tmp_path), timeout=120, every=0.1), log_text(tmp_path)[-3000:]
+        printed = try_line(tmp_path)
+        assert printed is not None
+        tried = subprocess.run(
+            ["bash", "-c", printed],
+            env={**os.environ, "PATH": f"{python_without_openai(tmp_path)}:{os.environ['PATH']}"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert tried.returncode == 0, tried.stderr[-2000:]
+        assert len(tried.stdout.strip()) >= 2, tried.stdout  # a piece at a time
         assert healthy(base, deadline), log_text(tmp_path)[-3000:]
         assert httpx.get(f"{base}/accounts/login/").status_code == 200
         # The scheduler and the node worker bring the demo model up on its fake GPU.
@@ -156,6 +188,11 @@ def test_one_command_start_demo_and_clean_stop(tmp_path, llama_server_bin):
             if "succeeded in" in line or "Sending due task" in line or "] received" in line
         ]
         assert routine == [], routine[:5]
+        assert "[config]" not in text and "[queues]" not in text  # no Celery banners
+        # What a person needs comes last and plainly: where to sign in, then the line to try.
+        running, ready = text.index("SlotServe is running on"), text.index("Ready. Sign in at ")
+        assert running < ready < text.index("The demo model answers.")
+        assert "with the password " in text[ready:].splitlines()[0]
 
         # A part that dies is started again; the model keeps serving meanwhile.
         scheduler = next(pid for pid in processes_of(tmp_path) if _is_part(pid, run.pid, b"--beat"))
@@ -316,3 +353,74 @@ def test_each_start_of_the_demo_does_not_make_another_key():
     assert first is not None and ApiKey.objects.filter(user=admin).count() == 1
     assert demo_key(admin) is None  # said at the first start; not made again
     assert ApiKey.objects.filter(user=admin).count() == 1
+
+
+def test_start_help_names_its_defaults():
+    said = subprocess.run(
+        [sys.executable, "manage.py", "run", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert said.returncode == 0, said.stderr
+    words = " ".join(said.stdout.split())  # argparse wraps its lines
+    assert "(default: 127.0.0.1" in words and "(default: 8000)" in words and "(default: admin)" in words
+
+
+def test_the_web_server_keeps_an_idle_connection_longer_than_a_persons_pause(tmp_path):
+    """A colleague reads a page for a while, then clicks: their browser (or script) sends the next
+    request on the connection it kept. The web part ``run`` starts must not be closing that
+    connection meanwhile (uvicorn's own 5 s would: a client reusing it as it closes sees its
+    connection reset), nor behind a load balancer that keeps idle connections for 60 s."""
+    import http.client
+
+    from slotserve_site.running.parts import web_command
+
+    port = free_port()
+    argv = web_command("127.0.0.1", port)
+    assert float(argv[argv.index("--timeout-keep-alive") + 1]) > 60
+    env = {**_run_env(tmp_path, port), "SLOTSERVE_WEB_PROCESSES": "1"}
+    web = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert eventually(lambda: _answers(port), timeout=30, every=0.2), "the web part did not start"
+        browser = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        for pause in (0, 7):  # past uvicorn's default of 5 s
+            time.sleep(pause)
+            # On the connection kept from the last answer: http.client opens none anew for one
+            # the server closed meanwhile, it fails (RemoteDisconnected).
+            browser.request("GET", "/static/portal/slotserve.svg")
+            answer = browser.getresponse()
+            assert answer.status == 200 and answer.read().startswith(b"<svg"), f"after {pause} s idle"
+        browser.close()
+    finally:
+        web.terminate()
+        web.wait(timeout=20)
+
+
+def _answers(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/static/portal/slotserve.svg", timeout=2).status_code > 0
+    except httpx.HTTPError:
+        return False
+
+
+def test_a_web_process_is_ready_before_its_first_request(tmp_path):
+    """Loading the web application (what each uvicorn worker does at start) imports every view
+    and compiles every template of the project: the first page anyone opens after a start is not
+    the one that pays for them."""
+    script = (
+        "import sys, json, slotserve_site.asgi\n"
+        "from django.template import engines\n"
+        "cached = engines['django'].engine.template_loaders[0].get_template_cache\n"
+        "api = any(m.startswith('reservations.api') for m in sys.modules)\n"
+        "views = 'portal.views' in sys.modules\n"
+        "print(json.dumps({'templates': sorted(cached), 'views': views, 'api': api}))\n"
+    )
+    env = {**_run_env(tmp_path, free_port()), "DJANGO_SETTINGS_MODULE": "slotserve_site.settings"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    project = sorted(
+        p.relative_to(ROOT / "templates").as_posix() for p in (ROOT / "templates").rglob("*.html")
+    )
+    assert set(project) <= set(loaded["templates"]), set(project) - set(loaded["templates"])
+    assert loaded["views"] and loaded["api"]

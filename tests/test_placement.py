@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import zoneinfo
 from typing import Any
 
 import pytest
@@ -561,6 +562,16 @@ def test_the_free_slot_finder_through_the_api(ana_api, bo):
     assert slots[0]["start"] < after + timedelta(hours=3, minutes=30)  # the first half hour once free
     assert slots[0]["free_until"] is None and len(slots[0]["channels"]) >= 2
     assert slots[0]["channels"][0]["name"].startswith("small-")
+    # In words as every page names a time: the caller's zone by its name (IST, not GMT+5:30).
+    from reservations.wording import slot_words
+
+    in_kolkata = zoneinfo.ZoneInfo("Asia/Kolkata")
+    factories.in_zone(ana_api.handler._force_user, "Asia/Kolkata")
+    worded = ana_api.get(
+        "/api/placement/free-slots", {"model": "qwen", "hours": 2, "after": iso(after), "count": 2}
+    ).data["slots"][0]
+    assert worded["words"] == slot_words(worded["start"], worded["end"], in_kolkata)
+    assert worded["words"].endswith(" IST") and worded["free_until_words"] == ""
     for bad, field in (({"hours": 0}, "hours"), ({"hours": "x"}, "hours"), ({"model": "nope"}, "model")):
         refused = ana_api.get("/api/placement/free-slots", {"model": "qwen", "hours": 2, **bad})
         assert refused.status_code == 400 and field in str(refused.data), refused.data

@@ -10,10 +10,11 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from reservations.models import Notification
+from reservations.models import Notification, Profile
 from reservations.notifications import notify
 from reservations.profiles import profile_for
 from tests import factories
+from tests.conftest import serve
 from tests.factories import client_for
 
 
@@ -93,3 +94,92 @@ def test_the_browsers_zone_is_taken_at_first_and_never_over_a_choice(ana):
     assert profile_for(ana).time_zone == "Asia/Tokyo"
     page = client.get("/").content.decode()
     assert 'id="nav-zone">Asia/Tokyo<' in page
+
+
+@pytest.mark.django_db
+def test_a_persons_zone_ends_with_their_request(ana, settings):
+    """A page is shown in its reader's zone, and only that page: the next piece of work on the
+    same thread (another person's websocket, a task) starts in the site's zone."""
+    profile = profile_for(ana)
+    profile.time_zone = "Asia/Tokyo"
+    profile.save()
+    assert 'id="nav-zone">Asia/Tokyo<' in client_for(ana).get("/").content.decode()
+    assert timezone.get_current_timezone_name() == settings.TIME_ZONE
+
+
+def test_preferences_and_keys_pages(portal, ana):
+    client = client_for(ana)
+    saved = client.post("/settings/", {"time_zone": "Asia/Shanghai", "email_approved": "on"})
+    assert saved.status_code == 302
+    profile = Profile.objects.get(user=ana)
+    assert profile.time_zone == "Asia/Shanghai"
+    assert profile.wants_email("approved") and not profile.wants_email("rejected")
+    assert profile.calendar_token in client.get("/settings/").content.decode()
+    made = client.post("/keys/", {"name": "notebook"}).content.decode()
+    assert 'id="new-key">ss-' in made
+    assert 'id="new-key"' not in client.get("/keys/").content.decode()
+
+
+def _snippet_model(page: str) -> str:
+    snippet = page[page.index('id="python-snippet"') :]
+    return snippet.split('model="', 1)[1].split('"', 1)[0]
+
+
+@pytest.mark.django_db
+def test_the_keys_snippets_call_a_model_the_person_may_call_now(ana, bo):
+    """Not the alphabetically first model (here loaded nowhere) nor one outside the new key's
+    scope or on a channel booked by another: one that answers; where none does, they say why."""
+    factories.llm("aaa-nowhere")
+    zeta, other = factories.llm("zeta"), factories.llm("other")
+    open_channel, booked = factories.channel("a100-0"), factories.channel("a100-1")
+    client = client_for(ana)
+    nothing = client.get("/keys/").content.decode()
+    assert _snippet_model(nothing) == "MODEL"
+    assert "no model is loaded on any channel right now" in nothing
+    serve(open_channel, zeta, 9001)
+    serve(booked, other, 9002)
+    now = timezone.now()
+    factories.reservation(
+        owner=bo,
+        on=booked,
+        start=now - timedelta(minutes=5),
+        end=now + timedelta(hours=1),
+        target=factories.preset(other),
+    )
+    page = client.get("/keys/").content.decode()
+    assert _snippet_model(page) == "zeta" and 'id="no-model-now"' not in page
+    # A new key limited to the model of bo's slot under way: nothing it may call now, and why.
+    made = client.post("/keys/", {"name": "ci", "wait_seconds": 0, "models": [other.pk]}).content.decode()
+    assert 'id="new-key"' in made
+    assert _snippet_model(made) == "MODEL"
+    assert "no model this key may call is loaded on a channel you may use now" in made
+
+
+@pytest.mark.django_db
+def test_a_person_sets_their_own_email_in_settings_and_a_wrong_one_is_named(ana):
+    """The first admin is made without an email, members are made by staff: each sets where
+    SlotServe's mails go, and the page says when there is nowhere."""
+    ana.email = ""
+    ana.save()
+    client = client_for(ana)
+    page = client.get("/settings/").content.decode()
+    assert 'name="email"' in page and "no email" in page
+    kept = {"time_zone": "UTC", "email": "ana@lab.example"}
+    assert client.post("/settings/", kept).status_code == 302
+    ana.refresh_from_db()
+    assert ana.email == "ana@lab.example"
+    wrong = client.post("/settings/", {**kept, "email": "ana at lab"})
+    assert wrong.status_code == 200 and "Enter a valid email address" in wrong.content.decode()
+    ana.refresh_from_db()
+    assert ana.email == "ana@lab.example"  # nothing half-saved
+    # The service refuses it by name too, whatever door calls it.
+    from reservations.profiles import profile_set_week_start, user_set_email
+    from slotserve_base.errors import InvalidInput
+
+    for bad, field in (
+        (lambda: user_set_email(ana, "ana at lab"), "email"),
+        (lambda: profile_set_week_start(ana, 7), "week_start"),
+    ):
+        with pytest.raises(InvalidInput) as refused:
+            bad()
+        assert refused.value.field == field, refused.value.message

@@ -23,6 +23,10 @@ def test_memory_is_entered_and_shown_with_its_unit_in_gib():
     assert field.clean("80 GB") == 80 * 10**9  # the decimal unit, as written
     assert field.prepare_value(80 * 2**30) == "80 GiB"
     assert field.prepare_value(80 * 10**9) == "74.51 GiB"
+    # A model under a GiB is not "0 GiB": it is told in the unit that says its size.
+    from slotserve_base.admin_fields import gib
+
+    assert [gib(n) for n in (3 * 2**20, 512 * 2**20, 1536, 2**30)] == ["3 MiB", "512 MiB", "1.5 KiB", "1 GiB"]
     for wrong, said in (("80000000000", "GiB"), ("eighty", "80 GiB"), ("-1 GiB", "80 GiB")):
         with pytest.raises(ValidationError) as caught:
             field.clean(wrong)

@@ -12,7 +12,11 @@ from django.utils import timezone
 
 from reservations.models import Reservation, ReservationStatus
 from tests import factories
+from tests.clock import PORTAL_T0
+from tests.factories import client_for
 from tests.test_browser import CHROMIUM, browser, sign_in  # noqa: F401  (browser: a fixture)
+
+HOUR = timedelta(hours=1)
 
 needs_chromium = pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason="needs Chromium (apt-get install chromium)"
@@ -130,3 +134,23 @@ def test_approvers_see_each_request_among_its_neighbours_and_approve_several_at_
     stranger.force_login(bo)
     assert stranger.post("/approvals/approve", {"reservation": [asks[1].pk]}).status_code == 403
     assert Reservation.objects.get(pk=asks[1].pk).status == "pending"
+
+
+def test_approvals_page_is_for_staff(portal, ana, bo, staff):
+    portal.channel.approval_policy = "all"
+    portal.channel.save()
+    pending = factories.reservation(
+        owner=bo,
+        on=portal.channel,
+        start=PORTAL_T0 + 2 * HOUR,
+        end=PORTAL_T0 + 3 * HOUR,
+        target=portal.preset,
+        status="pending",
+    )
+    assert client_for(ana).get("/approvals/").status_code == 403  # staff and group approvers only
+    page = client_for(staff).get("/approvals/").content.decode()
+    assert f'data-reservation="{pending.pk}"' in page
+    assert 'id="approvals-count">1<' in page
+    client_for(staff).post(f"/approvals/{pending.pk}/reject", {"reason": "GPU maintenance"})
+    pending.refresh_from_db()
+    assert (pending.status, pending.reject_reason) == ("rejected", "GPU maintenance")

@@ -4,18 +4,20 @@ hints beside each field, read in the booker's zone as the submit reads them."""
 
 from __future__ import annotations
 
-from datetime import datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
+import time_machine
 from django.test import Client
 from django.utils import timezone
 
 from reservations.models import Reservation
+from reservations.profiles import profile_for
 from tests import factories
-from tests.clock import T0
+from tests.clock import T0, eventually
 from tests.factories import client_for, in_zone
 from tests.test_browser import CHROMIUM, browser, shot, sign_in  # noqa: F401  (browser: a fixture)
 
@@ -35,10 +37,12 @@ needs_chromium = pytest.mark.skipif(
 )
 
 
-def weekly_series_with_its_second_date_taken(browser, live_server, count: int):  # noqa: F811
-    """ana's booking dialog, filled for a weekly series of ``count`` whose second date bo holds:
-    the page, ana and the taken start."""
+def weekly_series_with_its_second_date_taken(browser, live_server, count: int, zone: str = ""):  # noqa: F811
+    """ana's booking dialog, filled for a weekly series of ``count`` whose second date bo holds
+    (ana typing in ``zone`` where one is named): the page, ana and the taken start."""
     ana, bo = factories.user("ana"), factories.user("bo")
+    if zone:
+        in_zone(ana, zone)
     qwen = factories.llm("qwen")
     channel = factories.channel("a100-0")
     day = (timezone.localtime() + timedelta(days=2)).date()
@@ -125,15 +129,69 @@ def test_a_series_with_one_clash_gives_one_verdict_not_an_all_clear_beside_it(br
     hints = page.locator("#hints li").all_inner_texts()
     assert not any("No conflicts" in hint for hint in hints), hints
     assert any("1 of 4 dates cannot be booked" in hint for hint in hints), hints
+    # The dates are listed above the hints, and the hint says so.
+    assert any("(each is listed above)" in hint for hint in hints), hints
+    dates, verdicts = page.locator("#series-preview").bounding_box(), page.locator("#hints").bounding_box()
+    assert dates is not None and verdicts is not None and dates["y"] < verdicts["y"]
     # Sent as it is, the page says why, and still gives no all-clear.
     page.click("#booking button[type=submit]")
     page.wait_for_selector("#hints li[data-code=series]")
     assert "1 of 4 occurrences cannot be booked" in page.content()
     assert not any("No conflicts" in hint for hint in page.locator("#hints li").all_inner_texts())
-    # Skipping the clash is a booking that can be made: the one verdict is then the all-clear.
+    # Skipping the clash is a booking that can be made, and the verdict says what it leaves out:
+    # no all-clear while a date will be skipped.
     page.check("#id_skip_conflicts")
-    page.wait_for_selector("#hints li.ok")
-    assert not page.locator("#hints li[data-code=series]").count()
+    page.wait_for_selector("#hints li[data-code=series_skipped]")
+    skipped = page.locator("#hints li[data-code=series_skipped]").inner_text()
+    assert skipped == "1 of 4 dates will be skipped (each is listed above); the other 3 will be booked."
+    assert not page.locator("#hints li.ok, #hints li.blocking").count()
+
+
+@pytest.mark.django_db(transaction=True)
+@needs_chromium
+def test_a_weekly_series_every_other_week_on_a_second_day_is_previewed(browser, live_server):  # noqa: F811
+    """The dialog's own repeat: every N weeks, on days ticked besides the first's; the days
+    are offered only for a weekly series, and each date is listed before anything is booked."""
+    page, _, _ = weekly_series_with_its_second_date_taken(browser, live_server, 4)
+    assert page.locator("#repeat-days").is_visible() and page.inner_text("#every-unit") == "weeks"
+    page.fill("#id_every", "2")
+    first = date.fromisoformat(page.input_value("#id_start")[:10])
+    also = (first.weekday() + 1) % 7  # the day after the first's
+    page.check(f'input[name="on_days"][value="{also}"]')
+    expected = [f"{first + timedelta(days=d):%a %-d %b}" for d in (0, 1, 14, 15)]
+
+    def listed() -> list[str]:
+        return [d.split(" ", 3)[:3] for d in page.locator("#series-preview li").all_inner_texts()]
+
+    assert eventually(lambda: [" ".join(d) for d in listed()] == expected), listed()
+    dates = page.locator("#series-preview li").all_inner_texts()
+    assert all(d.endswith("free") for d in dates), dates  # the week bo holds is skipped over
+    page.select_option("#id_repeat", "monthly")
+    assert not page.locator("#repeat-days").is_visible() and page.inner_text("#every-unit") == "months"
+
+
+@pytest.mark.django_db(transaction=True)
+@needs_chromium
+def test_choosing_a_model_takes_the_channels_default_preset_or_its_only_one(browser, live_server):  # noqa: F811
+    """Not "(no preset)", a needless switch at the start: the channel's own preset of the model,
+    else the model's only preset; a model with several and none the channel's asks."""
+    factories.user("ana")
+    qwen, llama, mixed = factories.llm("qwen"), factories.llm("llama"), factories.llm("mixed")
+    chat = factories.preset(qwen, "chat")
+    factories.preset(qwen, "long")
+    only = factories.preset(llama, "only")
+    factories.preset(mixed, "a")
+    factories.preset(mixed, "b")
+    channel = factories.channel("a100-0", default=chat)
+    page = sign_in(browser, live_server, "ana")
+    page.goto(f"{live_server.url}/book/")
+    page.select_option("#id_channel", str(channel.pk))
+    page.select_option("#id_model", str(qwen.pk))
+    assert page.input_value("#id_preset") == str(chat.pk)  # the channel's default, of two
+    page.select_option("#id_model", str(llama.pk))
+    assert page.input_value("#id_preset") == str(only.pk)  # the only one
+    page.select_option("#id_model", str(mixed.pk))
+    assert page.input_value("#id_preset") == ""  # two, neither the channel's: the person chooses
 
 
 @pytest.mark.django_db(transaction=True)
@@ -249,6 +307,16 @@ def test_a_series_shows_its_dates_first_and_books_the_others_skipping_a_conflict
     assert len(booked) == 2 and second not in booked
 
 
+@pytest.mark.django_db(transaction=True)
+@needs_chromium
+def test_a_series_preview_names_the_zone_as_the_rest_of_the_portal_does(browser, live_server):  # noqa: F811
+    """One name for a zone on a page: "IST" in the dates as in the server's words, not "GMT+5:30"."""
+    page, _, _ = weekly_series_with_its_second_date_taken(browser, live_server, 2, zone="Asia/Kolkata")
+    page.wait_for_selector("#series-preview li")
+    dates = page.locator("#series-preview li").all_inner_texts()
+    assert len(dates) == 2 and all(" IST" in d and "GMT" not in d for d in dates), dates
+
+
 @pytest.mark.django_db
 def test_hints_read_local_times_in_the_profiles_zone_as_the_submit_does(frozen, ana, bo):
     """One path from typed time to UTC: ``11:00`` typed by a Berlin user is 10:00 UTC both for the
@@ -358,3 +426,94 @@ def test_a_bookable_slot_has_no_blocking_hint(frozen, ana):
     channel = factories.channel("a100-0")
     found = hints(client_for(ana), channel, "2026-12-07T12:00", "2026-12-07T13:00", model=chat.model_id)
     assert not [w for w in found if w.get("blocking")], found
+
+
+def test_booking_form_in_shanghai_time_stores_utc(portal, bo):
+    profile = profile_for(bo)
+    profile.time_zone = "Asia/Shanghai"
+    profile.save()
+    answer = client_for(bo).post(
+        "/book/",
+        {
+            "channel": portal.channel.pk,
+            "start": "2026-12-08T14:00",
+            "end": "2026-12-08T16:00",
+            "model": portal.model.pk,
+            "preset": portal.preset.pk,
+        },
+    )
+    assert answer.status_code == 302, answer.content.decode()[:2000]
+    made = Reservation.objects.get(user=bo)
+    assert made.start == datetime(2026, 12, 8, 6, 0, tzinfo=UTC)
+    assert made.end == datetime(2026, 12, 8, 8, 0, tzinfo=UTC)
+    page = client_for(bo).get("/reservations/").content.decode()
+    assert "Tue 8 Dec 2026 14:00 – 16:00" in page
+
+
+def test_daylight_saving_change_inside_a_reservation(portal, bo):
+    """25 October 2026, Berlin: clocks go back at 03:00, so 01:00–05:00 lasts five hours."""
+    profile = profile_for(bo)
+    profile.time_zone = "Europe/Berlin"
+    profile.save()
+    portal.channel.max_booking_minutes = 270
+    portal.channel.save()
+    form = {
+        "channel": portal.channel.pk,
+        "start": "2026-10-25T01:00",
+        "end": "2026-10-25T05:00",
+        "model": portal.model.pk,
+        "preset": portal.preset.pk,
+        "note": "night run",
+    }
+    with time_machine.travel(datetime(2026, 10, 20, tzinfo=UTC), tick=False):
+        refused = client_for(bo).post("/book/", form)
+        assert refused.status_code == 200
+        assert "a booking on this channel lasts at most 270 minutes" in refused.content.decode()
+        portal.channel.max_booking_minutes = 300
+        portal.channel.save()
+        assert client_for(bo).post("/book/", form).status_code == 302
+    made = Reservation.objects.get(user=bo)
+    assert made.end - made.start == timedelta(hours=5)
+    assert made.start == datetime(2026, 10, 24, 23, 0, tzinfo=UTC)
+    with time_machine.travel(datetime(2026, 10, 20, tzinfo=UTC), tick=False):
+        page = client_for(bo).get("/reservations/").content.decode()
+    assert "Sun 25 Oct 2026 01:00 – 05:00" in page
+
+
+def test_a_time_that_does_not_exist_is_named(portal, bo):
+    profile = profile_for(bo)
+    profile.time_zone = "Europe/Berlin"
+    profile.save()
+    with time_machine.travel(datetime(2027, 3, 20, tzinfo=UTC), tick=False):
+        answer = client_for(bo).post(
+            "/book/",
+            {
+                "channel": portal.channel.pk,
+                "start": "2027-03-28T02:30",
+                "end": "2027-03-28T04:00",
+                "model": portal.model.pk,
+            },
+        )
+    assert answer.status_code == 200
+    assert "interpreted in time zone Europe/Berlin; it may be ambiguous or it may not exist" in (
+        answer.content.decode()
+    )
+    assert not Reservation.objects.filter(user=bo).exists()
+
+
+def test_refused_booking_keeps_what_was_typed(portal, bo):
+    answer = client_for(bo).post(
+        "/book/",
+        {
+            "channel": portal.channel.pk,
+            "start": "2026-12-07T05:30",
+            "end": "2026-12-07T07:00",
+            "model": portal.model.pk,
+            "note": "my careful note",
+        },
+    )
+    page = answer.content.decode()
+    assert answer.status_code == 200
+    assert f"overlaps reservation {portal.booked.pk}" in page
+    assert "my careful note" in page
+    assert 'value="2026-12-07T05:30"' in page

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from reservations.models import Reservation, WaitlistEntry
 from tests import factories
-from tests.clock import T0
+from tests.clock import PORTAL_T0, T0
 from tests.factories import client_for
 from tests.test_browser import CHROMIUM, browser, sign_in  # noqa: F401  (browser: a fixture)
 
@@ -124,3 +124,30 @@ def test_my_reservations_keeps_cancelled_bookings_apart_and_says_how_past_ones_e
     row = past.split(f'data-reservation="{done.pk}"')[1].split("</tr>")[0]
     assert 'data-label="Status">completed' in row
     assert 'data-confirm="Cancel your booking of a100-0' in upcoming
+
+
+def test_other_users_reservations_answer_404(portal, bo):
+    for action in ("end", "cancel", "extend"):
+        assert client_for(bo).post(f"/reservations/{portal.booked.pk}/{action}").status_code == 404
+    assert Reservation.objects.get(pk=portal.booked.pk).status == "approved"
+
+
+def test_end_and_extend_from_the_portal(portal, ana, bo):
+    extended = client_for(ana).post(f"/reservations/{portal.booked.pk}/extend", {"end": "2026-12-07T07:00"})
+    assert extended.status_code == 302
+    assert Reservation.objects.get(pk=portal.booked.pk).end == PORTAL_T0 + 2 * HOUR
+    factories.reservation(
+        owner=bo,
+        on=portal.channel,
+        start=PORTAL_T0 + 2 * HOUR,
+        end=PORTAL_T0 + 3 * HOUR,
+        target=portal.preset,
+    )
+    blocked = client_for(ana).post(
+        f"/reservations/{portal.booked.pk}/extend", {"end": "2026-12-07T09:00"}, follow=True
+    )
+    assert "overlaps reservation" in blocked.content.decode()
+    assert Reservation.objects.get(pk=portal.booked.pk).end == PORTAL_T0 + 2 * HOUR
+    ended = client_for(ana).post(f"/reservations/{portal.booked.pk}/end", follow=True)
+    assert "Reservation ended" in ended.content.decode()
+    assert Reservation.objects.get(pk=portal.booked.pk).status == "ended"

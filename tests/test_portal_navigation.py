@@ -10,10 +10,11 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from reservations.models import ReservationStatus
+from reservations.models import Reservation, ReservationStatus
 from reservations.notifications import notify
 from reservations.profiles import profile_for
 from tests import factories
+from tests.factories import client_for
 from tests.test_browser import CHROMIUM, browser, shot, sign_in  # noqa: F401  (browser: a fixture)
 
 needs_chromium = pytest.mark.skipif(
@@ -115,3 +116,16 @@ def test_staff_are_shown_where_nodes_channels_models_and_presets_are_added():
         ):
             assert where in html, (page, where)
         assert "/admin/channels_app/" not in member.get(page).content.decode()
+
+
+def test_pages_need_login(db):
+    answer = Client().get("/")
+    assert answer.status_code == 302
+    assert answer["Location"].startswith("/accounts/login/")
+    assert Client().get("/accounts/login/").status_code == 200
+
+
+def test_csrf_is_enforced(portal, ana):
+    answer = client_for(ana, csrf=True).post(f"/reservations/{portal.booked.pk}/end")
+    assert answer.status_code == 403
+    assert Reservation.objects.get(pk=portal.booked.pk).status == "approved"

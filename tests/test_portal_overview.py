@@ -9,11 +9,16 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from channels_app.models import ChannelRuntime, Override
+from channels_app.models import ChannelRuntime, ChannelTarget, Override
 from channels_app.scheduling.services import override_set
+from reservations.profiles import profile_for
 from slotserve_base.vocabulary import Phase
 from tests import factories
+from tests.clock import PORTAL_T0
+from tests.factories import client_for
 from tests.test_browser import CHROMIUM, browser, sign_in  # noqa: F401  (browser: a fixture)
+
+HOUR = timedelta(hours=1)
 
 
 def _card(page: str, name: str) -> str:
@@ -114,3 +119,74 @@ def test_a_large_labs_overview_fetches_controls_as_opened(browser, live_server, 
     card.locator("button", has_text="Set override").click()
     page.wait_for_selector("text=Override of a100-1 set.")
     assert Override.objects.get().channel.name == "a100-1"
+
+
+def test_overview_says_what_runs_and_why(portal, ana):
+    ChannelTarget.objects.create(
+        channel=portal.channel,
+        model=portal.model,
+        preset=portal.preset,
+        reason="active_reservation",
+        valid_until=PORTAL_T0 + HOUR,
+        reservation=portal.booked,
+    )
+    ChannelRuntime.objects.create(
+        channel=portal.channel, phase=Phase.READY, model=portal.model, preset=portal.preset
+    )
+    profile = profile_for(ana)
+    profile.time_zone = "Asia/Shanghai"
+    profile.save()
+    page = client_for(ana).get("/").content.decode()
+    assert "a100-0" in page
+    assert "gpu-a" in page
+    assert "ready" in page
+    assert "qwen-7b / chat" in page
+    assert "booked by ana until 14:00" in page  # 06:00 UTC in Shanghai
+    assert "Channel controls" not in page  # staff only
+    partial = client_for(ana).get("/?partial=1").content.decode()
+    assert "booked by ana until 14:00" in partial and "<nav>" not in partial
+
+
+def test_overview_shows_failure_and_fallback(portal, staff):
+    ChannelRuntime.objects.create(
+        channel=portal.channel,
+        phase=Phase.READY,
+        model=portal.model,
+        preset=portal.preset,
+        fallback=True,
+        error="CUDA out of memory: lower -ngl or -c",
+        retry_at=PORTAL_T0 + timedelta(minutes=2),
+    )
+    page = client_for(staff).get("/").content.decode()
+    assert "CUDA out of memory: lower -ngl or -c" in page
+    assert "the default model serves this booking until the retry at 05:02" in page
+    assert "Channel controls" in page
+
+
+def test_a_large_labs_overview_leaves_each_cards_controls_to_be_fetched(portal, staff, ana, monkeypatch):
+    from channels_app.models import Channel
+    from portal import views
+
+    monkeypatch.setattr(views, "CONTROLS_INLINE", 0)  # the portal's one channel is past it
+    page = client_for(staff).get("/").content.decode()
+    channel = Channel.objects.order_by("pk").first()
+    assert channel is not None
+    assert f'data-controls="/channel/{channel.pk}/controls"' in page
+    assert "Set override" not in page and "<select" not in page
+    controls = client_for(staff).get(f"/channel/{channel.pk}/controls")
+    assert controls.status_code == 200 and "Set override" in controls.content.decode()
+    assert f'name="ch{channel.pk}-until"' in controls.content.decode()
+    assert client_for(ana).get(f"/channel/{channel.pk}/controls").status_code == 302  # staff only
+    assert client_for(staff).get("/channel/99999/controls").status_code == 404
+
+
+def test_staff_sets_an_override_from_the_overview(portal, staff, django_capture_on_commit_callbacks, queued):
+    portal.booked.delete()
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = client_for(staff).post(
+            f"/channel/{portal.channel.pk}/override",
+            {f"ch{portal.channel.pk}-unload": "on", f"ch{portal.channel.pk}-until": "2026-12-07T07:00"},
+        )
+    queued.run()
+    assert answer.status_code == 302
+    assert ChannelTarget.objects.get(channel=portal.channel).reason == "manual_unload"

@@ -59,6 +59,13 @@ def test_on_a_phone_rows_are_cards_with_their_buttons_on_screen_and_the_menu_fol
     assert "view=week" not in page.url
     assert page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
     shot(page, "phone-calendar")
+    # Its agenda lists the booking in a line as wide as the screen, not a 14 px sliver.
+    page.click("#agenda-link")
+    item = page.locator("#agenda li").first
+    box = item.bounding_box()
+    assert box is not None and box["width"] >= 300 and channel.name in item.inner_text(), box
+    assert page.evaluate("document.documentElement.scrollWidth - window.innerWidth") <= 0
+    shot(page, "phone-agenda")
 
 
 def test_free_time_is_reached_and_booked_by_keyboard_from_the_calendar(browser, live_server):  # noqa: F811
@@ -80,6 +87,8 @@ def test_free_time_is_reached_and_booked_by_keyboard_from_the_calendar(browser, 
     page.wait_for_url("**/book/?*")
     assert page.input_value("#id_start") == f"{day:%Y-%m-%d}T10:00"
     assert page.input_value("#id_end") == f"{day:%Y-%m-%d}T11:30"
+    # The keyboard is where the form goes on: the first field still to fill has the focus.
+    assert page.evaluate("document.activeElement.id") == "id_model"
 
 
 def test_yours_is_told_apart_without_colour_borders_show_past_time_is_grey_and_a_drag_says_the_time(
@@ -170,3 +179,52 @@ def test_on_a_phone_the_keys_requests_usage_and_models_tables_are_cards(browser,
     page.goto(f"{live_server.url}/keys/")
     box = page.locator("#keys-table button", has_text="Revoke").bounding_box()
     assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, box
+
+
+@pytest.mark.django_db(transaction=True)
+@needs_chromium
+def test_the_new_pages_read_on_a_desk_and_on_a_phone_without_sideways_scrolling(browser, live_server):  # noqa: F811
+    """Blackouts, people, the month, the playground and a newcomer's invitation, each at 1366 px
+    and 390 px (their screenshots in data/screenshots/)."""
+    from django.contrib.auth.models import Group
+
+    from reservations.joining import invite
+    from reservations.models import Blackout
+
+    boss = factories.user("boss", staff=True)
+    for n in range(3):
+        factories.user(f"colleague-with-a-long-name-{n}").groups.add(
+            Group.objects.get_or_create(name="nlp")[0]
+        )
+    channel = factories.channel("a100-with-a-long-channel-name-0")
+    chat = factories.preset(factories.llm("qwen2.5-coder-32b-instruct-q4_k_m"), "chat")
+    now = timezone.now()
+    for day in range(4):
+        start = now + timedelta(days=day, hours=1)
+        factories.reservation(
+            owner=boss, on=channel, start=start, end=start + timedelta(hours=2), target=chat
+        )
+    closed = Blackout.objects.create(
+        start=now + timedelta(days=1),
+        end=now + timedelta(days=1, hours=4),
+        reason="firmware update on the rack's switch",
+    )
+    closed.channels.set([channel])
+    invite(by=boss, email="newcomer@uni.example", groups=[], now=now)
+    paths = ("/closures/", "/people/", "/calendar/?view=month", "/playground/")
+    for width, height, name in ((1366, 900, "desk"), (390, 844, "phone")):
+        page = sign_in(browser, live_server, "boss", width=width, height=height)
+        for path in paths:
+            page.goto(f"{live_server.url}{path}")
+            wider = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            sideways = page.evaluate(
+                "[...document.querySelectorAll('main table')].map(t => t.scrollWidth - t.clientWidth)"
+            )
+            assert wider <= 0 and max(sideways, default=0) <= 1, (name, path, wider, sideways)
+            shot(
+                page,
+                f"{name}-"
+                + path.strip("/").split("/")[0].split("?")[0]
+                + ("-month" if "month" in path else ""),
+            )
+        page.close()

@@ -10,6 +10,8 @@ from django.utils import timezone
 from channels_app.models import ChannelTarget
 from reservations.models import Notification, Reservation
 from reservations.profiles import profile_for
+from slotserve_base.dispatch import CHANNEL_REDECIDE
+from slotserve_site.celery import app as celery_app
 from tests import factories
 from tests.clock import T0
 from tests.factories import iso
@@ -40,9 +42,15 @@ def body(world, start, end, **extra):
     return data
 
 
-def test_booking_is_approved_and_redecides_the_channel(world, ana_api, django_capture_on_commit_callbacks):
+def test_booking_is_approved_and_redecides_the_channel(
+    world, ana_api, django_capture_on_commit_callbacks, queued
+):
     with django_capture_on_commit_callbacks(execute=True):
         answer = ana_api.post("/api/reservations/", body(world, T0 + 60 * timedelta(seconds=1), T0 + HOUR))
+    # The commit queued the channel's re-decision; the scheduler's worker takes it.
+    assert queued.queues() == {celery_app.conf.task_default_queue: [CHANNEL_REDECIDE]}
+    assert not ChannelTarget.objects.filter(channel=world.channel).exists()
+    queued.run()
     assert answer.status_code == 201, answer.data
     assert answer.data["status"] == "approved"
     assert answer.data["user"] == "ana"
@@ -165,7 +173,7 @@ def test_staff_bookings_are_approved_at_once(world, staff_api):
     )
 
 
-def test_approve_and_reject(world, staff, staff_api, ana_api, django_capture_on_commit_callbacks):
+def test_approve_and_reject(world, staff, staff_api, ana_api, django_capture_on_commit_callbacks, queued):
     world.channel.approval_policy = "all"
     world.channel.save()
     first = ana_api.post("/api/reservations/", body(world, T0 + 60 * timedelta(seconds=1), T0 + HOUR)).data
@@ -175,6 +183,7 @@ def test_approve_and_reject(world, staff, staff_api, ana_api, django_capture_on_
     assert ana_api.post(f"/api/reservations/{first['id']}/approve").status_code == 403
     with django_capture_on_commit_callbacks(execute=True):
         approved = staff_api.post(f"/api/reservations/{first['id']}/approve")
+    queued.run()
     assert approved.data["status"] == "approved"
     assert ChannelTarget.objects.get(channel=world.channel).reason == "preload_next"
 
@@ -190,7 +199,7 @@ def test_approve_and_reject(world, staff, staff_api, ana_api, django_capture_on_
     assert ana_events == {"approved", "rejected"}
 
 
-def test_cancel_and_end(world, ana_api, frozen, django_capture_on_commit_callbacks):
+def test_cancel_and_end(world, ana_api, frozen, django_capture_on_commit_callbacks, queued):
     active = ana_api.post("/api/reservations/", body(world, T0 + HOUR, T0 + 2 * HOUR)).data
     future = ana_api.post("/api/reservations/", body(world, T0 + 3 * HOUR, T0 + 4 * HOUR)).data
 
@@ -201,6 +210,7 @@ def test_cancel_and_end(world, ana_api, frozen, django_capture_on_commit_callbac
     assert ana_api.post(f"/api/reservations/{active['id']}/cancel").status_code == 409
     with django_capture_on_commit_callbacks(execute=True):
         ended = ana_api.post(f"/api/reservations/{active['id']}/end")
+    queued.run()
     assert ended.data["status"] == "ended"
     assert ended.data["end"] == iso(T0 + 90 * timedelta(minutes=1))
     # The channel re-decided at once: back to its default.
@@ -263,7 +273,7 @@ def test_channel_validation(db, staff_api):
     assert bad_policy.status_code == 400 and "approval_policy" in bad_policy.data
 
 
-def test_override_endpoint(world, staff_api, ana_api, django_capture_on_commit_callbacks):
+def test_override_endpoint(world, staff_api, ana_api, django_capture_on_commit_callbacks, queued):
     url = f"/api/channels/{world.channel.pk}/override"
     assert ana_api.post(url, {"unload": True, "until": iso(T0 + HOUR)}).status_code == 403
     past = staff_api.post(url, {"unload": True, "until": iso(T0 - HOUR)})
@@ -274,10 +284,12 @@ def test_override_endpoint(world, staff_api, ana_api, django_capture_on_commit_c
         made = staff_api.post(
             url, {"model": world.model.pk, "preset": world.preset.pk, "until": iso(T0 + HOUR)}
         )
+    queued.run()
     assert made.status_code == 201, made.data
     assert ChannelTarget.objects.get(channel=world.channel).reason == "manual_override"
     with django_capture_on_commit_callbacks(execute=True):
         assert staff_api.delete(url).status_code == 204
+    queued.run()
     assert ChannelTarget.objects.get(channel=world.channel).reason == "default"
 
 

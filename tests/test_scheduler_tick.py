@@ -64,12 +64,14 @@ def test_tick_changes_targets_only_when_the_decision_changes():
 
 
 @pytest.mark.django_db
-def test_tick_task_runs_through_celery():
+def test_tick_task_runs_through_celery(queued):
     build(1)
     from channels_app.scheduling.tasks import scheduler_tick
 
     with time_machine.travel(T0 + HOUR + timedelta(minutes=5), tick=False):
-        assert scheduler_tick.delay().get() == 1
+        scheduler_tick.delay()
+        assert not ChannelTarget.objects.exists()  # queued, not run in place
+        assert queued.run() == [TICK_TASK]
     assert ChannelTarget.objects.get().reason == "active_reservation"
 
 

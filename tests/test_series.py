@@ -54,6 +54,72 @@ def test_weekdays_skip_the_weekend_and_until_is_inclusive():
         assert refused.value.field == field
 
 
+def _days(slots):
+    return [s.strftime("%a %d %b") for s, _ in slots]
+
+
+def test_every_other_week_on_chosen_days_begins_with_the_first_slot():
+    monday = datetime(2026, 12, 7, 9, 0, tzinfo=UTC)
+    slots = occurrences(
+        start=monday, end=monday + HOUR, zone=UTC, repeat="weekly", every=2, on_days=(0, 2), count=5
+    )
+    assert _days(slots) == ["Mon 07 Dec", "Wed 09 Dec", "Mon 21 Dec", "Wed 23 Dec", "Mon 04 Jan"]
+    # The first slot's own day is always one of them (a Wednesday start, Mondays chosen).
+    wednesday = monday + timedelta(days=2)
+    slots = occurrences(
+        start=wednesday, end=wednesday + HOUR, zone=UTC, repeat="weekly", on_days=(0,), count=3
+    )
+    assert _days(slots) == ["Wed 09 Dec", "Mon 14 Dec", "Wed 16 Dec"]
+    every_third_day = occurrences(start=monday, end=monday + HOUR, zone=UTC, repeat="daily", every=3, count=3)
+    assert _days(every_third_day) == ["Mon 07 Dec", "Thu 10 Dec", "Sun 13 Dec"]
+
+
+def test_monthly_keeps_the_date_and_skips_months_without_it():
+    first = datetime(2027, 1, 31, 10, 0, tzinfo=BERLIN)
+    slots = occurrences(start=first, end=first + HOUR, zone=BERLIN, repeat="monthly", count=4)
+    assert _days(slots) == ["Sun 31 Jan", "Wed 31 Mar", "Mon 31 May", "Sat 31 Jul"]
+    # Summer time: still 10:00 in Berlin.
+    assert [s.astimezone(BERLIN).hour for s, _ in slots] == [10, 10, 10, 10]
+    quarterly = occurrences(
+        start=first - timedelta(days=16),
+        end=first - timedelta(days=16) + HOUR,
+        zone=BERLIN,
+        repeat="monthly",
+        every=3,
+        until=date(2027, 12, 31),
+    )
+    assert _days(quarterly) == ["Fri 15 Jan", "Thu 15 Apr", "Thu 15 Jul", "Fri 15 Oct"]
+
+
+def test_monthly_on_a_weekday_keeps_its_place_in_the_month_and_the_fifth_is_the_last():
+    second_tuesday = datetime(2026, 12, 8, 14, 0, tzinfo=UTC)
+    slots = occurrences(
+        start=second_tuesday, end=second_tuesday + HOUR, zone=UTC, repeat="monthly_weekday", count=3
+    )
+    assert _days(slots) == ["Tue 08 Dec", "Tue 12 Jan", "Tue 09 Feb"]
+    last_thursday = datetime(2026, 12, 31, 14, 0, tzinfo=UTC)  # the fifth Thursday: the last
+    slots = occurrences(
+        start=last_thursday, end=last_thursday + HOUR, zone=UTC, repeat="monthly_weekday", count=3
+    )
+    assert _days(slots) == ["Thu 31 Dec", "Thu 28 Jan", "Thu 25 Feb"]
+
+
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        ({"repeat": "weekly", "every": 0}, "every"),
+        ({"repeat": "weekly", "every": 53}, "every"),
+        ({"repeat": "weekly", "on_days": (7,)}, "on_days"),
+        ({"repeat": "daily", "on_days": (1,)}, "on_days"),
+    ],
+)
+def test_a_bad_interval_or_day_names_its_field(bad, field):
+    monday = datetime(2026, 12, 7, 9, 0, tzinfo=UTC)
+    with pytest.raises(RecurrenceError) as refused:
+        occurrences(start=monday, end=monday + HOUR, zone=UTC, count=3, **bad)
+    assert refused.value.field == field
+
+
 @pytest.fixture
 def setup(db, ana, bo, staff):
     qwen = factories.llm("qwen")
@@ -134,8 +200,11 @@ def test_a_series_that_needs_approval_waits_whole_and_staff_hear_once(setup, sta
 def test_bad_series_input_is_a_400_naming_the_field(setup):
     s = setup
     for extra, field in (
-        ({"repeat": "monthly"}, "repeat"),
+        ({"repeat": "yearly"}, "repeat"),
         ({"count": None}, "until"),
+        ({"every": 0}, "every"),
+        ({"on_days": ["funday"]}, "on_days"),
+        ({"repeat": "daily", "on_days": ["mon"]}, "on_days"),
         ({"time_zone": "Nowhere/X"}, "time_zone"),
     ):
         answer = s.api.post("/api/reservations/series", series_body(s, **extra), format="json")
@@ -180,3 +249,48 @@ def test_a_series_is_previewed_date_by_date_before_it_is_booked(setup, bo):
     assert not Reservation.objects.filter(user__username="ana").exists()  # a look books nothing
     bad = s.api.get("/api/reservations/series-preview", {**body, "repeat": "hourly"})
     assert bad.status_code == 400 and "repeat" in bad.data
+
+
+def test_a_series_every_other_week_on_two_days_is_booked_and_kept_as_asked(setup):
+    s = setup
+    thursday = s.start + timedelta(days=(3 - s.start.weekday()) % 7)
+    s_thursday = World(**{**s.__dict__, "start": thursday})
+    body = series_body(s_thursday, every=2, on_days=["mon", "thu"], count=4)
+    seen = s.api.get("/api/reservations/series-preview", {**body, "on_days": body["on_days"]})
+    assert seen.status_code == 200, seen.data
+    expected = [thursday + timedelta(days=d) for d in (0, 11, 14, 25)]  # Thu, Mon, Thu, Mon: every other week
+    assert [d["start"] for d in seen.data["occurrences"]] == [iso(e) for e in expected]
+    made = s.api.post("/api/reservations/series", body, format="json")
+    assert made.status_code == 201, made.data
+    assert [r["start"] for r in made.data["reservations"]] == [iso(e) for e in expected]
+    series = Reservation.objects.get(pk=made.data["reservations"][0]["id"]).series
+    assert (series.repeat, series.every, series.on_days) == ("weekly", 2, [0, 3])
+
+
+def test_a_monthly_series_on_the_same_weekday_through_the_portal(setup, ana):
+    s = setup
+    page = factories.client_for(ana)
+    local = timezone.localtime(s.start)
+    made = page.post(
+        "/book/",
+        {
+            "channel": s.channel.pk,
+            "start": f"{local:%Y-%m-%dT%H:%M}",
+            "end": f"{local + HOUR:%Y-%m-%dT%H:%M}",
+            "model": s.model.pk,
+            "preset": s.preset.pk,
+            "repeat": "monthly_weekday",
+            "count": 3,
+            "every": 1,
+        },
+    )
+    assert made.status_code == 302, made.content.decode()[-2000:]
+    starts = list(Reservation.objects.filter(user=ana).order_by("start").values_list("start", flat=True))
+    assert len(starts) == 3
+    nth = (timezone.localtime(s.start).day - 1) // 7
+    for start in starts:
+        day = timezone.localtime(start)
+        assert day.weekday() == local.weekday() and (
+            (day.day - 1) // 7 == nth or (nth == 4 and day.day + 7 > 28)
+        ), starts
+    assert len({timezone.localtime(start).month for start in starts}) == 3

@@ -290,6 +290,9 @@ def test_the_password_reset_mail_links_to_the_public_address_whatever_the_host_h
     assert len(mail.outbox) == 1
     links = re.findall(r"https?://\S+", mail.outbox[0].body)
     assert links and all(link.startswith("https://gpu.lab.example/accounts/reset/") for link in links), links
+    # SlotServe's own words, as its other mails: whose password, and what to do if not asked.
+    assert mail.outbox[0].subject == "[SlotServe] Reset your password"
+    assert "SlotServe password of ana" in mail.outbox[0].body and "ignore this mail" in mail.outbox[0].body
 
 
 @pytest.mark.django_db

@@ -15,10 +15,11 @@ from rest_framework.test import APIClient
 from channels_app.models import StoryEntry
 from channels_app.scheduling.services import channel_reload, decide_channels, override_clear, override_set
 from gateway.models import RequestLog
-from portal.story.telling import Booking, Entry, Names, _said, lines, seconds, verdict
+from portal.story.telling import Booking, Entry, Names, _said, about, lines, seconds, verdict
 from slotserve_base.happenings import Happening, tell
 from slotserve_base.vocabulary import Phase
 from tests import factories
+from tests.factories import iso
 from tests.test_browser import browser  # noqa: F401  (a fixture)
 from tests.test_node_worker import converge, out_of_memory, phase_after
 
@@ -32,6 +33,15 @@ QWEN = {"model_id": 1, "preset_id": 10, "fallback": False}
 
 def at(s: float) -> datetime:
     return T0 + timedelta(seconds=s)
+
+
+def test_a_quick_load_is_under_a_second_not_about_under_a_second():
+    assert (about(0.4), about(40)) == ("under a second", "about 40 s")
+    quick = [
+        Entry(at(-30), "decided", {**QWEN, "reason": "preload_next", "booking_id": 5, "load_seconds": 0.4})
+    ]
+    said = verdict(ANA, quick, NAMES, previous=None, estimate=None, now=at(-20), tz=UTC)
+    assert "loads in under a second" in said and "about under" not in said
 
 
 def test_spans_in_words():
@@ -73,7 +83,29 @@ def test_a_short_gap_says_how_long_the_gap_was_and_how_long_the_model_loads():
     assert said == (
         "qwen (long) was not ready when ana's slot began at 10:00:00. The gap before the slot was 40 s "
         "(bo's booking ended at 09:59:20); this model loads in about 55 s on this node. "
-        "It was ready at 10:00:17, 17 s into the slot."
+        "It was ready at 10:00:17, 17 s into the slot; this load took 55 s."
+    )
+
+
+def test_a_late_model_says_what_held_the_channel_and_how_long_its_load_really_took():
+    """Planned with a 15 s estimate a minute ahead; the default kept draining its requests for
+    50 s, then the load took 3 min 20 s: the verdict says both, not the estimate alone."""
+    small = {"model_id": 2, "preset_id": 20, "fallback": False}
+    story = [
+        Entry(at(-60), "decided", {**QWEN, "reason": "preload_next", "booking_id": 5, "load_seconds": 15.0}),
+        Entry(at(-60), "draining", small),
+        Entry(at(-12), "stopping", small),
+        Entry(at(-10), "stopped", {}),
+        Entry(at(-10), "loading", QWEN),
+        Entry(at(190), "ready", {**QWEN, "load_seconds": 200.0}),
+    ]
+    said = verdict(ANA, story, NAMES, previous=None, estimate=None, now=at(600), tz=UTC)
+    assert said == (
+        "qwen (long) was not ready when ana's slot began at 10:00:00. Preloading was chosen at 09:59:00, "
+        "60 s ahead; this model loads in about 15 s on this node. Its load began at 09:59:50, 50 s "
+        "later: small (default) held the channel until it stopped at 09:59:50. "
+        "It was ready at 10:03:10, 3 min 10 s into the slot; this load took 3 min 20 s, not the 15 s "
+        "expected."
     )
 
 
@@ -238,13 +270,36 @@ def test_members_read_the_story_of_channels_they_may_use_without_whose_requests(
     admin.force_authenticate(staff)
     mine = member.get(f"/api/channels/{channel.pk}/story")
     assert mine.status_code == 200
-    [bucket] = mine.data["requests"]["buckets"]
+    [bucket] = [b for b in mine.data["requests"]["buckets"] if b["requests"]]
     assert (bucket["requests"], bucket["served"], bucket["refused"], bucket["waited"]) == (3, 2, 1, 1)
     assert bucket["wait_ms_max"] == 350.0 and bucket["places_in_use"] == round(2400 / 60000, 2)
     assert "by_user" not in mine.data["requests"]
     assert admin.get(f"/api/channels/{channel.pk}/story").data["requests"]["by_user"] == {"bo": 2, "ana": 1}
     assert member.get(f"/api/channels/{kept_for.pk}/story").status_code == 404
     assert admin.get(f"/api/channels/{kept_for.pk}/story").status_code == 200
+
+
+@pytest.mark.django_db
+def test_the_requests_chart_is_a_time_axis_with_its_quiet_minutes(tiny, ana):
+    """Every minute of the window is a bucket, empty ones too: a quiet stretch reads as quiet,
+    not as the next busy minute beside the last."""
+    channel = factories.channel(default=tiny.small)
+    start = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=10)
+    for minute in (1, 4):
+        RequestLog.objects.create(
+            at=start + timedelta(minutes=minute, seconds=5),
+            user=ana,
+            channel=channel,
+            path="/v1/chat/completions",
+            status=200,
+            duration_ms=100,
+        )
+    api = APIClient()
+    api.force_authenticate(ana)
+    window = {"from": (start).isoformat(), "to": (start + timedelta(minutes=6)).isoformat()}
+    buckets = api.get(f"/api/channels/{channel.pk}/story", window).data["requests"]["buckets"]
+    assert [b["at"] for b in buckets] == [iso(start + timedelta(minutes=m)) for m in range(6)]
+    assert [b["requests"] for b in buckets] == [0, 1, 0, 0, 1, 0]
 
 
 @pytest.mark.django_db

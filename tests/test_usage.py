@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from channels_app.models import Channel
 from gateway.models import RequestLog
 from gateway.usage.request_log import flush_request_log
-from gateway.usage.utilisation import Span, channel_shares, shares_of, totals
+from gateway.usage.utilisation import Demand, Span, channel_shares, minutes, shares_of, totals, totals_of
 from slotserve_base.redis_client import redis_client
 from tests import clock, factories
 from tests.conftest import snapshot_seen
@@ -61,6 +61,7 @@ def test_totals_count_used_minutes_per_booking_and_the_requests():
         "booked_hours": 1.0,
         "used_hours": round(4 / 60, 2),  # minutes 5–8 touched
         "idle_booked_hours": round(56 / 60, 2),
+        "lent_hours": 0.0,
         "to_come_hours": 0.0,
         "requests": 3,
         "prompt_tokens": 16,
@@ -211,6 +212,7 @@ def test_the_report_read_in_runs_and_sums_gives_what_every_request_read_alone_gi
             lo=lo,
             hi=hi,
             now=hi,
+            borrowed=[s for s in spans if s.borrowed],  # a slot's lent time is whoever borrowed it
         )
         return chosen.as_dict()
 
@@ -496,6 +498,44 @@ def test_a_chart_is_drawn_once_for_the_same_numbers_and_again_when_they_change(m
     rows[1]["used_hours"] = 0.5
     changed = hours_chart(rows, "user")
     assert len(drawn) == 2 and changed != first
+
+
+def test_a_lent_slots_time_that_colleagues_used_is_lent_not_idle_booked():
+    """The per-person table as the shares chart sees it: the booker's idle minutes that borrowers
+    used are lent, not "booked, unused"."""
+    lo, hi = T0, T0 + 120 * MIN
+    booking = Span(T0, T0 + 60 * MIN, channel_id=5, user_id=1, reservation_id=1)
+    counted = totals_of(
+        bookings=[booking],
+        ran={1: minutes(T0, T0 + 10 * MIN, lo, hi)},  # the booker's own requests: 10 minutes
+        lent={
+            5: minutes(T0 + 5 * MIN, T0 + 30 * MIN, lo, hi)
+        },  # borrowers': 25, 5 of them beside the booker's
+        asked=Demand(),
+        lo=lo,
+        hi=hi,
+        now=hi,
+    )
+    assert (counted.booked_hours, counted.used_hours) == (1.0, round(10 / 60, 2))
+    assert counted.lent_hours == round(20 / 60, 2) and counted.idle_booked_hours == round(30 / 60, 2)
+    assert "lent_hours" in counted.as_dict()
+
+
+def test_a_charts_legend_says_each_series_whole():
+    """The legend names every series in full: "lent while the booker was idle", not "lent whil…"."""
+    from django.core.cache import cache
+
+    from gateway.usage.utilisation import SHARES
+    from portal.usage import SHARE_LABELS, hours_chart, shares_chart
+
+    cache.clear()
+    shares = shares_chart([{"name": "a100-0", **{share: 1.0 for share in SHARES}}])
+    for label in SHARE_LABELS.values():
+        assert f">{label}</text>" in shares, label
+    hours = hours_chart(
+        [{"name": "ana", "booked_hours": 1.0, "used_hours": 1.0, "to_come_hours": 0.0, "requests": 1}], "user"
+    )
+    assert ">used by the booker's requests</text>" in hours.replace("&#x27;", "'").replace("&#39;", "'")
 
 
 def test_a_channel_added_in_the_period_counts_its_time_from_when_it_was_added():

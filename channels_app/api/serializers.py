@@ -41,7 +41,15 @@ def _labels(value: Any) -> dict[str, str]:
 class GpuSerializer(serializers.ModelSerializer[Gpu]):
     class Meta:
         model = Gpu
-        fields = ["index", "name", "memory_bytes", "free_bytes"]
+        fields = [
+            "index",
+            "name",
+            "memory_bytes",
+            "free_bytes",
+            "utilization_percent",
+            "temperature_c",
+            "sampled_at",
+        ]
 
 
 class NodeSerializer(serializers.ModelSerializer[Node]):

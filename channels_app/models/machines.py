@@ -63,6 +63,11 @@ class Gpu(models.Model):
     name = models.CharField(max_length=200, blank=True)
     memory_bytes = models.BigIntegerField()
     free_bytes = models.BigIntegerField(null=True, blank=True)
+    # What the card is doing, as the node's heartbeat last saw it (NVML; a fake GPU reports what
+    # its channel's processes use of the machine): None where the driver will not say.
+    utilization_percent = models.PositiveSmallIntegerField(null=True, blank=True)
+    temperature_c = models.SmallIntegerField(null=True, blank=True)
+    sampled_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["node", "index"]

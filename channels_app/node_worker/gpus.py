@@ -27,6 +27,9 @@ _FAKE = re.compile(r"^\s*(\d+)\s*x\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNOREC
 _warned_no_nvml = False
 
 
+FAKE_NAME = "Fake GPU"
+
+
 class FakeGpuSpecError(ValueError):
     pass
 
@@ -37,6 +40,8 @@ class GpuInfo:
     name: str
     memory_bytes: int
     free_bytes: int
+    utilization_percent: int | None = None  # the share of the last sample period it computed
+    temperature_c: int | None = None
 
 
 def host_ram_bytes() -> int | None:
@@ -57,7 +62,7 @@ def parse_fake_gpus(spec: str) -> list[GpuInfo]:
         count, size, unit = int(match.group(1)), float(match.group(2)), match.group(3).lower()
         memory = int(size * _UNITS[unit])
         for _ in range(count):
-            gpus.append(GpuInfo(len(gpus), "Fake GPU", memory, memory))
+            gpus.append(GpuInfo(len(gpus), FAKE_NAME, memory, memory))
     return gpus
 
 
@@ -93,9 +98,72 @@ def nvml_gpus() -> list[GpuInfo]:
             name = pynvml.nvmlDeviceGetName(handle)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             found.append(
-                GpuInfo(index, name if isinstance(name, str) else name.decode(), memory.total, memory.free)
+                GpuInfo(
+                    index,
+                    name if isinstance(name, str) else name.decode(),
+                    memory.total,
+                    memory.free,
+                    _asked(lambda h=handle: pynvml.nvmlDeviceGetUtilizationRates(h).gpu, pynvml),
+                    _asked(
+                        lambda h=handle: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+                        pynvml,
+                    ),
+                )
             )
         return found
+
+
+def _asked(read: Any, pynvml: Any) -> int | None:
+    """One reading NVML may not support on this card (a MIG slice has no temperature): None then."""
+    try:
+        return int(read())
+    except pynvml.NVMLError:
+        return None
+
+
+# A fake GPU's temperature: idle at 32 °C, 78 °C at full use (a data-centre card's range).
+IDLE_C, BUSY_C = 32, 78
+_watched: dict[int, Any] = {}  # pid → psutil.Process, whose CPU use is measured between samples
+
+
+def fake_use(found: list[GpuInfo], holders: dict[int, list[int]]) -> list[GpuInfo]:
+    """Fake GPUs report what their channels' processes use of the machine, so a lab without
+    NVIDIA cards still sees believable, moving numbers: the memory the processes hold (their
+    resident size) as used, their CPU use since the last sample (shared among the GPUs a process
+    holds) as utilisation, and a temperature that follows it. ``holders``: GPU index → the pids
+    of the processes on it."""
+    import psutil
+
+    shares: dict[int, int] = {}
+    for pids in holders.values():
+        for pid in pids:
+            shares[pid] = shares.get(pid, 0) + 1
+    use: dict[int, tuple[int, float]] = {}  # pid → its resident memory and CPU use, read once
+    for pid in shares:
+        try:
+            process = _watched.setdefault(pid, psutil.Process(pid))
+            use[pid] = (process.memory_info().rss, process.cpu_percent(interval=None))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            _watched.pop(pid, None)
+    sampled = []
+    for gpu in found:
+        on_it = [pid for pid in holders.get(gpu.index, []) if pid in use]
+        used = sum(use[pid][0] // shares[pid] for pid in on_it)
+        percent = min(round(sum(use[pid][1] / shares[pid] for pid in on_it)), 100)
+        sampled.append(
+            GpuInfo(
+                gpu.index,
+                gpu.name,
+                gpu.memory_bytes,
+                max(gpu.memory_bytes - used, 0),
+                percent,
+                IDLE_C + round((BUSY_C - IDLE_C) * percent / 100),
+            )
+        )
+    alive = {pid for pids in holders.values() for pid in pids}
+    for pid in set(_watched) - alive:
+        del _watched[pid]
+    return sampled
 
 
 def discover(fake_spec: str) -> list[GpuInfo]:
@@ -117,6 +185,10 @@ def discover(fake_spec: str) -> list[GpuInfo]:
         )
         _warned_no_nvml = True
     return parse_fake_gpus(fake_spec) if fake_spec else []
+
+
+def is_fake(found: list[GpuInfo]) -> bool:
+    return bool(found) and all(gpu.name == FAKE_NAME for gpu in found)
 
 
 def memory_holders(indexes: list[int]) -> dict[int, list[tuple[int, int | None]]]:

@@ -15,6 +15,7 @@ from django.db import transaction
 from channels_app.backends import Backend
 from channels_app.models import (
     HEARTBEAT_TICKS,
+    ChannelRuntime,
     Gpu,
     Node,
 )
@@ -67,6 +68,8 @@ def heartbeat(*, node_name: str, now: datetime) -> Node:
     """Register the node, the machine it runs on, its RAM and its GPUs (index, name, total and
     free memory)."""
     found = gpus.discover(settings.SLOTSERVE_FAKE_GPUS)
+    if gpus.is_fake(found):
+        found = gpus.fake_use(found, _holders(node_name))
     with transaction.atomic():
         node, _ = Node.objects.get_or_create(name=node_name)
         machine = this_machine()
@@ -87,9 +90,27 @@ def heartbeat(*, node_name: str, now: datetime) -> Node:
             Gpu.objects.update_or_create(
                 node=node,
                 index=gpu.index,
-                defaults={"name": gpu.name, "memory_bytes": gpu.memory_bytes, "free_bytes": gpu.free_bytes},
+                defaults={
+                    "name": gpu.name,
+                    "memory_bytes": gpu.memory_bytes,
+                    "free_bytes": gpu.free_bytes,
+                    "utilization_percent": gpu.utilization_percent,
+                    "temperature_c": gpu.temperature_c,
+                    "sampled_at": now,
+                },
             )
         Gpu.objects.filter(node=node).exclude(index__in=[g.index for g in found]).delete()
     if settings.SLOTSERVE_MODEL_DIRS:
         discovery.report(node=node, files=discovery.scan(settings.SLOTSERVE_MODEL_DIRS), now=now)
     return node
+
+
+def _holders(node_name: str) -> dict[int, list[int]]:
+    """GPU index → the pids of the inference processes this node's channels run on it."""
+    held: dict[int, list[int]] = {}
+    running = ChannelRuntime.objects.filter(channel__node__name=node_name, pid__isnull=False)
+    for pid, indexes in running.values_list("pid", "channel__gpu_indexes"):
+        for index in indexes or []:
+            if pid is not None:
+                held.setdefault(index, []).append(pid)
+    return held

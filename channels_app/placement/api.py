@@ -15,6 +15,7 @@ from channels_app.models import LLMModel, Preset
 from channels_app.placement.chains import Placement
 from channels_app.placement.selectors import FINDER_HORIZON, free_slots, placement_for
 from slotserve_base.api_fields import IdOrNameField, MomentField
+from slotserve_base.time_words import moment_words, reader_zone, slot_words
 
 
 class PlacementInput(serializers.Serializer[Any]):
@@ -97,6 +98,7 @@ class FreeSlotsView(APIView):
             )
             if at_first.message:
                 message += f" ({at_first.message})"
+        zone = reader_zone(request.user)
         return Response(
             {
                 "slots": [
@@ -104,6 +106,9 @@ class FreeSlotsView(APIView):
                         "start": slot.start,
                         "end": slot.end,
                         "free_until": slot.free_until,
+                        # In the caller's zone, named as every page names it (IST, not GMT+5:30).
+                        "words": slot_words(slot.start, slot.end, zone),
+                        "free_until_words": moment_words(slot.free_until, zone) if slot.free_until else "",
                         "channels": [
                             {
                                 "channel": s.candidate.id,

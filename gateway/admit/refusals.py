@@ -243,13 +243,17 @@ def over_limit_refusal(over: OverLimit, caller: Caller, now: datetime) -> Refusa
     """``429`` in OpenAI's shape, naming the limit and when it lifts."""
     limits = caller.limits
     assert limits is not None
-    if over.limit == "weekly_tokens":
+    if over.limit in ("weekly_tokens", "key_weekly_tokens"):
         lifts = week_start(now) + timedelta(days=7)
+        used = (
+            f"you used your {limits.user_weekly_tokens} tokens of this week outside your own slots"
+            if over.limit == "weekly_tokens"
+            else f"this key used its {limits.key_weekly_tokens} tokens of this week outside your own slots"
+        )
         return Refusal(
             429,
             ErrorCode.INSUFFICIENT_QUOTA,
-            f"you used your {limits.user_weekly_tokens} tokens of this week outside your own slots; "
-            f"the budget starts again on {lifts:%Y-%m-%d} 00:00 UTC (book a slot to keep going)",
+            f"{used}; the budget starts again on {lifts:%Y-%m-%d} 00:00 UTC (book a slot to keep going)",
             max(1, math.ceil((lifts - now).total_seconds())),
         )
     limit = {

@@ -17,7 +17,7 @@ import zoneinfo
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, timedelta, tzinfo
+from datetime import UTC, datetime, timedelta, tzinfo
 from functools import cached_property
 
 from django.conf import settings
@@ -66,7 +66,13 @@ def read_snapshot() -> Snapshot:
         connection.close()
 
 
-def limits_reader() -> Callable[[int, int | None, int | None], Limits | None]:
+def channel_views_now() -> tuple[ChannelView, ...]:
+    """The channels as the gateway would see them now, on the caller's own connection (a page's:
+    it names models the person may call)."""
+    return channel_views(timezone.now())
+
+
+def limits_reader() -> Callable[..., Limits | None]:
     """The installation's limits with each user's own overrides (``SharingLimits``)."""
     from gateway.models import SharingLimits
 
@@ -82,10 +88,15 @@ def limits_reader() -> Callable[[int, int | None, int | None], Limits | None]:
         settings.SLOTSERVE_LIMIT_WEEKLY_TOKENS,
     )
 
-    def limits(user_id: int, key_concurrent: int | None, key_per_minute: int | None) -> Limits | None:
+    def limits(
+        user_id: int,
+        key_concurrent: int | None,
+        key_per_minute: int | None,
+        key_weekly_tokens: int | None = None,
+    ) -> Limits | None:
         mine = own.get(user_id, (None, None, None))
         conc, rpm, tokens = (d if o is None else o for o, d in zip(mine, defaults, strict=True))
-        found = Limits(conc, rpm, tokens, key_concurrent or 0, key_per_minute or 0)
+        found = Limits(conc, rpm, tokens, key_concurrent or 0, key_per_minute or 0, key_weekly_tokens or 0)
         return found if found != NO_LIMITS else None
 
     return limits
@@ -97,11 +108,9 @@ UPCOMING_MARGIN_SECONDS = 2.0
 
 
 def _read_snapshot() -> Snapshot:
-    from channels_app.models import Channel, ModelAlias
-    from channels_app.scheduling import selectors
+    from channels_app.models import ModelAlias
     from gateway.models import ApiKey
-    from reservations.models import GroupPolicy, Profile, Reservation
-    from slotserve_base.target import Target
+    from reservations.models import GroupPolicy, Profile
 
     # Its age counts from here, before the first query: a read that a slow or restarting
     # database holds up is as old as its data, not as new as its end.
@@ -113,8 +122,12 @@ def _read_snapshot() -> Snapshot:
     for key_id, name in ApiKey.models_allowed.through.objects.values_list("apikey_id", "llmmodel__name"):
         scopes_m[key_id].add(name)
     scopes_c: dict[int, set[int]] = defaultdict(set)
-    for key_id, channel_id in ApiKey.channels_allowed.through.objects.values_list("apikey_id", "channel_id"):
+    scope_names: dict[int, set[str]] = defaultdict(set)
+    for key_id, channel_id, channel_name in ApiKey.channels_allowed.through.objects.values_list(
+        "apikey_id", "channel_id", "channel__name"
+    ):
         scopes_c[key_id].add(channel_id)
+        scope_names[key_id].add(channel_name)
     zones = {
         user_id: zone_named(name) for user_id, name in Profile.objects.values_list("user_id", "time_zone")
     }
@@ -131,15 +144,27 @@ def _read_snapshot() -> Snapshot:
             username,
             key_id,
             wait,
-            _limits(user_id, key_conc, key_rpm),
+            _limits(user_id, key_conc, key_rpm, key_tokens),
             staff,
             weights.get(user_id, 1),
             zones.get(user_id, UTC),
             frozenset(scopes_m[key_id]) if key_id in scopes_m else None,
             frozenset(scopes_c[key_id]) if key_id in scopes_c else None,
             expires,
+            frozenset(scope_names[key_id]),
         )
-        for key_id, hashed, user_id, username, wait, key_conc, key_rpm, staff, expires in keys.values_list(
+        for (
+            key_id,
+            hashed,
+            user_id,
+            username,
+            wait,
+            key_conc,
+            key_rpm,
+            key_tokens,
+            staff,
+            expires,
+        ) in keys.values_list(
             "pk",
             "hashed",
             "user_id",
@@ -147,6 +172,7 @@ def _read_snapshot() -> Snapshot:
             "wait_seconds",
             "max_concurrent",
             "requests_per_minute",
+            "weekly_tokens",
             "user__is_staff",
             "expires_at",
         )
@@ -154,6 +180,18 @@ def _read_snapshot() -> Snapshot:
     # The active booking of each channel, and the next one if it begins within the snapshot's
     # life (its age limit and a read's time): the gateway lets its booker alone in from its
     # first moment (``access.as_of``), not from the next snapshot.
+    views = channel_views(now)
+    aliases = dict(ModelAlias.objects.values_list("name", "model__name"))
+    return Snapshot(callers=callers, channels=views, aliases=aliases, taken_at=read_from)
+
+
+def channel_views(now: datetime) -> tuple[ChannelView, ...]:
+    """Every channel as the gateway sees it at ``now``: what runs, its booking, its node."""
+    from channels_app.models import Channel
+    from channels_app.scheduling import selectors
+    from reservations.models import Reservation
+    from slotserve_base.target import Target
+
     soon = now + timedelta(
         seconds=float(settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS) + UPCOMING_MARGIN_SECONDS
     )
@@ -226,8 +264,7 @@ def _read_snapshot() -> Snapshot:
                 ),
             )
         )
-    aliases = dict(ModelAlias.objects.values_list("name", "model__name"))
-    return Snapshot(callers=callers, channels=tuple(views), aliases=aliases, taken_at=read_from)
+    return tuple(views)
 
 
 # How long a request waits for a fresh snapshot before it is told the database is away.

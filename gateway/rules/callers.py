@@ -17,6 +17,7 @@ class Limits:
     user_weekly_tokens: int = 0
     key_concurrent: int = 0
     key_per_minute: int = 0
+    key_weekly_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Caller:
     models_allowed: frozenset[str] | None = None  # model names
     channels_allowed: frozenset[int] | None = None
     expires_at: datetime | None = None
+    channel_names: frozenset[str] = frozenset()  # the scope's channels, named in its refusals
 
     @property
     def scoped(self) -> bool:

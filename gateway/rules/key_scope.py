@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
-from gateway.rules.access import ChannelView, Refusal, told_at
+from gateway.rules.access import ChannelView, Refusal, models_for, told_at
 from gateway.rules.callers import Caller
 from slotserve_base.vocabulary import ErrorCode
 
@@ -48,7 +49,12 @@ def _scope(caller: Caller) -> str:
     if caller.models_allowed is not None:
         parts.append("models " + ", ".join(sorted(caller.models_allowed)))
     if caller.channels_allowed is not None:
-        parts.append(f"{len(caller.channels_allowed)} channel(s) chosen for it")
+        names = sorted(caller.channel_names)
+        parts.append(
+            ("channel " if len(names) == 1 else "channels ") + ", ".join(names)
+            if names
+            else f"{len(caller.channels_allowed)} channels chosen for it"
+        )
     return "it is limited to " + " and ".join(parts)
 
 
@@ -73,3 +79,40 @@ def beyond(wanted: KeyLimits, limit: KeyLimits) -> str | None:
     if limit.expires_at is not None and (wanted.expires_at is None or wanted.expires_at > limit.expires_at):
         return "expires_at"
     return None
+
+
+class Callable(NamedTuple):
+    """The models a person (through a key of this scope) may call now, and, where there is
+    none, why, in words for the person."""
+
+    models: list[str]
+    why_none: str
+
+
+def callable_now(
+    *,
+    caller_id: int,
+    channels: Sequence[ChannelView],
+    now: datetime,
+    models_allowed: frozenset[str] | None = None,
+    channels_allowed: frozenset[int] | None = None,
+) -> Callable:
+    """What the gateway would let the caller call right now, as ``/v1/models`` lists it: the
+    portal's snippets name one of these, never a model loaded nowhere or outside the key."""
+    loaded = [c for c in channels if c.model is not None]
+    if not loaded:
+        return Callable([], "no model is loaded on any channel right now")
+    usable = models_for(caller_id=caller_id, channels=loaded, now=now)
+    if not usable:
+        return Callable([], "every model loaded now is on a channel booked by someone else, or still loading")
+    in_scope = sorted(
+        {
+            model
+            for model, name in usable
+            if (models_allowed is None or model in models_allowed)
+            and (channels_allowed is None or any(c.id in channels_allowed for c in loaded if c.name == name))
+        }
+    )
+    if not in_scope:
+        return Callable([], "no model this key may call is loaded on a channel you may use now")
+    return Callable(in_scope, "")

@@ -152,6 +152,7 @@ def usage_rows(
     for asker, channel_id, summed in _asked(lo, hi, by):
         for key in keys(asker, channel_id):
             asked[key] += summed
+    lent = lent_minutes(lo, hi)
     borrowed: dict[int, int] = defaultdict(int)
     for borrower, channel_id, n in _borrowed(lo, hi):
         for key in keys(borrower, channel_id):
@@ -174,7 +175,13 @@ def usage_rows(
     rows = []
     for key in sorted(visible, key=lambda k: names.get(k, "")):
         counted = totals_of(
-            bookings=held.get(key, []), ran=ran, asked=asked.get(key, Demand()), lo=lo, hi=hi, now=now
+            bookings=held.get(key, []),
+            ran=ran,
+            asked=asked.get(key, Demand()),
+            lo=lo,
+            hi=hi,
+            now=now,
+            lent=lent,
         )
         rows.append(
             {

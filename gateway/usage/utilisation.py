@@ -127,7 +127,8 @@ def shares_of(
 class Totals:
     booked_hours: float  # until now: time still to come is neither used nor idle yet
     used_hours: float  # booked minutes in which the booking's own requests ran
-    idle_booked_hours: float
+    idle_booked_hours: float  # neither the booker's requests nor borrowers' ran
+    lent_hours: float  # the booker idle, borrowers' requests ran (docs/gateway.md, "Lending")
     to_come_hours: float  # booked after now, within the period
     requests: int
     prompt_tokens: int
@@ -139,6 +140,7 @@ class Totals:
             "booked_hours": self.booked_hours,
             "used_hours": self.used_hours,
             "idle_booked_hours": self.idle_booked_hours,
+            "lent_hours": self.lent_hours,
             "to_come_hours": self.to_come_hours,
             "requests": self.requests,
             "prompt_tokens": self.prompt_tokens,
@@ -176,17 +178,28 @@ class Demand:
 
 
 def totals(
-    *, bookings: list[Span], requests: list[Span], lo: datetime, hi: datetime, now: datetime
+    *,
+    bookings: list[Span],
+    requests: list[Span],
+    lo: datetime,
+    hi: datetime,
+    now: datetime,
+    borrowed: Iterable[Span] | None = None,
 ) -> Totals:
     """What ``bookings`` held and ``requests`` asked within ``[lo, hi)`` until ``now``: booked
-    hours (exact), used hours (the booked minutes its own requests touched), idle booked hours,
-    booked hours still to come, and the requests' counts, tokens and mean TTFT."""
+    hours (exact), used hours (the booked minutes its own requests touched), lent hours (the
+    booker idle, ``borrowed`` requests ran: whoever sent them; the borrowed among ``requests``
+    unless given), idle booked hours, booked hours still to come, and the requests' counts,
+    tokens and mean TTFT."""
     asked = Demand.of(r for r in requests if lo <= r.start < hi)
     ran: dict[int, Minutes] = {}
     for r in requests:
         if r.reservation_id is not None:
             ran[r.reservation_id] = ran.get(r.reservation_id, 0) | minutes(r.start, r.end, lo, hi)
-    return totals_of(bookings=bookings, ran=ran, asked=asked, lo=lo, hi=hi, now=now)
+    lent: dict[int | None, Minutes] = {}
+    for r in borrowed if borrowed is not None else (r for r in requests if r.borrowed):
+        lent[r.channel_id] = lent.get(r.channel_id, 0) | minutes(r.start, r.end, lo, hi)
+    return totals_of(bookings=bookings, ran=ran, asked=asked, lo=lo, hi=hi, now=now, lent=lent)
 
 
 def totals_of(
@@ -197,11 +210,15 @@ def totals_of(
     lo: datetime,
     hi: datetime,
     now: datetime,
+    lent: Mapping[int | None, Minutes] | None = None,
 ) -> Totals:
     """``totals`` from the minutes each booking's own requests touched (``ran``, by booking; the
-    report reads them from the roll-ups) and what the requests ``asked``, summed apart."""
+    report reads them from the roll-ups) and what the requests ``asked``, summed apart;
+    ``lent``: by channel, the minutes borrowed requests touched (the booker's idle minutes among
+    them are lent, not idle)."""
     booked_seconds = to_come_seconds = 0.0
-    used = 0
+    used = lent_out = 0
+    lent = lent or {}
     # In seconds since the epoch: a report counts thousands of bookings (``minutes``, inlined).
     lo_s, hi_s = lo.timestamp(), hi.timestamp()
     passed_s = min(max(now.timestamp(), lo_s), hi_s)  # the period's end, or now within it
@@ -213,14 +230,18 @@ def totals_of(
             booked_seconds += last - first
             a, b = int(first // 60) - base, int(-(-last // 60)) - base
             held = ((1 << (b - a)) - 1) << a
-            used += (ran.get(booking.reservation_id or 0, 0) & held).bit_count()
+            own = ran.get(booking.reservation_id or 0, 0) & held
+            used += own.bit_count()
+            lent_out += (lent.get(booking.channel_id, 0) & held & ~own).bit_count()
         to_come_seconds += max(min(end_s, hi_s) - max(start_s, passed_s), 0.0)
     booked_hours = round(booked_seconds / 3600, 2)
     used_hours = min(round(used / 60, 2), booked_hours)
+    lent_hours = min(round(lent_out / 60, 2), round(booked_hours - used_hours, 2))
     return Totals(
         booked_hours=booked_hours,
         used_hours=used_hours,
-        idle_booked_hours=round(booked_hours - used_hours, 2),
+        idle_booked_hours=round(booked_hours - used_hours - lent_hours, 2),
+        lent_hours=lent_hours,
         to_come_hours=round(to_come_seconds / 3600, 2),
         requests=asked.requests,
         prompt_tokens=asked.prompt,

@@ -57,10 +57,11 @@ return lost and 1 or 0
 
 # Count an answer: KEYS status hash, TTFT hash, the request log; when ARGV[1] is 1 also the
 # in-flight set, then (when ARGV[11] is 1: the request was within limits) the user's tokens this
-# week and the user's and the key's in-flight sets, then the usage hashes (user, key,
-# reservation). ARGV status, TTFT bucket, TTFT seconds, prompt and completion tokens ('' where
-# not known), the request id, the request's log record ('' for none), how many records the log
-# keeps at most while nobody flushes it, how long a week's token count is kept, and the flag.
+# week, the user's and the key's in-flight sets and the key's tokens this week, then the usage
+# hashes (user, key, reservation). ARGV status, TTFT bucket, TTFT seconds, prompt and
+# completion tokens ('' where not known), the request id, the request's log record ('' for
+# none), how many records the log keeps at most while nobody flushes it, how long a week's token
+# count is kept, and the flag.
 LEAVE = """
 if ARGV[2] ~= '' then redis.call('HINCRBY', KEYS[1], ARGV[2], 1) end
 if ARGV[3] ~= '' then
@@ -77,12 +78,14 @@ if ARGV[1] == '1' then
   if ARGV[11] == '1' then
     local tokens = tonumber(ARGV[5]) + tonumber(ARGV[6])
     if tokens > 0 then
-      redis.call('INCRBY', KEYS[5], tokens)
-      redis.call('EXPIRE', KEYS[5], ARGV[10])
+      for _, week in ipairs({KEYS[5], KEYS[8]}) do
+        redis.call('INCRBY', week, tokens)
+        redis.call('EXPIRE', week, ARGV[10])
+      end
     end
     redis.call('ZREM', KEYS[6], ARGV[7])
     redis.call('ZREM', KEYS[7], ARGV[7])
-    first = 8
+    first = 9
   end
   for i = first, #KEYS do
     redis.call('HINCRBY', KEYS[i], 'requests', 1)
@@ -95,12 +98,12 @@ return 1
 
 # Count a request in within its caller's limits (fair sharing outside slots), or say which
 # limit it meets: KEYS in-flight set, gate, the user's and the key's in-flight sets, the user's
-# and the key's count this minute, the user's tokens this week; ARGV request id, entry lifetime,
-# then the limits (0: none): user concurrent, key concurrent, user per minute, key per minute,
-# user weekly tokens. Answers {1, room} admitted (room: how many more requests the caller's
-# concurrency and per-minute limits let in now, ROOMY when none of them is set), {0} gate
-# closed, {-1, seconds} over a limit (the seconds until it lifts; 0 when unknown), with the
-# limit's name.
+# and the key's count this minute, the user's and the key's tokens this week; ARGV request id,
+# entry lifetime, then the limits (0: none): user concurrent, key concurrent, user per minute,
+# key per minute, user weekly tokens, key weekly tokens. Answers {1, room} admitted (room: how
+# many more requests the caller's concurrency and per-minute limits let in now, ROOMY when none
+# of them is set), {0} gate closed, {-1, seconds} over a limit (the seconds until it lifts; 0
+# when unknown), with the limit's name.
 ENTER_LIMITED = (
     REDIS_NOW
     + """
@@ -112,6 +115,10 @@ end
 local budget = tonumber(ARGV[7])
 if budget > 0 and tonumber(redis.call('GET', KEYS[7]) or '0') >= budget then
   return {-1, 0, 'weekly_tokens'}
+end
+local key_budget = tonumber(ARGV[8])
+if key_budget > 0 and tonumber(redis.call('GET', KEYS[8]) or '0') >= key_budget then
+  return {-1, 0, 'key_weekly_tokens'}
 end
 if tonumber(ARGV[3]) > 0 and live(KEYS[3]) >= tonumber(ARGV[3]) then return {-1, 1, 'user_concurrent'} end
 if tonumber(ARGV[4]) > 0 and live(KEYS[4]) >= tonumber(ARGV[4]) then return {-1, 1, 'key_concurrent'} end
@@ -203,12 +210,22 @@ _week: list[tuple[float, str]] = [(0.0, "")]  # (until when, the week's label)
 
 def week_tokens_key(user_id: int) -> str:
     """``<prefix>:weektokens:<user>-<Monday>``; the week's label is worked out once a minute."""
+    return key(RedisKey.WEEK_TOKENS, f"{user_id}-{_week_label()}")
+
+
+def key_week_tokens_key(key_id: int) -> str:
+    """``<prefix>:weektokens:key<key>-<Monday>``: a key's own week (``tell_budgets_used`` reads
+    the users' only)."""
+    return key(RedisKey.WEEK_TOKENS, f"key{key_id}-{_week_label()}")
+
+
+def _week_label() -> str:
     until, label = _week[0]
     now = time.time()
     if now >= until:
         label = f"{week_start(datetime.now(UTC)):%Y%m%d}"
         _week[0] = (now + 60 - now % 60, label)
-    return key(RedisKey.WEEK_TOKENS, f"{user_id}-{label}")
+    return label
 
 
 # A week's token count outlives its week by a day (budgets read only the current week's).
@@ -289,6 +306,7 @@ def enter_arguments(
         cached_key(cache, RedisKey.RATE, f"user-{user_id}"),
         cached_key(cache, RedisKey.RATE, f"key-{key_id}"),
         week_tokens_key(user_id),
+        key_week_tokens_key(key_id),
     ]
     args: list[str | int | bytes] = [
         request_id,
@@ -298,6 +316,7 @@ def enter_arguments(
         limits.user_per_minute,
         limits.key_per_minute,
         limits.user_weekly_tokens,
+        limits.key_weekly_tokens,
     ]
     return ENTER_LIMITED, keys, args, (inflight, *flights)
 
@@ -319,6 +338,7 @@ def leave_keys(
             week_tokens_key(user_id),
             cached_key(cache, RedisKey.USER_FLIGHT, user_id),
             cached_key(cache, RedisKey.KEY_FLIGHT, key_id or 0),
+            key_week_tokens_key(key_id or 0),
         )
     keys.append(cached_key(cache, RedisKey.USAGE_USER, user_id))
     if key_id is not None:

@@ -101,6 +101,10 @@ def bucket_for(start: datetime, end: datetime) -> timedelta:
     return timedelta(hours=1)
 
 
+# A window's chart has at most this many buckets (a month of hours).
+MOST_BUCKETS = 800
+
+
 @dataclass
 class Bucket:
     at: datetime
@@ -153,6 +157,11 @@ def requests(channel: Channel, start: datetime, end: datetime, *, everyone: bool
         bucket.waited += row["waited"]
         bucket.wait_ms_max = max(bucket.wait_ms_max, row["wait_max"] or 0.0)
         bucket.busy_ms += row["busy"] or 0.0
+    # Every bucket of the window, the quiet ones too: the chart is a time axis.
+    at = epoch + ((start - epoch) // width) * width
+    while at < end and len(buckets) < MOST_BUCKETS:
+        buckets.setdefault(at, Bucket(at))
+        at += width
     shown: dict[str, Any] = {
         "bucket_seconds": int(width.total_seconds()),
         "buckets": [b.json(width) for b in sorted(buckets.values(), key=lambda b: b.at)],

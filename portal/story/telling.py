@@ -79,6 +79,12 @@ def seconds(value: float) -> str:
     return f"{whole // 3600} h" + (f" {whole // 60 % 60} min" if whole // 60 % 60 else "")
 
 
+def about(value: float) -> str:
+    """An estimate in words: "about 40 s", or "under a second" (never "about under a second")."""
+    said = seconds(value)
+    return said if value < 1 else f"about {said}"
+
+
 def _error(data: Mapping[str, Any]) -> str:
     """A failure's explanation, without its last full stop (the sentence around it ends it)."""
     return str(data.get("error") or "no reason given").rstrip().rstrip(".")
@@ -95,9 +101,7 @@ def _said(entry: Entry, names: Names, tz: tzinfo) -> str:
         until = parse_moment(d["until"]) if d.get("until") else None
         reason = why(reason=d.get("reason"), booking=facts, valid_until=until, tz=tz)
         load = d.get("load_seconds")
-        est = (
-            f"; it loads in about {seconds(load)} here" if load and d.get("reason") == "preload_next" else ""
-        )
+        est = f"; it loads in {about(load)} here" if load and d.get("reason") == "preload_next" else ""
         return f"The scheduler chose {what}: {reason}{est}."
     if kind == "override_set":
         set_to = "unload" if d.get("unload") else what
@@ -240,9 +244,7 @@ def verdict(
         entries, "decided", booking.start - timedelta(days=1), booking.end, booking_id=booking.id
     )
     load = (planned.data.get("load_seconds") if planned else None) or estimate
-    load_words = (
-        f"this model loads in about {seconds(load)} on this node" if load else "its load time is not known"
-    )
+    load_words = f"this model loads in {about(load)} on this node" if load else "its load time is not known"
     if now < booking.start:
         return f"{whose} slot has not begun: {what} will be preloaded in time ({load_words})."
     target = {"model_id": booking.model_id, "preset_id": booking.preset_id, "fallback": False}
@@ -276,6 +278,7 @@ def verdict(
         if fallback is not None:
             default = names.target(fallback.data.get("model_id"), fallback.data.get("preset_id"))
             said.append(f"The default model {default} served the booking from {_hms(fallback.at, tz)}.")
+    said.extend(_held(entries, since, booking, names, tz))
     spell = _first(entries, "node_not_ready", since - timedelta(hours=1), booking.start)
     if spell is not None:
         back = _first(entries, "node_ready", spell.at, booking.end)
@@ -285,9 +288,48 @@ def verdict(
     ready = _first(entries, "ready", booking.start, booking.end, **target)
     if ready is not None:
         late = (ready.at - booking.start).total_seconds()
-        said.append(f"It was ready at {_hms(ready.at, tz)}, {seconds(late)} into the slot.")
+        said.append(
+            f"It was ready at {_hms(ready.at, tz)}, {seconds(late)} into the slot{_took(ready, load)}."
+        )
     elif now < booking.end:
         said.append("It is not ready yet.")
     else:
         said.append("It was not ready during the slot.")
     return " ".join(said)
+
+
+# A load's start this long after the plan is a wait someone should hear of.
+HELD_SECONDS = 5.0
+
+
+def _held(entries: Sequence[Entry], since: datetime, booking: Booking, names: Names, tz: tzinfo) -> list[str]:
+    """When the booked model's load began, where that was well after the plan, and what held
+    the channel meanwhile (the process before it, draining or stopping)."""
+    began = _first(
+        entries, "loading", since, booking.end, model_id=booking.model_id, preset_id=booking.preset_id
+    )
+    if began is None or (began.at - since).total_seconds() < HELD_SECONDS:
+        return []
+    words = f"Its load began at {_hms(began.at, tz)}, {seconds((began.at - since).total_seconds())} later"
+    before = [
+        e
+        for e in entries
+        if e.at <= began.at and e is not began and e.kind in ("ready", "draining", "stopping")
+    ]
+    held = before[-1] if before else None
+    if held is None or held.data.get("model_id") is None:
+        return [f"{words}."]
+    stopped = _first(entries, "stopped", held.at, began.at + timedelta(seconds=1))
+    until = stopped.at if stopped is not None else began.at
+    what = names.target(held.data.get("model_id"), held.data.get("preset_id"))
+    return [f"{words}: {what} held the channel until it stopped at {_hms(until, tz)}."]
+
+
+def _took(ready: Entry, expected: float | None) -> str:
+    """How long the load that made it ready took, and the estimate where it was far off."""
+    took = ready.data.get("load_seconds")
+    if not took:
+        return ""
+    if expected and abs(took - expected) > max(5.0, 0.25 * expected):
+        return f"; this load took {seconds(took)}, not the {seconds(expected)} expected"
+    return f"; this load took {seconds(took)}"

@@ -44,3 +44,18 @@ def expiry(moment: datetime) -> str:
     from reservations.wording import expiry_words
 
     return expiry_words(moment)
+
+
+@register.filter
+def own_limits(key: Any) -> str:
+    """A key's own limits in words: ``1 at once, 30 a minute, 50000 tokens a week``, or ``—``."""
+    said = [
+        f"{value} {words}"
+        for value, words in (
+            (key.max_concurrent, "at once"),
+            (key.requests_per_minute, "a minute"),
+            (key.weekly_tokens, "tokens a week"),
+        )
+        if value
+    ]
+    return ", ".join(said) or "—"

@@ -9,7 +9,7 @@ from django.db import IntegrityError, transaction
 
 from channels_app.models import Channel
 from reservations.models import Reservation
-from reservations.selectors import first_conflict
+from reservations.selectors import blackouts_over, first_conflict
 from reservations.services.asked import NewBooking
 from reservations.services.common import (
     ReservationConflict,
@@ -74,8 +74,12 @@ def reservation_create_anywhere(booking: NewBooking, *, now: datetime) -> Reserv
         )
     ranked = placement_for(model=model, preset=booking.preset, start=booking.start, end=booking.end)
     closed: list[str] = []  # channels that fit but are for groups the user is not in
+    blacked_out: list[str] = []  # channels that fit but are closed then
     for scored in ranked.ranked:
         chosen = Channel.objects.get(pk=scored.candidate.id)
+        if blackouts_over(chosen.pk, booking.start, booking.end).exists():
+            blacked_out.append(chosen.name)
+            continue
         try:
             there = dataclasses.replace(booking.on(chosen), lend=booking.lend and chosen.lend_while_idle)
             return reservation_create(there, now=now)
@@ -87,6 +91,11 @@ def reservation_create_anywhere(booking: NewBooking, *, now: datetime) -> Reserv
             closed.append(chosen.name)  # limited to other groups: the next best
     if closed and len(closed) == len(ranked.ranked):
         raise NoChannelFits(f"the channels that fit ({', '.join(closed)}) are for groups you are not in")
+    if blacked_out and len(closed) + len(blacked_out) == len(ranked.ranked):
+        why = f"{', '.join(blacked_out)} closed then (the calendar says why)"
+        if closed:
+            why += f"; {', '.join(closed)} for groups you are not in"
+        raise NoChannelFits(f"every channel that fits is out of reach: {why}")
     raise NoChannelFits(ranked.message or "every channel that fits was booked meanwhile")
 
 

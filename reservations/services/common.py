@@ -17,8 +17,15 @@ from channels_app.models import ApprovalPolicy, Channel, validate_target
 from reservations.announce import announce_booking
 from reservations.models import BLOCKING_STATUSES, Reservation, ReservationSeries, ReservationStatus
 from reservations.notifications import notify, slot_of
-from reservations.rules import BookingLimits, LimitBroken, check_length_and_horizon, check_quota
-from reservations.selectors import group_held_slots, held_slots, reviewable_by
+from reservations.rules import (
+    BookingLimits,
+    Closure,
+    LimitBroken,
+    check_length_and_horizon,
+    check_quota,
+    closure_over,
+)
+from reservations.selectors import closures_over, group_held_slots, held_slots, reviewable_by
 from reservations.services.asked import NewBooking
 from reservations.wording import moment_words, slot_words
 from slotserve_base import overview
@@ -147,11 +154,14 @@ def limit_problems(
     exclude: int | Collection[int] | None = None,
     also_held: Collection[tuple[datetime, datetime]] = (),
 ) -> list[LimitBroken]:
-    """The channel's limits the slot breaks: length, horizon, and (not for staff) the weekly
-    quotas, the user's and their groups' (``also_held``: slots not saved yet that count too, a
-    series' earlier occurrences)."""
+    """The channel's limits the slot breaks: a blackout (for everyone), length, horizon, and (not
+    for staff) the weekly quotas, the user's and their groups' (``also_held``: slots not saved yet
+    that count too, a series' earlier occurrences)."""
     limits = limits_of(channel)
     problems = []
+    closed = closure_over(start=start, end=end, closures=closures_over(channel.pk, start, end))
+    if closed is not None:
+        problems.append(LimitBroken("start", closed_words(channel.name, closed)))
     broken = check_length_and_horizon(start=start, end=end, now=now, limits=limits)
     if broken is not None:
         problems.append(broken)
@@ -166,6 +176,11 @@ def limit_problems(
             user=user, channel=channel, start=start, end=end, exclude=exclude, also_held=also_held
         )
     return problems
+
+
+def closed_words(channel: str, closed: Closure) -> str:
+    """``channel gpu-a is closed Mon 7 Dec 09:00–11:00 UTC: firmware update``."""
+    return f"channel {channel} is closed {slot_words(closed.start, closed.end)}: {closed.reason}"
 
 
 def group_problems(
@@ -316,12 +331,7 @@ def tell_approvers(reservation: Reservation, also: int = 0) -> None:
             f"{slot_words(reservation.start, reservation.end, zone)}{more}."
         )
 
-    # The booker's groups' approvers get the request; staff when the groups name none.
-    approvers = set(
-        get_user_model()
-        .objects.filter(approves_for__group__user=reservation.user, is_active=True)
-        .exclude(pk=reservation.user_id)
-    )
+    approvers = set(group_approvers(reservation.user))
     if not approvers:
         approvers = set(staff)
     for approver in sorted(approvers, key=lambda u: u.pk):
@@ -333,3 +343,15 @@ def tell_approvers(reservation: Reservation, also: int = 0) -> None:
             key=f"submitted:{reservation.pk}",
             about=slot_of(reservation),
         )
+
+
+def group_approvers(user: User) -> list[User]:
+    """Who decides ``user``'s requests: their groups' approvers (never themselves), by name;
+    empty: staff do."""
+    return list(
+        get_user_model()
+        .objects.filter(approves_for__group__user=user, is_active=True)
+        .exclude(pk=user.pk)
+        .distinct()
+        .order_by("username")
+    )

@@ -68,12 +68,29 @@ def series_problems(
 
 
 def series_slots(
-    *, start: datetime, end: datetime, repeat: str, time_zone: str, until: date | None, count: int | None
+    *,
+    start: datetime,
+    end: datetime,
+    repeat: str,
+    time_zone: str,
+    until: date | None,
+    count: int | None,
+    every: int = 1,
+    on_days: tuple[int, ...] = (),
 ) -> list[tuple[datetime, datetime]]:
     """The occurrences of a series, in UTC; ``InvalidInput`` naming the field that is wrong."""
     try:
         zone = zoneinfo.ZoneInfo(time_zone)
-        slots = occurrences(start=start, end=end, zone=zone, repeat=repeat, until=until, count=count)
+        slots = occurrences(
+            start=start,
+            end=end,
+            zone=zone,
+            repeat=repeat,
+            until=until,
+            count=count,
+            every=every,
+            on_days=on_days,
+        )
     except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
         if isinstance(exc, RecurrenceError):
             raise InvalidInput(exc.field, exc.message) from None
@@ -83,13 +100,16 @@ def series_slots(
 
 @dataclass(frozen=True)
 class Repeat:
-    """How a series repeats: ``repeat`` (daily, weekdays, weekly), until a date or for a count,
-    keeping the local times of ``time_zone``."""
+    """How a series repeats (``reservations.recurrence.occurrences``): ``repeat`` (daily,
+    weekdays, weekly, monthly, monthly_weekday) every ``every`` days, weeks or months (weekly:
+    also on ``on_days``), until a date or for a count, keeping the local times of ``time_zone``."""
 
     repeat: str
     time_zone: str
     until: date | None = None
     count: int | None = None
+    every: int = 1
+    on_days: tuple[int, ...] = ()
 
     def slots(self, booking: NewBooking) -> list[tuple[datetime, datetime]]:
         return series_slots(
@@ -99,6 +119,8 @@ class Repeat:
             time_zone=self.time_zone,
             until=self.until,
             count=self.count,
+            every=self.every,
+            on_days=self.on_days,
         )
 
 
@@ -143,6 +165,8 @@ def reservation_series_create(
                     repeat=repeat.repeat,
                     until=repeat.until,
                     count=repeat.count,
+                    every=repeat.every,
+                    on_days=sorted(repeat.on_days),
                     time_zone=repeat.time_zone,
                     created=now,
                 )

@@ -74,8 +74,9 @@ def reservation_reject(*, reservation: Reservation, by: User, reason: str, now: 
     return reservation
 
 
-def reservation_cancel(*, reservation: Reservation, by: User, now: datetime) -> Reservation:
-    """Cancel a pending reservation, or an approved one that has not started."""
+def reservation_cancel(*, reservation: Reservation, by: User, now: datetime, reason: str = "") -> Reservation:
+    """Cancel a pending reservation, or an approved one that has not started. ``reason``: why,
+    where someone else cancels it (a blackout's); the booker is told it."""
     if reservation.status == ReservationStatus.APPROVED and reservation.start <= now:
         raise InvalidTransition(
             "cannot cancel a reservation that has started; end it early instead"
@@ -91,16 +92,28 @@ def reservation_cancel(*, reservation: Reservation, by: User, now: datetime) -> 
             status=ReservationStatus.CANCELLED,
         )
         announce_booking(
-            WebhookEvent.BOOKING_CANCELLED, reservation, at=now, said=f"cancelled by {by}", by=by, was=was
+            WebhookEvent.BOOKING_CANCELLED,
+            reservation,
+            at=now,
+            said=f"cancelled by {by}" + (f": {reason}" if reason else ""),
+            more={"reason": reason} if reason else None,
+            by=by,
+            was=was,
         )
     return reservation
 
 
 def reservation_end(
-    *, reservation: Reservation, by: User, now: datetime, unused_minutes: int | None = None
+    *,
+    reservation: Reservation,
+    by: User,
+    now: datetime,
+    unused_minutes: int | None = None,
+    reason: str = "",
 ) -> Reservation:
     """End an active reservation now; the channel re-decides at once (docs/scheduling.md).
-    ``unused_minutes``: the idle rule releases it, unused that long (``reservations.idle``)."""
+    ``unused_minutes``: the idle rule releases it, unused that long (``reservations.idle``);
+    ``reason``: why someone else ends it (a blackout's), told to the booker."""
     if not reservation.is_active(now):
         raise InvalidTransition(
             f"cannot end a reservation that is not active (it is {reservation.status}, "
@@ -128,6 +141,16 @@ def reservation_end(
         else:
             ended = reservation.status == ReservationStatus.ENDED
             event = WebhookEvent.BOOKING_ENDED_EARLY if ended else WebhookEvent.BOOKING_CANCELLED
-            said = f"ended early by {by}" if ended else f"cancelled by {by}"
-            announce_booking(event, reservation, at=now, said=said, by=by, was=ReservationStatus.APPROVED)
+            said = (f"ended early by {by}" if ended else f"cancelled by {by}") + (
+                f": {reason}" if reason else ""
+            )
+            announce_booking(
+                event,
+                reservation,
+                at=now,
+                said=said,
+                more={"reason": reason} if reason else None,
+                by=by,
+                was=ReservationStatus.APPROVED,
+            )
     return reservation

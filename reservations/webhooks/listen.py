@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.dispatch import receiver
 from django.utils import timezone
 
@@ -162,8 +162,12 @@ def _deliver(webhook_id: int) -> None:
 @receiver(happened, sender=Happening, dispatch_uid="reservations.webhooks.listen.on_happening")
 def on_happening(sender: type[Happening], happening: Happening, **_: Any) -> None:
     # Whatever made the happening stands even when its announcement cannot be kept: a booking
-    # approved stays approved, a channel's reconcile goes on.
+    # approved stays approved, a channel's reconcile goes on. Not when the connection went with
+    # it (the database restarted): then the caller's transaction cannot commit, and it must fail
+    # as a whole, or its caller would report as done what was rolled back.
     try:
         store(happening)
     except DatabaseError:
+        if connection.in_atomic_block and connection.needs_rollback:
+            raise
         log.exception("webhooks: could not keep the event %s (%s)", happening.type, happening.subject)

@@ -16,8 +16,10 @@ def web_command(host: str, port: int) -> list[str]:
     gateway's streams; the gateway's requests through its own HTTP server (gateway.serve.server),
     the rest through uvicorn's (bench/gateway_bench.py, docs/benchmarks.md). At most
     ``SLOTSERVE_GATEWAY_MAX_CONNECTIONS`` connections and requests at once (more get a 503 in
-    the caller's API's shape). The client's address is the socket's: SlotServe reads
-    ``X-Forwarded-For`` itself, from the proxies it is told to trust (slotserve_site.client_address)."""
+    the caller's API's shape). An idle connection is kept ``SLOTSERVE_KEEP_ALIVE_SECONDS`` (65 s),
+    past a person's pause and a load balancer's idle timeout. The client's address is the
+    socket's: SlotServe reads ``X-Forwarded-For`` itself, from the proxies it is told to trust
+    (slotserve_site.client_address)."""
     return [
         sys.executable,
         "-m",
@@ -33,6 +35,8 @@ def web_command(host: str, port: int) -> list[str]:
         "--no-proxy-headers",
         "--limit-concurrency",
         str(settings.SLOTSERVE_GATEWAY_MAX_CONNECTIONS),
+        "--timeout-keep-alive",
+        f"{settings.SLOTSERVE_KEEP_ALIVE_SECONDS:g}",
         "--http",
         "gateway.serve.server:GatewayHttp",
         "--workers",
@@ -68,6 +72,7 @@ def celery_worker(name: str, *options: str) -> list[str]:
         "celery",
         "-A",
         "slotserve_site",
+        "--quiet",  # no banner: it would bury what the person starting SlotServe needs
         "worker",
         *options,
         "--hostname",

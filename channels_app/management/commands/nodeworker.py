@@ -62,4 +62,5 @@ class Command(BaseCommand):
             loglevel=settings.SLOTSERVE_LOG_LEVEL,
             without_mingle=True,
             without_gossip=True,
+            quiet=True,  # no banner: the node says what it needs itself (queue, ports, GPUs)
         ).start()

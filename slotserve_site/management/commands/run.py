@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -33,7 +34,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from slotserve_site.running.demo import add_demo
+from slotserve_site.running.demo import add_demo, tell_when_ready
 from slotserve_site.running.embedded_redis import EmbeddedRedis
 from slotserve_site.running.parts import default_public_url, scheduler_command, web_command, webhooks_command
 
@@ -46,9 +47,17 @@ class Command(BaseCommand):
     help = "Run SlotServe on this machine: portal, REST API, scheduler (beat) and a worker."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--admin", default="admin", help="username of the first admin account")
+        parser.add_argument(
+            "--host",
+            default="127.0.0.1",
+            help="the address to serve on (default: %(default)s, this machine only; 0.0.0.0 for a lab)",
+        )
+        parser.add_argument(
+            "--port", type=int, default=8000, help="the port to serve on (default: %(default)s)"
+        )
+        parser.add_argument(
+            "--admin", default="admin", help="username of the first admin account (default: %(default)s)"
+        )
         parser.add_argument(
             "--demo", action="store_true", help="add a demo channel (fake GPU, tiny model, real llama-server)"
         )
@@ -57,6 +66,11 @@ class Command(BaseCommand):
             action="store_true",
             help="a cluster's control host: no node worker here (GPU machines run `manage.py nodeworker`)",
         )
+
+    def _say(self, line: str) -> None:
+        """A line for the person who started SlotServe, at once (from any thread)."""
+        self.stdout.write(line)
+        self.stdout.flush()
 
     def handle(self, *args: Any, **options: Any) -> None:
         # What this run and its parts write (the lock, Redis's files, run logs, the demo model)
@@ -71,11 +85,12 @@ class Command(BaseCommand):
         else:
             self._check_redis()
         call_command("migrate", interactive=False, verbosity=0)
-        admin = self._first_admin(options["admin"])
+        admin, password = self._first_admin(options["admin"])
+        demo = None
         if options["demo"]:
             if options["no_node"]:
                 raise CommandError("--demo needs this machine's node worker; leave out --no-node")
-            add_demo(admin, options["host"], options["port"], self.stdout.write)
+            demo = add_demo(admin, options["host"], options["port"], self.stdout.write)
         self._allow_host(options["host"])
         self._public_url(options["host"], options["port"])
         python = sys.executable
@@ -106,6 +121,13 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
+        threading.Thread(
+            target=tell_when_ready,
+            args=(f"http://{options['host']}:{options['port']}", admin.get_username(), password, demo),
+            kwargs={"say": self._say, "stopping": lambda: stopping},
+            name="ready",
+            daemon=True,
+        ).start()
         try:
             while not stopping:
                 now = time.monotonic()
@@ -197,16 +219,21 @@ class Command(BaseCommand):
         )
         return embedded
 
-    def _first_admin(self, username: str) -> Any:
+    def _first_admin(self, username: str) -> tuple[Any, str | None]:
+        """The first admin, and its password where this start made it (None: made before)."""
         users = get_user_model()
         existing = users.objects.filter(is_superuser=True).order_by("pk").first()
         if existing is not None:
-            return existing
+            return existing, None
         password = secrets.token_urlsafe(12)
         admin = users.objects.create_superuser(username=username, email="", password=password)
         self.stdout.write(f"Created the admin account {username!r} with password: {password}")
         self.stdout.write("(shown once; change it in the admin under Users)")
-        return admin
+        self.stdout.write(
+            f"{username!r} has no email yet: set one in Settings (/settings/) so that approvals and "
+            "failures reach you by mail"
+        )
+        return admin, password
 
     def _stop_all(self, children: dict[str, subprocess.Popen[bytes]]) -> None:
         for child in children.values():
