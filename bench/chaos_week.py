@@ -74,7 +74,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +170,8 @@ class Lab:
     made: dict[int, set[str]] = field(default_factory=dict)
     webhooks: dict[int, LabReceiver] = field(default_factory=dict)  # the API confirmed them
     decided: dict[int, float] = field(default_factory=dict)  # reservation → first its channel's target
+    # Covered bookings: seconds from approval to decision, and from decision to their load's start.
+    handover: dict[str, list[float]] = field(default_factory=lambda: {"to decision": [], "to load": []})
     # reservation id → how and when (seconds into the run) the API last confirmed it
     told: dict[int, str] = field(default_factory=dict)
 
@@ -921,8 +923,6 @@ def _a_ready_process(rng: random.Random) -> tuple[int | None, str]:
 def _back(kind: str, fault: Fault, began: float, machines: Machines) -> Callable[[], bool]:
     """What the broken part itself shows once it is back: the node worker beats again, the
     channel serves from a new process, the scheduler runs again."""
-    from datetime import UTC
-
     from channels_app.models import ChannelRuntime, Node
 
     if kind in ("kill node worker", "cut link briefly", "cut link long"):
@@ -1214,8 +1214,6 @@ def load_times(world: World) -> dict[int, float]:
 
 def _its_load(world: World, slot: Planned, since: float) -> float | None:
     """Seconds the load of ``slot``'s preset on its channel that began after its room opened took."""
-    from datetime import UTC
-
     from channels_app.models import LoadRecord
 
     record = (
@@ -1232,6 +1230,38 @@ def _its_load(world: World, slot: Planned, since: float) -> float | None:
     if record is None or record.finished is None:
         return None
     return (record.finished - record.started).total_seconds()
+
+
+def _time_the_handover(lab: Lab, slot: Planned, channel_id: int, preset_id: int, since: float) -> None:
+    """A covered booking's way to its load: from its approval (the API's answer) to its channel's
+    decision for it (sampled every 100 ms), and from that decision to its load's start."""
+    from channels_app.models import LoadRecord
+
+    decided = lab.decided.get(slot.reservation_id)
+    if decided is None or not slot.approved_at or decided < slot.approved_at - 0.2:
+        return  # decided before the lab heard its answer: a series' earlier member, not timed
+    lab.handover["to decision"].append(max(0.0, decided - slot.approved_at))
+    began = (
+        LoadRecord.objects.filter(
+            channel_id=channel_id,
+            preset_id=preset_id,
+            started__gte=datetime.fromtimestamp(since - 0.5, tz=UTC),
+            started__lte=slot.start,
+        )
+        .order_by("started")
+        .values_list("started", flat=True)
+        .first()
+    )
+    if began is not None:
+        lab.handover["to load"].append(max(0.0, began.timestamp() - decided))
+
+
+def _p50_p95(values: list[float]) -> str:
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return f"{statistics.median(ordered):.2f} / {p95:.2f} s"
 
 
 def check_ready_at_start(lab: Lab, planned: list[Planned], world: World) -> dict[str, int]:
@@ -1278,6 +1308,7 @@ def check_ready_at_start(lab: Lab, planned: list[Planned], world: World) -> dict
         counts["covered"] += 1
         lab.checked(5)
         channel_id, preset_id = world.channels[slot.channel].pk, world.presets[slot.load].pk
+        _time_the_handover(lab, slot, channel_id, preset_id, since)
         if seen[0][1].get(channel_id) == preset_id:
             counts["ready"] += 1
         else:
@@ -1310,6 +1341,7 @@ def check_ready_at_start(lab: Lab, planned: list[Planned], world: World) -> dict
                     else "never its channel's target"
                 )
                 + ("" if _its_load(world, slot, since) else "; its load not found")
+                + _its_story(channel_id, since, slot.start)
             )
             lab.violated(
                 5,
@@ -1323,6 +1355,18 @@ def check_ready_at_start(lab: Lab, planned: list[Planned], world: World) -> dict
                 ),
             )
     return counts
+
+
+def _its_story(channel_id: int, since: float, start: datetime) -> str:
+    """The channel's story from the booking's room to its start, in seconds before the start:
+    where the time between the decision and the load went."""
+    from channels_app.models import StoryEntry
+
+    entries = StoryEntry.objects.filter(
+        channel_id=channel_id, at__gte=datetime.fromtimestamp(since - 1, tz=UTC), at__lte=start
+    ).values_list("kind", "at")
+    told = ", ".join(f"{kind} {(start - at).total_seconds():.2f}" for kind, at in entries)
+    return f"; its story (s before): {told}" if told else ""
 
 
 # Faults that stop every channel's preloading while they last (nothing is decided, stored or
@@ -1601,6 +1645,10 @@ def report(
         f"{totals['borrowed']} requests borrowed in lent slots, {totals['preempted']} of them ended by "
         "their bookers' requests"
     )
+    print(
+        f"a covered booking's approval → its decision p50 / p95 {_p50_p95(lab.handover['to decision'])}; "
+        f"its decision → its load began {_p50_p95(lab.handover['to load'])}"
+    )
     overlapped = sum(
         1
         for number, one in enumerate(lab.faults)
@@ -1632,6 +1680,7 @@ def report(
                     "requests": len(lab.answers),
                     "bookings_confirmed": len(lab.confirmed),
                     "ready_at_start": ready,
+                    "handover": lab.handover,
                     "log": totals,
                     "webhooks": hooks,
                 },

@@ -83,7 +83,7 @@ def main() -> None:
     from channels_app.models import Channel, ChannelRuntime, LLMModel, Node, Preset
     from channels_app.scheduling.services import decide_channels, override_set
     from devtools.tinymodel import write_tiny_llama
-    from slotserve_base.dispatch import node_queue
+    from slotserve_base.dispatch import decisions_queue, node_queue
     from slotserve_site.celery import app
 
     call_command("migrate", verbosity=0)
@@ -115,7 +115,7 @@ def main() -> None:
         pool="threads",
         concurrency=4,
         perform_ping_check=False,
-        queues=["celery", node_queue(node.name)],
+        queues=[decisions_queue(), node_queue(node.name)],
         loglevel="WARNING",
     ):
         from channels_app.node_worker.tasks import channel_reconcile

@@ -5,10 +5,13 @@ other through Celery by *name*, so no stage imports another's tasks: the
 scheduler never imports the node worker, and the services never import a
 task module (no import cycles; ``./slotserve check`` enforces it).
 
-The scheduler's tasks run on the default queue (beat's worker); each node's
-tasks run on that node's own queue, ``node.<name>``, consumed only by its
-node worker. Webhook deliveries run on a queue and worker of their own,
-``webhooks``: a receiver that answers slowly, or never, holds none of the
+The decisions (the tick, a channel's re-decision) run on a queue of their
+own, ``decisions``, taken one at a time by a worker that does nothing else:
+a booking's re-decision never waits behind a long job. The scheduler's other
+tasks run on the default queue (beat's worker); each node's tasks run on
+that node's own queue, ``node.<name>``, consumed only by its node worker.
+Webhook deliveries run on a queue and worker of their own, ``webhooks``: a
+receiver that answers slowly, or never, holds none of the
 workers that decide, hear of nodes or keep a slot's time (docs/webhooks.md).
 """
 
@@ -41,13 +44,23 @@ WEBHOOKS_DUE = "reservations.webhooks.tasks.webhooks_due"
 EDGES = "reservations.webhooks.tasks.announce_edges"
 # The tasks that talk to receivers outside: the webhooks' queue only.
 WEBHOOK_TASKS = frozenset({WEBHOOK_DELIVER, WEBHOOK_TEST_SEND})
+# The decisions: the tick and a channel's re-decision, on a queue of their own.
+DECISION_TASKS = frozenset({SCHEDULER_TICK, CHANNEL_REDECIDE})
+
+
+def route(name: str, *_: Any, **__: Any) -> dict[str, str] | None:
+    """Celery's router (``CELERY_TASK_ROUTES``): the queue of a task sent without one, by beat
+    or by ``send``; every other task goes to the scheduler's queue, the default."""
+    if name in DECISION_TASKS:
+        return {"queue": decisions_queue()}
+    if name in WEBHOOK_TASKS:
+        return {"queue": webhook_queue()}
+    return None
 
 
 def send(task_name: str, **options: Any) -> None:
     """Send by name; through the registered task where this process has it, so that eager
-    mode (tests, ``SLOTSERVE_CELERY_EAGER``) runs it in place."""
-    if task_name in WEBHOOK_TASKS:
-        options.setdefault("queue", webhook_queue())
+    mode (tests, ``SLOTSERVE_CELERY_EAGER``) runs it in place. The queue is the router's."""
     task = current_app.tasks.get(task_name)
     if task is not None:
         task.apply_async(**options)
@@ -72,6 +85,12 @@ def node_queue(node_name: str) -> str:
 def webhook_queue() -> str:
     """The webhooks' queue, ``<prefix>.webhooks``, consumed by the webhooks' worker alone."""
     return f"{settings.SLOTSERVE_REDIS_PREFIX}.webhooks"
+
+
+def decisions_queue() -> str:
+    """The decisions' queue, ``<prefix>.decisions``: the tick and each channel's re-decision,
+    consumed by the decisions' worker alone, one task at a time."""
+    return f"{settings.SLOTSERVE_REDIS_PREFIX}.decisions"
 
 
 def send_to_node(

@@ -249,6 +249,8 @@ CELERY_BROKER_URL = redis_broker_url(REDIS_URL)
 # Queues carry the installation's prefix too: two installations on one Redis never take each
 # other's tasks. Node queues are "<prefix>.node.<name>" (slotserve_base.dispatch.node_queue).
 CELERY_TASK_DEFAULT_QUEUE = f"{SLOTSERVE_REDIS_PREFIX}.scheduler"
+# The decisions and the webhooks' deliveries have queues of their own (docs/scheduling.md).
+CELERY_TASK_ROUTES = ("slotserve_base.dispatch.route",)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"

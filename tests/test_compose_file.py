@@ -11,7 +11,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
 SERVICES = COMPOSE["services"]
-SLOTSERVE_SERVICES = ("web", "scheduler", "webhooks", "node-worker")
+SLOTSERVE_SERVICES = ("web", "scheduler", "decisions", "webhooks", "node-worker")
 
 
 # The settings module and the functions it calls to read the environment.
@@ -31,7 +31,7 @@ def settings_read() -> set[str]:
 
 
 def test_services_images_and_health_checks():
-    assert set(SERVICES) == {"postgres", "redis", "web", "scheduler", "webhooks", "node-worker"}
+    assert set(SERVICES) == {"postgres", "redis", "web", "scheduler", "decisions", "webhooks", "node-worker"}
     assert SERVICES["postgres"]["image"].startswith("postgres:")
     assert SERVICES["redis"]["image"].startswith("redis:")
     for name in SLOTSERVE_SERVICES:
@@ -48,7 +48,12 @@ def test_commands_start_each_role():
     assert "manage.py migrate" in " ".join(SERVICES["web"]["command"])
     scheduler = SERVICES["scheduler"]["command"]
     assert scheduler[:4] == ["celery", "-A", "slotserve_site", "worker"] and "--beat" in scheduler
-    assert "--queues" not in scheduler  # the default queue, <prefix>.scheduler
+    assert scheduler[scheduler.index("--queues") + 1] == "${SLOTSERVE_REDIS_PREFIX:-slotserve}.scheduler"
+    # Decisions on a worker of their own, one task at a time: never behind the long jobs.
+    decisions = SERVICES["decisions"]["command"]
+    assert decisions[:4] == ["celery", "-A", "slotserve_site", "worker"] and "--beat" not in decisions
+    assert decisions[decisions.index("--queues") + 1] == "${SLOTSERVE_REDIS_PREFIX:-slotserve}.decisions"
+    assert decisions[decisions.index("--prefetch-multiplier") + 1] == "1"
     # Deliveries on a worker of their own: a slow receiver never holds the scheduler's.
     webhooks = SERVICES["webhooks"]["command"]
     assert webhooks[:4] == ["celery", "-A", "slotserve_site", "worker"] and "--beat" not in webhooks
@@ -77,6 +82,7 @@ def test_each_service_gets_the_settings_it_needs_and_only_real_ones(name):
             "SLOTSERVE_GATEWAY_MAX_WAIT_SECONDS",
         },
         "scheduler": {"SLOTSERVE_REQUEST_LOG_DAYS"},  # its usage flush prunes the request log
+        "decisions": {"SLOTSERVE_TICK_SECONDS"},  # a boundary near is decided at its moment
         # Where receivers may be, and the deadline of a try.
         "webhooks": {"SLOTSERVE_WEBHOOK_ALLOWED_NETWORKS", "SLOTSERVE_WEBHOOK_TIMEOUT_SECONDS"},
         "node-worker": {"SLOTSERVE_NODE_NAME", "SLOTSERVE_PROCESS_HOST", "SLOTSERVE_MODEL_DIRS"},

@@ -10,8 +10,7 @@ from django.utils import timezone
 from channels_app.models import ChannelTarget
 from reservations.models import Notification, Reservation
 from reservations.profiles import profile_for
-from slotserve_base.dispatch import CHANNEL_REDECIDE
-from slotserve_site.celery import app as celery_app
+from slotserve_base.dispatch import CHANNEL_REDECIDE, decisions_queue
 from tests import factories
 from tests.clock import T0
 from tests.factories import iso
@@ -47,8 +46,8 @@ def test_booking_is_approved_and_redecides_the_channel(
 ):
     with django_capture_on_commit_callbacks(execute=True):
         answer = ana_api.post("/api/reservations/", body(world, T0 + 60 * timedelta(seconds=1), T0 + HOUR))
-    # The commit queued the channel's re-decision; the scheduler's worker takes it.
-    assert queued.queues() == {celery_app.conf.task_default_queue: [CHANNEL_REDECIDE]}
+    # The commit queued the channel's re-decision; the decisions' worker takes it.
+    assert queued.queues() == {decisions_queue(): [CHANNEL_REDECIDE]}
     assert not ChannelTarget.objects.filter(channel=world.channel).exists()
     queued.run()
     assert answer.status_code == 201, answer.data

@@ -180,5 +180,5 @@ def test_the_one_command_start_runs_deliveries_on_a_worker_of_their_own():
     from slotserve_site.running.parts import scheduler_command, webhooks_command
 
     scheduler, webhooks = scheduler_command(), webhooks_command()
-    assert "--queues" not in scheduler and "--beat" in scheduler  # the default queue
+    assert "--beat" in scheduler and webhook_queue() not in scheduler
     assert webhooks[webhooks.index("--queues") + 1] == webhook_queue() and "--beat" not in webhooks

@@ -87,7 +87,16 @@ def celery_worker(name: str, *options: str) -> list[str]:
 def scheduler_command() -> list[str]:
     """The scheduler: beat and the worker of the scheduler's queue (decisions, node news, the
     request log's flush, a slot's edges)."""
-    return celery_worker("scheduler", "--beat")
+    return celery_worker("scheduler", "--beat", "--queues", settings.CELERY_TASK_DEFAULT_QUEUE)
+
+
+def decisions_command() -> list[str]:
+    """The decisions' worker: the only consumer of the decisions' queue (the tick, each
+    channel's re-decision), one task at a time, so that a booking's re-decision never waits
+    behind the scheduler's long jobs nor in a busy process's prefetch (docs/scheduling.md)."""
+    from slotserve_base.dispatch import decisions_queue
+
+    return celery_worker("decisions", "--queues", decisions_queue(), "--prefetch-multiplier", "1")
 
 
 def webhooks_command() -> list[str]:

@@ -2,9 +2,10 @@
 
 Migrates, creates an admin account on first start (printing its password
 once), starts an embedded Redis when ``SLOTSERVE_REDIS_URL`` is not set, then
-supervises it, uvicorn, a Celery worker with the beat scheduler, the webhooks'
-Celery worker (deliveries never share the scheduler's) and this machine's
-node worker. A part that dies is started again (after a pause that
+supervises it, uvicorn, a Celery worker with the beat scheduler, the decisions'
+Celery worker (a booking's re-decision never waits behind the scheduler's
+long jobs), the webhooks' Celery worker (deliveries never share the
+scheduler's) and this machine's node worker. A part that dies is started again (after a pause that
 grows while it keeps dying); the inference processes are the node worker's
 and keep serving meanwhile. ``--no-node`` runs a control host of a cluster:
 everything but the node worker (the GPU machines run ``manage.py nodeworker``).
@@ -36,7 +37,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from slotserve_site.running.demo import add_demo, tell_when_ready
 from slotserve_site.running.embedded_redis import EmbeddedRedis
-from slotserve_site.running.parts import default_public_url, scheduler_command, web_command, webhooks_command
+from slotserve_site.running.parts import (
+    decisions_command,
+    default_public_url,
+    scheduler_command,
+    web_command,
+    webhooks_command,
+)
 
 STOP_GRACE_SECONDS = 10
 RESTART_PAUSES = (1.0, 2.0, 5.0, 10.0, 30.0)  # seconds before a dead part is started again
@@ -97,6 +104,7 @@ class Command(BaseCommand):
         commands = {
             "web": web_command(options["host"], options["port"]),
             "scheduler": scheduler_command(),
+            "decisions": decisions_command(),
             "webhooks": webhooks_command(),
             "node": [python, "manage.py", "nodeworker"],
         }
