@@ -1233,14 +1233,18 @@ def _its_load(world: World, slot: Planned, since: float) -> float | None:
 
 
 def _time_the_handover(lab: Lab, slot: Planned, channel_id: int, preset_id: int, since: float) -> None:
-    """A covered booking's way to its load: from its approval (the API's answer) to its channel's
-    decision for it (sampled every 100 ms), and from that decision to its load's start."""
+    """A covered booking's way to its load: from the moment its channel could first be decided
+    for it (its approval, the end of the slot before it, or its preload window's opening, which
+    is at least PRELOAD_EXTRA_SECONDS before its start) to that decision (sampled every 100 ms),
+    and from the decision to its load's start."""
     from channels_app.models import LoadRecord
+    from channels_app.scheduling.decision import PRELOAD_EXTRA_SECONDS
 
     decided = lab.decided.get(slot.reservation_id)
-    if decided is None or not slot.approved_at or decided < slot.approved_at - 0.2:
-        return  # decided before the lab heard its answer: a series' earlier member, not timed
-    lab.handover["to decision"].append(max(0.0, decided - slot.approved_at))
+    due = max(since, slot.start.timestamp() - PRELOAD_EXTRA_SECONDS)
+    if decided is None or decided < due - 0.2:
+        return  # decided before its due moment (its window's opening depends on its load estimate)
+    lab.handover["to decision"].append(max(0.0, decided - due))
     began = (
         LoadRecord.objects.filter(
             channel_id=channel_id,
@@ -1646,7 +1650,7 @@ def report(
         "their bookers' requests"
     )
     print(
-        f"a covered booking's approval → its decision p50 / p95 {_p50_p95(lab.handover['to decision'])}; "
+        f"a covered booking's due moment → its decision p50 / p95 {_p50_p95(lab.handover['to decision'])}; "
         f"its decision → its load began {_p50_p95(lab.handover['to load'])}"
     )
     overlapped = sum(
