@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from channels_app.models import ChannelTarget, StoryEntry, StoryKind
 from slotserve_base.happenings import Happening
 from slotserve_base.iso import iso_moment
 from slotserve_base.vocabulary import WebhookEvent
+
+if TYPE_CHECKING:
+    from channels_app.scheduling.load_estimates import LoadEstimate
 
 # The happenings a channel's story keeps, as its kinds.
 KEPT = {
@@ -37,9 +40,20 @@ def told(channel_id: int, at: datetime, kind: StoryKind, **data: Any) -> None:
     StoryEntry.objects.create(channel_id=channel_id, at=at, kind=kind, data=data)
 
 
-def decided(rows: Iterable[ChannelTarget], load_seconds: Mapping[int, float | None]) -> None:
-    """The scheduler's new targets; ``load_seconds``: the estimate it planned the target's load
-    with, by channel (what "was my model ready in time" is measured against)."""
+def decided(rows: Iterable[ChannelTarget], estimates: Mapping[int, LoadEstimate | None]) -> None:
+    """The scheduler's new targets; ``estimates``: the estimate it planned the target's load
+    with, by channel (what "was my model ready in time" is measured against), and its basis."""
+
+    def planned(channel_id: int) -> dict[str, Any]:
+        estimate = estimates.get(channel_id)
+        if estimate is None:
+            return {"load_seconds": None}
+        return {
+            "load_seconds": estimate.seconds,
+            "load_basis": str(estimate.basis),
+            "load_margin": estimate.margin_seconds,
+        }
+
     StoryEntry.objects.bulk_create(
         StoryEntry(
             channel_id=row.channel_id,
@@ -51,7 +65,7 @@ def decided(rows: Iterable[ChannelTarget], load_seconds: Mapping[int, float | No
                 "reason": str(row.reason),
                 "until": iso_moment(row.valid_until) if row.valid_until else None,
                 "booking_id": row.reservation_id,
-                "load_seconds": load_seconds.get(row.channel_id),
+                **planned(row.channel_id),
             },
         )
         for row in rows

@@ -83,9 +83,16 @@ def reservation(
 
 
 def load(
-    target: Preset, on: Channel, *, started: datetime, seconds: float, succeeded: bool = True
+    target: Preset,
+    on: Channel,
+    *,
+    started: datetime,
+    seconds: float,
+    succeeded: bool = True,
+    estimated: float | None = None,
 ) -> LoadRecord:
     return LoadRecord.objects.create(
+        estimated_seconds=estimated,
         model=target.model,
         preset=target,
         node=on.node,

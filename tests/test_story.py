@@ -366,7 +366,7 @@ def test_a_real_load_failure_fallback_and_recovery_read_in_order(node_env, tiny,
     assert planned_with > 0  # the estimate the scheduler planned the preload with, kept
     assert told[0][1] == (
         f"The scheduler chose big-vllm (greedy): preloading for ana's {_hm(booking.start)} booking; "
-        f"it loads in about {seconds(planned_with)} here."
+        f"it loads in about {seconds(planned_with)} here (from the file's size at SLOTSERVE_DISK_READ_MBPS)."
     )
     assert told[1][1] == "Loading big-vllm (greedy)."
     assert told[2][1].startswith("big-vllm (greedy) failed: ") and "ran out of memory" in told[2][1]

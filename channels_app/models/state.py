@@ -62,6 +62,12 @@ class LoadRecord(models.Model):
     finished = models.DateTimeField(null=True, blank=True)
     succeeded = models.BooleanField(null=True, help_text="None while loading.")
     error = models.TextField(blank=True)
+    estimated_seconds = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="The estimate this load was planned with, before the node's margin: what its "
+        "shortfall, the margin's lesson, is measured against (docs/scheduling.md).",
+    )
 
     class Meta:
         ordering = ["-started"]

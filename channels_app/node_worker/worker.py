@@ -48,6 +48,7 @@ from channels_app.node_worker.lifecycle import (
 from channels_app.node_worker.places import places_of
 from channels_app.node_worker.registration import executable_for
 from channels_app.node_worker.rows import state_of, store, wanted_of
+from channels_app.scheduling.selectors import load_estimate_details
 from slotserve_base import locks, overview
 from slotserve_base.inflight import in_flight_counts
 from slotserve_base.redis_client import redis_client
@@ -161,6 +162,12 @@ def observe(runtime: ChannelRuntime, channel: Channel, now: datetime) -> Observe
     )
 
 
+def _estimate(node_id: int, target: Target) -> float | None:
+    """The estimate this load is planned with, before the node's margin (docs/scheduling.md)."""
+    planned = load_estimate_details([(node_id, target)]).get((node_id, target))
+    return planned.unmargined_seconds if planned else None
+
+
 def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: datetime) -> None:
     """Start the target's process; a target that cannot be launched fails like a failed load."""
     model = LLMModel.objects.get(pk=target.model_id)
@@ -173,7 +180,12 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
         finished=now, succeeded=False, error="never finished: the next load began"
     )
     runtime.load = LoadRecord.objects.create(
-        model=model, preset=preset, node=channel.node, channel=channel, started=now
+        model=model,
+        preset=preset,
+        node=channel.node,
+        channel=channel,
+        started=now,
+        estimated_seconds=_estimate(channel.node_id, target),
     )
     runtime.host = settings.SLOTSERVE_PROCESS_HOST
     try:

@@ -8,8 +8,8 @@ channels or reservations.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.conf import settings
@@ -18,7 +18,14 @@ from django.db.models.functions import RowNumber
 
 from channels_app.models import Channel, LLMModel, LoadRecord, Node, Override, Preset
 from channels_app.scheduling.decision import DecisionInput, OverrideFacts, SchedulingSettings, Slot
-from channels_app.scheduling.load_estimates import RECENT_LOADS, estimate_load_seconds
+from channels_app.scheduling.load_estimates import (
+    MARGIN_LOADS,
+    RECENT_LOADS,
+    LoadEstimate,
+    LoadHistory,
+    estimate_load,
+    read_speed_mbps,
+)
 from reservations.models import SCHEDULED_STATUSES, Reservation, ReservationStatus
 from slotserve_base.target import Target
 
@@ -37,49 +44,78 @@ class ChannelFacts:
 
     channel: Channel
     decision_input: DecisionInput
+    # The estimate of each target in ``decision_input.load_seconds`` with what it was made from.
+    estimates: Mapping[Target, LoadEstimate] = field(default_factory=dict)
 
 
 def load_estimates(wanted: Iterable[tuple[int, Target]]) -> dict[tuple[int, Target], float]:
-    """The load estimate (docs/scheduling.md) of each ``(node id, target)`` pair, in two queries."""
+    """The load estimate (docs/scheduling.md) of each ``(node id, target)`` pair, in seconds."""
+    return {key: estimate.seconds for key, estimate in load_estimate_details(wanted).items()}
+
+
+def load_estimate_details(wanted: Iterable[tuple[int, Target]]) -> dict[tuple[int, Target], LoadEstimate]:
+    """Each ``(node id, target)`` pair's estimate with what it was made from, in three queries."""
     wanted = set(wanted)
     if not wanted:
         return {}
     model_ids = {target.model_id for _, target in wanted}
     node_ids = {node_id for node_id, _ in wanted}
     sizes = dict(LLMModel.objects.filter(pk__in=model_ids).values_list("pk", "size_bytes"))
-    recent = (
-        LoadRecord.objects.filter(
-            succeeded=True, finished__isnull=False, model_id__in=model_ids, node_id__in=node_ids
-        )
-        .annotate(
-            recency=Window(
-                RowNumber(),
-                partition_by=[F("model_id"), F("preset_id"), F("node_id")],
-                order_by=F("finished").desc(),
-            )
-        )
-        .filter(recency__lte=RECENT_LOADS)
-        .values_list("node_id", "model_id", "preset_id", "started", "finished")
-    )
-    durations: dict[tuple[int, Target], list[float]] = defaultdict(list)
-    # The model's loads on the node with any preset, newest first: what a preset that has not
-    # loaded there yet is estimated by (seed 000: "the model's recent loads").
-    of_model: dict[tuple[int, int], list[tuple[datetime, float]]] = defaultdict(list)
-    for node_id, model_id, preset_id, started, finished in recent:
-        if finished is None:  # excluded by the query; keeps the types honest
+    # Each model + preset's last five loads on every node, newest first.
+    loads: dict[int, list[tuple[int, int | None, datetime, float]]] = defaultdict(list)
+    for node_id, model_id, preset_id, started, finished in _latest(
+        LoadRecord.objects.filter(model_id__in=model_ids), ["model_id", "preset_id", "node_id"], RECENT_LOADS
+    ).values_list("node_id", "model_id", "preset_id", "started", "finished"):
+        if finished is not None:  # excluded by the query; keeps the types honest
+            loads[model_id].append((node_id, preset_id, finished, (finished - started).total_seconds()))
+    # Each node's last loads of any model: its read speed and its misses.
+    sized: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    shortfalls: dict[int, list[float]] = defaultdict(list)
+    for node_id, size, started, finished, estimated in _latest(
+        LoadRecord.objects.filter(node_id__in=node_ids), ["node_id"], MARGIN_LOADS
+    ).values_list("node_id", "model__size_bytes", "started", "finished", "estimated_seconds"):
+        if finished is None:
             continue
-        seconds = (finished - started).total_seconds()
-        durations[(node_id, Target(model_id, preset_id))].append(seconds)
-        of_model[(node_id, model_id)].append((finished, seconds))
-    return {
-        (node_id, target): estimate_load_seconds(
-            recent_load_seconds=durations.get((node_id, Target(target.model_id, target.preset_id)))
-            or [seconds for _, seconds in sorted(of_model.get((node_id, target.model_id), []), reverse=True)],
+        took = (finished - started).total_seconds()
+        sized[node_id].append((size, took))
+        if estimated is not None:
+            shortfalls[node_id].append(took - estimated)
+
+    def history(node_id: int, target: Target) -> LoadHistory:
+        def newest(here: bool, same_preset: bool) -> list[float]:
+            chosen = [
+                (finished, seconds)
+                for node, preset, finished, seconds in loads.get(target.model_id, [])
+                if (node == node_id) == here and (preset == target.preset_id or not same_preset)
+            ]
+            return [seconds for _, seconds in sorted(chosen, key=lambda pair: pair[0], reverse=True)]
+
+        return LoadHistory(
             size_bytes=sizes.get(target.model_id, 0),
-            disk_read_mbps=settings.SLOTSERVE_DISK_READ_MBPS,
+            preset_here=newest(here=True, same_preset=True),
+            model_here=newest(here=True, same_preset=False),
+            preset_elsewhere=newest(here=False, same_preset=True),
+            model_elsewhere=newest(here=False, same_preset=False),
+            node_read_mbps=read_speed_mbps(sized.get(node_id, [])),
+            node_shortfalls=shortfalls.get(node_id, []),
         )
+
+    mbps = settings.SLOTSERVE_DISK_READ_MBPS
+    return {
+        (node_id, target): estimate_load(history(node_id, target), disk_read_mbps=mbps)
         for node_id, target in wanted
     }
+
+
+def _latest(loads: QuerySet[LoadRecord], partition: list[str], count: int) -> QuerySet[LoadRecord]:
+    """The ``count`` newest successful loads of each partition."""
+    return (
+        loads.filter(succeeded=True, finished__isnull=False)
+        .annotate(
+            recency=Window(RowNumber(), partition_by=[F(f) for f in partition], order_by=F("finished").desc())
+        )
+        .filter(recency__lte=count)
+    )
 
 
 def _override_facts(channel: Channel) -> OverrideFacts | None:
@@ -103,13 +139,15 @@ def _build_inputs(
         targets = [slot.target for slot in slots_by_channel.get(channel.pk, [])]
         targets.append(channel.default_target)
         wanted.update((channel.node_id, t) for t in targets if t is not None)
-    estimates = load_estimates(wanted)
+    estimates = load_estimate_details(wanted)
     config = scheduling_settings()
     facts: dict[int, ChannelFacts] = {}
     for channel in channels:
-        loads = {t: s for (node_id, t), s in estimates.items() if node_id == channel.node_id}
+        mine = {t: e for (node_id, t), e in estimates.items() if node_id == channel.node_id}
+        loads = {t: e.seconds for t, e in mine.items()}
         facts[channel.pk] = ChannelFacts(
             channel=channel,
+            estimates=mine,
             decision_input=DecisionInput(
                 default=channel.default_target,
                 slots=tuple(slots_by_channel.get(channel.pk, [])),

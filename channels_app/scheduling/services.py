@@ -28,6 +28,7 @@ from channels_app.models import (
 )
 from channels_app.scheduling import selectors
 from channels_app.scheduling.decision import Decision, PlanSegment, decide, decide_at, plan
+from channels_app.scheduling.load_estimates import LoadEstimate
 from slotserve_base import dispatch, overview
 from slotserve_base.audit import audited
 from slotserve_base.dispatch import enqueue_redecide
@@ -75,7 +76,7 @@ def decide_channels(*, now: datetime, channel_ids: Iterable[int] | None = None) 
     """
     facts = selectors.decision_inputs(now=now, channel_ids=channel_ids)
     changed_rows: list[ChannelTarget] = []
-    load_seconds: dict[int, float | None] = {}
+    load_seconds: dict[int, LoadEstimate | None] = {}
     valid_until: dict[int, datetime | None] = {}
     for channel_id, fact in facts.items():
         decision = decide(fact.decision_input, now)
@@ -92,7 +93,7 @@ def decide_channels(*, now: datetime, channel_ids: Iterable[int] | None = None) 
                 )
             )
             if decision.target is not None:
-                load_seconds[channel_id] = fact.decision_input.load_seconds.get(decision.target)
+                load_seconds[channel_id] = fact.estimates.get(decision.target)
     if changed_rows:
         with transaction.atomic():
             # Another decider (the tick, a re-decision at a booking's edge) may have stored the

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
+from channels_app.scheduling.load_estimates import BASIS_WORDS
 from portal.channel_reasons import BookingFacts, why
 from slotserve_base.iso import parse_moment
 
@@ -85,6 +86,15 @@ def about(value: float) -> str:
     return said if value < 1 else f"about {said}"
 
 
+def _basis(d: Mapping[str, Any]) -> str:
+    """What the planned load estimate was made from, where the story kept it."""
+    if d.get("load_basis") not in BASIS_WORDS:
+        return ""
+    margin = d.get("load_margin") or 0
+    learnt = f", with {seconds(margin)} of margin learnt from this node's late loads" if margin >= 1 else ""
+    return f" (from {BASIS_WORDS[d['load_basis']]}{learnt})"
+
+
 def _error(data: Mapping[str, Any]) -> str:
     """A failure's explanation, without its last full stop (the sentence around it ends it)."""
     return str(data.get("error") or "no reason given").rstrip().rstrip(".")
@@ -101,7 +111,8 @@ def _said(entry: Entry, names: Names, tz: tzinfo) -> str:
         until = parse_moment(d["until"]) if d.get("until") else None
         reason = why(reason=d.get("reason"), booking=facts, valid_until=until, tz=tz)
         load = d.get("load_seconds")
-        est = f"; it loads in {about(load)} here" if load and d.get("reason") == "preload_next" else ""
+        preload = bool(load) and d.get("reason") == "preload_next"
+        est = f"; it loads in {about(load)} here{_basis(d)}" if load and preload else ""
         return f"The scheduler chose {what}: {reason}{est}."
     if kind == "override_set":
         set_to = "unload" if d.get("unload") else what
@@ -244,7 +255,10 @@ def verdict(
         entries, "decided", booking.start - timedelta(days=1), booking.end, booking_id=booking.id
     )
     load = (planned.data.get("load_seconds") if planned else None) or estimate
-    load_words = f"this model loads in {about(load)} on this node" if load else "its load time is not known"
+    basis = _basis(planned.data) if planned and planned.data.get("load_seconds") else ""
+    load_words = (
+        f"this model loads in {about(load)} on this node{basis}" if load else "its load time is not known"
+    )
     if now < booking.start:
         return f"{whose} slot has not begun: {what} will be preloaded in time ({load_words})."
     target = {"model_id": booking.model_id, "preset_id": booking.preset_id, "fallback": False}
