@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark: from a target change to a ready process, with the real llama-server.
 
-    .venv/bin/python bench/switch_bench.py [--rounds 10]
+    .venv/bin/python bench/switch_bench.py [--rounds 10] [--cold 5]
 
 Needs Redis (SLOTSERVE_REDIS_URL) and builds llama-server if not cached.
 A channel alternates between two presets of the tiny GGUF model through
@@ -10,6 +10,9 @@ task on the node's queue → drain (nothing in flight) → SIGTERM → exit → 
 → ``/health`` 200. Measured against llama-server's own stop and load times,
 taken by starting and stopping it directly, polling ``/health`` every 2 ms.
 The difference is what SlotServe adds.
+
+``--cold N``: a 1.6 GB GGUF evicted from the page cache is loaded N times cold and N times
+after the node worker's prewarm read it (docs/node-workers.md, "Prewarm from the calendar").
 """
 
 from __future__ import annotations
@@ -32,27 +35,60 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def load_once(binary: str, model: Path, port: int) -> tuple[float, subprocess.Popen[bytes]]:
+    """Start llama-server on ``model``: seconds from start to ``/health`` 200, and the process."""
+    argv = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "256", "-t", "1"]
+    started = time.perf_counter()
+    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
+                return time.perf_counter() - started, child
+        except httpx.HTTPError:
+            pass
+        if child.poll() is not None:
+            raise SystemExit(f"llama-server exited with {child.returncode} loading {model}")
+        time.sleep(0.002)
+
+
+def stop(child: subprocess.Popen[bytes]) -> float:
+    stopping = time.perf_counter()
+    child.send_signal(signal.SIGTERM)
+    child.wait()
+    return time.perf_counter() - stopping
+
+
 def direct_times(binary: str, model: Path, rounds: int) -> tuple[list[float], list[float]]:
     """llama-server's own load time (start → /health 200) and stop time (SIGTERM → exit)."""
     loads, stops = [], []
     for i in range(rounds):
-        port = 18500 + i
-        argv = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "256", "-t", "1"]
-        started = time.perf_counter()
-        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.002)
-        loads.append(time.perf_counter() - started)
-        stopping = time.perf_counter()
-        child.send_signal(signal.SIGTERM)
-        child.wait()
-        stops.append(time.perf_counter() - stopping)
+        seconds, child = load_once(binary, model, 18500 + i)
+        loads.append(seconds)
+        stops.append(stop(child))
     return loads, stops
+
+
+def cold_times(binary: str, folder: Path, rounds: int) -> dict[str, list[float]]:
+    """A 1.6 GB model evicted from the page cache (``posix_fadvise(DONTNEED)``) and loaded, then
+    evicted, read by the node worker's prewarm and loaded: both loads, and the prewarm's read."""
+    from channels_app.node_worker import page_cache
+    from devtools.tinymodel import write_tiny_llama
+
+    model = write_tiny_llama(folder / "big.gguf", width=1024, blocks=24, ff=4096)
+    times: dict[str, list[float]] = {"cold": [], "prewarmed": [], "prewarm read": []}
+    for i in range(rounds):
+        page_cache.evict(model)
+        seconds, child = load_once(binary, model, 18600 + i)
+        times["cold"].append(seconds)
+        stop(child)
+        page_cache.evict(model)
+        read = page_cache.read_into_cache(model, mbps=0, reserve_bytes=0)
+        times["prewarm read"].append(read.seconds)
+        seconds, child = load_once(binary, model, 18650 + i)
+        times["prewarmed"].append(seconds)
+        stop(child)
+    model.unlink()
+    return times
 
 
 def main() -> None:
@@ -60,6 +96,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument(
+        "--cold", type=int, default=0, metavar="ROUNDS", help="also load a 1.6 GB model cold and prewarmed"
+    )
     args = parser.parse_args()
 
     binary = subprocess.run(
@@ -148,6 +187,14 @@ def main() -> None:
     print(f"llama-server stop (SIGTERM → exit):      {ms(stops)}")
     print(f"SlotServe switch (override → ready):     {ms(switches)}")
     print(f"SlotServe's own share:                   {ms(overhead)}")
+    if args.cold:
+        cold = cold_times(binary, Path(os.environ["SLOTSERVE_DATA_DIR"]), args.cold)
+        ratio = statistics.median(cold["cold"]) / statistics.median(cold["prewarmed"])
+        print(f"cold rounds: {args.cold}, a 1.6 GB GGUF")
+        print(f"load, evicted from the page cache:       {ms(cold['cold'])}")
+        print(f"load after the prewarm:                  {ms(cold['prewarmed'])}")
+        print(f"the prewarm's read (in the slot before): {ms(cold['prewarm read'])}")
+        print(f"cold ÷ prewarmed (medians):              {ratio:.2f}×")
 
 
 if __name__ == "__main__":

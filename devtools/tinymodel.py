@@ -24,8 +24,12 @@ VOCAB = SPECIAL + [f"<0x{b:02X}>" for b in range(256)]
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_BYTE = 1, 2, 3, 6
 
 
-def write_tiny_llama(path: str | Path, *, seed: int = 0) -> Path:
-    """Write the model to ``path`` (about 0.5 MB) and return the path."""
+def write_tiny_llama(
+    path: str | Path, *, seed: int = 0, width: int = N_EMBD, blocks: int = N_BLOCKS, ff: int = N_FF
+) -> Path:
+    """Write the model to ``path`` (about 0.5 MB) and return the path. Wider and deeper ones
+    (``width``, ``blocks``, ``ff``) make a file of a real model's size: width 1024, ff 4096 and
+    24 blocks give 1.6 GB (the switch benchmark's cold case)."""
     import gguf
 
     # The writer's lines ("Writing the following files: …") are not news to whoever starts the demo.
@@ -40,12 +44,12 @@ def write_tiny_llama(path: str | Path, *, seed: int = 0) -> Path:
     writer = gguf.GGUFWriter(str(target), "llama")
     writer.add_name("slotserve-tiny-llama")
     writer.add_context_length(CONTEXT)
-    writer.add_embedding_length(N_EMBD)
-    writer.add_block_count(N_BLOCKS)
-    writer.add_feed_forward_length(N_FF)
+    writer.add_embedding_length(width)
+    writer.add_block_count(blocks)
+    writer.add_feed_forward_length(ff)
     writer.add_head_count(N_HEAD)
     writer.add_head_count_kv(N_HEAD_KV)
-    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+    writer.add_rope_dimension_count(width // N_HEAD)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(0)  # all F32
     writer.add_tokenizer_model("llama")
@@ -57,21 +61,21 @@ def write_tiny_llama(path: str | Path, *, seed: int = 0) -> Path:
     writer.add_eos_token_id(2)
 
     vocab = len(VOCAB)
-    writer.add_tensor("token_embd.weight", weights(vocab, N_EMBD))
-    writer.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-    writer.add_tensor("output.weight", weights(vocab, N_EMBD))
-    kv = N_HEAD_KV * (N_EMBD // N_HEAD)
-    for block in range(N_BLOCKS):
+    writer.add_tensor("token_embd.weight", weights(vocab, width))
+    writer.add_tensor("output_norm.weight", np.ones(width, dtype=np.float32))
+    writer.add_tensor("output.weight", weights(vocab, width))
+    kv = N_HEAD_KV * (width // N_HEAD)
+    for block in range(blocks):
         prefix = f"blk.{block}"
-        writer.add_tensor(f"{prefix}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        writer.add_tensor(f"{prefix}.attn_q.weight", weights(N_EMBD, N_EMBD))
-        writer.add_tensor(f"{prefix}.attn_k.weight", weights(kv, N_EMBD))
-        writer.add_tensor(f"{prefix}.attn_v.weight", weights(kv, N_EMBD))
-        writer.add_tensor(f"{prefix}.attn_output.weight", weights(N_EMBD, N_EMBD))
-        writer.add_tensor(f"{prefix}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        writer.add_tensor(f"{prefix}.ffn_gate.weight", weights(N_FF, N_EMBD))
-        writer.add_tensor(f"{prefix}.ffn_up.weight", weights(N_FF, N_EMBD))
-        writer.add_tensor(f"{prefix}.ffn_down.weight", weights(N_EMBD, N_FF))
+        writer.add_tensor(f"{prefix}.attn_norm.weight", np.ones(width, dtype=np.float32))
+        writer.add_tensor(f"{prefix}.attn_q.weight", weights(width, width))
+        writer.add_tensor(f"{prefix}.attn_k.weight", weights(kv, width))
+        writer.add_tensor(f"{prefix}.attn_v.weight", weights(kv, width))
+        writer.add_tensor(f"{prefix}.attn_output.weight", weights(width, width))
+        writer.add_tensor(f"{prefix}.ffn_norm.weight", np.ones(width, dtype=np.float32))
+        writer.add_tensor(f"{prefix}.ffn_gate.weight", weights(ff, width))
+        writer.add_tensor(f"{prefix}.ffn_up.weight", weights(ff, width))
+        writer.add_tensor(f"{prefix}.ffn_down.weight", weights(width, ff))
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -312,6 +312,10 @@ SLOTSERVE_DISK_READ_MBPS = env_float("SLOTSERVE_DISK_READ_MBPS", 200, minimum=0.
 SLOTSERVE_LOAD_TIMEOUT_SECONDS = env_float("SLOTSERVE_LOAD_TIMEOUT_SECONDS", 600, minimum=1)
 SLOTSERVE_STOP_TIMEOUT_SECONDS = env_float("SLOTSERVE_STOP_TIMEOUT_SECONDS", 15)
 SLOTSERVE_DRAIN_SECONDS = env_float("SLOTSERVE_DRAIN_SECONDS", 30)
+# Prewarm from the calendar (docs/node-workers.md): how far ahead a node reads a booking's model
+# file into its page cache (0: never), and how fast at most.
+SLOTSERVE_PREWARM_SECONDS = env_float("SLOTSERVE_PREWARM_SECONDS", 1800)
+SLOTSERVE_PREWARM_MBPS = env_float("SLOTSERVE_PREWARM_MBPS", 1000)
 # Run logs a node keeps per channel (DATA_DIR/runs/<channel>); older ones go as a run starts.
 SLOTSERVE_RUN_LOGS_KEPT = env_int("SLOTSERVE_RUN_LOGS_KEPT", 20, minimum=1)
 

@@ -29,6 +29,7 @@ class StoryKind(models.TextChoices):
     STOPPED = "stopped", "The process has stopped"
     NODE_NOT_READY = "node_not_ready", "The node's worker stopped reporting"
     NODE_READY = "node_ready", "The node's worker reports again"
+    PREWARMED = "prewarmed", "The next booking's model file was read into memory"
 
 
 class StoryEntry(models.Model):

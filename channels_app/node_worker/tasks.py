@@ -8,7 +8,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from channels_app.models import Channel
-from channels_app.node_worker import registration, strays, worker
+from channels_app.node_worker import prewarm, registration, strays, worker
 from channels_app.node_worker.lifecycle import ProcessState
 from slotserve_base import dispatch
 from slotserve_base.vocabulary import Phase
@@ -35,6 +35,10 @@ def node_tick(node_name: str) -> int:
             )
             continue
         _follow_up(channel_id, state, node_name)
+    try:
+        prewarm.tend(node_name, timezone.now())  # the next booking's file, into the page cache
+    except Exception:
+        log.exception("node %s: the prewarm failed", node_name)
     try:
         strays.stop_strays(node_name)  # runs an earlier worker started and never recorded
     except Exception:

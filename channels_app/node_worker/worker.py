@@ -29,7 +29,7 @@ from channels_app.models import (
     Preset,
     ReloadRequest,
 )
-from channels_app.node_worker import gpus, log_shipping, processes, run_log_folder
+from channels_app.node_worker import gpus, log_shipping, prewarm, processes, run_log_folder
 from channels_app.node_worker.announce import announce_channel
 from channels_app.node_worker.lifecycle import (
     LAUNCH_FAILED,
@@ -170,6 +170,7 @@ def _estimate(node_id: int, target: Target) -> float | None:
 
 def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: datetime) -> None:
     """Start the target's process; a target that cannot be launched fails like a failed load."""
+    prewarm.yield_to_load()
     model = LLMModel.objects.get(pk=target.model_id)
     preset = Preset.objects.filter(pk=target.preset_id).first() if target.preset_id else None
     backend = Backend(model.backend)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import F, OuterRef, Q, QuerySet, Subquery, Window
@@ -26,6 +26,7 @@ from channels_app.scheduling.load_estimates import (
     estimate_load,
     read_speed_mbps,
 )
+from channels_app.scheduling.prewarm import Upcoming
 from reservations.models import SCHEDULED_STATUSES, Reservation, ReservationStatus
 from slotserve_base.target import Target
 
@@ -292,3 +293,52 @@ def channels_booked_with(*, model: LLMModel | None, preset: Preset | None, after
     if model is not None:
         uses |= Q(model=model)
     return set(ahead.filter(uses).values_list("channel_id", flat=True))
+
+
+def upcoming_bookings(*, node_name: str, now: datetime, horizon: timedelta) -> list[Upcoming]:
+    """Each of the node's channels' next approved booking of a model that starts within
+    ``horizon``, with its model's file and what the channel runs and is decided to run."""
+    channels = list(_channels(None).filter(node__name=node_name))
+    if not channels:
+        return []
+    soonest = (
+        Reservation.objects.filter(
+            channel=OuterRef("pk"),
+            status=ReservationStatus.APPROVED,
+            start__gt=now,
+            exclusive=False,
+            model__isnull=False,
+        )
+        .order_by("start")
+        .values("pk")[:1]
+    )
+    next_ids = {
+        pk: booking_id
+        for pk, booking_id in Channel.objects.filter(pk__in=[c.pk for c in channels])
+        .annotate(booking_id=Subquery(soonest))
+        .values_list("pk", "booking_id")
+        if booking_id is not None
+    }
+    bookings = Reservation.objects.filter(pk__in=next_ids.values(), start__lte=now + horizon).select_related(
+        "model"
+    )
+    by_channel = {c.pk: c for c in channels}
+    upcoming: list[Upcoming] = []
+    for booking in bookings:
+        if booking.model is None:  # excluded by the query; keeps the types honest
+            continue
+        channel = by_channel[booking.channel_id]
+        decided = getattr(channel, "target", None)
+        upcoming.append(
+            Upcoming(
+                channel_id=channel.pk,
+                booking_id=booking.pk,
+                start=booking.start,
+                target=Target(booking.model.pk, booking.preset_id),
+                path=booking.model.path,
+                size_bytes=booking.model.size_bytes,
+                running=_running(channel),
+                decided=Target(decided.model_id, decided.preset_id) if decided and decided.model_id else None,
+            )
+        )
+    return upcoming

@@ -124,6 +124,8 @@ def _said(entry: Entry, names: Names, tz: tzinfo) -> str:
             else ""
         )
         return f"{what} failed: {_error(d)}{tries}."
+    if kind == "prewarmed":
+        return _prewarmed(d, what, booking, tz)
     if kind in ("node_not_ready", "node_ready"):
         node = (d.get("node") or {}).get("name", "its node")
         if kind == "node_ready":
@@ -151,6 +153,18 @@ def _said(entry: Entry, names: Names, tz: tzinfo) -> str:
         "stopped": f"{what} stopped.",
     }
     return said.get(kind, kind.replace("_", " "))
+
+
+def _prewarmed(d: Mapping[str, Any], what: str, booking: Booking | None, tz: tzinfo) -> str:
+    """The node read a booking's model file into memory ahead of its load."""
+    for_whom = f" for {booking.user}'s {booking.start.astimezone(tz):%H:%M} booking" if booking else ""
+    size = d.get("bytes") or 0
+    read = (
+        f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.0f} MB"
+    ) + f" in {seconds(d.get('seconds') or 0)}"
+    if d.get("complete"):
+        return f"Prewarmed {what}'s file{for_whom}: {read} read into memory ahead of its load."
+    return f"Began prewarming {what}'s file{for_whom}; stopped after {read}: {d.get('why') or 'stopped'}."
 
 
 def _booking_lines(booking: Booking, start: datetime, end: datetime) -> list[Line]:
