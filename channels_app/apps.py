@@ -26,6 +26,9 @@ class ChannelsAppConfig(AppConfig):
         from slotserve_base.happenings import Happening, happened
 
         happened.connect(on_happening, sender=Happening, dispatch_uid="channels_app.story.on_happening")
+        from slotserve_base import news
+
+        happened.connect(news.on_happening, sender=Happening, dispatch_uid="slotserve_base.news.on_happening")
         post_migrate.connect(register_tick, sender=self, dispatch_uid="slotserve_register_tick")
         # A channel's only allowed group is never deleted (a restriction never fails open).
         from django.contrib.auth.models import Group

@@ -15,6 +15,7 @@ from django.utils import timezone
 from channels_app.models import Channel, LLMModel
 from gateway.models import ApiKey, hash_key, new_key
 from gateway.rules.key_scope import KeyLimits, beyond
+from slotserve_base import news
 from slotserve_base.errors import InvalidInput, OutsideScope
 from slotserve_base.happenings import Happening, tell, user_ref
 from slotserve_base.iso import iso_moment
@@ -77,6 +78,7 @@ def api_key_create(
         )
         api_key.models_allowed.set(models)
         api_key.channels_allowed.set(channels)
+        news.changed("key")
     return api_key, key
 
 
@@ -164,6 +166,7 @@ def api_key_change(
             api_key.models_allowed.set(models)
         if channels is not None:
             api_key.channels_allowed.set(channels)
+        news.changed("key")
     return api_key
 
 
@@ -249,6 +252,7 @@ def api_key_revoke(*, api_key: ApiKey, by_key: ApiKey | None = None) -> None:
     if api_key.revoked_at is None:
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])
+        news.changed("key")  # every gateway refuses it at once, not within its snapshot's life
 
 
 def _expiry_words(api_key: ApiKey, expires: datetime, zone: tzinfo) -> str:

@@ -156,6 +156,7 @@ class RedisKey(models.TextChoices):
     PREEMPTED = "preempted", "set when a booker's request ends a borrowed one, which sees it and stops"
     PREEMPTIONS = "preemptions", "the channel the borrowed requests a booker's ended are named on"
     USAGE_CATCH_UP = "usage:catchup", "set while the request log's backlog is being caught up (expires)"
+    NEWS = "news", "the channel gateways hear that facts of their snapshot changed (docs/gateway.md)"
     BUDGET_TOLD = "budgettold", "set once a user's used weekly budget is told (limit.reached), for the week"
 
 

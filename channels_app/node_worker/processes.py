@@ -8,6 +8,7 @@ recycled pid, adopt them, or stop them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import secrets
@@ -254,12 +255,20 @@ def _is_zombie(pid: int) -> bool:
     return status.rsplit(")", 1)[-1].split()[0] == "Z"
 
 
+@functools.cache
+def _probes() -> httpx.Client:
+    """The client of the node's probes, made once: a client per probe built a TLS context with
+    the system's certificates each time (tens of milliseconds of CPU) for a plain-HTTP request.
+    No connection is kept: each probe asks the process as it is now, never a dead one's socket."""
+    return httpx.Client(verify=False, trust_env=False, limits=httpx.Limits(max_keepalive_connections=0))
+
+
 def healthy(host: str, port: int, secret: str = "", timeout: float = 1.0) -> bool:
     """The backend's ``GET /health`` answers 200 (docs/scheduling.md)."""
     headers = {"Authorization": f"Bearer {secret}"} if secret else {}
     try:
         url = f"http://{url_host(host)}:{port}/health"
-        return httpx.get(url, headers=headers, timeout=timeout).status_code == 200
+        return _probes().get(url, headers=headers, timeout=timeout).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -269,7 +278,7 @@ def slots(host: str, port: int, secret: str = "", timeout: float = 1.0) -> int |
     None when it does not say."""
     headers = {"Authorization": f"Bearer {secret}"} if secret else {}
     try:
-        answer = httpx.get(f"http://{url_host(host)}:{port}/props", headers=headers, timeout=timeout)
+        answer = _probes().get(f"http://{url_host(host)}:{port}/props", headers=headers, timeout=timeout)
         total = answer.json().get("total_slots") if answer.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):
         return None

@@ -41,7 +41,7 @@ def with_fingerprint(target: Target | None) -> Target | None:
     backend, path = found
     args: list[str] = []
     if target.preset_id is not None:
-        preset = Preset.objects.filter(pk=target.preset_id).first()
+        preset = Preset.objects.select_related("model").filter(pk=target.preset_id).first()
         if preset is not None:
             args = list(preset.args_effective)
     return dataclasses.replace(target, fingerprint=fingerprint_of(backend=backend, path=path, args=args))

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from celery import shared_task
 from django.utils import timezone
 
 from channels_app.models import Channel
-from channels_app.node_worker import prewarm, registration, strays, worker
+from channels_app.node_worker import prewarm, registration, settle, strays, worker
 from channels_app.node_worker.lifecycle import ProcessState
 from slotserve_base import dispatch
 from slotserve_base.vocabulary import Phase
@@ -28,6 +29,8 @@ def node_tick(node_name: str) -> int:
     for channel_id in channel_ids:
         # One channel's error never stops the node's other channels.
         try:
+            # No close watch here: the tick steps each channel once and moves on (a switch's
+            # channel_reconcile watches it).
             state = worker.reconcile(channel_id=channel_id, now=timezone.now())
         except Exception:
             log.exception(
@@ -63,13 +66,24 @@ def follow_up_delay(phase: str, age_seconds: float) -> float | None:
 
 @shared_task(name=dispatch.CHANNEL_RECONCILE, ignore_result=True, soft_time_limit=30, time_limit=45)
 def channel_reconcile(channel_id: int) -> str | None:
-    """On the node: one lifecycle step of one channel; returns the phase after it."""
-    state = worker.reconcile(channel_id=channel_id, now=timezone.now())
+    """On the node: one lifecycle step of one channel (and the steps that follow at once while
+    its phase settles quickly); returns the phase after them."""
+    state = _step(channel_id)
     if state is None:
         return None
     node_name = Channel.objects.values_list("node__name", flat=True).get(pk=channel_id)
     _follow_up(channel_id, state, node_name)
     return state.phase.value
+
+
+def _step(channel_id: int) -> ProcessState | None:
+    """Step the channel; while it stops, loads or drains, watch it closely for up to
+    ``settle.SETTLE_SECONDS`` and step again the moment what it waits for happens."""
+    until = time.monotonic() + settle.SETTLE_SECONDS
+    state = worker.reconcile(channel_id=channel_id, now=timezone.now())
+    while state is not None and state.phase in TRANSIENT and settle.settled(channel_id, state, until=until):
+        state = worker.reconcile(channel_id=channel_id, now=timezone.now())
+    return state
 
 
 def _follow_up(channel_id: int, state: ProcessState | None, node_name: str) -> None:

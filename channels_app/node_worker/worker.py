@@ -49,7 +49,7 @@ from channels_app.node_worker.places import places_of
 from channels_app.node_worker.registration import executable_for
 from channels_app.node_worker.rows import state_of, store, wanted_of
 from channels_app.scheduling.selectors import load_estimate_details
-from slotserve_base import locks, overview
+from slotserve_base import locks, news, overview
 from slotserve_base.inflight import in_flight_counts
 from slotserve_base.redis_client import redis_client
 from slotserve_base.target import Target
@@ -186,7 +186,6 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
         node=channel.node,
         channel=channel,
         started=now,
-        estimated_seconds=_estimate(channel.node_id, target),
     )
     runtime.host = settings.SLOTSERVE_PROCESS_HOST
     try:
@@ -221,6 +220,9 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
     runtime.api_secret = started.secret
     runtime.log_path = str(started.log_path)
     _follow_log(channel.pk, started.run_id, started.pid, started.log_path, from_start=True)
+    # The estimate this load was planned with, read while the process loads (off a switch's path).
+    runtime.load.estimated_seconds = _estimate(channel.node_id, target)
+    LoadRecord.objects.filter(pk=runtime.load.pk).update(estimated_seconds=runtime.load.estimated_seconds)
     log.info(
         "channel %s: started %s (run %s, pid %s, port %s)",
         channel.name,
@@ -289,7 +291,6 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
     result = step(before, wanted, observe(runtime, channel, now), now)
     if result.state.phase != before.phase:
         log.info("channel %s: %s → %s", channel.name, before.phase, result.state.phase)
-        overview.refresh([channel_id], result.state.phase.value)
     known_run = runtime.run_id
     try:
         act(result.actions, runtime, channel, now)
@@ -307,6 +308,9 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
                 if stored.values_list("run_id", flat=True).first() != known_run:
                     raise Overtaken(f"another reconcile started a run first; stopping {runtime.run_id}")
             store(runtime, after)
+        if after.phase != before.phase:  # told once stored: whoever reads it now sees it
+            news.changed(after.phase.value)  # the gateways read it now, not within their snapshot's life
+            overview.refresh([channel_id], after.phase.value)
     except BaseException:
         if runtime.run_id and runtime.run_id != known_run and runtime.pid is not None:
             # Started, never stored: nobody would stop it (strays are never this worker's children).

@@ -29,7 +29,7 @@ from channels_app.models import (
 from channels_app.scheduling import selectors
 from channels_app.scheduling.decision import Decision, PlanSegment, decide, decide_at, plan
 from channels_app.scheduling.load_estimates import LoadEstimate
-from slotserve_base import dispatch, overview
+from slotserve_base import dispatch, news, overview
 from slotserve_base.audit import audited
 from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.errors import InvalidInput
@@ -117,6 +117,8 @@ def decide_channels(*, now: datetime, channel_ids: Iterable[int] | None = None) 
             story.decided(changed_rows, load_seconds)
     changed = [row.channel_id for row in changed_rows]
     overview.refresh(changed, "target")
+    if changed:
+        news.changed("target")
     if changed:
         log.info("scheduler: %d of %d channels have a new target", len(changed), len(facts))
     return TickResult(channels=len(facts), changed=changed, valid_until=valid_until)

@@ -314,11 +314,15 @@ class SnapshotCache:
         early enough, a fast one not needlessly often)."""
         return min(max(self.max_age / 4, 2 * self.read_seconds), self.max_age * 3 / 4)
 
-    async def _refresh(self, asked_at: float | None = None) -> None:
+    async def _refresh(self, asked_at: float | None = None, news_at: float | None = None) -> None:
         async with self._lock:
             if asked_at is not None and self.read_ended >= asked_at:
                 return  # a read ended while this request waited: its snapshot is the newest there is
-            if time.monotonic() - self.current.taken_at >= self.max_age - self._lead():
+            if news_at is not None:
+                stale = self.current.taken_at < news_at  # read before the news arrived
+            else:
+                stale = time.monotonic() - self.current.taken_at >= self.max_age - self._lead()
+            if stale:
                 from asgiref.sync import sync_to_async
 
                 try:
@@ -336,7 +340,23 @@ class SnapshotCache:
                         f"the database did not answer within {SNAPSHOT_TIMEOUT_SECONDS:g} s"
                     ) from None
 
+    async def _heard(self, at: float) -> None:
+        """News of a change (``gateway.admit.news``): read anew now, unless a read began since."""
+        try:
+            await self._refresh(news_at=at)
+        except Exception:  # the age limit still holds
+            log.warning("the gateway could not read the news of a change", exc_info=True)
+
     async def _keep_fresh(self) -> None:
+        from gateway.admit.news import listen
+
+        listening = asyncio.ensure_future(listen(self._heard))
+        try:
+            await self._keep_fresh_by_age()
+        finally:
+            listening.cancel()
+
+    async def _keep_fresh_by_age(self) -> None:
         while time.monotonic() - self.last_used < self.IDLE_STOP:
             age = time.monotonic() - self.current.taken_at
             await asyncio.sleep(max(self.max_age - self._lead() - age, 0.001))

@@ -1,0 +1,71 @@
+"""docs/node-workers.md, "Readiness pushed": one reconcile task carries a quick switch through to
+ready, looking every few milliseconds, and a health probe costs a local request, not a TLS setup."""
+
+from __future__ import annotations
+
+import ssl
+import time
+
+import pytest
+from django.utils import timezone
+
+from channels_app.models import ChannelRuntime, ChannelTarget
+from channels_app.node_worker import processes, settle
+from channels_app.node_worker.tasks import channel_reconcile
+from channels_app.scheduling.services import decide_channels
+from slotserve_base.vocabulary import Phase
+from tests import factories
+from tests.conftest import free_port, running_llama_server
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_health_probe_loads_no_certificates(llama_server_bin, tiny_gguf, monkeypatch):
+    """Each probe of a plain-HTTP local process once built a TLS context with the system's
+    certificates: 42 ms of CPU a probe, more than a tiny model's whole load."""
+    with running_llama_server(llama_server_bin, tiny_gguf, "-c", "256", "-t", "1") as port:
+        assert processes.healthy("127.0.0.1", port)  # the probe's client, made once
+        loaded: list[str] = []
+        real = ssl.SSLContext.load_verify_locations
+
+        def counting(self, *args, **kwargs):
+            loaded.append("certificates")
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counting)
+        began = time.perf_counter()
+        assert all(processes.healthy("127.0.0.1", port) for _ in range(20))
+        assert (processes.slots("127.0.0.1", port) or 0) >= 1
+        assert loaded == []
+        print(f"20 probes: {(time.perf_counter() - began) * 1000:.1f} ms")
+    assert not processes.healthy("127.0.0.1", free_port())  # nothing listens: not healthy, no error
+
+
+def test_one_task_carries_a_quick_load_and_a_quick_switch_through_to_ready(node_env, tiny):
+    channel = factories.channel("cpu-0", default=tiny.small)
+    decide_channels(now=timezone.now())
+    # The tiny model loads in tens of milliseconds: the task that starts it sees it ready.
+    assert channel_reconcile(channel.pk) == Phase.READY.value
+    first = ChannelRuntime.objects.get(channel=channel)
+
+    ChannelTarget.objects.filter(channel=channel).update(preset=tiny.big, reason="manual_override")
+    began = time.monotonic()
+    assert channel_reconcile(channel.pk) == Phase.READY.value  # stopped, started, ready: one task
+    took = time.monotonic() - began
+    switched = ChannelRuntime.objects.get(channel=channel)
+    assert (switched.preset_id, switched.phase) == (tiny.big.pk, Phase.READY)
+    assert switched.pid != first.pid and not processes.alive(first.pid, first.run_id)[0]
+    assert took < settle.SETTLE_SECONDS * 2, took
+
+
+def test_a_slow_load_is_handed_to_the_follow_ups(node_env, tiny, settings):
+    """A load that takes longer than the close watch leaves the task loading (the follow-ups
+    take it from there), so a worker thread is never held for a whole load."""
+    slow = factories.llm("slow", backend="vllm")
+    slow.path = tiny.model.path
+    slow.save()
+    channel = factories.channel("cpu-1", default=factories.preset(slow, "slow", "--standin-load-seconds 3"))
+    decide_channels(now=timezone.now())
+    began = time.monotonic()
+    assert channel_reconcile(channel.pk) == Phase.LOADING.value
+    assert time.monotonic() - began < settle.SETTLE_SECONDS + 1.0
