@@ -91,11 +91,80 @@ def cold_times(binary: str, folder: Path, rounds: int) -> dict[str, list[float]]
     return times
 
 
+def news_times(channel, model, rounds: int) -> dict[str, list[float]]:
+    """A gateway serving the channel's ready llama-server, its snapshot's age limit 30 s: how long
+    from an approval (of a booking already begun) to the gateway refusing someone else, from its
+    ending early to serving them again, and from a key's revocation to refusing it."""
+    import threading
+
+    import uvicorn
+    from django.conf import settings
+    from django.contrib.auth.models import User
+    from django.utils import timezone
+
+    from gateway.api_keys import api_key_create, api_key_revoke
+    from gateway.serve.proxy import Gateway
+    from reservations.models import Reservation, ReservationStatus
+    from reservations.services.transitions import reservation_approve, reservation_end
+
+    settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 30
+    settings.SLOTSERVE_TICK_SECONDS = 3600  # the node counts as ready without its worker's beats
+    boss = User.objects.create(username="boss", is_staff=True)
+    ana, bo = User.objects.create(username="ana"), User.objects.create(username="bo")
+    _, bo_key = api_key_create(user=bo, name="bench")
+    server = uvicorn.Server(
+        uvicorn.Config(
+            Gateway(), host="127.0.0.1", port=18700, lifespan="off", log_level="warning",
+            http="gateway.serve.server:GatewayHttp",
+        )
+    )  # fmt: skip
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.01)
+    client = httpx.Client(base_url="http://127.0.0.1:18700", timeout=10)
+
+    def status(key: str, path: str = "/v1/chat/completions") -> int:
+        if path != "/v1/chat/completions":
+            return client.get(path, headers={"Authorization": f"Bearer {key}"}).status_code
+        asked = {"model": model.name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        return client.post(path, json=asked, headers={"Authorization": f"Bearer {key}"}).status_code
+
+    def until(wanted: int, key: str, path: str = "/v1/chat/completions") -> float:
+        began = time.perf_counter()
+        while status(key, path) != wanted:
+            if time.perf_counter() - began > 10:
+                raise SystemExit(f"the gateway never answered {wanted}")
+        return time.perf_counter() - began
+
+    times: dict[str, list[float]] = {"approval → refused at the gateway": [], "ended early → served again": []}
+    times["key revoked → refused"] = []
+    until(200, bo_key)  # the last switch's gate open
+    for _ in range(rounds):
+        now = timezone.now()
+        booking = Reservation.objects.create(
+            user=ana, channel=channel, start=now - timedelta(minutes=1), end=now + timedelta(hours=1),
+            model=model, status=ReservationStatus.PENDING,
+        )  # fmt: skip
+        reservation_approve(reservation=booking, by=boss, now=timezone.now())
+        times["approval → refused at the gateway"].append(until(403, bo_key))
+        reservation_end(reservation=booking, by=boss, now=timezone.now())
+        times["ended early → served again"].append(until(200, bo_key))
+        key, plain = api_key_create(user=bo, name="revoked")
+        until(200, plain, "/v1/models")
+        api_key_revoke(api_key=key)
+        times["key revoked → refused"].append(until(401, plain, "/v1/models"))
+    server.should_exit = True
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument(
+        "--news", type=int, default=0, metavar="ROUNDS", help="also time approvals and revocations at a gateway"
+    )
     parser.add_argument(
         "--cold", type=int, default=0, metavar="ROUNDS", help="also load a 1.6 GB model cold and prewarmed"
     )
@@ -174,6 +243,7 @@ def main() -> None:
             )
             wait_ready(target)
             switches.append(time.perf_counter() - started)
+    news = news_times(channel, model, args.news) if args.news else {}
     runtime = ChannelRuntime.objects.get(channel=channel)
     if runtime.pid:
         os.killpg(runtime.pid, signal.SIGTERM)
@@ -187,6 +257,8 @@ def main() -> None:
     print(f"llama-server stop (SIGTERM → exit):      {ms(stops)}")
     print(f"SlotServe switch (override → ready):     {ms(switches)}")
     print(f"SlotServe's own share:                   {ms(overhead)}")
+    for what, values in news.items():
+        print(f"{what:<41}{ms(values)}")
     if args.cold:
         cold = cold_times(binary, Path(os.environ["SLOTSERVE_DATA_DIR"]), args.cold)
         ratio = statistics.median(cold["cold"]) / statistics.median(cold["prewarmed"])
