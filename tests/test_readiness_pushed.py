@@ -69,3 +69,23 @@ def test_a_slow_load_is_handed_to_the_follow_ups(node_env, tiny, settings):
     began = time.monotonic()
     assert channel_reconcile(channel.pk) == Phase.LOADING.value
     assert time.monotonic() - began < settle.SETTLE_SECONDS + 1.0
+
+
+def test_the_overview_and_the_gateways_are_told_of_a_phase_once_it_is_stored(node_env, tiny, monkeypatch):
+    """Told before the store, a page (or a gateway) reading at once saw the old phase."""
+    from channels_app.node_worker import worker
+    from slotserve_base import news, overview
+
+    channel = factories.channel("cpu-2", default=tiny.small)
+    decide_channels(now=timezone.now())
+    seen: list[tuple[str, str, str]] = []
+
+    def stored_phase() -> str:
+        return ChannelRuntime.objects.get(channel=channel).phase
+
+    monkeypatch.setattr(
+        overview, "refresh", lambda ids, what: seen.append(("overview", what, stored_phase()))
+    )
+    monkeypatch.setattr(news, "changed", lambda what: seen.append(("news", what, stored_phase())))
+    worker.reconcile(channel_id=channel.pk, now=timezone.now())
+    assert seen == [("news", "loading", "loading"), ("overview", "loading", "loading")]
