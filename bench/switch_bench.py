@@ -188,7 +188,7 @@ def main() -> None:
     from django.core.management import call_command
     from django.utils import timezone
 
-    from channels_app.models import Channel, ChannelRuntime, LLMModel, Node, Preset
+    from channels_app.models import Channel, ChannelRuntime, LLMModel, LoadRecord, Node, Preset
     from channels_app.scheduling.services import decide_channels, override_set
     from devtools.tinymodel import write_tiny_llama
     from slotserve_base.dispatch import decisions_queue, node_queue
@@ -218,6 +218,7 @@ def main() -> None:
             time.sleep(0.002)
 
     switches = []
+    load_began: list[float] = []  # the override's commit → the node worker's step that starts the load
     with start_worker(
         app,
         pool="threads",
@@ -233,6 +234,7 @@ def main() -> None:
         for i in range(args.rounds):
             target = presets[(i + 1) % 2]
             started = time.perf_counter()
+            overridden = timezone.now()
             override_set(
                 channel=channel,
                 model=model,
@@ -243,6 +245,9 @@ def main() -> None:
             )
             wait_ready(target)
             switches.append(time.perf_counter() - started)
+            load = LoadRecord.objects.filter(channel=channel).order_by("-started").first()
+            if load is not None:
+                load_began.append((load.started - overridden).total_seconds())
     news = news_times(channel, model, args.news) if args.news else {}
     runtime = ChannelRuntime.objects.get(channel=channel)
     if runtime.pid:
@@ -257,6 +262,7 @@ def main() -> None:
     print(f"llama-server stop (SIGTERM → exit):      {ms(stops)}")
     print(f"SlotServe switch (override → ready):     {ms(switches)}")
     print(f"SlotServe's own share:                   {ms(overhead)}")
+    print(f"override → the load began (idle):        {ms(load_began)}")
     for what, values in news.items():
         print(f"{what:<41}{ms(values)}")
     if args.cold:
