@@ -136,7 +136,10 @@ def news_times(channel, model, rounds: int) -> dict[str, list[float]]:
                 raise SystemExit(f"the gateway never answered {wanted}")
         return time.perf_counter() - began
 
-    times: dict[str, list[float]] = {"approval → refused at the gateway": [], "ended early → served again": []}
+    times: dict[str, list[float]] = {
+        "approval → refused at the gateway": [],
+        "ended early → served again": [],
+    }
     times["key revoked → refused"] = []
     until(200, bo_key)  # the last switch's gate open
     for _ in range(rounds):
@@ -163,7 +166,11 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument(
-        "--news", type=int, default=0, metavar="ROUNDS", help="also time approvals and revocations at a gateway"
+        "--news",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="also time approvals and revocations at a gateway",
     )
     parser.add_argument(
         "--cold", type=int, default=0, metavar="ROUNDS", help="also load a 1.6 GB model cold and prewarmed"

@@ -106,6 +106,9 @@ def test_the_estimate_shown_is_the_one_the_scheduler_uses_per_preset_and_node(st
     shown = staff_api.get(f"/api/models/{model.pk}/").data
     assert shown["estimated_load_seconds"] == 600  # the slowest, no longer blind to presets
     table = {(e["preset"], e["node"]): e["seconds"] for e in shown["load_estimates"]}
+    bases = {(e["preset"], e["node"]): (e["basis"], e["margin_seconds"]) for e in shown["load_estimates"]}
+    assert bases[(tuned.pk, "here")] == ("preset_here", 0.0)
+    assert bases[(fresh.pk, "there")] == ("model_elsewhere", 0.0)
     assert table[(tuned.pk, "here")] == 500 and table[(fresh.pk, "here")] == 600
     assert table[(tuned.pk, "there")] == 600 and table[(None, "empty")] == 600
     # "here" read the 10 GB file in 400 s at best: 25 MB/s, its measured speed; others use the setting.

@@ -24,6 +24,7 @@ from channels_app.models import (
 )
 from channels_app.models.channel import CHANNEL_SETTINGS
 from channels_app.scheduling.decision import Decision, PlanSegment
+from channels_app.scheduling.load_estimates import LoadEstimate
 from slotserve_base.api_fields import IdOrNameField
 from slotserve_base.iso import UtcDateTimeField
 from slotserve_base.target import Target
@@ -244,12 +245,21 @@ class LLMModelSerializer(serializers.ModelSerializer[LLMModel]):
         return round(estimates.get(model.pk, 0.0), 1)
 
     def get_load_estimates(self, model: LLMModel) -> list[dict[str, Any]]:
-        """The estimate the scheduler uses, per preset (``null``: none) and node (docs/scheduling.md)."""
-        estimates: dict[tuple[int, int | None, int], float] = self.context.get("preset_load_estimates", {})
+        """The estimate the scheduler uses, per preset (``null``: none) and node, with what it was
+        made from and the node's margin in it (docs/scheduling.md, "Load estimates")."""
+        estimates: dict[tuple[int, int | None, int], LoadEstimate] = self.context.get(
+            "preset_load_estimates", {}
+        )
         names: dict[int, str] = self.context.get("node_names", {})
         return [
-            {"preset": preset_id, "node": names.get(node_id), "seconds": round(seconds, 1)}
-            for (model_id, preset_id, node_id), seconds in sorted(
+            {
+                "preset": preset_id,
+                "node": names.get(node_id),
+                "seconds": round(estimate.seconds, 1),
+                "basis": str(estimate.basis),
+                "margin_seconds": round(estimate.margin_seconds, 1),
+            }
+            for (model_id, preset_id, node_id), estimate in sorted(
                 estimates.items(), key=lambda item: (item[0][1] or 0, names.get(item[0][2], ""))
             )
             if model_id == model.pk

@@ -32,7 +32,7 @@ from channels_app.models.channel import channels_bookable_by
 from channels_app.node_worker.log_shipping import valid_cursor
 from channels_app.node_worker.run_logs import for_member, lines_since, recent_lines_with_cursor, whole_log
 from channels_app.scheduling import services
-from channels_app.scheduling.selectors import preset_load_estimates
+from channels_app.scheduling.selectors import preset_load_estimate_details
 from slotserve_base.api_fields import (
     ChannelsWithinKeyScope,
     IdOrNameField,
@@ -80,10 +80,11 @@ class LLMModelViewSet(viewsets.ModelViewSet[LLMModel]):
         context = dict(super().get_serializer_context())
         channels = Channel.objects.select_related("node").prefetch_related("node__gpus")
         context["channel_vram"] = {c.name: c.vram_bytes() for c in channels}
-        by_target = preset_load_estimates()
+        by_target = preset_load_estimate_details()
         context["load_estimates"] = {}
-        for (model_id, _, _), seconds in by_target.items():
-            context["load_estimates"][model_id] = max(seconds, context["load_estimates"].get(model_id, 0.0))
+        for (model_id, _, _), estimate in by_target.items():
+            worst = max(estimate.seconds, context["load_estimates"].get(model_id, 0.0))
+            context["load_estimates"][model_id] = worst
         context["preset_load_estimates"] = by_target
         context["node_names"] = dict(Node.objects.values_list("pk", "name"))
         return context

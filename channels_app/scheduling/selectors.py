@@ -242,11 +242,16 @@ def channels_window_inputs(
 def preset_load_estimates() -> dict[tuple[int, int | None, int], float]:
     """The estimate the scheduler uses for every model, each of its presets (and none), on every
     node: ``(model id, preset id, node id) → seconds``."""
+    return {key: estimate.seconds for key, estimate in preset_load_estimate_details().items()}
+
+
+def preset_load_estimate_details() -> dict[tuple[int, int | None, int], LoadEstimate]:
+    """``preset_load_estimates`` with what each was made from."""
     nodes = list(Node.objects.values_list("pk", flat=True)) or [0]
     targets = [Target(m) for m in LLMModel.objects.values_list("pk", flat=True)]
     targets += [Target(m, p) for p, m in Preset.objects.values_list("pk", "model_id")]
-    estimates = load_estimates((n, t) for n in nodes for t in targets)
-    return {(t.model_id, t.preset_id, n): seconds for (n, t), seconds in estimates.items()}
+    estimates = load_estimate_details((n, t) for n in nodes for t in targets)
+    return {(t.model_id, t.preset_id, n): estimate for (n, t), estimate in estimates.items()}
 
 
 def model_load_estimates() -> dict[int, float]:
