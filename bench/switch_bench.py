@@ -28,6 +28,7 @@ import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -91,7 +92,7 @@ def cold_times(binary: str, folder: Path, rounds: int) -> dict[str, list[float]]
     return times
 
 
-def news_times(channel, model, rounds: int) -> dict[str, list[float]]:
+def news_times(channel: Any, model: Any, rounds: int) -> dict[str, list[float]]:
     """A gateway serving the channel's ready llama-server, its snapshot's age limit 30 s: how long
     from an approval (of a booking already begun) to the gateway refusing someone else, from its
     ending early to serving them again, and from a key's revocation to refusing it."""
