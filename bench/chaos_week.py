@@ -2,7 +2,7 @@
 """A lab's week under faults: everything runs and breaks at once, every promise checked.
 
     sudo .venv/bin/python bench/chaos_week.py [--seed 1] [--days 7] [--hour-seconds 4]
-        [--bookings 300] [--users 10] [--json results.json] [--short]
+        [--bookings 300] [--users 10] [--json results.json] [--short] [--stop-on-miss]
 
 Needs root (network namespaces) and PostgreSQL's server programs (Debian's ``postgresql``: a
 cluster of the benchmark's own is made with ``initdb``, so that restarting it harms nobody).
@@ -50,6 +50,9 @@ says which promise holds under which fault, and the checker expects exactly that
    every node is ready;
 7. no booking or webhook the API confirmed is lost.
 
+Promises 2 and 5 are also judged while the week runs: each answer as it comes, each booking
+two seconds after its start; a broken one is printed at once with its story, and with
+``--stop-on-miss`` the run ends there (the faults stop, and what ran is checked as at the end).
 It prints a table per fault kind
 and per promise, and the violations; ``--json`` writes the same. The exit status is 1 when a
 promise was broken. ``--short`` is the suite's run (``tests/test_chaos_week.py``): one
@@ -805,6 +808,75 @@ def sample(lab: Lab, stop: threading.Event) -> None:
         stop.wait(0.1)
 
 
+# How often the judge looks while the week runs, and how long after a slot's start it judges it
+# (its samples are in, its load found).
+JUDGE_SECONDS = 2.0
+JUDGE_AFTER_SECONDS = 2.0
+
+
+def judge(
+    lab: Lab, world: World, planned: list[Planned], stop: threading.Event, missed: threading.Event
+) -> None:
+    """Promises 2 and 5 judged while the week runs, in a lab of their own (the final checks judge
+    everything again): each answer as it comes, each booking once its start is past. A broken
+    promise is printed at once, with its story, and sets ``missed`` (``--stop-on-miss`` ends the
+    run there)."""
+    from django.db import connection
+
+    live = Lab(began=lab.began)
+    live.samples, live.node_down, live.decided = lab.samples, lab.node_down, lab.decided
+    done: set[int] = set()
+    answered = 0
+    try:
+        _judge(lab, world, planned, stop, missed, live, done, answered)
+    finally:
+        connection.close()  # this thread's own
+
+
+def _judge(
+    lab: Lab,
+    world: World,
+    planned: list[Planned],
+    stop: threading.Event,
+    missed: threading.Event,
+    live: Lab,
+    done: set[int],
+    answered: int,
+) -> None:
+    from django.db import DatabaseError, connection
+
+    while not stop.wait(JUDGE_SECONDS):
+        with lab.lock:
+            new_answers = lab.answers[answered:]
+        answered += len(new_answers)
+        check_answers(live, new_answers)
+        due = {
+            slot.reservation_id
+            for slot in planned
+            if slot.reservation_id
+            and slot.start.timestamp() + JUDGE_AFTER_SECONDS <= time.time()
+            and slot.reservation_id not in done
+        }
+        told = len(live.violations)
+
+        def is_due(slot: Planned, due: set[int] = due) -> bool:
+            return slot.reservation_id in due
+
+        try:
+            check_ready_at_start(live, planned, world, judged=is_due)
+        except DatabaseError:
+            connection.close()  # the database is away (a fault): judged on the next look
+            del live.violations[told:]
+            continue
+        done |= due
+        for violation in live.violations[told:]:
+            print(
+                f"  promise {violation.promise} broken at {violation.at} s, while running: {violation.what}",
+                flush=True,
+            )
+            missed.set()
+
+
 # --- The faults ------------------------------------------------------------------
 
 
@@ -980,12 +1052,12 @@ def fault_moments(args: argparse.Namespace, rng: random.Random, length: float) -
 # --- The promises ----------------------------------------------------------------
 
 
-def check_answers(lab: Lab) -> None:
+def check_answers(lab: Lab, answers: list[Answer] | None = None) -> None:
     """Promise 2: no 500, every refusal a documented code, Retry-After where promised."""
     from slotserve_base.vocabulary import ErrorCode
 
     codes = set(ErrorCode.values)
-    for answer in lab.answers:
+    for answer in lab.answers if answers is None else answers:
         if answer.status == 0:
             continue  # no answer at all (the web process was down): nothing to judge
         lab.checked(2)
@@ -1268,22 +1340,27 @@ def _p50_p95(values: list[float]) -> str:
     return f"{statistics.median(ordered):.2f} / {p95:.2f} s"
 
 
-def check_ready_at_start(lab: Lab, planned: list[Planned], world: World) -> dict[str, int]:
+def check_ready_at_start(
+    lab: Lab, planned: list[Planned], world: World, judged: Callable[[Planned], bool] = lambda slot: True
+) -> dict[str, Any]:
     """Promise 5: a booking with room to load (the time from its approval, and from the slot
     before it on its channel, at least its load time + 1 s) on a node that stayed up is ready
-    at its start."""
+    at its start. ``judged``: the slots to judge (the others only give the slot after them its
+    room)."""
     from reservations.models import Reservation
 
     measured = load_times(world)
     kept = {r.pk: r for r in Reservation.objects.filter(status__in=["approved", "ended"])}
     previous_end: dict[str, datetime] = {}
-    counts = {"covered": 0, "ready": 0, "not covered": 0}
+    counts: dict[str, Any] = {"covered": 0, "ready": 0, "not covered": 0}
+    uncovered: dict[str, int] = {}  # why, how many
+    counts["why not covered"] = uncovered
     for slot in sorted(planned, key=lambda p: p.start):
         reservation = kept.get(slot.reservation_id)
         gap_from = previous_end.get(slot.channel)
         if reservation is not None:
             previous_end[slot.channel] = reservation.end
-        if reservation is None:
+        if reservation is None or not judged(slot):
             continue
         # Room from its approval (a pending booking is not preloaded) or the slot before it, and
         # the load time of the load that made it ready (the backend's own time on this loaded
@@ -1301,13 +1378,16 @@ def check_ready_at_start(lab: Lab, planned: list[Planned], world: World) -> dict
             for at, ready in lab.samples
             if slot.start.timestamp() <= at <= slot.start.timestamp() + 0.3
         ]
-        if (
-            room < load + 1
-            or node_down
-            or not seen
-            or (reservation.status != "approved" and reservation.end <= slot.start)
-        ):
+        why = (
+            "no room" if room < load + 1
+            else "node down" if node_down
+            else "unobserved" if not seen
+            else "ended" if reservation.status != "approved" and reservation.end <= slot.start
+            else ""
+        )  # fmt: skip
+        if why:
             counts["not covered"] += 1
+            uncovered[why] = uncovered.get(why, 0) + 1
             continue
         counts["covered"] += 1
         lab.checked(5)
@@ -1515,6 +1595,11 @@ def main() -> int:
     parser.add_argument(
         "--short", action="store_true", help="one compressed day, each fault once: the suite's run"
     )
+    parser.add_argument(
+        "--stop-on-miss",
+        action="store_true",
+        help="end the run at the first promise (2 or 5) broken while it runs, and check what ran",
+    )
     args = parser.parse_args()
     if args.short:
         args.days, args.hour_seconds, args.bookings, args.rounds = 1, 4.0, 60, 1
@@ -1587,11 +1672,21 @@ def main() -> int:
             target=break_things,
             args=(lab, machines, fault_moments(args, rng, length), stop_faults, rng, args.overlap),
         )
-        for thread in [*threads, faults]:
+        missed = threading.Event()
+        judging = threading.Thread(target=judge, args=(lab, world, planned, stop, missed))
+        for thread in [*threads, faults, judging]:
             thread.start()
-        faults.join()
-        time.sleep(max(0.0, lab.began + length - time.time()))
+        ended_early = missed if args.stop_on_miss else threading.Event()
+        while faults.is_alive() and not ended_early.is_set():
+            faults.join(timeout=0.5)
+        ended_early.wait(timeout=max(0.0, lab.began + length - time.time()))
+        if ended_early.is_set():
+            print("a promise was broken: the run ends here (--stop-on-miss)", flush=True)
+            stop_faults.set()
+            faults.join()
+            planned = [slot for slot in planned if slot.start.timestamp() <= time.time()]
         stop.set()
+        judging.join(timeout=60)
         stopped = time.time()
         for thread in threads:
             thread.join(timeout=60)
@@ -1626,7 +1721,7 @@ def main() -> int:
 
 
 def report(
-    lab: Lab, args: argparse.Namespace, totals: dict[str, int], ready: dict[str, int], hooks: dict[str, int]
+    lab: Lab, args: argparse.Namespace, totals: dict[str, int], ready: dict[str, Any], hooks: dict[str, int]
 ) -> None:
     by_kind: dict[str, list[Fault]] = {}
     for fault in lab.faults:
@@ -1644,7 +1739,9 @@ def report(
         f"{sum(a.status == 200 for a in answered)} with 200); "
         f"{totals['received']} answers received whole, {totals['logged']} answers of 200 logged; "
         f"{len(lab.confirmed)} bookings confirmed; ready at start {ready['ready']}/{ready['covered']} "
-        f"({ready['not covered']} not covered: no room to load, a node down, or unobserved); "
+        f"({ready['not covered']} not covered: "
+        + (", ".join(f"{n} {why}" for why, n in sorted(ready["why not covered"].items())) or "none")
+        + "); "
         f"{hooks['deliveries']} webhook deliveries, {hooks['received']} events handled by the receivers; "
         f"{totals['borrowed']} requests borrowed in lent slots, {totals['preempted']} of them ended by "
         "their bookers' requests"
