@@ -131,6 +131,9 @@ def news_times(channel: Any, model: Any, rounds: int) -> dict[str, list[float]]:
         return client.post(path, json=asked, headers={"Authorization": f"Bearer {key}"}).status_code
 
     def until(wanted: int, key: str, path: str = "/v1/chat/completions") -> float:
+        """After a change: how long until the gateway answers ``wanted`` (each change half a second
+        after the last, as changes come in a lab; a storm of them is read more slowly, a read at
+        most every four reads' time: docs/gateway.md)."""
         began = time.perf_counter()
         while status(key, path) != wanted:
             if time.perf_counter() - began > 10:
@@ -143,21 +146,32 @@ def news_times(channel: Any, model: Any, rounds: int) -> dict[str, list[float]]:
     }
     times["key revoked → refused"] = []
     until(200, bo_key)  # the last switch's gate open
+    from gateway.admit.snapshot import read_snapshot
+
+    read_times = []
+    for _ in range(10):
+        began = time.perf_counter()
+        read_snapshot()
+        read_times.append(time.perf_counter() - began)
     for _ in range(rounds):
         now = timezone.now()
         booking = Reservation.objects.create(
             user=ana, channel=channel, start=now - timedelta(minutes=1), end=now + timedelta(hours=1),
             model=model, status=ReservationStatus.PENDING,
         )  # fmt: skip
+        time.sleep(0.5)
         reservation_approve(reservation=booking, by=boss, now=timezone.now())
         times["approval → refused at the gateway"].append(until(403, bo_key))
+        time.sleep(0.5)
         reservation_end(reservation=booking, by=boss, now=timezone.now())
         times["ended early → served again"].append(until(200, bo_key))
         key, plain = api_key_create(user=bo, name="revoked")
         until(200, plain, "/v1/models")
+        time.sleep(0.5)
         api_key_revoke(api_key=key)
         times["key revoked → refused"].append(until(401, plain, "/v1/models"))
     server.should_exit = True
+    times["a snapshot's read (10, beside)"] = read_times
     return times
 
 

@@ -108,3 +108,34 @@ def test_news_is_published_only_once_its_change_commits(transactional_db):
         rolled_back()
     assert listener.get_message(timeout=0.3) is None  # a change rolled back is no news
     listener.close()
+
+
+def test_a_storm_of_news_is_read_in_a_few_reads(monkeypatch):
+    """Every channel of a lab switching at the hour sends hundreds of messages: each gateway
+    reads for them no oftener than every NEWS_READ_EVERY, the last read after the last message."""
+    import asyncio
+
+    from gateway.admit import snapshot
+
+    reads: list[float] = []
+
+    def read() -> snapshot.Snapshot:
+        reads.append(time.monotonic())
+        return snapshot.Snapshot(taken_at=reads[-1])
+
+    monkeypatch.setattr(snapshot, "read_snapshot", read)
+    cache = snapshot.SnapshotCache(max_age=LONG_LIFE)
+
+    last: list[float] = []
+
+    async def storm() -> float:
+        began = time.monotonic()
+        for _ in range(100):  # a message every 5 ms for half a second, each heard in turn
+            last[:] = [time.monotonic()]
+            await cache._heard(last[0])
+            await asyncio.sleep(0.005)
+        return time.monotonic() - began
+
+    took = asyncio.run(storm())
+    assert len(reads) <= took / snapshot.NEWS_READ_EVERY + 2, (len(reads), took)
+    assert reads[-1] >= last[0]  # the last message's change is read

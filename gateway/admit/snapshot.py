@@ -267,6 +267,9 @@ def channel_views(now: datetime) -> tuple[ChannelView, ...]:
     return tuple(views)
 
 
+# The least time between two reads for news of a change (docs/gateway.md, "News of a change").
+NEWS_READ_EVERY = 0.02
+
 # How long a request waits for a fresh snapshot before it is told the database is away.
 SNAPSHOT_TIMEOUT_SECONDS = 5.0
 
@@ -291,6 +294,7 @@ class SnapshotCache:
         self.last_used = 0.0
         self.read_seconds = 0.0  # how long the last read took
         self.read_ended = 0.0  # when it ended (a snapshot is as old as its read's start)
+        self.news_read_at = 0.0  # when the last read for news began
         self._lock = asyncio.Lock()
         self._keeper: asyncio.Future[None] | None = None
 
@@ -341,7 +345,16 @@ class SnapshotCache:
                     ) from None
 
     async def _heard(self, at: float) -> None:
-        """News of a change (``gateway.admit.news``): read anew now, unless a read began since."""
+        """News of a change (``gateway.admit.news``): read anew now, unless a read began since.
+        Reads for news come no oftener than ``NEWS_READ_EVERY`` and take no more than a quarter
+        of the time: a storm of news (every channel of a lab switching at the hour) is read in
+        a few reads, each covering every message that came before it."""
+        wait = self.news_read_at + max(NEWS_READ_EVERY, 4 * self.read_seconds) - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        if self.current.taken_at >= at:
+            return
+        self.news_read_at = time.monotonic()
         try:
             await self._refresh(news_at=at)
         except Exception:  # the age limit still holds
