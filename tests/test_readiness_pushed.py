@@ -89,3 +89,31 @@ def test_the_overview_and_the_gateways_are_told_of_a_phase_once_it_is_stored(nod
     monkeypatch.setattr(news, "changed", lambda what: seen.append(("news", what, stored_phase())))
     worker.reconcile(channel_id=channel.pk, now=timezone.now())
     assert seen == [("news", "loading", "loading"), ("overview", "loading", "loading")]
+
+
+def test_a_stop_whose_memory_is_not_yet_freed_is_not_stepped_again_and_again(node_env, tiny, monkeypatch):
+    """The process has exited but its GPU memory is still held (a driver slow to free it): the
+    watch saw the exit, the next step still waits for the memory, and the task hands the channel
+    to the follow-ups instead of stepping it again every few milliseconds for half a second."""
+    from channels_app.node_worker import gpus, worker
+
+    channel = factories.channel("cpu-3", default=tiny.small)
+    decide_channels(now=timezone.now())
+    assert channel_reconcile(channel.pk) == Phase.READY.value
+    old = ChannelRuntime.objects.get(channel=channel).pid
+    monkeypatch.setattr(gpus, "pids_on", lambda indexes: {old})  # the old run still holds memory
+    steps: list[str] = []
+    real = worker.reconcile
+
+    def counted(**kwargs):
+        state = real(**kwargs)
+        steps.append(state.phase.value if state else "held")
+        return state
+
+    monkeypatch.setattr(worker, "reconcile", counted)
+    ChannelTarget.objects.filter(channel=channel).update(preset=tiny.big, reason="manual_override")
+    phase = channel_reconcile(channel.pk)
+    assert (phase, steps) == (
+        Phase.STOPPING.value,
+        ["stopping", "stopping"],
+    )  # the stop, and one look once it exited

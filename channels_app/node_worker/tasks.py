@@ -81,8 +81,16 @@ def _step(channel_id: int) -> ProcessState | None:
     ``settle.SETTLE_SECONDS`` and step again the moment what it waits for happens."""
     until = time.monotonic() + settle.SETTLE_SECONDS
     state = worker.reconcile(channel_id=channel_id, now=timezone.now())
-    while state is not None and state.phase in TRANSIENT and settle.settled(channel_id, state, until=until):
+    while (
+        state is not None
+        and state.phase in TRANSIENT
+        and time.monotonic() < until
+        and settle.settled(channel_id, state, until=until)
+    ):
+        before = state.phase
         state = worker.reconcile(channel_id=channel_id, now=timezone.now())
+        if state is not None and state.phase == before:
+            break  # it waits for something the watch does not see (the GPUs' memory): follow-ups
     return state
 
 
