@@ -180,8 +180,10 @@ def test_with_a_real_llama_server_the_booker_is_served_within_two_seconds(
             mine.join(timeout=30)
             assert mine.status == 200, mine.events
             assert mine.first - mine.started < 2.0, mine.first - mine.started
+            # Where the slot lends, the stream the booker did not need runs on, borrowed, to its
+            # 20,000 tokens: about 12 s alone, over 30 s with the suite's other tests beside it.
             for stream in theirs:
-                stream.join(timeout=30)
+                stream.join(timeout=120)
                 assert not stream.is_alive()
             ended = [_ending(s) for s in theirs]
             assert ("preempted_by_booker" if lend else "slot_began") in ended, ended
