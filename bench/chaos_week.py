@@ -88,7 +88,7 @@ sys.path.insert(0, str(ROOT))
 
 from chaos_receivers import WEBHOOK_ENV, LabReceiver, check_webhooks, drained  # noqa: E402
 
-SUBNET = "10.231.79"
+SUBNET = "10.231.79"  # or the next free one (devtools/cluster.py)
 NODES = {"chaos-a": 31, "chaos-b": 32}
 GPUS_PER_NODE = 4
 LOAD_SECONDS = [1, 2, 3, 4, 5]
@@ -219,7 +219,7 @@ class PrivatePostgres:
                 "fsync = off\nfull_page_writes = off\nmax_connections = 200\n"
             )
         with (self.data / "pg_hba.conf").open("a") as hba:
-            hba.write(f"host all all {SUBNET}.0/24 trust\n")
+            hba.write(f"host all all {self.listen.rsplit('.', 1)[0]}.0/24 trust\n")
         self.start()
 
     def start(self) -> None:
@@ -240,7 +240,7 @@ class Machines:
 
         self.work, self.tag = work, tag
         self.net = Cluster(tag, SUBNET)
-        self.pg = PrivatePostgres(work / "postgres", SUBNET + ".1")
+        self.pg = PrivatePostgres(work / "postgres", self.net.control)
         self.redis_password = secrets.token_urlsafe(12)
         self.redis: subprocess.Popen[bytes] | None = None
         self.control: subprocess.Popen[bytes] | None = None
@@ -337,7 +337,7 @@ class Machines:
         from devtools.cluster import node_worker_env, start_node_worker
 
         home = self.work / name
-        address = f"{SUBNET}.{NODES[name]}"
+        address = f"{self.net.subnet}.{NODES[name]}"
         env = node_worker_env(self.env, home, name, address, GPUS_PER_NODE, self.work / "models")
         env["SLOTSERVE_VLLM"] = env["SLOTSERVE_LLAMA_SERVER"]  # the stand-ins play vLLM
         if REAL_CHANNEL.startswith(name + "-"):

@@ -171,7 +171,7 @@ def main() -> None:
             namespace = net.add_node(name, host)
             home = work / name
             home.mkdir()
-            env = node_worker_env(common, home, name, f"{SUBNET}.{host}", GPUS_PER_NODE, models_dir)
+            env = node_worker_env(common, home, name, f"{net.subnet}.{host}", GPUS_PER_NODE, models_dir)
             started.append(start_node_worker(namespace, name, env, home / "node-worker.log", ROOT))
         run_day(args, models_dir, net)
     finally:

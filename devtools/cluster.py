@@ -35,11 +35,39 @@ def namespaces_work() -> str:
     return ""
 
 
+def subnets_in_use() -> set[str]:
+    """The /24 subnets (``a.b.c``) of the IPv4 addresses this host's interfaces hold."""
+    shown = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=10)
+    found = set()
+    for line in shown.stdout.splitlines():
+        fields = line.split()
+        if "inet" in fields:
+            address = fields[fields.index("inet") + 1].split("/")[0]
+            found.add(address.rsplit(".", 1)[0])
+    return found
+
+
+def free_subnet(wanted: str) -> str:
+    """``wanted`` if no interface holds an address in it, else the next free ``a.b.N``.
+
+    A run killed before it took its bridge down leaves the bridge and its address behind; a
+    new bridge with the same address would send the nodes' answers into the dead one."""
+    taken = subnets_in_use()
+    prefix, third = wanted.rsplit(".", 1)
+    for step in range(256):
+        candidate = f"{prefix}.{(int(third) + step) % 256}"
+        if candidate not in taken:
+            return candidate
+    raise RuntimeError(f"no free subnet in {prefix}.0.0/16 for a cluster's bridge")
+
+
 class Cluster:
-    """A bridge on the control host and one namespace per GPU node."""
+    """A bridge on the control host and one namespace per GPU node, on ``subnet`` or, where
+    the host already holds an address there, the next free one (``self.subnet``)."""
 
     def __init__(self, tag: str, subnet: str) -> None:
-        self.subnet, self.control = subnet, f"{subnet}.1"
+        self.subnet = free_subnet(subnet)
+        self.control = f"{self.subnet}.1"
         self.bridge = f"ssbr{tag}"
         self.nodes: dict[str, str] = {}  # node name → namespace
         self.links: dict[str, str] = {}  # node name → host side of its veth

@@ -46,8 +46,7 @@ from tests.conftest import free_port
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ROOT = Path(__file__).resolve().parent.parent
-SUBNET = "10.231.77"
-CONTROL = f"{SUBNET}.1"
+SUBNET = "10.231.77"  # or the next free one (devtools/cluster.py)
 UNSHARE = ["unshare", "--mount", "--propagation", "private"]  # the node's own view of its home
 
 
@@ -64,6 +63,7 @@ def cluster(settings, tmp_path) -> Iterator[dict[str, Any]]:
         pytest.skip("several machines share a PostgreSQL database (run with DATABASE_URL=postgres://...)")
     tag = secrets.token_hex(2)
     net = Cluster(tag, SUBNET)
+    control = net.control
     started: list[subprocess.Popen[bytes]] = []
     stoppers: list[Callable[[], None]] = []
     state: dict[str, Any] = {}
@@ -76,7 +76,7 @@ def cluster(settings, tmp_path) -> Iterator[dict[str, Any]]:
                 [
                     redis_executable(),
                     "--bind",
-                    CONTROL,
+                    control,
                     "--port",
                     str(redis_port),
                     "--save",
@@ -94,15 +94,15 @@ def cluster(settings, tmp_path) -> Iterator[dict[str, Any]]:
         db = connection.settings_dict
         pg_port = free_port()
         # PostgreSQL listens on loopback here; the nodes reach it on the bridge, as other machines would.
-        forwarder = Forwarder((CONTROL, pg_port), (db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)))
+        forwarder = Forwarder((control, pg_port), (db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)))
         forwarder.start()
         stoppers.append(lambda: state["forwarder"].stop())
         redis_argv = started[0].args
-        settings.REDIS_URL = f"redis://:{redis_password}@{CONTROL}:{redis_port}/0"
+        settings.REDIS_URL = f"redis://:{redis_password}@{control}:{redis_port}/0"
         _wait("Redis on the bridge", lambda: redis_answers(settings.REDIS_URL), timeout=10)
         user = db["USER"] or "postgres"
         password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
-        database_url = f"postgres://{user}{password}@{CONTROL}:{pg_port}/{db['NAME']}"
+        database_url = f"postgres://{user}{password}@{control}:{pg_port}/{db['NAME']}"
         state |= {
             "net": net,
             "tmp": tmp_path,
@@ -169,7 +169,16 @@ def _start_control(cluster: dict[str, Any]) -> tuple[subprocess.Popen[bytes], st
     port = free_port()
     log = home / "run.log"
     control = subprocess.Popen(
-        [sys.executable, "manage.py", "run", "--no-node", "--host", CONTROL, "--port", str(port)],
+        [
+            sys.executable,
+            "manage.py",
+            "run",
+            "--no-node",
+            "--host",
+            cluster["net"].control,
+            "--port",
+            str(port),
+        ],
         cwd=ROOT,
         env={**_environment(cluster, home), "SLOTSERVE_GATEWAY_REFRESH_SECONDS": "0.2"},
         stdout=log.open("wb"),
@@ -177,7 +186,7 @@ def _start_control(cluster: dict[str, Any]) -> tuple[subprocess.Popen[bytes], st
         start_new_session=True,
     )
     cluster["control"] = control
-    base = f"http://{CONTROL}:{port}"
+    base = f"http://{cluster['net'].control}:{port}"
 
     seen: list[str] = []
 
@@ -208,7 +217,7 @@ def _start_node(cluster: dict[str, Any], name: str, host: int, llama_server: str
     env = {
         **_environment(cluster, home),
         "SLOTSERVE_NODE_NAME": name,
-        "SLOTSERVE_PROCESS_HOST": f"{SUBNET}.{host}",
+        "SLOTSERVE_PROCESS_HOST": f"{cluster['net'].subnet}.{host}",
         "SLOTSERVE_FAKE_GPUS": "1x24GiB",
         "SLOTSERVE_MODEL_DIRS": str(home / "models"),
         "SLOTSERVE_LLAMA_SERVER": llama_server,
@@ -302,7 +311,7 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
     _wait("node B to load the booked model", serving(channel_b, preset_b), timeout=90)
     runtime_a = ChannelRuntime.objects.get(channel=channel_a)
     runtime_b = ChannelRuntime.objects.get(channel=channel_b)
-    assert runtime_b.host == f"{SUBNET}.12"  # bound to node B's own address
+    assert runtime_b.host == f"{cluster['net'].subnet}.12"  # bound to node B's own address
     with pytest.raises(httpx.HTTPError):  # not on the control host's loopback
         httpx.get(f"http://127.0.0.1:{runtime_b.port}/health", timeout=1)
 
