@@ -13,185 +13,58 @@ default model as a fallback while the booked one waits for its retry).
 from __future__ import annotations
 
 import dataclasses
-import re
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from channels_app.node_worker.failures import explain_failure
+from channels_app.node_worker.lifecycle_state import (
+    Action,
+    Failure,
+    Kill,
+    LoadFinished,
+    Observed,
+    ProcessState,
+    Sleep,
+    Sleeper,
+    Start,
+    Step,
+    Tell,
+    Terminate,
+    Wake,
+    Wanted,
+)
 from slotserve_base.target import Target
 from slotserve_base.vocabulary import Phase, WebhookEvent
 
+__all__ = [
+    "RETRY_FIRST_SECONDS",
+    "RETRY_MAX_SECONDS",
+    "Action",
+    "Failure",
+    "Kill",
+    "LoadFinished",
+    "Observed",
+    "ProcessState",
+    "Sleep",
+    "Sleeper",
+    "Start",
+    "Step",
+    "Tell",
+    "Terminate",
+    "Wake",
+    "Wanted",
+    "effective_target",
+    "retry_delay",
+    "step",
+]
+
 RETRY_FIRST_SECONDS = 30
 RETRY_MAX_SECONDS = 600
-
-
-@dataclass(frozen=True)
-class Failure:
-    """A failure episode: the target that failed, what it was wanted for (``Wanted.purpose``),
-    since when it fails, how often it failed in a row, and when to try again.
-
-    An episode starts with a failed load and ends when its target loads, is no longer wanted
-    for the same purpose (the booking ended, another booking of the same model began), or is
-    reloaded; its retries, fallback, error and notifications are its own (docs/scheduling.md
-    "Retries")."""
-
-    target: Target
-    attempts: int
-    retry_at: datetime
-    error: str
-    fallback_failed: bool = False
-    purpose: str = ""
-    began: datetime | None = None
-
-
-@dataclass(frozen=True)
-class ProcessState:
-    """What the node worker knows of a channel's process (``ChannelRuntime``)."""
-
-    phase: Phase = Phase.STOPPED
-    running: Target | None = None
-    since: datetime | None = None
-    pid: int | None = None
-    stop_sent_at: datetime | None = None
-    kill_sent: bool = False
-    fallback: bool = False
-    failing: bool = False
-    failure: Failure | None = None
-    error: str = ""
-    reload_generation: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Wanted:
-    """What the scheduler stored for the channel, and the settings that bound each phase
-    (``SLOTSERVE_DRAIN_SECONDS``, ``SLOTSERVE_STOP_TIMEOUT_SECONDS``,
-    ``SLOTSERVE_LOAD_TIMEOUT_SECONDS``: given by ``rows.wanted_of``, defaults nowhere but in
-    the settings)."""
-
-    target: Target | None
-    default: Target | None = None
-    serves_reservation: bool = False
-    # What the target is wanted for: ``reservation:<id>``, or the decision's reason. A failure
-    # episode belongs to one purpose: a later booking of the same model starts afresh.
-    purpose: str = ""
-    reload_generation: int = 0
-    drain_seconds: float
-    stop_timeout_seconds: float
-    load_timeout_seconds: float
-
-
-@dataclass(frozen=True)
-class Observed:
-    """What the node worker saw of the process this tick."""
-
-    alive: bool = False
-    exit_code: int | None = None
-    healthy: bool = False
-    in_flight: int = 0
-    gpu_freed: bool = True
-    log_tail: str = ""
-    backend: str = ""  # of the model the process runs: its out-of-memory advice names its options
-
-
-# --- Actions the worker performs -------------------------------------------
-
-
-@dataclass(frozen=True)
-class Start:
-    target: Target
-    fallback: bool = False
-
-
-@dataclass(frozen=True)
-class Terminate:
-    pid: int
-
-
-@dataclass(frozen=True)
-class Kill:
-    pid: int
-
-
-@dataclass(frozen=True)
-class LoadFinished:
-    """Close the load record of the current run: a success, or a failure and why."""
-
-    succeeded: bool
-    error: str = ""
-
-
-@dataclass(frozen=True)
-class Tell:
-    """A fact the phase alone does not say (``node_worker.announce`` tells it): a run failed
-    (each time), the default model serves as a fallback, the booked model serves again after a
-    failure, the booked model is ready. ``episode``: when the failure episode began; whoever
-    tells people of a failure, a fallback or a recovery does so once per episode."""
-
-    event: WebhookEvent
-    episode: datetime | None = None
-
-
-Action = Start | Terminate | Kill | LoadFinished | Tell
-
-
-@dataclass(frozen=True)
-class Step:
-    state: ProcessState
-    actions: list[Action] = field(default_factory=list)
 
 
 def retry_delay(attempts: int) -> timedelta:
     """30 s, 60 s, 120 s, … capped at 10 minutes (docs/scheduling.md)."""
     seconds = RETRY_FIRST_SECONDS * 2 ** max(attempts - 1, 0)
     return timedelta(seconds=min(seconds, RETRY_MAX_SECONDS))
-
-
-# Out-of-memory messages of llama.cpp, vLLM/PyTorch and SGLang.
-OOM_PATTERNS = re.compile(
-    r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaMalloc failed"
-    r"|out of memory|failed to allocate .*buffer|unable to allocate .*buffer"
-    r"|ggml_backend_cuda_buffer_type_alloc_buffer: allocating .* failed"
-    r"|Not enough memory|insufficient memory",
-    re.IGNORECASE,
-)
-
-
-# How the node worker's record of a launch that never ran begins (channels_app.node_worker.worker._launch).
-LAUNCH_FAILED = "could not start"
-
-
-# What to change after running out of GPU memory, in each backend's own options.
-OOM_ADVICE = {
-    "llama.cpp": "Lower -ngl (fewer layers on the GPU) or -c (a shorter context) in the preset, or book "
-    "a channel with more GPU memory.",
-    "vllm": "Lower --gpu-memory-utilization (the share of GPU memory vLLM takes) or --max-model-len "
-    "(a shorter context) in the preset, or spread the model over more GPUs with "
-    "--tensor-parallel-size on a channel that has them.",
-    "sglang": "Lower --mem-fraction-static (the share of GPU memory SGLang keeps) or --context-length in "
-    "the preset, or spread the model over more GPUs with --tp-size on a channel that has them.",
-}
-
-
-def explain_failure(
-    *, exit_code: int | None, log_tail: str, timed_out_after: float | None = None, backend: str = ""
-) -> str:
-    """A failed run's reason in plain words, from its exit and its own output."""
-    if OOM_PATTERNS.search(log_tail):
-        advice = OOM_ADVICE.get(backend, OOM_ADVICE["llama.cpp"])
-        return f"The GPU ran out of memory while loading the model. {advice}"
-    if timed_out_after is not None:
-        return f"The model was not ready within {timed_out_after:g} s (SLOTSERVE_LOAD_TIMEOUT_SECONDS)."
-    # The run log begins with the command it ran ("$ …": its paths and port): staff read it
-    # there; the reason, which everyone reads, tells what the process said.
-    said = [line for line in log_tail.strip().splitlines() if line.strip() and not line.startswith("$ ")]
-    last = said[-3:]
-    tail = (" Last output: " + " | ".join(last)) if last else ""
-    if exit_code is None and last and last[-1].startswith(LAUNCH_FAILED):
-        return f"The process could not be started: {last[-1][len(LAUNCH_FAILED) :].strip()}"
-    if exit_code is None:
-        return "The process is gone (killed or crashed)." + tail
-    if exit_code < 0:
-        return f"The process was killed by signal {-exit_code}." + tail
-    return f"The process exited with status {exit_code}." + tail
 
 
 def effective_target(state: ProcessState, wanted: Wanted, now: datetime) -> tuple[Target | None, bool]:
@@ -247,7 +120,7 @@ def _fail(state: ProcessState, wanted: Wanted, now: datetime, error: str, alive:
     # A failing fallback keeps the booked model's failure record, and is not
     # tried again before the booked model's own retry.
     kept = dataclasses.replace(previous, fallback_failed=True) if state.fallback and previous else failure
-    base = dataclasses.replace(state, failure=kept, error=error, since=now)
+    base = dataclasses.replace(state, failure=kept, error=error, since=now, waking=False, sleeping_out=False)
     if alive and state.pid is not None:
         stopping = dataclasses.replace(
             base, phase=Phase.STOPPING, stop_sent_at=now, kill_sent=False, failing=True
@@ -267,6 +140,23 @@ def _start_if_wanted(state: ProcessState, wanted: Wanted, now: datetime, actions
     if fallback and not state.fallback:
         began = state.failure.began if state.failure is not None else None
         actions.append(Tell(WebhookEvent.CHANNEL_FALLBACK, episode=began))
+    asleep = state.asleep
+    if asleep is not None and asleep.target == target:  # its next turn: woken, not loaded cold
+        waking = dataclasses.replace(
+            state,
+            phase=Phase.LOADING,
+            running=target,
+            since=now,
+            pid=asleep.pid,
+            stop_sent_at=None,
+            kill_sent=False,
+            fallback=fallback,
+            failing=False,
+            reload_generation=wanted.reload_generation,
+            asleep=None,
+            waking=True,
+        )
+        return Step(waking, [*actions, Wake(asleep.pid)])
     loading = dataclasses.replace(
         state,
         phase=Phase.LOADING,
@@ -284,6 +174,28 @@ def _start_if_wanted(state: ProcessState, wanted: Wanted, now: datetime, actions
 
 def step(state: ProcessState, wanted: Wanted, seen: Observed, now: datetime) -> Step:
     """One step of the lifecycle; see the module docstring for the phases."""
+    state, first = _tend_sleeper(state, wanted, seen, now)
+    result = _step(state, wanted, seen, now)
+    return Step(result.state, [*first, *result.actions]) if first else result
+
+
+def _tend_sleeper(
+    state: ProcessState, wanted: Wanted, seen: Observed, now: datetime
+) -> tuple[ProcessState, list[Action]]:
+    """A sleeper that died is forgotten; one the channel no longer wants, or a reload, stops it."""
+    asleep = state.asleep
+    if asleep is None:
+        return state, []
+    if not seen.sleeper_alive:
+        return dataclasses.replace(state, asleep=None), []
+    target, _ = effective_target(state, wanted, now)
+    reloaded = wanted.reload_generation != state.reload_generation
+    if reloaded or (asleep.target != target and asleep.target not in wanted.returning):
+        return dataclasses.replace(state, asleep=None), [Terminate(asleep.pid)]
+    return state, []
+
+
+def _step(state: ProcessState, wanted: Wanted, seen: Observed, now: datetime) -> Step:
     phase = state.phase
     if wanted.reload_generation != state.reload_generation:
         # "Reload" restarts at once, whatever the phase: a failure's back-off is forgotten
@@ -309,7 +221,9 @@ def step(state: ProcessState, wanted: Wanted, seen: Observed, now: datetime) -> 
         if target != state.running:
             # Nothing is served yet, so nothing to drain: stop the load at once.
             return _stop(state, now, [LoadFinished(False, "load abandoned: the channel's target changed")])
-        if seen.healthy:
+        if state.waking and seen.wake_failed:
+            return _stop(state, now, [])  # stopped, and loaded cold (no failure: nothing was wrong with it)
+        if seen.healthy and (not state.waking or seen.sleeping is False):
             return _ready(state, wanted, now)
         if now - state.since >= timedelta(seconds=wanted.load_timeout_seconds):
             error = explain_failure(
@@ -329,7 +243,7 @@ def step(state: ProcessState, wanted: Wanted, seen: Observed, now: datetime) -> 
             return _stop(state, now, [])  # an explicit reload restarts at once, without draining
         if target != state.running:
             if seen.in_flight <= 0:
-                return _stop(state, now, [])  # nothing to drain
+                return _leave(state, wanted, seen, now)  # nothing to drain
             return Step(dataclasses.replace(state, phase=Phase.DRAINING, since=now))
         return Step(state)
 
@@ -341,10 +255,20 @@ def step(state: ProcessState, wanted: Wanted, seen: Observed, now: datetime) -> 
             return Step(dataclasses.replace(state, phase=Phase.READY, since=now))
         drained = seen.in_flight <= 0
         if drained or now - state.since >= timedelta(seconds=wanted.drain_seconds):
-            return _stop(state, now, [])
+            return _leave(state, wanted, seen, now)
         return Step(state)
 
     # STOPPING: wait for the exit, then for the GPUs' memory, then rest.
+    if state.sleeping_out:
+        if seen.alive and seen.sleeping:
+            return _fell_asleep(state, wanted, now)
+        assert state.stop_sent_at is not None and state.pid is not None
+        if seen.alive and now - state.stop_sent_at >= timedelta(seconds=wanted.stop_timeout_seconds):
+            stopping = dataclasses.replace(state, sleeping_out=False, stop_sent_at=now, kill_sent=False)
+            return Step(stopping, [Terminate(state.pid)])  # it did not fall asleep: stopped instead
+        if seen.alive:
+            return Step(state)
+        state = dataclasses.replace(state, sleeping_out=False)  # it died on the way: as stopped
     if seen.alive:
         assert state.pid is not None and state.stop_sent_at is not None
         overdue = now - state.stop_sent_at >= timedelta(seconds=wanted.stop_timeout_seconds)
@@ -363,8 +287,54 @@ def step(state: ProcessState, wanted: Wanted, seen: Observed, now: datetime) -> 
 
 
 def _stop(state: ProcessState, now: datetime, actions: list[Action]) -> Step:
-    stopping = dataclasses.replace(state, phase=Phase.STOPPING, since=now, stop_sent_at=now, kill_sent=False)
+    stopping = dataclasses.replace(
+        state, phase=Phase.STOPPING, since=now, stop_sent_at=now, kill_sent=False, waking=False
+    )
     return Step(stopping, [*actions, Terminate(state.pid)] if state.pid is not None else actions)
+
+
+def _leave(state: ProcessState, wanted: Wanted, seen: Observed, now: datetime) -> Step:
+    """The running process is no longer wanted: put to sleep where the channel will want it
+    again and it can sleep (one sleeper a channel: an older one that is not wanted now stops),
+    stopped otherwise."""
+    running = state.running
+    if running is None or state.pid is None or not seen.sleep_fits or running not in wanted.returning:
+        return _stop(state, now, [])
+    target, _ = effective_target(state, wanted, now)
+    actions: list[Action] = []
+    asleep = state.asleep
+    if asleep is not None and asleep.target != target:
+        actions.append(Terminate(asleep.pid))
+        asleep = None
+    going = dataclasses.replace(
+        state,
+        phase=Phase.STOPPING,
+        since=now,
+        stop_sent_at=now,
+        kill_sent=False,
+        sleeping_out=True,
+        asleep=asleep,
+    )
+    return Step(going, [*actions, Sleep(state.pid)])
+
+
+def _fell_asleep(state: ProcessState, wanted: Wanted, now: datetime) -> Step:
+    """The process sleeps: it is the channel's sleeper, and the target starts (or wakes)."""
+    assert state.running is not None and state.pid is not None
+    sleeper = Sleeper(state.running, state.pid, now)
+    rested = dataclasses.replace(
+        state,
+        phase=Phase.STOPPED,
+        pid=None,
+        running=None,
+        fallback=False,
+        failing=False,
+        since=now,
+        stop_sent_at=None,
+        sleeping_out=False,
+    )
+    result = _start_if_wanted(rested, wanted, now, [])
+    return Step(dataclasses.replace(result.state, asleep=sleeper), result.actions)
 
 
 def _ready(state: ProcessState, wanted: Wanted, now: datetime) -> Step:
@@ -380,5 +350,7 @@ def _ready(state: ProcessState, wanted: Wanted, now: datetime) -> Step:
     elif wanted.serves_reservation and not state.fallback:
         actions.append(Tell(WebhookEvent.CHANNEL_READY))
     error = "" if recovered or not state.fallback else state.error
-    ready = dataclasses.replace(state, phase=Phase.READY, since=now, failure=failure, error=error)
+    ready = dataclasses.replace(
+        state, phase=Phase.READY, since=now, failure=failure, error=error, waking=False
+    )
     return Step(ready, actions)

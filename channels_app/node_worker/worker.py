@@ -31,8 +31,8 @@ from channels_app.models import (
 )
 from channels_app.node_worker import gpus, log_shipping, prewarm, processes, run_log_folder
 from channels_app.node_worker.announce import announce_channel
+from channels_app.node_worker.failures import LAUNCH_FAILED
 from channels_app.node_worker.lifecycle import (
-    LAUNCH_FAILED,
     Action,
     Kill,
     LoadFinished,
