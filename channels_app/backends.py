@@ -63,6 +63,9 @@ OWNED_OPTIONS: dict[Backend, tuple[OwnedOption, ...]] = {
         OwnedOption(frozenset({"--served-model-name"}), many=True),
         _API_KEY,
         _CONFIG,
+        # The ASGI middleware vLLM runs (code of the preset's choosing inside the process):
+        # SlotServe's guard is the only one (node_worker.sleep_mode).
+        OwnedOption(frozenset({"--middleware"}), many=True),
     ),
     Backend.SGLANG: (
         OwnedOption(frozenset({"--model-path", "--model"})),

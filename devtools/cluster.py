@@ -225,6 +225,9 @@ def stop_inference_processes() -> None:
         from channels_app.models import ChannelRuntime
 
         pids = [pid for pid in ChannelRuntime.objects.values_list("pid", flat=True) if pid]
+        pids += [
+            r["pid"] for r in ChannelRuntime.objects.values_list("asleep", flat=True) if r and r.get("pid")
+        ]
     except (DatabaseError, ImproperlyConfigured):  # not set up, or the database is what failed
         return
     for pid in pids:

@@ -22,6 +22,13 @@ Options, given in a preset, make it misbehave on purpose:
     --standin-chunks N         tokens per streamed answer (default 16)
     --standin-chunk-delay MS   pause between streamed tokens (default 0)
     --standin-prefill-ms MS    think this long before answering, giving up if the client hangs up
+    --standin-sleep-seconds S  vLLM's sleep and wake take this long (default 0.05)
+    --standin-wake-oom         vLLM's wake fails as when the GPU's memory was taken meanwhile
+
+In vLLM's form it keeps vLLM's sleep mode: with ``--enable-sleep-mode`` and
+``VLLM_SERVER_DEV_MODE=1``, ``POST /sleep?level=1|2``, ``POST /wake_up`` and ``GET /is_sleeping``;
+like vLLM, its key guards the paths under ``/v1`` only, and the ASGI middleware named by
+``--middleware`` runs before every request.
 """
 
 from __future__ import annotations
@@ -62,6 +69,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--standin-chunks", type=int, default=16)
     parser.add_argument("--standin-chunk-delay", type=float, default=0.0)
     parser.add_argument("--standin-prefill-ms", type=float, default=0.0)
+    parser.add_argument("--standin-sleep-seconds", type=float, default=0.05)
+    parser.add_argument("--standin-wake-oom", action="store_true")
+    parser.add_argument("--enable-sleep-mode", action="store_true")
+    parser.add_argument("--middleware", action="append", default=[])
     known, _ = parser.parse_known_args(argv)  # the backends' own options are accepted as they are
     known.model_path = known.model_path or known.path
     if not known.model_path:
@@ -90,6 +101,24 @@ class Handler(BaseHTTPRequestHandler):
     options: argparse.Namespace
     ready_at: float
     crash_armed = False
+    sleeping = False
+
+    def handle_one_request(self) -> None:
+        """Each request passes the ``--middleware`` chain first, as in vLLM's ASGI app."""
+        self.raw_requestline = self.rfile.readline(65537)
+        if not self.raw_requestline:
+            self.close_connection = True
+            return
+        if not self.parse_request():
+            return
+        if self.options.middleware and not middleware_passes(self):
+            return
+        method = getattr(self, "do_" + self.command, None)
+        if method is None:
+            self.send_error(501, f"Unsupported method ({self.command!r})")
+            return
+        method()
+        self.wfile.flush()
 
     def log_message(self, format: str, *args: Any) -> None:
         sys.stdout.write(f"{self.address_string()} {format % args}\n")
@@ -103,7 +132,9 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
-        if self.path == "/health":
+        if self.path == "/is_sleeping" and dev_mode(self.options):
+            self._json(200, {"is_sleeping": Handler.sleeping})
+        elif self.path == "/health":
             loading = self.options.standin_hang or time.monotonic() < self.ready_at
             if loading:
                 self._json(
@@ -117,8 +148,11 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found_error"}})
 
     def _authorized(self) -> bool:
-        """Like the real servers: with a key set, a request without it gets 401."""
+        """Like the real servers: with a key set, a request without it gets 401 (vLLM's key
+        guards the paths under ``/v1`` only)."""
         key = self.options.api_key
+        if self.options.mode == "serve" and not self.path.startswith("/v1"):
+            return True
         if not key or self.headers.get("Authorization", "") == f"Bearer {key}":
             return True
         self._json(
@@ -136,7 +170,11 @@ class Handler(BaseHTTPRequestHandler):
         except json.JSONDecodeError:
             self._json(400, {"error": {"message": "invalid JSON", "type": "invalid_request_error"}})
             return
-        if self.path == "/v1/embeddings":
+        if self.path.split("?")[0] in {"/sleep", "/wake_up"} and dev_mode(self.options):
+            self._sleep_or_wake()
+        elif Handler.sleeping and self.path.startswith("/v1/"):
+            self._json(503, {"error": {"message": "The engine is sleeping", "type": "unavailable_error"}})
+        elif self.path == "/v1/embeddings":
             inputs = body.get("input", "")
             count = len(inputs) if isinstance(inputs, list) else 1
             data = [{"object": "embedding", "index": i, "embedding": [0.1, 0.2, 0.3]} for i in range(count)]
@@ -153,6 +191,29 @@ class Handler(BaseHTTPRequestHandler):
             self._complete(body, chat=self.path == "/v1/chat/completions")
         else:
             self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found_error"}})
+
+    def _sleep_or_wake(self) -> None:
+        """vLLM's sleep mode: weights to host RAM and back, each taking a while; a wake fails
+        when the GPU's memory was taken meanwhile (``--standin-wake-oom``)."""
+        if not self.options.enable_sleep_mode:
+            message = "Sleep mode is not enabled (--enable-sleep-mode)"
+            self._json(500, {"error": {"message": message, "type": "InternalServerError"}})
+            return
+        time.sleep(self.options.standin_sleep_seconds)
+        if self.path.startswith("/wake_up"):
+            if self.options.standin_wake_oom:
+                message = "CUDA out of memory. Tried to allocate 14.00 GiB while waking the engine"
+                print(f"torch.OutOfMemoryError: {message}", flush=True)
+                self._json(500, {"error": {"message": message, "type": "InternalServerError"}})
+                return
+            Handler.sleeping = False
+            print("standin: woke up", flush=True)
+        else:
+            Handler.sleeping = True
+            print(f"standin: asleep ({self.path})", flush=True)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def _complete(self, body: dict[str, Any], *, chat: bool) -> None:
         if self.options.standin_crash_after is not None and not Handler.crash_armed:
@@ -234,6 +295,53 @@ class Handler(BaseHTTPRequestHandler):
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
+
+
+def dev_mode(options: argparse.Namespace) -> bool:
+    """vLLM serves its development endpoints (sleep mode's among them) only when told to."""
+    return options.mode == "serve" and os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
+
+
+def middleware_passes(handler: Handler) -> bool:
+    """Run the request's scope through the ``--middleware`` chain (ASGI classes, as vLLM adds
+    them); False when one of them answered it (its answer is sent)."""
+    import asyncio
+    import importlib
+
+    reached = False
+
+    async def inner(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        nonlocal reached
+        reached = True
+
+    app: Any = inner
+    for name in reversed(handler.options.middleware):
+        module, _, attribute = name.rpartition(".")
+        app = getattr(importlib.import_module(module), attribute)(app)
+    answer: dict[str, Any] = {"status": 500, "headers": [], "body": b""}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            answer.update(status=message["status"], headers=message.get("headers", []))
+        else:
+            answer["body"] += message.get("body", b"")
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    path = handler.path.split("?")[0]
+    headers = [(k.lower().encode(), v.encode()) for k, v in handler.headers.items()]
+    scope = {"type": "http", "method": handler.command, "path": path, "headers": headers}
+    asyncio.run(app(scope, receive, send))
+    if reached:
+        return True
+    handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+    handler.send_response(answer["status"])
+    for key, value in answer["headers"]:
+        handler.send_header(key.decode(), value.decode())
+    handler.end_headers()
+    handler.wfile.write(answer["body"])
+    return False
 
 
 def _crash(after: float) -> None:

@@ -178,6 +178,11 @@ class ChannelRuntime(models.Model):
     # Requests the ready process serves at once (docs/gateway.md "Fair sharing under contention");
     # None while it is not ready, or when nothing tells.
     places = models.PositiveIntegerField(null=True, blank=True)
+    # The channel's sleeping process (docs/scheduling.md, "Sleep and wake"): its run, pid, host,
+    # port, secret, log and target, kept to be woken for its next turn; null when none sleeps.
+    asleep = models.JSONField(null=True, blank=True, editable=False)
+    sleeping_out = models.BooleanField(default=False)  # stopping by putting the process to sleep
+    waking = models.BooleanField(default=False)  # loading by waking the sleeper
 
     def __str__(self) -> str:
         return f"{self.channel_id}: {self.phase}"

@@ -53,6 +53,7 @@ __all__ = [
     "Wake",
     "Wanted",
     "effective_target",
+    "explain_failure",
     "retry_delay",
     "step",
 ]

@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from channels_app.backends import API_KEY_ENV, Backend, effective_args
+from channels_app.node_worker import sleep_mode
 from channels_app.node_worker.ports import free_port
 from slotserve_base.hosts import url_host
 
@@ -48,6 +49,7 @@ class Launch:
     log_dir: Path
     extra_env: Sequence[str] = field(default=())  # SLOTSERVE_PROCESS_ENV: more names to pass on
     ports: range | None = None  # SLOTSERVE_PROCESS_PORTS; None: the kernel picks
+    sleep_mode: bool = False  # started able to sleep (node_worker.sleep_mode)
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,8 @@ def command_line(launch: Launch, port: int, config_path: Path | None = None) -> 
         owned = ["--model-path", launch.model_path, *where, "--served-model-name", launch.alias]
     if config_path is not None:
         owned += ["--config", str(config_path)]
+    if launch.sleep_mode:
+        owned += sleep_mode.launch_args()
     return [*program, *owned, *extra]
 
 
@@ -181,6 +185,8 @@ def start(launch: Launch) -> Started:
     else:
         config_path = launch.log_dir / f"{run_id}.config.yaml"
         _private_file(config_path, f"api-key: {secret}\n".encode())
+    if launch.sleep_mode:
+        own |= sleep_mode.launch_env()
     env = child_environment(os.environ, extra_names=launch.extra_env, own=own)
     argv = command_line(launch, port, config_path)
     _private_file(log_path)

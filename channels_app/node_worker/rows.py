@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -18,8 +19,10 @@ from channels_app.models import (
 from channels_app.node_worker.lifecycle import (
     Failure,
     ProcessState,
+    Sleeper,
     Wanted,
 )
+from channels_app.scheduling.selectors import booked_targets
 from slotserve_base.target import Target, fingerprint_of
 from slotserve_base.vocabulary import Phase, Reason
 
@@ -72,7 +75,37 @@ def state_of(runtime: ChannelRuntime) -> ProcessState:
         failure=failure,
         error=runtime.error,
         reload_generation=runtime.reload_generation,
+        asleep=sleeper_of(runtime.asleep),
+        sleeping_out=runtime.sleeping_out,
+        waking=runtime.waking,
     )
+
+
+# What the runtime keeps of a sleeper's process, beside its target (``ChannelRuntime.asleep``).
+SLEEPER_PROCESS = ("run_id", "pid", "host", "port", "api_secret", "log_path")
+
+
+def sleeper_of(record: dict[str, Any] | None) -> Sleeper | None:
+    if not record:
+        return None
+    target = target_of(record.get("model_id"), record.get("preset_id"), record.get("fingerprint", ""))
+    since = datetime.fromisoformat(record["since"]) if record.get("since") else None
+    if target is None or not record.get("pid") or since is None:
+        return None
+    return Sleeper(target, int(record["pid"]), since)
+
+
+def sleeper_record(runtime: ChannelRuntime, sleeper: Sleeper) -> dict[str, Any]:
+    """The runtime's process as the channel's sleeper: read before its fields are given to the
+    next run (``worker._reconcile``)."""
+    target = sleeper.target
+    return {
+        **{name: getattr(runtime, name) for name in SLEEPER_PROCESS},
+        "model_id": target.model_id,
+        "preset_id": target.preset_id,
+        "fingerprint": target.fingerprint,
+        "since": sleeper.since.isoformat(),
+    }
 
 
 def store(runtime: ChannelRuntime, state: ProcessState) -> None:
@@ -99,14 +132,33 @@ def store(runtime: ChannelRuntime, state: ProcessState) -> None:
     runtime.fallback_failed = failure.fallback_failed if failure else False
     runtime.failure_purpose = failure.purpose if failure else ""
     runtime.failure_began = failure.began if failure else None
+    runtime.sleeping_out, runtime.waking = state.sleeping_out, state.waking
+    if state.asleep is None:
+        runtime.asleep = None
     if state.pid is None:
         runtime.run_id, runtime.port, runtime.api_secret = "", None, ""
     runtime.save()
 
 
-def wanted_of(channel: Channel, target_row: ChannelTarget | None, reload_generation: int = 0) -> Wanted:
+def returning_of(channel: Channel, default: Target | None, now: datetime) -> frozenset[Target]:
+    """What the channel will want again: its default, and the models of its bookings that begin
+    within ``SLOTSERVE_PREWARM_SECONDS`` (docs/scheduling.md, "Sleep and wake")."""
+    horizon = timedelta(seconds=float(settings.SLOTSERVE_PREWARM_SECONDS))
+    booked = {with_fingerprint(t) for t in booked_targets(channel.pk, now, now + horizon)}
+    return frozenset(t for t in {default, *booked} if t is not None)
+
+
+def wanted_of(
+    channel: Channel,
+    target_row: ChannelTarget | None,
+    reload_generation: int = 0,
+    now: datetime | None = None,
+) -> Wanted:
+    default = with_fingerprint(channel.default_target)
+    sleeps = bool(settings.SLOTSERVE_SLEEP_MODE) and now is not None
     common: dict[str, Any] = {
-        "default": with_fingerprint(channel.default_target),
+        "default": default,
+        "returning": returning_of(channel, default, now) if sleeps and now is not None else frozenset(),
         "reload_generation": reload_generation,
         "drain_seconds": settings.SLOTSERVE_DRAIN_SECONDS,
         "stop_timeout_seconds": settings.SLOTSERVE_STOP_TIMEOUT_SECONDS,

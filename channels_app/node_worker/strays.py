@@ -91,6 +91,12 @@ def stop_strays(node_name: str) -> int:
             "run_id", flat=True
         )
     )
+    # A channel's sleeper is owned too (docs/scheduling.md, "Sleep and wake").
+    owned |= {
+        str(record.get("run_id"))
+        for record in ChannelRuntime.objects.exclude(asleep=None).values_list("asleep", flat=True)
+        if isinstance(record, dict)
+    }
     lost = strays(found, owned=owned, mine=set(processes.children().values()))
     now = time.monotonic()
     for run in lost:

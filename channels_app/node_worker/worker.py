@@ -29,7 +29,15 @@ from channels_app.models import (
     Preset,
     ReloadRequest,
 )
-from channels_app.node_worker import gpus, log_shipping, prewarm, processes, run_log_folder
+from channels_app.node_worker import (
+    gpus,
+    log_shipping,
+    prewarm,
+    processes,
+    run_log_folder,
+    sleep_mode,
+    sleepers,
+)
 from channels_app.node_worker.announce import announce_channel
 from channels_app.node_worker.failures import LAUNCH_FAILED
 from channels_app.node_worker.lifecycle import (
@@ -38,9 +46,11 @@ from channels_app.node_worker.lifecycle import (
     LoadFinished,
     Observed,
     ProcessState,
+    Sleep,
     Start,
     Tell,
     Terminate,
+    Wake,
     Wanted,
     effective_target,
     step,
@@ -121,7 +131,13 @@ def _follow_log(channel_id: int, run_id: str, pid: int, path: Path, *, from_star
     )
 
 
-def observe(runtime: ChannelRuntime, channel: Channel, now: datetime) -> Observed:
+def observe(
+    runtime: ChannelRuntime,
+    channel: Channel,
+    now: datetime,
+    state: ProcessState | None = None,
+    leaving: bool = False,
+) -> Observed:
     alive, exit_code = False, None
     if runtime.pid is not None and runtime.run_id:
         alive, exit_code = processes.alive(runtime.pid, runtime.run_id)
@@ -159,6 +175,7 @@ def observe(runtime: ChannelRuntime, channel: Channel, now: datetime) -> Observe
         gpu_freed=freed,
         log_tail=tail,
         backend=backend,
+        **(sleepers.observed(runtime, state, leaving) if state is not None else {}),
     )
 
 
@@ -202,6 +219,7 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
             log_dir=log_dir,
             extra_env=settings.SLOTSERVE_PROCESS_ENV,
             ports=settings.SLOTSERVE_PROCESS_PORTS,
+            sleep_mode=sleep_mode.enabled_for(backend),
         )
         live = {*processes.children(), runtime.run_id}  # a run that still runs keeps its log
         run_log_folder.prune(log_dir, keep=settings.SLOTSERVE_RUN_LOGS_KEPT, live=live)
@@ -248,6 +266,12 @@ def act(
             case Kill(pid=pid):
                 log.warning("channel %s: pid %s ignored SIGTERM; sending SIGKILL", channel.name, pid)
                 processes.send(pid, signal.SIGKILL)
+            case Sleep():
+                log.info("channel %s: putting run %s to sleep", channel.name, runtime.run_id)
+                sleepers.put_to_sleep(runtime)
+            case Wake():
+                sleepers.wake(runtime)
+                log.info("channel %s: waking run %s", channel.name, runtime.run_id)
             case LoadFinished(succeeded=succeeded, error=error):
                 if runtime.load_id is not None:
                     LoadRecord.objects.filter(pk=runtime.load_id, finished__isnull=True).update(
@@ -285,15 +309,19 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
     target_row = ChannelTarget.objects.select_related("reservation__user").filter(channel=channel).first()
     before = state_of(runtime)
     generation = ReloadRequest.objects.filter(channel=channel).values_list("generation", flat=True).first()
-    wanted = wanted_of(channel, target_row, generation or 0)
+    wanted = wanted_of(channel, target_row, generation or 0, now)
     before = _adopt_unknown_fingerprints(before, wanted)
     publish_gate(channel.pk, before, wanted, now)
-    result = step(before, wanted, observe(runtime, channel, now), now)
+    leaving = effective_target(before, wanted, now)[0] != before.running
+    result = step(before, wanted, observe(runtime, channel, now, before, leaving), now)
     if result.state.phase != before.phase:
         log.info("channel %s: %s → %s", channel.name, before.phase, result.state.phase)
     known_run = runtime.run_id
+    fell_asleep = sleepers.fell_asleep(runtime, before, result.state)
     try:
         act(result.actions, runtime, channel, now)
+        if fell_asleep is not None:
+            runtime.asleep = fell_asleep
         after = result.state
         if any(isinstance(a, Start) for a in result.actions):
             after = dataclasses.replace(after, pid=runtime.pid)  # known once the process runs
@@ -343,30 +371,3 @@ def _adopt_unknown_fingerprints(state: ProcessState, wanted: Wanted) -> ProcessS
     if running == state.running and failure is state.failure:
         return state
     return dataclasses.replace(state, running=running, failure=failure)
-
-
-def stop_local_processes(*, node_name: str, timeout: float) -> int:
-    """Stop every inference process of this node now (the one-command start's Ctrl-C).
-
-    SIGTERM to each run's process group, SIGKILL to what is left after
-    ``timeout`` seconds; the channels are stored as stopped. Returns how many
-    processes were running.
-    """
-    import time
-
-    runtimes = [
-        r
-        for r in ChannelRuntime.objects.filter(channel__node__name=node_name).exclude(pid=None)
-        if r.pid is not None and processes.alive(r.pid, r.run_id)[0]
-    ]
-    for runtime in runtimes:
-        assert runtime.pid is not None
-        processes.send(runtime.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(processes.alive(r.pid or 0, r.run_id)[0] for r in runtimes):
-        time.sleep(0.1)
-    for runtime in runtimes:
-        if runtime.pid is not None and processes.alive(runtime.pid, runtime.run_id)[0]:
-            processes.send(runtime.pid, signal.SIGKILL)
-        store(runtime, ProcessState(phase=Phase.STOPPED))
-    return len(runtimes)

@@ -347,3 +347,15 @@ def upcoming_bookings(*, node_name: str, now: datetime, horizon: timedelta) -> l
             )
         )
     return upcoming
+
+
+def booked_targets(channel_id: int, start: datetime, end: datetime) -> set[Target]:
+    """The models and presets of the channel's approved bookings that begin in ``[start, end)``."""
+    found = Reservation.objects.filter(
+        channel_id=channel_id,
+        status=ReservationStatus.APPROVED,
+        start__gte=start,
+        start__lt=end,
+        model__isnull=False,
+    ).values_list("model_id", "preset_id")
+    return {Target(model_id, preset_id) for model_id, preset_id in found}

@@ -167,7 +167,7 @@ class Command(BaseCommand):
             server = children.pop("redis", None)
             self._stop_all(children)
             if not options["no_node"]:
-                from channels_app.node_worker.worker import stop_local_processes
+                from channels_app.node_worker.sleepers import stop_local_processes
 
                 stopped = stop_local_processes(
                     node_name=settings.SLOTSERVE_NODE_NAME, timeout=settings.SLOTSERVE_STOP_TIMEOUT_SECONDS
