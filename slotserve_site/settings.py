@@ -316,9 +316,9 @@ SLOTSERVE_DRAIN_SECONDS = env_float("SLOTSERVE_DRAIN_SECONDS", 30)
 # file into its page cache (0: never), and how fast at most.
 SLOTSERVE_PREWARM_SECONDS = env_float("SLOTSERVE_PREWARM_SECONDS", 1800)
 SLOTSERVE_PREWARM_MBPS = env_float("SLOTSERVE_PREWARM_MBPS", 1000)
-# Warm handovers (docs/scheduling.md, "Sleep and wake"): vLLM runs are started able to sleep, and
-# one the channel wants again sleeps when it leaves instead of stopping.
-SLOTSERVE_SLEEP_MODE = env_bool("SLOTSERVE_SLEEP_MODE", True)
+# Warm handovers (docs/scheduling.md, "Sleep and wake"), off unless asked: vLLM runs are started
+# able to sleep, and one the channel wants again sleeps when it leaves instead of stopping.
+SLOTSERVE_SLEEP_MODE = env_bool("SLOTSERVE_SLEEP_MODE", False)
 # Run logs a node keeps per channel (DATA_DIR/runs/<channel>); older ones go as a run starts.
 SLOTSERVE_RUN_LOGS_KEPT = env_int("SLOTSERVE_RUN_LOGS_KEPT", 20, minimum=1)
 

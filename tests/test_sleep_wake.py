@@ -1,0 +1,158 @@
+"""Warm handovers end to end (docs/scheduling.md, "Sleep and wake"): the stand-in plays vLLM
+with its sleep mode (its endpoints, their guard, a wake that fails when the GPU's memory was
+taken), driven by the node worker one reconcile at a time."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import httpx
+import pytest
+from django.utils import timezone
+
+from channels_app.models import ChannelRuntime, LoadRecord
+from channels_app.node_worker import processes, sleepers
+from channels_app.scheduling.services import decide_channels
+from reservations.models import Reservation
+from slotserve_base.vocabulary import Phase
+from tests import factories
+from tests.test_node_worker import converge
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def sleepy(node_env, settings, tiny):
+    """A channel whose default is a vLLM model that can sleep, and a llama.cpp model to book."""
+    settings.SLOTSERVE_SLEEP_MODE = True
+    model = factories.llm("sleepy-vllm", backend="vllm")
+    model.path = str(tiny.model.path)
+    model.save()
+    preset = factories.preset(model, "awake", "--standin-load-seconds 1.5")
+    channel = factories.channel("cpu-0", default=preset)
+    decide_channels(now=timezone.now())
+    return channel, preset
+
+
+def _url(runtime_or_record, path: str) -> str:
+    host, port = (
+        (runtime_or_record["host"], runtime_or_record["port"])
+        if isinstance(runtime_or_record, dict)
+        else (runtime_or_record.host, runtime_or_record.port)
+    )
+    return f"http://{host}:{port}{path}"
+
+
+def test_the_default_sleeps_through_a_booking_and_wakes_without_a_cold_load(sleepy, tiny, ana):
+    channel, preset = sleepy
+    default = converge(channel, until={Phase.READY})
+    first_run, first_pid = default.run_id, default.pid
+    assert b"--enable-sleep-mode" in open(f"/proc/{first_pid}/cmdline", "rb").read()
+    now = timezone.now()
+    booking = factories.reservation(
+        owner=ana,
+        on=channel,
+        start=now - timedelta(seconds=1),
+        end=now + timedelta(hours=1),
+        target=tiny.small,
+    )
+    decide_channels(now=now)
+    booked = converge(channel, until={Phase.READY})
+    assert booked.model_id == tiny.model.pk
+    asleep = booked.asleep
+    assert asleep is not None and (asleep["run_id"], asleep["pid"]) == (first_run, first_pid)
+    assert processes.alive(first_pid, first_run)[0]  # kept, not stopped
+    secret = {"Authorization": f"Bearer {asleep['api_secret']}"}
+    assert httpx.get(_url(asleep, "/is_sleeping"), headers=secret).json() == {"is_sleeping": True}
+
+    # The booking ends early: the default's turn. It wakes: the same process, no load.
+    loads = LoadRecord.objects.filter(channel=channel).count()
+    Reservation.objects.filter(pk=booking.pk).update(end=timezone.now())
+    decide_channels(now=timezone.now())
+    woken = converge(channel, until={Phase.READY}, timeout=20)
+    assert (woken.run_id, woken.pid, woken.model_id) == (first_run, first_pid, preset.model_id)
+    assert woken.asleep is None and not woken.waking
+    assert LoadRecord.objects.filter(channel=channel).count() == loads  # a wake is not a load
+    assert httpx.get(_url(woken, "/is_sleeping"), headers=secret).json() == {"is_sleeping": False}
+
+
+def test_sleep_endpoints_answer_nobody_without_the_runs_secret(sleepy):
+    channel, _ = sleepy
+    runtime = converge(channel, until={Phase.READY})
+    for method, path in (("POST", "/sleep?level=1"), ("POST", "/wake_up"), ("GET", "/is_sleeping")):
+        answer = httpx.request(method, _url(runtime, path))
+        assert answer.status_code == 401, (path, answer.text)
+        wrong = httpx.request(method, _url(runtime, path), headers={"Authorization": "Bearer guess"})
+        assert wrong.status_code == 401, path
+    assert httpx.get(_url(runtime, "/health")).status_code == 200  # kept open, as the backends keep it
+    assert httpx.get(
+        _url(runtime, "/is_sleeping"), headers={"Authorization": f"Bearer {runtime.api_secret}"}
+    ).json() == {"is_sleeping": False}
+
+
+def test_without_room_in_host_ram_the_default_is_stopped(sleepy, tiny, ana, monkeypatch):
+    channel, _ = sleepy
+    default = converge(channel, until={Phase.READY})
+    monkeypatch.setattr(sleepers.sleep_mode.page_cache, "available_bytes", lambda: 1)
+    now = timezone.now()
+    factories.reservation(
+        owner=ana,
+        on=channel,
+        start=now - timedelta(seconds=1),
+        end=now + timedelta(hours=1),
+        target=tiny.small,
+    )
+    decide_channels(now=now)
+    booked = converge(channel, until={Phase.READY})
+    assert booked.asleep is None
+    assert not processes.alive(default.pid, default.run_id)[0]
+
+
+def test_a_wake_that_fails_loads_the_default_cold(sleepy, tiny, ana):
+    channel, preset = sleepy
+    preset.args = "--standin-wake-oom"
+    preset.save()
+    default = converge(channel, until={Phase.READY})
+    now = timezone.now()
+    booking = factories.reservation(
+        owner=ana,
+        on=channel,
+        start=now - timedelta(seconds=1),
+        end=now + timedelta(hours=1),
+        target=tiny.small,
+    )
+    decide_channels(now=now)
+    assert converge(channel, until={Phase.READY}).asleep["run_id"] == default.run_id
+    Reservation.objects.filter(pk=booking.pk).update(end=timezone.now())
+    decide_channels(now=timezone.now())
+    again = converge(channel, until={Phase.READY}, timeout=30)
+    assert again.model_id == preset.model_id and again.run_id != default.run_id  # loaded anew
+    assert not processes.alive(default.pid, default.run_id)[0]  # the sleeper that could not wake stopped
+    assert again.error == ""
+    assert "CUDA out of memory" in open(default.log_path).read()
+
+
+def test_a_sleeper_is_no_stray_and_stops_with_the_node(sleepy, tiny, ana, monkeypatch):
+    from channels_app.node_worker import strays
+
+    channel, _ = sleepy
+    default = converge(channel, until={Phase.READY})
+    now = timezone.now()
+    factories.reservation(
+        owner=ana,
+        on=channel,
+        start=now - timedelta(seconds=1),
+        end=now + timedelta(hours=1),
+        target=tiny.small,
+    )
+    decide_channels(now=now)
+    booked = converge(channel, until={Phase.READY})
+    assert booked.asleep["pid"] == default.pid
+    # As a restarted worker sees it: no run is its own child; a run no channel names is a stray.
+    monkeypatch.setattr(strays, "MIN_AGE_SECONDS", 0.0)
+    monkeypatch.setattr(strays.processes, "children", dict)
+    assert strays.stop_strays(channel.node.name) == 0
+    assert processes.alive(default.pid, default.run_id)[0]  # the channel's sleeper: kept
+    monkeypatch.undo()
+    assert sleepers.stop_local_processes(node_name=channel.node.name, timeout=5) == 1  # the awake one
+    assert not processes.alive(default.pid, default.run_id)[0]  # and the sleeper with it
