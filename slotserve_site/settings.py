@@ -312,12 +312,10 @@ SLOTSERVE_DISK_READ_MBPS = env_float("SLOTSERVE_DISK_READ_MBPS", 200, minimum=0.
 SLOTSERVE_LOAD_TIMEOUT_SECONDS = env_float("SLOTSERVE_LOAD_TIMEOUT_SECONDS", 600, minimum=1)
 SLOTSERVE_STOP_TIMEOUT_SECONDS = env_float("SLOTSERVE_STOP_TIMEOUT_SECONDS", 15)
 SLOTSERVE_DRAIN_SECONDS = env_float("SLOTSERVE_DRAIN_SECONDS", 30)
-# Prewarm from the calendar (docs/node-workers.md): how far ahead a node reads a booking's model
-# file into its page cache (0: never), and how fast at most.
+# Prewarm (docs/node-workers.md): how far ahead a node reads a booking's model file, how fast.
 SLOTSERVE_PREWARM_SECONDS = env_float("SLOTSERVE_PREWARM_SECONDS", 1800)
 SLOTSERVE_PREWARM_MBPS = env_float("SLOTSERVE_PREWARM_MBPS", 1000)
-# Warm handovers (docs/scheduling.md, "Sleep and wake"), off unless asked: vLLM runs are started
-# able to sleep, and one the channel wants again sleeps when it leaves instead of stopping.
+# Warm handovers, off unless asked (docs/scheduling.md, "Sleep and wake").
 SLOTSERVE_SLEEP_MODE = env_bool("SLOTSERVE_SLEEP_MODE", False)
 # Run logs a node keeps per channel (DATA_DIR/runs/<channel>); older ones go as a run starts.
 SLOTSERVE_RUN_LOGS_KEPT = env_int("SLOTSERVE_RUN_LOGS_KEPT", 20, minimum=1)
@@ -327,8 +325,7 @@ SLOTSERVE_NODE_NAME = env_str("SLOTSERVE_NODE_NAME", socket.gethostname())
 # Checked when the apps are ready (channels_app.apps): settings import no app code.
 SLOTSERVE_FAKE_GPUS = env_str("SLOTSERVE_FAKE_GPUS", "")
 SLOTSERVE_PROCESS_HOST = env_str("SLOTSERVE_PROCESS_HOST", "127.0.0.1")
-# The ports inference processes listen on: one range to open in a firewall, below Linux's
-# ephemeral range, so an outgoing connection never takes one between its probe and the bind.
+# One range to open in a firewall, below Linux's ephemeral range (docs/settings.md).
 SLOTSERVE_PROCESS_PORTS = env_port_range("SLOTSERVE_PROCESS_PORTS", "31000-31999")
 # More environment variables an inference process may inherit (docs/security.md).
 SLOTSERVE_PROCESS_ENV = env_list("SLOTSERVE_PROCESS_ENV", [])

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import httpx
 import pytest
+from django.test import Client
 from django.utils import timezone
 
 from channels_app.models import ChannelRuntime, LoadRecord
@@ -64,6 +65,13 @@ def test_the_default_sleeps_through_a_booking_and_wakes_without_a_cold_load(slee
     assert processes.alive(first_pid, first_run)[0]  # kept, not stopped
     secret = {"Authorization": f"Bearer {asleep['api_secret']}"}
     assert httpx.get(_url(asleep, "/is_sleeping"), headers=secret).json() == {"is_sleeping": True}
+    # The sleeper's secret is shown nowhere: not in the admin, not in the API.
+    client = Client()
+    client.force_login(factories.user("root", staff=True, is_superuser=True))  # sees every row
+    page = client.get(f"/admin/channels_app/channelruntime/{channel.pk}/change/")
+    assert page.status_code == 200 and asleep["api_secret"] not in page.content.decode()
+    shown = client.get(f"/api/channels/{channel.pk}/")
+    assert shown.status_code == 200 and asleep["api_secret"] not in shown.content.decode()
 
     # The booking ends early: the default's turn. It wakes: the same process, no load.
     loads = LoadRecord.objects.filter(channel=channel).count()
