@@ -5,14 +5,15 @@ taken), driven by the node worker one reconcile at a time."""
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import httpx
 import pytest
 from django.test import Client
 from django.utils import timezone
 
-from channels_app.models import ChannelRuntime, LoadRecord
-from channels_app.node_worker import processes, sleepers
+from channels_app.models import LoadRecord
+from channels_app.node_worker import page_cache, processes, sleepers
 from channels_app.scheduling.services import decide_channels
 from reservations.models import Reservation
 from slotserve_base.vocabulary import Phase
@@ -48,7 +49,7 @@ def test_the_default_sleeps_through_a_booking_and_wakes_without_a_cold_load(slee
     channel, preset = sleepy
     default = converge(channel, until={Phase.READY})
     first_run, first_pid = default.run_id, default.pid
-    assert b"--enable-sleep-mode" in open(f"/proc/{first_pid}/cmdline", "rb").read()
+    assert b"--enable-sleep-mode" in Path(f"/proc/{first_pid}/cmdline").read_bytes()
     now = timezone.now()
     booking = factories.reservation(
         owner=ana,
@@ -101,7 +102,7 @@ def test_sleep_endpoints_answer_nobody_without_the_runs_secret(sleepy):
 def test_without_room_in_host_ram_the_default_is_stopped(sleepy, tiny, ana, monkeypatch):
     channel, _ = sleepy
     default = converge(channel, until={Phase.READY})
-    monkeypatch.setattr(sleepers.sleep_mode.page_cache, "available_bytes", lambda: 1)
+    monkeypatch.setattr(page_cache, "available_bytes", lambda: 1)
     now = timezone.now()
     factories.reservation(
         owner=ana,
@@ -130,14 +131,15 @@ def test_a_wake_that_fails_loads_the_default_cold(sleepy, tiny, ana):
         target=tiny.small,
     )
     decide_channels(now=now)
-    assert converge(channel, until={Phase.READY}).asleep["run_id"] == default.run_id
+    asleep = converge(channel, until={Phase.READY}).asleep
+    assert asleep is not None and asleep["run_id"] == default.run_id
     Reservation.objects.filter(pk=booking.pk).update(end=timezone.now())
     decide_channels(now=timezone.now())
     again = converge(channel, until={Phase.READY}, timeout=30)
     assert again.model_id == preset.model_id and again.run_id != default.run_id  # loaded anew
     assert not processes.alive(default.pid, default.run_id)[0]  # the sleeper that could not wake stopped
     assert again.error == ""
-    assert "CUDA out of memory" in open(default.log_path).read()
+    assert "CUDA out of memory" in Path(default.log_path).read_text()
 
 
 def test_a_sleeper_is_no_stray_and_stops_with_the_node(sleepy, tiny, ana, monkeypatch):
@@ -155,10 +157,10 @@ def test_a_sleeper_is_no_stray_and_stops_with_the_node(sleepy, tiny, ana, monkey
     )
     decide_channels(now=now)
     booked = converge(channel, until={Phase.READY})
-    assert booked.asleep["pid"] == default.pid
+    assert booked.asleep is not None and booked.asleep["pid"] == default.pid
     # As a restarted worker sees it: no run is its own child; a run no channel names is a stray.
     monkeypatch.setattr(strays, "MIN_AGE_SECONDS", 0.0)
-    monkeypatch.setattr(strays.processes, "children", dict)
+    monkeypatch.setattr(processes, "children", dict)
     assert strays.stop_strays(channel.node.name) == 0
     assert processes.alive(default.pid, default.run_id)[0]  # the channel's sleeper: kept
     monkeypatch.undo()
