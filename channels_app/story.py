@@ -33,7 +33,17 @@ KEPT = {
 }
 NODE_KINDS = (StoryKind.NODE_NOT_READY, StoryKind.NODE_READY)
 # A process's facts kept as they are (the names are read when the story is told).
-PROCESS_FACTS = ("fallback", "error", "attempts", "retry_at", "attempt", "load_seconds")
+PROCESS_FACTS = (
+    "fallback",
+    "error",
+    "attempts",
+    "retry_at",
+    "attempt",
+    "load_seconds",
+    "sleep",
+    "wake",
+    "woke_seconds",
+)
 
 
 def told(channel_id: int, at: datetime, kind: StoryKind, **data: Any) -> None:

@@ -83,6 +83,13 @@ def test_the_default_sleeps_through_a_booking_and_wakes_without_a_cold_load(slee
     assert woken.asleep is None and not woken.waking
     assert LoadRecord.objects.filter(channel=channel).count() == loads  # a wake is not a load
     assert httpx.get(_url(woken, "/is_sleeping"), headers=secret).json() == {"is_sleeping": False}
+    # The channel's story tells it as it was: put to sleep, woken, not loaded.
+    api = Client()
+    api.force_login(ana)
+    words = [line["words"] for line in api.get(f"/api/channels/{channel.pk}/story").json()["lines"]]
+    assert any(w.startswith("Putting sleepy-vllm") and "to sleep" in w for w in words), words
+    assert any(w.startswith("Waking sleepy-vllm") for w in words), words
+    assert any("sleepy-vllm" in w and "woken in" in w and "not loaded" in w for w in words), words
 
 
 def test_sleep_endpoints_answer_nobody_without_the_runs_secret(sleepy):

@@ -76,10 +76,20 @@ def channel_facts(before: ProcessState, after: ProcessState, actions: Sequence[A
     if reached == WebhookEvent.CHANNEL_LOADING:
         failure = after.failure
         retried = failure is not None and failure.target == after.running
-        facts.append(fact(reached, **({"attempt": failure.attempts + 1} if retried and failure else {})))
+        woken = {"wake": True} if after.waking else {}  # a sleeper woken, not a load
+        facts.append(
+            fact(reached, **woken, **({"attempt": failure.attempts + 1} if retried and failure else {}))
+        )
     elif reached == WebhookEvent.CHANNEL_READY:
         booked = any(a.event == WebhookEvent.CHANNEL_READY for a in told)
-        facts.append(fact(reached, booked=booked))
+        woke = (
+            {"woke_seconds": round((after.since - before.since).total_seconds(), 3)}
+            if before.waking and after.since is not None and before.since is not None
+            else {}
+        )
+        facts.append(fact(reached, booked=booked, **woke))
+    elif reached == WebhookEvent.CHANNEL_STOPPING and after.sleeping_out:
+        facts.append(fact(reached, sleep=True))  # put to sleep, to be woken for its next turn
     elif reached is not None:
         facts.append(fact(reached))
     facts.extend(fact(a.event, **episode_of(a)) for a in told if a.event == WebhookEvent.CHANNEL_RECOVERED)
@@ -173,15 +183,18 @@ def _tell(
 def _words(event: WebhookEvent, channel: Channel, data: dict[str, Any]) -> str:
     what = (data.get("model") or {}).get("name") or "its model"
     said = {
-        WebhookEvent.CHANNEL_LOADING: f"loading {what}",
-        WebhookEvent.CHANNEL_READY: f"{what} is ready",
+        WebhookEvent.CHANNEL_LOADING: f"waking {what}" if data.get("wake") else f"loading {what}",
+        WebhookEvent.CHANNEL_READY: f"{what} is ready"
+        + (f", woken in {data['woke_seconds']:g} s" if data.get("woke_seconds") is not None else ""),
         WebhookEvent.CHANNEL_FAILED: f"{what} failed: {data.get('error') or 'no reason given'}",
         WebhookEvent.CHANNEL_FALLBACK: "serves its default model until the booked one is retried",
         WebhookEvent.CHANNEL_RECOVERED: f"{what} serves again after a failure",
         WebhookEvent.CHANNEL_SWITCHED: f"switched from {(data.get('previous_model') or {}).get('name')} "
         f"to {what}",
         WebhookEvent.CHANNEL_DRAINING: f"requests in flight finish before {what} stops",
-        WebhookEvent.CHANNEL_STOPPING: f"stopping {what}",
+        WebhookEvent.CHANNEL_STOPPING: f"putting {what} to sleep (its weights to host RAM)"
+        if data.get("sleep")
+        else f"stopping {what}",
         WebhookEvent.CHANNEL_STOPPED: f"{what} has stopped",
     }[event]
     booking = data["booking"]

@@ -139,17 +139,23 @@ def _said(entry: Entry, names: Names, tz: tzinfo) -> str:
     fallback = " as the fallback" if d.get("fallback") else ""
     attempt = f", attempt {d['attempt']}" if d.get("attempt") else ""
     load_took = f" (loaded in {seconds(d['load_seconds'])})" if d.get("load_seconds") is not None else ""
+    if d.get("woke_seconds") is not None:  # a sleeper woken, not loaded (docs/scheduling.md)
+        load_took = f" (woken in {seconds(d['woke_seconds'])}, not loaded)"
     said = {
         "override_cleared": f"{by} cleared the override.",
         "reload": f"{by} asked for a reload.",
-        "loading": f"Loading {what}{fallback}{attempt}.",
+        "loading": f"Waking {what}{fallback}: it slept with its weights in host RAM."
+        if d.get("wake")
+        else f"Loading {what}{fallback}{attempt}.",
         "ready": f"{what} is ready{fallback}{load_took}.",
         "fallback": f"The default model {what} serves {booking.user + chr(39) + 's' if booking else 'the'} "
         "booking while the booked model waits for its retry.",
         "recovered": f"{what} serves again after its failure.",
         "switched": f"Switched from {names.target(d.get('previous_model_id'), None)} to {what}.",
         "draining": f"Draining {what}: requests in flight finish before it stops.",
-        "stopping": f"Stopping {what}.",
+        "stopping": f"Putting {what} to sleep, to be woken for its next turn."
+        if d.get("sleep")
+        else f"Stopping {what}.",
         "stopped": f"{what} stopped.",
     }
     return said.get(kind, kind.replace("_", " "))
