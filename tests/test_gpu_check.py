@@ -37,6 +37,7 @@ def test_without_a_gpu_the_gpu_checks_are_skipped_and_the_node_falls_back_with_t
         "SKIP fill",
         "SKIP used-memory",
         "SKIP out-of-memory",
+        "SKIP sleep-wake",
     ]
 
 
