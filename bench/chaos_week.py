@@ -50,8 +50,9 @@ says which promise holds under which fault, and the checker expects exactly that
    every node is ready;
 7. no booking or webhook the API confirmed is lost.
 
-Promises 2 and 5 are also judged while the week runs: each answer as it comes, each booking
-two seconds after its start; a broken one is printed at once with its story, and with
+Promises 1, 2 and 5 are also judged while the week runs: each answer as it comes, each booking
+two seconds after its start, each slot once its end is three ticks past (its requests logged); a
+broken one is printed at once with its story, and with
 ``--stop-on-miss`` the run ends there (the faults stop, and what ran is checked as at the end).
 It prints a table per fault kind
 and per promise, and the violations; ``--json`` writes the same. The exit status is 1 when a
@@ -812,15 +813,18 @@ def sample(lab: Lab, stop: threading.Event) -> None:
 # (its samples are in, its load found).
 JUDGE_SECONDS = 2.0
 JUDGE_AFTER_SECONDS = 2.0
+# A slot is judged for promise 1 once its end is this far past: its requests' records are in the
+# log by then (written within a tick of their end, through Redis); later ones the end judges.
+JUDGE_SLOT_AFTER_SECONDS = 3 * TICK + 2.0
 
 
 def judge(
     lab: Lab, world: World, planned: list[Planned], stop: threading.Event, missed: threading.Event
 ) -> None:
-    """Promises 2 and 5 judged while the week runs, in a lab of their own (the final checks judge
-    everything again): each answer as it comes, each booking once its start is past. A broken
-    promise is printed at once, with its story, and sets ``missed`` (``--stop-on-miss`` ends the
-    run there)."""
+    """Promises 1, 2 and 5 judged while the week runs, in a lab of their own (the final checks
+    judge everything again): each answer as it comes, each booking once its start is past, each
+    slot once its end is past and its requests are in the log. A broken promise is printed at
+    once, with its story, and sets ``missed`` (``--stop-on-miss`` ends the run there)."""
     from django.db import connection
 
     live = Lab(began=lab.began)
@@ -845,6 +849,7 @@ def _judge(
 ) -> None:
     from django.db import DatabaseError, connection
 
+    slots_judged: set[int] = set()  # for promise 1, once their end is past
     while not stop.wait(JUDGE_SECONDS):
         with lab.lock:
             new_answers = lab.answers[answered:]
@@ -859,16 +864,29 @@ def _judge(
         }
         told = len(live.violations)
 
+        ended = {
+            slot.reservation_id
+            for slot in planned
+            if slot.reservation_id
+            and slot.end.timestamp() + JUDGE_SLOT_AFTER_SECONDS <= time.time()
+            and slot.reservation_id not in slots_judged
+        }
+
         def is_due(slot: Planned, due: set[int] = due) -> bool:
             return slot.reservation_id in due
 
+        def has_ended(slot: Any, ended: set[int] = ended) -> bool:
+            return slot.pk in ended
+
         try:
             check_ready_at_start(live, planned, world, judged=is_due)
+            check_slots(live, judged=has_ended)
         except DatabaseError:
             connection.close()  # the database is away (a fault): judged on the next look
             del live.violations[told:]
             continue
         done |= due
+        slots_judged |= ended
         for violation in live.violations[told:]:
             print(
                 f"  promise {violation.promise} broken at {violation.at} s, while running: {violation.what}",
@@ -1090,11 +1108,11 @@ SLOT_EDGE_SECONDS = 1.5
 BOOKER_FIRST_TOKEN_SECONDS = 2.0
 
 
-def check_slots(lab: Lab) -> dict[str, int]:
+def check_slots(lab: Lab, judged: Callable[[Any], bool] | None = None) -> dict[str, int]:
     """Promise 1: during an approved slot only the booker is answered by its channel, but for
     borrowed answers of the booked model where the slot lends; the booker's requests in a slot
     that lends never wait their turn. Returns how many answers were borrowed, and how many of
-    those the bookers' requests ended."""
+    those the bookers' requests ended. ``judged``: which slots to judge (all by default)."""
     from gateway.models import RequestLog
     from reservations.models import Reservation
     from slotserve_base.vocabulary import ErrorCode
@@ -1102,6 +1120,8 @@ def check_slots(lab: Lab) -> dict[str, int]:
     for slot in Reservation.objects.filter(status__in=["approved", "ended"]).select_related(
         "user", "channel", "model"
     ):
+        if judged is not None and not judged(slot):
+            continue
         lab.checked(1)
         lends = slot.lend and slot.channel.lend_while_idle and not slot.exclusive
         if lends:

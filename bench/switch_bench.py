@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark: from a target change to a ready process, with the real llama-server.
 
-    .venv/bin/python bench/switch_bench.py [--rounds 10] [--cold 5]
+    .venv/bin/python bench/switch_bench.py [--rounds 10] [--cold 5] [--warm 5]
 
 Needs Redis (SLOTSERVE_REDIS_URL) and builds llama-server if not cached.
 A channel alternates between two presets of the tiny GGUF model through
@@ -13,6 +13,11 @@ The difference is what SlotServe adds.
 
 ``--cold N``: a 1.6 GB GGUF evicted from the page cache is loaded N times cold and N times
 after the node worker's prewarm read it (docs/node-workers.md, "Prewarm from the calendar").
+
+``--warm N``: the channel's default becomes a vLLM model (the stand-in, whose load takes
+``WARM_LOAD_SECONDS``); an override to the tiny model and its clearing, N times, with sleep mode
+off (the default loads cold again) and on (it sleeps through the override and is woken,
+docs/scheduling.md "Sleep and wake"): the time from the clearing to the default ready.
 """
 
 from __future__ import annotations
@@ -175,6 +180,42 @@ def news_times(channel: Any, model: Any, rounds: int) -> dict[str, list[float]]:
     return times
 
 
+# The stand-in vLLM's load in the warm case: what a cold load costs beside a wake.
+WARM_LOAD_SECONDS = 2.0
+
+
+def warm_times(channel: Any, tiny: Any, rounds: int, wait_ready: Any) -> dict[str, list[float]]:
+    """The default's return after an override, loaded cold and woken (``--warm``)."""
+    from django.conf import settings
+    from django.utils import timezone
+
+    from channels_app.models import LLMModel, Preset
+    from channels_app.scheduling.services import override_clear, override_set
+
+    sleepy = LLMModel.objects.create(name="sleepy", backend="vllm", path=tiny.model.path, size_bytes=1)
+    preset = Preset.objects.create(model=sleepy, name="s", args=f"--standin-load-seconds {WARM_LOAD_SECONDS}")
+    channel.default_model, channel.default_preset = sleepy, preset
+    channel.save()
+    found: dict[str, list[float]] = {}
+    for mode in (False, True):
+        settings.SLOTSERVE_SLEEP_MODE = mode
+        override_clear(channel=channel, now=timezone.now(), by=None)
+        wait_ready(preset)
+        times = found.setdefault("woken" if mode else "loaded cold", [])
+        for turn in range(rounds + 1):  # the first turn starts the default as the mode starts it
+            until = timezone.now() + timedelta(hours=1)
+            override_set(
+                channel=channel, model=tiny.model, preset=tiny, until=until, now=timezone.now(), by=None
+            )
+            wait_ready(tiny)
+            started = time.perf_counter()
+            override_clear(channel=channel, now=timezone.now(), by=None)
+            wait_ready(preset)
+            if turn:
+                times.append(time.perf_counter() - started)
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -190,6 +231,9 @@ def main() -> None:
     parser.add_argument(
         "--cold", type=int, default=0, metavar="ROUNDS", help="also load a 1.6 GB model cold and prewarmed"
     )
+    parser.add_argument(
+        "--warm", type=int, default=0, metavar="ROUNDS", help="also hand back to a default that slept"
+    )
     args = parser.parse_args()
 
     binary = subprocess.run(
@@ -199,6 +243,7 @@ def main() -> None:
     os.environ["SLOTSERVE_DATA_DIR"] = tempfile.mkdtemp(prefix="slotserve-switch-")
     os.environ["SLOTSERVE_LLAMA_SERVER"] = binary
     os.environ["SLOTSERVE_FAKE_GPUS"] = "1x24GiB"
+    os.environ["SLOTSERVE_VLLM"] = f"{sys.executable} -m devtools.standin"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "slotserve_site.settings")
     import django
 
@@ -270,8 +315,11 @@ def main() -> None:
             load = LoadRecord.objects.filter(channel=channel).order_by("-started").first()
             if load is not None:
                 load_began.append((load.started - overridden).total_seconds())
-    news = news_times(channel, model, args.news) if args.news else {}
+        news = news_times(channel, model, args.news) if args.news else {}
+        warm = warm_times(channel, presets[1], args.warm, wait_ready) if args.warm else {}
     runtime = ChannelRuntime.objects.get(channel=channel)
+    if runtime.asleep:
+        os.killpg(int(runtime.asleep["pid"]), signal.SIGTERM)
     if runtime.pid:
         os.killpg(runtime.pid, signal.SIGTERM)
 
@@ -295,6 +343,12 @@ def main() -> None:
         print(f"load after the prewarm:                  {ms(cold['prewarmed'])}")
         print(f"the prewarm's read (in the slot before): {ms(cold['prewarm read'])}")
         print(f"cold ÷ prewarmed (medians):              {ratio:.2f}×")
+    if warm:
+        ratio = statistics.median(warm["loaded cold"]) / statistics.median(warm["woken"])
+        print(f"warm rounds: {args.warm}, a stand-in vLLM whose load takes {WARM_LOAD_SECONDS:g} s")
+        print(f"override cleared → default loaded cold:  {ms(warm['loaded cold'])}")
+        print(f"override cleared → default woken:        {ms(warm['woken'])}")
+        print(f"loaded cold ÷ woken (medians):           {ratio:.2f}×")
 
 
 if __name__ == "__main__":
