@@ -136,3 +136,13 @@ def test_a_reload_stops_the_sleeper_too():
     result = step(serving_b, reloaded, FITS, T0)
     assert Terminate(SLEEPER_PID) in result.actions and Terminate(PID) in result.actions
     assert result.state.asleep is None
+
+
+def test_a_sleeper_still_asleep_long_after_its_wake_is_loaded_cold():
+    """A wake whose answer was lost (the node worker restarted meanwhile) is not waited on for the
+    whole load timeout: still asleep after the stop timeout, it is stopped and loaded cold."""
+    waking = ProcessState(phase=Phase.LOADING, running=A, since=T0, pid=SLEEPER_PID, waking=True)
+    asleep = Observed(alive=True, healthy=True, sleeping=True)
+    assert step(waking, WANT_A, asleep, T0 + timedelta(seconds=14)).actions == []
+    late = step(waking, WANT_A, asleep, T0 + timedelta(seconds=15))
+    assert late.actions == [Terminate(SLEEPER_PID)] and late.state.phase == Phase.STOPPING

@@ -222,7 +222,8 @@ def _step(state: ProcessState, wanted: Wanted, seen: Observed, now: datetime) ->
         if target != state.running:
             # Nothing is served yet, so nothing to drain: stop the load at once.
             return _stop(state, now, [LoadFinished(False, "load abandoned: the channel's target changed")])
-        if state.waking and seen.wake_failed:
+        overslept = seen.sleeping and now - state.since >= timedelta(seconds=wanted.stop_timeout_seconds)
+        if state.waking and (seen.wake_failed or overslept):
             return _stop(state, now, [])  # stopped, and loaded cold (no failure: nothing was wrong with it)
         if seen.healthy and (not state.waking or seen.sleeping is False):
             return _ready(state, wanted, now)
