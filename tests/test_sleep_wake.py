@@ -36,6 +36,16 @@ def sleepy(node_env, settings, tiny):
     return channel, preset
 
 
+def book_now(channel, owner, preset) -> Reservation:
+    """A booking of ``preset`` that began a second ago, and the decision that follows it."""
+    now = timezone.now()
+    booking = factories.reservation(
+        owner=owner, on=channel, start=now - timedelta(seconds=1), end=now + timedelta(hours=1), target=preset
+    )
+    decide_channels(now=now)
+    return booking
+
+
 def _url(runtime_or_record, path: str) -> str:
     host, port = (
         (runtime_or_record["host"], runtime_or_record["port"])
@@ -50,15 +60,7 @@ def test_the_default_sleeps_through_a_booking_and_wakes_without_a_cold_load(slee
     default = converge(channel, until={Phase.READY})
     first_run, first_pid = default.run_id, default.pid
     assert b"--enable-sleep-mode" in Path(f"/proc/{first_pid}/cmdline").read_bytes()
-    now = timezone.now()
-    booking = factories.reservation(
-        owner=ana,
-        on=channel,
-        start=now - timedelta(seconds=1),
-        end=now + timedelta(hours=1),
-        target=tiny.small,
-    )
-    decide_channels(now=now)
+    booking = book_now(channel, ana, tiny.small)
     booked = converge(channel, until={Phase.READY})
     assert booked.model_id == tiny.model.pk
     asleep = booked.asleep
@@ -110,15 +112,7 @@ def test_without_room_in_host_ram_the_default_is_stopped(sleepy, tiny, ana, monk
     channel, _ = sleepy
     default = converge(channel, until={Phase.READY})
     monkeypatch.setattr(page_cache, "available_bytes", lambda: 1)
-    now = timezone.now()
-    factories.reservation(
-        owner=ana,
-        on=channel,
-        start=now - timedelta(seconds=1),
-        end=now + timedelta(hours=1),
-        target=tiny.small,
-    )
-    decide_channels(now=now)
+    book_now(channel, ana, tiny.small)
     booked = converge(channel, until={Phase.READY})
     assert booked.asleep is None
     assert not processes.alive(default.pid, default.run_id)[0]
@@ -129,15 +123,7 @@ def test_a_wake_that_fails_loads_the_default_cold(sleepy, tiny, ana):
     preset.args = "--standin-wake-oom"
     preset.save()
     default = converge(channel, until={Phase.READY})
-    now = timezone.now()
-    booking = factories.reservation(
-        owner=ana,
-        on=channel,
-        start=now - timedelta(seconds=1),
-        end=now + timedelta(hours=1),
-        target=tiny.small,
-    )
-    decide_channels(now=now)
+    booking = book_now(channel, ana, tiny.small)
     asleep = converge(channel, until={Phase.READY}).asleep
     assert asleep is not None and asleep["run_id"] == default.run_id
     Reservation.objects.filter(pk=booking.pk).update(end=timezone.now())
@@ -154,15 +140,7 @@ def test_a_sleeper_is_no_stray_and_stops_with_the_node(sleepy, tiny, ana, monkey
 
     channel, _ = sleepy
     default = converge(channel, until={Phase.READY})
-    now = timezone.now()
-    factories.reservation(
-        owner=ana,
-        on=channel,
-        start=now - timedelta(seconds=1),
-        end=now + timedelta(hours=1),
-        target=tiny.small,
-    )
-    decide_channels(now=now)
+    book_now(channel, ana, tiny.small)
     booked = converge(channel, until={Phase.READY})
     assert booked.asleep is not None and booked.asleep["pid"] == default.pid
     # As a restarted worker sees it: no run is its own child; a run no channel names is a stray.

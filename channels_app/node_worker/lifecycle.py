@@ -142,34 +142,23 @@ def _start_if_wanted(state: ProcessState, wanted: Wanted, now: datetime, actions
         began = state.failure.began if state.failure is not None else None
         actions.append(Tell(WebhookEvent.CHANNEL_FALLBACK, episode=began))
     asleep = state.asleep
-    if asleep is not None and asleep.target == target:  # its next turn: woken, not loaded cold
-        waking = dataclasses.replace(
-            state,
-            phase=Phase.LOADING,
-            running=target,
-            since=now,
-            pid=asleep.pid,
-            stop_sent_at=None,
-            kill_sent=False,
-            fallback=fallback,
-            failing=False,
-            reload_generation=wanted.reload_generation,
-            asleep=None,
-            waking=True,
-        )
-        return Step(waking, [*actions, Wake(asleep.pid)])
+    wakes = asleep is not None and asleep.target == target  # its next turn: woken, not loaded cold
     loading = dataclasses.replace(
         state,
         phase=Phase.LOADING,
         running=target,
         since=now,
-        pid=None,
+        pid=asleep.pid if asleep is not None and wakes else None,
         stop_sent_at=None,
         kill_sent=False,
         fallback=fallback,
         failing=False,
         reload_generation=wanted.reload_generation,
+        asleep=None if wakes else asleep,
+        waking=wakes,
     )
+    if asleep is not None and wakes:
+        return Step(loading, [*actions, Wake(asleep.pid)])
     return Step(loading, [*actions, Start(target, fallback)])
 
 
