@@ -103,23 +103,6 @@ class Handler(BaseHTTPRequestHandler):
     crash_armed = False
     sleeping = False
 
-    def handle_one_request(self) -> None:
-        """Each request passes the ``--middleware`` chain first, as in vLLM's ASGI app."""
-        self.raw_requestline = self.rfile.readline(65537)
-        if not self.raw_requestline:
-            self.close_connection = True
-            return
-        if not self.parse_request():
-            return
-        if self.options.middleware and not middleware_passes(self):
-            return
-        method = getattr(self, "do_" + self.command, None)
-        if method is None:
-            self.send_error(501, f"Unsupported method ({self.command!r})")
-            return
-        method()
-        self.wfile.flush()
-
     def log_message(self, format: str, *args: Any) -> None:
         sys.stdout.write(f"{self.address_string()} {format % args}\n")
 
@@ -132,6 +115,8 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
+        if self.options.middleware and not middleware_passes(self):  # as vLLM's ASGI app runs them
+            return
         if self.path == "/is_sleeping" and dev_mode(self.options):
             self._json(200, {"is_sleeping": Handler.sleeping})
         elif self.path == "/health":
@@ -161,6 +146,8 @@ class Handler(BaseHTTPRequestHandler):
         return False
 
     def do_POST(self) -> None:
+        if self.options.middleware and not middleware_passes(self):  # as vLLM's ASGI app runs them
+            return
         length = int(self.headers.get("Content-Length") or 0)
         if not self._authorized():
             self.rfile.read(length)
