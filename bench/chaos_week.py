@@ -828,7 +828,10 @@ def judge(
     from django.db import connection
 
     live = Lab(began=lab.began)
+    # What the run saw so far, shared: a booking a fault kept from its load is not judged (the
+    # faults), nor one whose node was down.
     live.samples, live.node_down, live.decided = lab.samples, lab.node_down, lab.decided
+    live.faults = lab.faults
     done: set[int] = set()
     answered = 0
     try:
