@@ -151,3 +151,30 @@ def test_a_sleeper_is_no_stray_and_stops_with_the_node(sleepy, tiny, ana, monkey
     monkeypatch.undo()
     assert sleepers.stop_local_processes(node_name=channel.node.name, timeout=5) == 1  # the awake one
     assert not processes.alive(default.pid, default.run_id)[0]  # and the sleeper with it
+
+
+@pytest.mark.parametrize(
+    ("reason", "keeps"),
+    [
+        ("default", True),
+        ("active_reservation", True),
+        ("manual_override", True),
+        ("manual_unload", False),  # staff want the GPU free
+        ("stop_for_exclusive", False),  # a whole-card booking needs all of it
+    ],
+)
+def test_what_the_channel_wants_again_is_nothing_when_the_card_must_be_free(
+    settings, tiny, ana, reason, keeps
+):
+    from channels_app.models import ChannelTarget
+    from channels_app.node_worker.rows import wanted_of
+
+    settings.SLOTSERVE_SLEEP_MODE = True
+    channel = factories.channel("cpu-0", default=tiny.small)
+    now = timezone.now()
+    factories.reservation(
+        owner=ana, on=channel, start=now + timedelta(minutes=5), end=now + timedelta(hours=1), target=tiny.big
+    )
+    row = ChannelTarget.objects.create(channel=channel, model=None, preset=None, reason=reason)
+    returning = wanted_of(channel, row, 0, now).returning
+    assert {t.preset_id for t in returning} == ({tiny.small.pk, tiny.big.pk} if keeps else set())

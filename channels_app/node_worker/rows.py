@@ -27,6 +27,7 @@ from slotserve_base.target import Target, fingerprint_of
 from slotserve_base.vocabulary import Phase, Reason
 
 SERVES_RESERVATION = {Reason.ACTIVE_RESERVATION, Reason.PRELOAD_NEXT, Reason.SKIP_DEFAULT_SHORT_GAP}
+FREES_THE_CARD = {Reason.MANUAL_UNLOAD, Reason.STOP_FOR_EXCLUSIVE, Reason.ACTIVE_EXCLUSIVE}
 
 
 def target_of(model_id: int | None, preset_id: int | None, fingerprint: str = "") -> Target | None:
@@ -155,7 +156,9 @@ def wanted_of(
     now: datetime | None = None,
 ) -> Wanted:
     default = with_fingerprint(channel.default_target)
-    sleeps = bool(settings.SLOTSERVE_SLEEP_MODE) and now is not None
+    # Nothing sleeps on a card that must be free: staff unloaded it, or a whole-card booking holds it.
+    frees_the_card = target_row is None or target_row.reason in FREES_THE_CARD
+    sleeps = bool(settings.SLOTSERVE_SLEEP_MODE) and now is not None and not frees_the_card
     common: dict[str, Any] = {
         "default": default,
         "returning": returning_of(channel, default, now) if sleeps and now is not None else frozenset(),
