@@ -37,6 +37,12 @@ CASES = [
         ["--max-model-len", "8"],
     ),
     (Backend.VLLM, ["--h", "0.0.0.0", "--hf-token", "t"], ["--hf-token", "t"]),
+    # vLLM runs the ASGI middleware it is named: SlotServe's guard is the only one.
+    (
+        Backend.VLLM,
+        ["--middleware", "evil.Open", "--middleware=evil.Two", "--enable-sleep-mode"],
+        ["--enable-sleep-mode"],
+    ),
     # Not abbreviations: a longer option of its own, or a value.
     (Backend.LLAMA_CPP, ["--model-url", "u", "-ngl", "-1"], ["--model-url", "u", "-ngl", "-1"]),
 ]
@@ -62,3 +68,66 @@ def test_owned_arguments_removed(backend, args, expected):
 )
 def test_the_places_a_process_serves_at_once_as_its_arguments_tell(backend, args, places):
     assert places_asked(backend, args) == places
+
+
+def test_a_vllm_run_that_can_sleep_is_started_behind_slotservess_guard(tmp_path):
+    """docs/security.md: the sleep endpoints come with vLLM's development mode, which its own key
+    does not guard; the run gets SlotServe's middleware and the folder it is imported from."""
+    import os
+
+    from channels_app.node_worker import processes, sleep_mode
+
+    launch = processes.Launch(
+        backend=Backend.VLLM,
+        executable="vllm",
+        model_path="/m",
+        alias="m",
+        preset_args=["--middleware", "evil.Open"],
+        gpu_indexes=[0],
+        host="127.0.0.1",
+        log_dir=tmp_path,
+        sleep_mode=True,
+    )
+    argv = processes.command_line(launch, 31000)
+    assert argv[argv.index("--middleware") + 1] == "slotserve_vllm_guard.RequireSecret"
+    assert argv.count("--middleware") == 1 and "--enable-sleep-mode" in argv
+    env = sleep_mode.launch_env({"PYTHONPATH": "/lab/lib"})
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(sleep_mode.GUARD_DIR), "/lab/lib"]
+    assert (sleep_mode.GUARD_DIR / "slotserve_vllm_guard.py").is_file()
+    without = processes.command_line(processes.Launch(**{**launch.__dict__, "sleep_mode": False}), 31000)
+    assert "--middleware" not in without and "--enable-sleep-mode" not in without
+
+
+@pytest.mark.parametrize(
+    ("secret", "path", "sent", "passes"),
+    [
+        ("s3cret", "/health", "", True),
+        ("s3cret", "/sleep", "", False),
+        ("s3cret", "/wake_up", "Bearer guess", False),
+        ("s3cret", "/collective_rpc", "Bearer s3cret", True),
+        ("", "/is_sleeping", "Bearer ", False),  # no secret set: nothing but /health answers
+    ],
+)
+def test_slotservess_guard_asks_the_runs_secret_of_every_path_but_health(
+    monkeypatch, secret, path, sent, passes
+):
+    import asyncio
+
+    from channels_app.node_worker.vllm_guard.slotserve_vllm_guard import RequireSecret
+
+    monkeypatch.setenv("VLLM_API_KEY", secret)
+    reached, answered = [], []
+
+    async def app(scope, receive, send):
+        reached.append(scope["path"])
+
+    async def send(message):
+        answered.append(message)
+
+    headers = [(b"authorization", sent.encode())] if sent else []
+    scope = {"type": "http", "method": "POST", "path": path, "headers": headers}
+    asyncio.run(RequireSecret(app)(scope, None, send))
+    assert bool(reached) is passes
+    if not passes:
+        assert answered[0]["status"] == 401
