@@ -812,6 +812,8 @@ def sample(lab: Lab, stop: threading.Event) -> None:
 # How often the judge looks while the week runs, and how long after a slot's start it judges it
 # (its samples are in, its load found).
 JUDGE_SECONDS = 2.0
+# The lifecycle's first retry pause (channels_app.node_worker.lifecycle).
+RETRY_FIRST_SECONDS = 30
 JUDGE_AFTER_SECONDS = 2.0
 # A slot is judged for promise 1 once its end is this far past: its requests' records are in the
 # log by then (written within a tick of their end, through Redis); later ones the end judges.
@@ -1395,7 +1397,13 @@ def check_ready_at_start(
         preload_from = slot.start.timestamp() - load - 1
         node_down = any(
             a <= slot.start.timestamp() and b >= preload_from for a, b in lab.node_down.get(node, [])
-        ) or _in_an_outage(lab, slot.channel, preload_from, slot.start.timestamp())
+        ) or _in_an_outage(
+            lab,
+            slot.channel,
+            preload_from,
+            slot.start.timestamp(),
+            served=(world.channels[slot.channel].pk, world.presets[slot.load].pk),
+        )
         seen = [
             (at, ready)
             for at, ready in lab.samples
@@ -1481,15 +1489,31 @@ def _its_story(channel_id: int, since: float, start: datetime) -> str:
 EVERYWHERE = ("kill scheduler", "restart postgresql", "restart redis")
 
 
-def _in_an_outage(lab: Lab, channel: str, begin: float, end: float) -> bool:
-    """Whether a fault that stops the preload of ``channel`` lasted into [begin, end]."""
+def _in_an_outage(
+    lab: Lab, channel: str, begin: float, end: float, served: tuple[int, int] | None = None
+) -> bool:
+    """Whether a fault that stops the preload of ``channel`` lasted into [begin, end]. A kill of
+    the booked model's own process (``served``: the channel's and the booking's preset's ids, seen
+    ready when it was killed) lasts until its retry: a run that died is retried after the
+    retry pause, the default serving meanwhile (docs/scheduling.md, "Retries")."""
     for fault in lab.faults:
         if fault.kind in EVERYWHERE or (fault.kind == "kill inference process" and fault.target == channel):
             down_from = lab.began + fault.at
             down_to = down_from + (fault.recovered_after if fault.recovered_after is not None else 60)
+            if fault.kind == "kill inference process" and served is not None and _ran(lab, served, down_from):
+                down_to = max(down_to, down_from + RETRY_FIRST_SECONDS + 1)
             if down_from <= end and down_to >= begin:
                 return True
     return False
+
+
+def _ran(lab: Lab, served: tuple[int, int], at: float) -> bool:
+    """Whether the channel's last sample before ``at`` shows the preset ready (``served``)."""
+    import bisect
+
+    channel_id, preset_id = served
+    index = bisect.bisect_right(lab.samples, at, key=lambda sample: sample[0])  # sampled in time order
+    return index > 0 and lab.samples[index - 1][1].get(channel_id) == preset_id
 
 
 def check_whole(lab: Lab, machines: Machines, world: World) -> None:
