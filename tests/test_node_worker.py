@@ -714,3 +714,34 @@ def test_ports_squatted_by_another_local_user_are_named_in_the_error():
     assert "no free port on 127.0.0.1 in SLOTSERVE_PROCESS_PORTS (30950-30953)" in message
     assert "4 are listened on, by uid 65534 (4 of them, port 30950 first)" in message, message
     assert "Ports taken by another user" in message
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_step_another_reconcile_stored_first_is_neither_stored_nor_told_again(node_env, tiny, monkeypatch):
+    """Two reconciles of one channel at once (its lock lost under a live holder whose link was
+    cut) both see the load become ready. The second to store finds the runtime moved on since it
+    read it: it stores nothing and tells nothing, so the channel's ready is told once (a
+    webhook's receiver heard "ready" after "switched" when both told it)."""
+    from channels_app.models import StoryEntry
+
+    channel = factories.channel("cpu-0", default=tiny.small)
+    decide_channels(now=timezone.now())
+    converge(channel, until={Phase.LOADING})
+    assert eventually(
+        lambda: processes.healthy(*ChannelRuntime.objects.values_list("host", "port", "api_secret").get()),
+        timeout=30,
+    )
+    observe, raced = worker.observe, []
+
+    def observed_then_overtaken(*args, **kwargs):
+        seen = observe(*args, **kwargs)
+        if not raced:  # the other reconcile runs whole while this one holds what it read
+            raced.append(None)
+            raced[0] = worker._reconcile(channel.pk, timezone.now()).phase
+        return seen
+
+    monkeypatch.setattr(worker, "observe", observed_then_overtaken)
+    assert worker.reconcile(channel_id=channel.pk, now=timezone.now()) is None
+    assert raced == [Phase.READY]
+    assert StoryEntry.objects.filter(channel=channel, kind="ready").count() == 1
+    assert ChannelRuntime.objects.get(channel=channel).phase == Phase.READY

@@ -317,6 +317,7 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
     if result.state.phase != before.phase:
         log.info("channel %s: %s → %s", channel.name, before.phase, result.state.phase)
     known_run = runtime.run_id
+    read = (runtime.run_id, runtime.phase, runtime.since)  # what this step stepped from
     fell_asleep = sleepers.fell_asleep(runtime, before, result.state)
     try:
         act(result.actions, runtime, channel, now)
@@ -330,11 +331,20 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
         elif after.phase == Phase.READY:
             runtime.places = places_of(runtime)
         # Stored before it is told: a process just started is the channel's if telling fails.
+        # A step is stored only over the state it stepped from: another reconcile of the channel
+        # at once (its lock lost under a live holder) that stored first wins, and this one
+        # neither stores nor tells what that one told already.
         with transaction.atomic():
-            if runtime.run_id != known_run:  # a start is stored only over the run it replaced
-                stored = ChannelRuntime.objects.select_for_update().filter(pk=runtime.pk)
-                if stored.values_list("run_id", flat=True).first() != known_run:
+            stored = (
+                ChannelRuntime.objects.select_for_update()
+                .filter(pk=runtime.pk)
+                .values_list("run_id", "phase", "since")
+                .first()
+            )
+            if stored is not None and stored != read:
+                if runtime.run_id != known_run:
                     raise Overtaken(f"another reconcile started a run first; stopping {runtime.run_id}")
+                raise Overtaken("another reconcile stored the channel's step first")
             store(runtime, after)
         if after.phase != before.phase:  # told once stored: whoever reads it now sees it
             news.changed(after.phase.value)  # the gateways read it now, not within their snapshot's life
