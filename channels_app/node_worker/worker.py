@@ -3,7 +3,8 @@
 The node worker is the only writer of ``ChannelRuntime`` and of load records
 (docs/architecture.md, one writer per fact). Each reconcile is short and never waits for
 a process; a second one running at the same moment for the same channel
-finds the channel's lock taken and leaves it to the first.
+finds the channel's lock taken and leaves it to the first, and one that ran anyway (the lock
+lost under it) stores and tells nothing over a state another stored first.
 """
 
 from __future__ import annotations
