@@ -731,12 +731,13 @@ def test_a_step_another_reconcile_stored_first_is_neither_stored_nor_told_again(
         lambda: processes.healthy(*ChannelRuntime.objects.values_list("host", "port", "api_secret").get()),
         timeout=30,
     )
-    observe, raced = worker.observe, []
+    observe = worker.observe
+    raced: list[Phase | None] = []
 
     def observed_then_overtaken(*args, **kwargs):
         seen = observe(*args, **kwargs)
         if not raced:  # the other reconcile runs whole while this one holds what it read
-            raced.append(None)
+            raced.append(None)  # before it runs: its own look must not race again
             raced[0] = worker._reconcile(channel.pk, timezone.now()).phase
         return seen
 
