@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+
 from channels_app.models import ChannelRuntime, LLMModel
 from channels_app.node_worker import processes, sleep_mode
 from channels_app.node_worker.lifecycle import ProcessState
@@ -32,7 +34,8 @@ def observed(runtime: ChannelRuntime, state: ProcessState, leaving: bool) -> dic
         seen["sleeping"] = sleep_mode.is_sleeping(runtime.host, runtime.port, runtime.api_secret)
     if state.waking:
         seen["wake_failed"] = sleep_mode.wake_failure(runtime.run_id)
-    if leaving and state.phase in (Phase.READY, Phase.DRAINING) and runtime.model_id is not None:
+    about_to_leave = leaving and state.phase in (Phase.READY, Phase.DRAINING)
+    if about_to_leave and settings.SLOTSERVE_SLEEP_MODE and runtime.model_id is not None:
         found = LLMModel.objects.filter(pk=runtime.model_id).values_list("backend", "path").first()
         if found is not None:
             backend, path = found
