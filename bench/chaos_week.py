@@ -1461,7 +1461,8 @@ def check_ready_at_start(
             lab.violated(
                 5,
                 slot.start.timestamp(),
-                f"slot {slot.reservation_id} on {slot.channel} (load {load:.1f} s, room {room:.1f} s) "
+                f"slot {slot.reservation_id} on {slot.channel} (preset {preset_id}, load {load:.1f} s, "
+                f"room {room:.1f} s) "
                 f"not ready at its start{began}"
                 + (
                     f"; ready {later - slot.start.timestamp():.2f} s late"
@@ -1479,9 +1480,18 @@ def _its_story(channel_id: int, since: float, start: datetime) -> str:
 
     entries = StoryEntry.objects.filter(
         channel_id=channel_id, at__gte=datetime.fromtimestamp(since - 1, tz=UTC), at__lte=start
-    ).values_list("kind", "at")
-    told = ", ".join(f"{kind} {(start - at).total_seconds():.2f}" for kind, at in entries)
+    ).values_list("kind", "at", "data")
+    told = ", ".join(
+        f"{kind}{_decided_what(data) if kind == 'decided' else ''} {(start - at).total_seconds():.2f}"
+        for kind, at, data in entries
+    )
     return f"; its story (s before): {told}" if told else ""
+
+
+def _decided_what(data: dict[str, Any]) -> str:
+    """A decision's preset, reason and booking, as the story of a miss shows it."""
+    booking = f" #{data['booking_id']}" if data.get("booking_id") else ""
+    return f" (preset {data.get('preset_id')}, {data.get('reason')}{booking})"
 
 
 # Faults that stop every channel's preloading while they last (nothing is decided, stored or

@@ -180,6 +180,31 @@ def news_times(channel: Any, model: Any, rounds: int) -> dict[str, list[float]]:
     return times
 
 
+# A switch's legs, each from one happening of the channel's story to the next (the moments its
+# deciders and node worker stepped at): where SlotServe's share goes.
+LEGS = (
+    ("override_set", "decided"),
+    ("decided", "stopping"),
+    ("stopping", "stopped"),
+    ("stopped", "loading"),
+    ("loading", "ready"),
+)
+
+
+def legs(channel: Any, since: Any) -> dict[str, float]:
+    """The legs of the switch begun at ``since``, in seconds (a leg not told is left out)."""
+    from channels_app.models import StoryEntry
+
+    first: dict[str, Any] = {}
+    for kind, at in StoryEntry.objects.filter(channel=channel, at__gte=since).values_list("kind", "at"):
+        first.setdefault(kind, at)
+    return {
+        f"{a} → {b}": (first[b] - first[a]).total_seconds()
+        for a, b in LEGS
+        if a in first and b in first
+    }
+
+
 # The stand-in vLLM's load in the warm case: what a cold load costs beside a wake.
 WARM_LOAD_SECONDS = 2.0
 
@@ -286,6 +311,7 @@ def main() -> None:
 
     switches = []
     load_began: list[float] = []  # the override's commit → the node worker's step that starts the load
+    stages: dict[str, list[float]] = {}  # each leg of a switch, from the channel's story
     with start_worker(
         app,
         pool="threads",
@@ -315,6 +341,8 @@ def main() -> None:
             load = LoadRecord.objects.filter(channel=channel).order_by("-started").first()
             if load is not None:
                 load_began.append((load.started - overridden).total_seconds())
+            for leg, seconds in legs(channel, overridden).items():
+                stages.setdefault(leg, []).append(seconds)
         news = news_times(channel, model, args.news) if args.news else {}
         warm = warm_times(channel, presets[1], args.warm, wait_ready) if args.warm else {}
     runtime = ChannelRuntime.objects.get(channel=channel)
@@ -333,6 +361,8 @@ def main() -> None:
     print(f"SlotServe switch (override → ready):     {ms(switches)}")
     print(f"SlotServe's own share:                   {ms(overhead)}")
     print(f"override → the load began (idle):        {ms(load_began)}")
+    for leg, values in stages.items():
+        print(f"  {leg:<39}{ms(values)}")
     for what, values in news.items():
         print(f"{what:<41}{ms(values)}")
     if args.cold:
