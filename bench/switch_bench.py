@@ -198,11 +198,7 @@ def legs(channel: Any, since: Any) -> dict[str, float]:
     first: dict[str, Any] = {}
     for kind, at in StoryEntry.objects.filter(channel=channel, at__gte=since).values_list("kind", "at"):
         first.setdefault(kind, at)
-    return {
-        f"{a} → {b}": (first[b] - first[a]).total_seconds()
-        for a, b in LEGS
-        if a in first and b in first
-    }
+    return {f"{a} → {b}": (first[b] - first[a]).total_seconds() for a, b in LEGS if a in first and b in first}
 
 
 # The stand-in vLLM's load in the warm case: what a cold load costs beside a wake.
