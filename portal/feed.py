@@ -1,11 +1,13 @@
-"""A person's bookings as iCalendar (the calendar feed, docs/portal.md), written by icalendar.
+"""A person's bookings as iCalendar (the calendar feed, docs/portal.md).
 
 Calendar programs fetch the feed every few minutes; an unchanged feed is answered ``304`` by its
-ETag (``portal.account.calendar_feed``). When something changed, the feed is written again, but
-each booking's ``VEVENT`` is the same text as long as what it shows is the same: each is kept,
-per web process, under what it shows, and only a booking that changed is written anew (icalendar
-takes about 0.13 ms a booking: 310 ms for a person with 2,400 bookings in the window). The
-assembled feed is the very text icalendar writes for the whole calendar (tests/test_portal_calendar.py).
+ETag (``portal.account.calendar_feed``). When something changed, the feed is written again. The
+calendar's head (its properties and the zone's ``VTIMEZONE``) is written by icalendar once per
+zone; each booking's ``VEVENT`` is put together here from icalendar's own escaping, folding and
+time formats, in the order icalendar writes its properties: icalendar's ``Event`` takes about
+0.13 ms a booking (310 ms for a person with 2,400 bookings in the window), this about an eighth.
+The feed is byte for byte the text icalendar writes for the whole calendar
+(tests/test_portal_calendar.py), and each ``VEVENT`` is kept, per web process, under what it shows.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
 
-from icalendar import Calendar, Event
+from icalendar import Calendar, Event, Parameters, vText
+from icalendar.parser import Contentline
 
 END = b"END:VCALENDAR\r\n"
 
@@ -71,7 +74,55 @@ def whole_calendar(events: list[FeedEvent], zone: tzinfo, host: str) -> Calendar
 
 @functools.lru_cache(maxsize=20_000)
 def _vevent(e: FeedEvent, zone: tzinfo, host: str) -> bytes:
-    return bytes(event_of(e, zone, host).to_ical())
+    """``event_of(e, zone, host).to_ical()``, written without building the ``Event``."""
+    moment, utc = _moment_format(zone)
+    start, end = e.start.astimezone(zone), e.end.astimezone(zone)
+    summary = f"{e.channel}: {e.what}" + (" (pending)" if e.status == "pending" else "")
+    lines = [
+        "BEGIN:VEVENT",
+        _text("SUMMARY", summary),
+        f"DTSTART{moment}" + (start.strftime(_UTC) if utc else start.strftime(_LOCAL)),
+        f"DTEND{moment}" + (end.strftime(_UTC) if utc else end.strftime(_LOCAL)),
+        "DTSTAMP:" + e.created.astimezone(UTC).strftime(_UTC),
+        _text("UID", f"reservation-{e.pk}@{host}"),
+    ]
+    if e.note:
+        lines.append(_text("DESCRIPTION", e.note))
+    lines.append("END:VEVENT\r\n")
+    return "\r\n".join(lines).encode()
+
+
+_UTC, _LOCAL = "%Y%m%dT%H%M%SZ", "%Y%m%dT%H%M%S"
+
+
+def _text(name: str, value: str) -> str:
+    """A text property's line, escaped by icalendar, and folded by it where it is longer than a
+    line may be (74 octets and under, folding leaves a line as it is)."""
+    line = f"{name}:{vText(value).to_ical().decode()}"
+    if len(line) * 4 <= _FOLD_AT or len(line.encode()) <= _FOLD_AT:
+        return line
+    return Contentline.from_parts(name, _NO_PARAMETERS, value).to_ical().decode()
+
+
+_FOLD_AT = 74
+
+
+_NO_PARAMETERS = Parameters()
+
+
+@functools.lru_cache(maxsize=256)
+def _moment_format(zone: tzinfo) -> tuple[str, bool]:
+    """How icalendar writes a moment in ``zone``: what comes between the property's name and its
+    value (``;TZID=Europe/Berlin:``, or ``:`` for UTC), and whether the value is in UTC."""
+    line = next(
+        line
+        for line in bytes(event_of(FeedEvent(0, "", _ANY, _ANY, "", "", "", _ANY), zone, "").to_ical())
+        .decode()
+        .split("\r\n")
+        if line.startswith("DTSTART")
+    )
+    params, value = line.removeprefix("DTSTART").rsplit(":", 1)
+    return params + ":", value.endswith("Z")
 
 
 @functools.lru_cache(maxsize=256)

@@ -167,7 +167,9 @@ def test_calendar_feed(portal, ana, bo):
     )
 
 
-@pytest.mark.parametrize("zone", ["Europe/Berlin", "America/New_York", "UTC"])
+@pytest.mark.parametrize(
+    "zone", ["Europe/Berlin", "America/New_York", "UTC", "Asia/Kolkata", "Australia/Lord_Howe"]
+)
 def test_the_feed_kept_booking_by_booking_is_what_icalendar_writes_whole(zone):
     """Each booking's VEVENT is kept and the feed assembled from them: byte for byte the
     calendar icalendar writes whole (its VTIMEZONE first, none for UTC), notes, pending and
@@ -183,6 +185,16 @@ def test_the_feed_kept_booking_by_booking_is_what_icalendar_writes_whole(zone):
     events = [
         FeedEvent(1, "approved", t0, t0 + timedelta(hours=5), "a100-0", "qwen-7b", "", t0 - 2 * day),
         FeedEvent(2, "pending", t0 + day, t0 + day + timedelta(hours=2), "a100-1", "whole card", note, t0),
+        FeedEvent(
+            3,
+            "approved",
+            t0 + 2 * day,
+            t0 + 2 * day + timedelta(minutes=90),
+            'gpu;1, "east"',
+            "llama-3.1 8B-instruct, q4",
+            "line one\nline two\r\nback\\slash; ünïcödé " * 4,
+            t0.replace(microsecond=123456),
+        ),
     ]
     assert feed_ical(events, tz, "lab.example") == whole_calendar(events, tz, "lab.example").to_ical()
     assert feed_ical([], tz, "lab.example") == whole_calendar([], tz, "lab.example").to_ical()
