@@ -101,7 +101,8 @@ def _text(name: str, value: str) -> str:
     line = f"{name}:{vText(value).to_ical().decode()}"
     if len(line) * 4 <= _FOLD_AT or len(line.encode()) <= _FOLD_AT:
         return line
-    return Contentline.from_parts(name, _NO_PARAMETERS, value).to_ical().decode()
+    folded: bytes = Contentline.from_parts(name, _NO_PARAMETERS, value).to_ical()
+    return folded.decode()
 
 
 _FOLD_AT = 74
