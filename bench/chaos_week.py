@@ -422,12 +422,13 @@ def plan_week(
     gaps of 0-3 hours, booked 1-24 hours ahead by a random person."""
     hour = args.hour_seconds
     plan: list[Planned] = []
-    free_at = dict.fromkeys(channels, begin + timedelta(seconds=2 * hour))
+    free_at = dict.fromkeys(channels, begin + timedelta(seconds=round(2 * hour)))
     week_end = begin + timedelta(seconds=args.days * 24 * hour)
     for number in range(args.bookings):
         name = channels[number % len(channels)]
-        start = free_at[name] + timedelta(seconds=rng.choice([0, 0, 0.5, 1, 2, 3]) * hour)
-        end = start + timedelta(seconds=rng.choice([1, 1.5, 2, 3, 4]) * hour)
+        # Whole seconds, as the portal's form books them (a compressed half hour may not be).
+        start = free_at[name] + timedelta(seconds=round(rng.choice([0, 0, 0.5, 1, 2, 3]) * hour))
+        end = start + timedelta(seconds=round(rng.choice([1, 1.5, 2, 3, 4]) * hour))
         if end > week_end:
             continue
         ahead = timedelta(seconds=rng.choice([1, 2, 6, 24]) * hour)
