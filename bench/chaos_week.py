@@ -1483,16 +1483,21 @@ def _its_story(channel_id: int, since: float, start: datetime) -> str:
         channel_id=channel_id, at__gte=datetime.fromtimestamp(since - 1, tz=UTC), at__lte=start
     ).values_list("kind", "at", "data")
     told = ", ".join(
-        f"{kind}{_decided_what(data) if kind == 'decided' else ''} {(start - at).total_seconds():.2f}"
+        f"{kind}{_what(kind, data)} {(start - at).total_seconds():.2f}"
         for kind, at, data in entries
     )
     return f"; its story (s before): {told}" if told else ""
 
 
-def _decided_what(data: dict[str, Any]) -> str:
-    """A decision's preset, reason and booking, as the story of a miss shows it."""
-    booking = f" #{data['booking_id']}" if data.get("booking_id") else ""
-    return f" (preset {data.get('preset_id')}, {data.get('reason')}{booking})"
+def _what(kind: str, data: dict[str, Any]) -> str:
+    """What the story of a miss shows of a happening: a decision's preset, reason and booking, a
+    failure's error."""
+    if kind == "decided":
+        booking = f" #{data['booking_id']}" if data.get("booking_id") else ""
+        return f" (preset {data.get('preset_id')}, {data.get('reason')}{booking})"
+    if kind == "failed":
+        return f" ({str(data.get('error') or '')[:80]})"
+    return ""
 
 
 # Faults that stop every channel's preloading while they last (nothing is decided, stored or
