@@ -1032,13 +1032,30 @@ def _back(kind: str, fault: Fault, began: float, machines: Machines) -> Callable
             .exists()
         )
     if kind == "kill scheduler":
-        return lambda: machines.part(b"--beat") not in (None, fault.pid)
+        # Back once its new worker answers, beat within it ticking: a process that only exists (a
+        # loaded machine takes seconds to start one) decides nothing yet.
+        return lambda: machines.part(b"--beat") not in (None, fault.pid) and _scheduler_answers()
     if kind == "slow webhook receiver":
         from reservations.webhooks.models import Delivery
 
         # Every delivery that waited for the receiver has reached it.
         return lambda: not Delivery.objects.filter(webhook__url=fault.target, state="pending").exists()
     return lambda: True
+
+
+def _scheduler_answers() -> bool:
+    """Whether the scheduler's Celery worker (``scheduler@<host>``, beat within it) answers a ping."""
+    import socket
+
+    from kombu.exceptions import KombuError
+    from redis.exceptions import RedisError
+
+    from slotserve_site.celery import app
+
+    try:
+        return bool(app.control.ping(destination=[f"scheduler@{socket.gethostname()}"], timeout=0.5))
+    except (KombuError, RedisError, OSError):  # the broker away (a fault beside): not back yet
+        return False
 
 
 def whole_again(machines: Machines, began: float, timeout: float, also: Callable[[], bool]) -> float | None:
@@ -1483,8 +1500,7 @@ def _its_story(channel_id: int, since: float, start: datetime) -> str:
         channel_id=channel_id, at__gte=datetime.fromtimestamp(since - 1, tz=UTC), at__lte=start
     ).values_list("kind", "at", "data")
     told = ", ".join(
-        f"{kind}{_what(kind, data)} {(start - at).total_seconds():.2f}"
-        for kind, at, data in entries
+        f"{kind}{_what(kind, data)} {(start - at).total_seconds():.2f}" for kind, at, data in entries
     )
     return f"; its story (s before): {told}" if told else ""
 
