@@ -1,5 +1,5 @@
-"""The chaos week's plan of the lab's bookings (``bench/chaos_week.py``), checked without running
-the lab: what the benchmark books must be what it judges."""
+"""The chaos week's plan and judging (``bench/chaos_week.py``), checked without running the lab:
+what the benchmark books must be what it judges, and a fault excuses only what it causes."""
 
 from __future__ import annotations
 
@@ -44,3 +44,23 @@ def test_every_planned_booking_begins_and_ends_on_a_whole_second_as_the_portal_b
         by_channel.setdefault(slot.channel, []).append(slot)
     for slots in by_channel.values():  # still one after another on each channel, never overlapping
         assert all(a.end <= b.start for a, b in itertools.pairwise(slots))
+
+
+def test_a_late_first_token_is_excused_only_by_a_fault_on_its_way():
+    """The booker's first token within 2 s is promise 1's guard against waiting behind others; a
+    request stalled by its node's link cut, or by PostgreSQL or Redis restarting, waited for the
+    fault. Another node's cut, a killed web process, a fault before or after: not excused."""
+    chaos = _chaos_week()
+    lab = chaos.Lab()
+    lab.began = 1000.0
+    lab.faults = [
+        chaos.Fault("cut link long", 10.0, "chaos-a", recovered_after=5.0),
+        chaos.Fault("kill web", 30.0, "123", pid=123, recovered_after=5.0),
+        chaos.Fault("restart redis", 50.0, recovered_after=2.0),
+    ]
+    assert chaos.on_its_path(lab, "chaos-a", 1012.0, 1014.0)  # in flight through the cut
+    assert chaos.on_its_path(lab, "chaos-a", 1008.0, 1010.5)  # began before it, stalled by it
+    assert not chaos.on_its_path(lab, "chaos-b", 1012.0, 1014.0)  # the other node's link was up
+    assert not chaos.on_its_path(lab, "chaos-a", 1016.0, 1018.0)  # after the link came back
+    assert not chaos.on_its_path(lab, "chaos-a", 1031.0, 1034.0)  # a web process killed
+    assert chaos.on_its_path(lab, "chaos-b", 1049.0, 1051.0)  # Redis, on every request's way
