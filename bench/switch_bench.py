@@ -23,6 +23,7 @@ docs/scheduling.md "Sleep and wake"): the time from the clearing to the default 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import signal
 import statistics
@@ -182,23 +183,16 @@ def news_times(channel: Any, model: Any, rounds: int) -> dict[str, list[float]]:
 
 # A switch's legs, each from one happening of the channel's story to the next (the moments its
 # deciders and node worker stepped at): where SlotServe's share goes.
-LEGS = (
-    ("override_set", "decided"),
-    ("decided", "stopping"),
-    ("stopping", "stopped"),
-    ("stopped", "loading"),
-    ("loading", "ready"),
-)
-
-
 def legs(channel: Any, since: Any) -> dict[str, float]:
-    """The legs of the switch begun at ``since``, in seconds (a leg not told is left out)."""
+    """The legs of the switch begun at ``since``, in seconds: from each happening told to the next
+    (the first of each kind, in the order told)."""
     from channels_app.models import StoryEntry
 
     first: dict[str, Any] = {}
     for kind, at in StoryEntry.objects.filter(channel=channel, at__gte=since).values_list("kind", "at"):
         first.setdefault(kind, at)
-    return {f"{a} → {b}": (first[b] - first[a]).total_seconds() for a, b in LEGS if a in first and b in first}
+    told = list(first.items())
+    return {f"{a} → {b}": (b_at - a_at).total_seconds() for (a, a_at), (b, b_at) in itertools.pairwise(told)}
 
 
 # The stand-in vLLM's load in the warm case: what a cold load costs beside a wake.
