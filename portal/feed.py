@@ -4,10 +4,10 @@ Calendar programs fetch the feed every few minutes; an unchanged feed is answere
 ETag (``portal.account.calendar_feed``). When something changed, the feed is written again. The
 calendar's head (its properties and the zone's ``VTIMEZONE``) is written by icalendar once per
 zone; each booking's ``VEVENT`` is put together here from icalendar's own escaping, folding and
-time formats, in the order icalendar writes its properties: icalendar's ``Event`` takes about
-0.13 ms a booking (310 ms for a person with 2,400 bookings in the window), this about an eighth.
-The feed is byte for byte the text icalendar writes for the whole calendar
-(tests/test_portal_calendar.py), and each ``VEVENT`` is kept, per web process, under what it shows.
+time formats, in the order icalendar writes its properties: icalendar's ``Event`` takes 0.13 to
+0.27 ms a booking, this a twentieth of that (docs/benchmarks.md). The feed is byte for byte the
+text icalendar writes for the whole calendar (tests/test_portal_calendar.py), and each ``VEVENT``
+is kept, per web process, under what it shows.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
 
-from icalendar import Calendar, Event, Parameters, vText
+from icalendar import Calendar, Event, Parameters
 from icalendar.parser import Contentline
 
 END = b"END:VCALENDAR\r\n"
@@ -78,12 +78,13 @@ def _vevent(e: FeedEvent, zone: tzinfo, host: str) -> bytes:
     moment, utc = _moment_format(zone)
     start, end = e.start.astimezone(zone), e.end.astimezone(zone)
     summary = f"{e.channel}: {e.what}" + (" (pending)" if e.status == "pending" else "")
+    zulu = "Z" if utc else ""
     lines = [
         "BEGIN:VEVENT",
         _text("SUMMARY", summary),
-        f"DTSTART{moment}" + (start.strftime(_UTC) if utc else start.strftime(_LOCAL)),
-        f"DTEND{moment}" + (end.strftime(_UTC) if utc else end.strftime(_LOCAL)),
-        "DTSTAMP:" + e.created.astimezone(UTC).strftime(_UTC),
+        f"DTSTART{moment}{_stamp(start)}{zulu}",
+        f"DTEND{moment}{_stamp(end)}{zulu}",
+        f"DTSTAMP:{_stamp(e.created.astimezone(UTC))}Z",
         _text("UID", f"reservation-{e.pk}@{host}"),
     ]
     if e.note:
@@ -92,13 +93,26 @@ def _vevent(e: FeedEvent, zone: tzinfo, host: str) -> bytes:
     return "\r\n".join(lines).encode()
 
 
-_UTC, _LOCAL = "%Y%m%dT%H%M%SZ", "%Y%m%dT%H%M%S"
+def _stamp(moment: datetime) -> str:
+    """A moment as iCalendar's DATE-TIME writes it (``20260329T013000``; whole seconds)."""
+    m = moment
+    return f"{m.year:04d}{m.month:02d}{m.day:02d}T{m.hour:02d}{m.minute:02d}{m.second:02d}"
 
 
 def _text(name: str, value: str) -> str:
-    """A text property's line, escaped by icalendar, and folded by it where it is longer than a
-    line may be (74 octets and under, folding leaves a line as it is)."""
-    line = f"{name}:{vText(value).to_ical().decode()}"
+    """A text property's line, escaped as icalendar escapes TEXT (RFC 5545, 3.3.11: backslash,
+    semicolon, comma, line breaks), and folded by icalendar where it is longer than a line may be
+    (74 octets and under, folding leaves a line as it is)."""
+    escaped = (
+        value.replace(r"\N", "\n")
+        .replace("\\", "\\\\")
+        .replace(";", r"\;")
+        .replace(",", r"\,")
+        .replace("\r\n", r"\n")
+        .replace("\n", r"\n")
+        .replace("\r", r"\n")
+    )
+    line = f"{name}:{escaped}"
     if len(line) * 4 <= _FOLD_AT or len(line.encode()) <= _FOLD_AT:
         return line
     folded: bytes = Contentline.from_parts(name, _NO_PARAMETERS, value).to_ical()

@@ -192,7 +192,7 @@ def test_the_feed_kept_booking_by_booking_is_what_icalendar_writes_whole(zone):
             t0 + 2 * day + timedelta(minutes=90),
             'gpu;1, "east"',
             "llama-3.1 8B-instruct, q4",
-            "line one\nline two\r\nback\\slash; ünïcödé " * 4,
+            "line one\nline two\r\nback\\slash; a literal \\N; ünïcödé\r" * 4,
             t0.replace(microsecond=123456),
         ),
     ]
