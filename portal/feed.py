@@ -3,11 +3,11 @@
 Calendar programs fetch the feed every few minutes; an unchanged feed is answered ``304`` by its
 ETag (``portal.account.calendar_feed``). When something changed, the feed is written again. The
 calendar's head (its properties and the zone's ``VTIMEZONE``) is written by icalendar once per
-zone; each booking's ``VEVENT`` is put together here from icalendar's own escaping, folding and
-time formats, in the order icalendar writes its properties: icalendar's ``Event`` takes 0.13 to
-0.27 ms a booking, this a twentieth of that (docs/benchmarks.md). The feed is byte for byte the
-text icalendar writes for the whole calendar (tests/test_portal_calendar.py), and each ``VEVENT``
-is kept, per web process, under what it shows.
+zone; each booking's ``VEVENT`` is put together here, escaped and its moments written as
+icalendar writes them and folded by icalendar, its properties in icalendar's order: icalendar's
+``Event`` takes 0.13 to 0.27 ms a booking, this a twentieth of that (docs/benchmarks.md). The feed
+is byte for byte the text icalendar writes for the whole calendar (tests/test_portal_calendar.py),
+and each ``VEVENT`` is kept, per web process, under what it shows.
 """
 
 from __future__ import annotations
