@@ -1200,7 +1200,7 @@ def check_slots(lab: Lab, judged: Callable[[Any], bool] | None = None) -> dict[s
         node = slot.channel.name.rsplit("-", 1)[0]
         for row in late[:5]:
             behind = [span for span in served if span[0] <= row.at < span[1]]
-            waited = (row.at.timestamp(), row.at.timestamp() + row.ttft_ms / 1000)
+            waited = (row.at.timestamp(), row.at.timestamp() + (row.ttft_ms or 0) / 1000)
             if behind and not on_its_path(lab, node, *waited):
                 lab.violated(
                     1,

@@ -10,6 +10,7 @@ import random
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,7 +40,7 @@ def test_every_planned_booking_begins_and_ends_on_a_whole_second_as_the_portal_b
     assert all(slot.start.microsecond == 0 and slot.end.microsecond == 0 for slot in plan), [
         (slot.start, slot.end) for slot in plan if slot.start.microsecond or slot.end.microsecond
     ][:3]
-    by_channel: dict[str, list] = {}
+    by_channel: dict[str, list[Any]] = {}
     for slot in sorted(plan, key=lambda s: s.start):
         by_channel.setdefault(slot.channel, []).append(slot)
     for slots in by_channel.values():  # still one after another on each channel, never overlapping
