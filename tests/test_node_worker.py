@@ -673,7 +673,7 @@ def _runs(pid: int) -> bool:
         return False
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:  # reaped between the two looks
+    except (FileNotFoundError, ProcessLookupError):  # reaped between the two looks (or during the read)
         return False
     return state != "Z"
 
