@@ -453,6 +453,16 @@ def test_the_snapshot_is_kept_fresh_in_the_background_and_requests_do_not_wait(m
     async def main():
         cache = snapshots.SnapshotCache(max_age=max_age)
         await cache.get()  # the first request waits for the first read
+        fresh = cache.fresh
+
+        def looked() -> snapshots.Snapshot | None:  # a request waits exactly when it finds none fresh
+            found = fresh()
+            if found is None:
+                stale.append(time.monotonic())
+            return found
+
+        stale: list[float] = []
+        cache.fresh = looked  # type: ignore[method-assign]
         waits, ages = [], []
         for _ in range(100):
             started = time.monotonic()
@@ -465,10 +475,12 @@ def test_the_snapshot_is_kept_fresh_in_the_background_and_requests_do_not_wait(m
         stopped_by = time.monotonic() + 5
         while not (cache._keeper is not None and cache._keeper.done()) and time.monotonic() < stopped_by:
             await asyncio.sleep(0.02)
-        return waits, ages, reads_while_busy, len(reads), cache._keeper
+        return waits, ages, reads_while_busy, len(reads), cache._keeper, stale
 
-    waits, ages, busy, total, keeper = asyncio.run(main())
-    assert max(waits) < 0.02, "no request waited for a read"
+    waits, ages, busy, total, keeper, stale = asyncio.run(main())
+    # Whether a request waited is what the cache did, not how long it took (a loaded machine
+    # pauses the loop now and then): none found the snapshot stale, so none waited for a read.
+    assert stale == [], f"{len(stale)} request(s) waited for a read (the longest wait {max(waits):.3f} s)"
     assert max(ages) < max_age, "and none saw a snapshot past its age limit"
     assert busy >= 5, "the snapshot was read again and again while requests came"
     assert total - busy <= 2 and keeper.done(), "an idle gateway stops reading"
