@@ -1220,13 +1220,18 @@ def check_slots(lab: Lab, judged: Callable[[Any], bool] | None = None) -> dict[s
 ON_THE_PATH = ("cut link briefly", "cut link long", "restart postgresql", "restart redis")
 
 
+def fault_span(lab: Lab, fault: Fault) -> tuple[float, float]:
+    """When a fault began and when the lab was whole again (wall clock; 60 s if it never was)."""
+    down_from = lab.began + fault.at
+    return down_from, down_from + (fault.recovered_after if fault.recovered_after is not None else 60)
+
+
 def on_its_path(lab: Lab, node: str, begin: float, end: float) -> bool:
     """Whether a fault on the way of a request to ``node`` lasted into ``[begin, end]``."""
     for fault in lab.faults:
         if fault.kind not in ON_THE_PATH or (fault.kind.startswith("cut link") and fault.target != node):
             continue
-        down_from = lab.began + fault.at
-        down_to = down_from + (fault.recovered_after if fault.recovered_after is not None else 60)
+        down_from, down_to = fault_span(lab, fault)
         if down_from <= end and down_to >= begin:
             return True
     return False
@@ -1549,8 +1554,7 @@ def _in_an_outage(
     retry pause, the default serving meanwhile (docs/scheduling.md, "Retries")."""
     for fault in lab.faults:
         if fault.kind in EVERYWHERE or (fault.kind == "kill inference process" and fault.target == channel):
-            down_from = lab.began + fault.at
-            down_to = down_from + (fault.recovered_after if fault.recovered_after is not None else 60)
+            down_from, down_to = fault_span(lab, fault)
             if fault.kind == "kill inference process" and served is not None and _ran(lab, served, down_from):
                 down_to = max(down_to, down_from + RETRY_FIRST_SECONDS + 1)
             if down_from <= end and down_to >= begin:
