@@ -50,8 +50,29 @@ SUBNET = "10.231.77"  # or the next free one (devtools/cluster.py)
 UNSHARE = ["unshare", "--mount", "--propagation", "private"]  # the node's own view of its home
 
 
-def _wait(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
-    assert eventually(check, timeout=timeout, every=0.2), f"timed out waiting for {what}"
+def _wait(
+    what: str, check: Callable[[], bool], timeout: float = 60, tell: Callable[[], str] | None = None
+) -> None:
+    """Wait for ``check``; on a timeout say what, and what ``tell`` says of the cluster then."""
+    if not eventually(check, timeout=timeout, every=0.2):
+        raise AssertionError(f"timed out waiting for {what}" + (f"\n{tell()}" if tell else ""))
+
+
+def _told(cluster: dict[str, Any], control_log: Path) -> Callable[[], str]:
+    """What the cluster looks like: each channel's run and target, the ends of the logs."""
+
+    def tell() -> str:
+        runs = ChannelRuntime.objects.values_list("channel__name", "phase", "preset__name", "since", "error")
+        targets = ChannelTarget.objects.values_list("channel__name", "preset__name", "reason", "decided_at")
+        logs = [control_log, *(cluster["tmp"] / name / "node-worker.log" for name in ("node-a", "node-b"))]
+        tails = "\n".join(
+            f"--- {log.parent.name}/{log.name}:\n{log.read_text(errors='replace')[-4000:]}"
+            for log in logs
+            if log.exists()
+        )
+        return f"runs: {list(runs)}\ntargets: {list(targets)}\n{tails}"
+
+    return tell
 
 
 @pytest.fixture
@@ -158,7 +179,7 @@ def _environment(cluster: dict[str, Any], home: Path) -> dict[str, str]:
         "SLOTSERVE_SECRET_KEY": cluster["secret"],
         "SLOTSERVE_DATA_DIR": str(home / "data"),
         "SLOTSERVE_TICK_SECONDS": "1",
-        "SLOTSERVE_LOG_LEVEL": "WARNING",
+        "SLOTSERVE_LOG_LEVEL": "INFO",  # what a failure shows of the logs (_told) says what happened
     }
 
 
@@ -307,8 +328,9 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
     def serving(channel: Channel, preset: Preset) -> Callable[[], bool]:
         return lambda: ChannelRuntime.objects.filter(channel=channel, phase="ready", preset=preset).exists()
 
-    _wait("node A to serve its default", serving(channel_a, preset_a), timeout=90)
-    _wait("node B to load the booked model", serving(channel_b, preset_b), timeout=90)
+    told = _told(cluster, control_log)
+    _wait("node A to serve its default", serving(channel_a, preset_a), timeout=90, tell=told)
+    _wait("node B to load the booked model", serving(channel_b, preset_b), timeout=90, tell=told)
     runtime_a = ChannelRuntime.objects.get(channel=channel_a)
     runtime_b = ChannelRuntime.objects.get(channel=channel_b)
     assert runtime_b.host == f"{cluster['net'].subnet}.12"  # bound to node B's own address
@@ -431,7 +453,10 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
         target=preset_a2,
     )
     _wait(
-        "the restarted scheduler to switch node A to bo's booking", serving(channel_a, preset_a2), timeout=60
+        "the restarted scheduler to switch node A to bo's booking",
+        serving(channel_a, preset_a2),
+        timeout=60,
+        tell=told,
     )
     assert ChannelRuntime.objects.get(channel=channel_b).pid == runtime_b.pid
     _wait("the gateway to serve bo's booking", lambda: chat(bo_key, "tiny-a").status_code == 200, timeout=10)
@@ -470,7 +495,12 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
     from reservations.services import reservation_end
 
     reservation_end(reservation=booked_a, by=bo, now=timezone.now())
-    _wait("node A to return to its default after Redis restarted", serving(channel_a, preset_a), timeout=60)
+    _wait(
+        "node A to return to its default after Redis restarted",
+        serving(channel_a, preset_a),
+        timeout=60,
+        tell=told,
+    )
     _wait("the gateway to see the switch", lambda: chat(bo_key, "tiny-a").status_code == 200, timeout=10)
     assert ChannelRuntime.objects.get(channel=channel_b).pid == runtime_b.pid
     assert runtime_a.pid != ChannelRuntime.objects.get(channel=channel_a).pid  # it did switch
@@ -490,8 +520,11 @@ def test_two_nodes_in_their_own_namespaces_serve_through_the_control_host(
         "both nodes to heartbeat again after the database returned",
         lambda: Node.objects.filter(name__in=["node-a", "node-b"], last_heartbeat__gt=back).count() == 2,
         timeout=20,
+        tell=told,
     )
     _wait(
-        "the gateway to serve after the database returned", lambda: chat(ana_key, "tiny-b").status_code == 200
+        "the gateway to serve after the database returned",
+        lambda: chat(ana_key, "tiny-b").status_code == 200,
+        tell=told,
     )
     assert ChannelRuntime.objects.get(channel=channel_b).pid == runtime_b.pid

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from slotserve_site.running import parts
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
 SERVICES = COMPOSE["services"]
@@ -58,6 +60,13 @@ def test_commands_start_each_role():
     webhooks = SERVICES["webhooks"]["command"]
     assert webhooks[:4] == ["celery", "-A", "slotserve_site", "worker"] and "--beat" not in webhooks
     assert webhooks[webhooks.index("--queues") + 1] == "${SLOTSERVE_REDIS_PREFIX:-slotserve}.webhooks"
+    # As `slotserve run` starts them: no mingle nor gossip to redo on each reconnection to Redis.
+    for worker, started_by_run in (
+        (scheduler, parts.scheduler_command()),
+        (decisions, parts.decisions_command()),
+        (webhooks, parts.webhooks_command()),
+    ):
+        assert {"--without-mingle", "--without-gossip"} <= set(worker) & set(started_by_run)
     assert SERVICES["node-worker"]["command"] == ["python", "manage.py", "nodeworker"]
     assert SERVICES["node-worker"]["runtime"] == "nvidia"
     assert any(v.endswith(":/models:ro") for v in SERVICES["node-worker"]["volumes"])

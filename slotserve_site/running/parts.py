@@ -65,7 +65,12 @@ def web_processes() -> int:
 
 
 def celery_worker(name: str, *options: str) -> list[str]:
-    """A Celery worker of SlotServe's named ``name`` (``<name>@<host>``) with two processes."""
+    """A Celery worker of SlotServe's named ``name`` (``<name>@<host>``) with two processes.
+
+    Without mingle and gossip, as the node workers: SlotServe revokes no task and elects no
+    leader, so neither has work to do, and each runs again on every reconnection to Redis (mingle
+    waits a second for answers before the worker takes its queue again; gossip's restart fails
+    with an error in the log). Remote control stays: a worker answers a ping."""
     return [
         sys.executable,
         "-m",
@@ -75,6 +80,8 @@ def celery_worker(name: str, *options: str) -> list[str]:
         "--quiet",  # no banner: it would bury what the person starting SlotServe needs
         "worker",
         *options,
+        "--without-mingle",
+        "--without-gossip",
         "--hostname",
         f"{name}@%h",
         "--loglevel",
