@@ -165,6 +165,7 @@ class Lab:
     answers: list[Answer] = field(default_factory=list)
     confirmed: dict[int, str] = field(default_factory=dict)  # reservation id → the status we left it in
     booked_again: int = 0  # bookings made once the control host answered again
+    refused: dict[str, int] = field(default_factory=dict)  # why a planned booking was not made → how many
     faults: list[Fault] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
     checks: dict[int, int] = field(default_factory=dict)  # promise → checks made
@@ -594,6 +595,11 @@ class ControlHostAway(Exception):
     """The control host did not answer (a fault): the person tries again a second later."""
 
 
+class Refused(Exception):
+    """The control host refused the booking: its status and what it said (the summary counts
+    them, with whether the booking was sent only after its start, the benchmark being late)."""
+
+
 def book(lab: Lab, world: World, base: str, planned: list[Planned], stop: threading.Event) -> None:
     """The people book, staff approve, and some cancel or end early, as the plan says. A booking
     the control host did not answer is tried again each second until its start, as a person
@@ -616,6 +622,10 @@ def book(lab: Lab, world: World, base: str, planned: list[Planned], stop: thread
                 again.remove((due, slot))
                 if slot.start > now:
                     due_now.append((slot, True))
+                else:  # the person gives up: the slot began while the control host was away
+                    with lab.lock:
+                        why = "given up at its start, the control host away"
+                        lab.refused[why] = lab.refused.get(why, 0) + 1
         for slot, retried in due_now:
             try:
                 made = (_its_booking(world, base, slot) if retried else None) or _send_booking(
@@ -624,6 +634,16 @@ def book(lab: Lab, world: World, base: str, planned: list[Planned], stop: thread
             except ControlHostAway:
                 again.append((time.time() + 1, slot))
                 continue
+            except Refused as refused:
+                late = " (sent after its start)" if slot.start <= timezone.now() else ""
+                with lab.lock:
+                    why = f"{refused}{late}"
+                    lab.refused[why] = lab.refused.get(why, 0) + 1
+                continue
+            if made is None:  # the portal took it and the REST API does not show it
+                with lab.lock:
+                    why = "taken by the portal, not shown by the REST API"
+                    lab.refused[why] = lab.refused.get(why, 0) + 1
             if made is not None:
                 slot.reservation_id, slot.status = made["id"], made["status"]
                 if slot.status == "approved":
@@ -673,8 +693,9 @@ def book(lab: Lab, world: World, base: str, planned: list[Planned], stop: thread
 def _send_booking(
     client: httpx.Client, portals: dict[str, httpx.Client], world: World, base: str, slot: Planned
 ) -> dict[str, Any] | None:
-    """Book ``slot`` through its door: the booking as the REST API shows it, None if refused;
-    ControlHostAway if the control host did not answer."""
+    """Book ``slot`` through its door: the booking as the REST API shows it (None if the portal
+    took it and the API does not show it); Refused, or ControlHostAway if the control host did
+    not answer."""
     if slot.portal:
         return book_in_portal(portals, world, base, slot)
     preset = world.presets[slot.load]
@@ -689,7 +710,22 @@ def _send_booking(
     answer = _call(client, "POST", "/api/reservations/", world.keys[slot.user], body)
     if answer is None or answer.status_code >= 500:
         raise ControlHostAway
-    return answer.json() if answer.status_code == 201 else None
+    if answer.status_code != 201:
+        raise Refused(f"REST API {answer.status_code}: {_first_error(answer)}")
+    made: dict[str, Any] = answer.json()
+    return made
+
+
+def _first_error(answer: httpx.Response) -> str:
+    """The error's code, or the first field an answer of 400 names."""
+    try:
+        found = answer.json()
+    except ValueError:
+        return answer.text[:80]
+    error = found.get("error") if isinstance(found, dict) else None
+    if isinstance(error, dict) and error.get("code"):
+        return str(error["code"])
+    return next(iter(found), "?") if isinstance(found, dict) else str(found)[:80]
 
 
 def book_in_portal(
@@ -697,7 +733,7 @@ def book_in_portal(
 ) -> dict[str, Any] | None:
     """Book ``slot`` as a person does in the portal: sign in (once), open the booking page, send
     its form in the installation's time zone; then read the booking back through the REST API.
-    None when the portal refused it; ControlHostAway when the control host did not answer."""
+    Refused when the portal refused it; ControlHostAway when the control host did not answer."""
     from zoneinfo import ZoneInfo
 
     from django.conf import settings
@@ -719,7 +755,7 @@ def book_in_portal(
             if signed_in.status_code >= 500:
                 raise ControlHostAway
             if signed_in.status_code != 302:
-                return None
+                raise Refused(f"portal sign-in {signed_in.status_code}")
             portals[slot.user] = browser
         browser.get("/book/").raise_for_status()
         preset = world.presets[slot.load]
@@ -741,7 +777,7 @@ def book_in_portal(
     if sent.status_code >= 500:
         raise ControlHostAway
     if sent.status_code != 302:
-        return None
+        raise Refused(f"portal form {sent.status_code}")
     return _its_booking(world, base, slot)
 
 
@@ -1920,6 +1956,8 @@ def report(
     )
     if overlapped:
         print(f"{overlapped} pairs of faults overlapped")
+    if lab.refused:
+        print("bookings not made: " + "; ".join(f"{n} {why}" for why, n in sorted(lab.refused.items())))
     print(f"\n{'promise':<10}{'checks':>8}{'violations':>12}")
     for promise in (1, 2, 3, 4, 5, 6, 7):
         broken = sum(v.promise == promise for v in lab.violations)
@@ -1942,6 +1980,7 @@ def report(
                     "requests": len(lab.answers),
                     "bookings_confirmed": len(lab.confirmed),
                     "booked_again": lab.booked_again,
+                    "refused": lab.refused,
                     "ready_at_start": ready,
                     "handover": lab.handover,
                     "log": totals,

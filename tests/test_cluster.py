@@ -43,7 +43,7 @@ from tests import factories
 from tests.clock import eventually, throughout
 from tests.conftest import free_port
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.alone]  # timed: the machine to itself
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBNET = "10.231.77"  # or the next free one (devtools/cluster.py)
