@@ -189,6 +189,11 @@ class Lab:
         with self.lock:
             self.checks[promise] = self.checks.get(promise, 0) + count
 
+    def not_made(self, why: str) -> None:
+        """Count a planned booking that was not made, by why."""
+        with self.lock:
+            self.refused[why] = self.refused.get(why, 0) + 1
+
 
 # --- The machines ----------------------------------------------------------------
 
@@ -623,9 +628,7 @@ def book(lab: Lab, world: World, base: str, planned: list[Planned], stop: thread
                 if slot.start > now:
                     due_now.append((slot, True))
                 else:  # the person gives up: the slot began while the control host was away
-                    with lab.lock:
-                        why = "given up at its start, the control host away"
-                        lab.refused[why] = lab.refused.get(why, 0) + 1
+                    lab.not_made("given up at its start, the control host away")
         for slot, retried in due_now:
             try:
                 made = (_its_booking(world, base, slot) if retried else None) or _send_booking(
@@ -636,15 +639,11 @@ def book(lab: Lab, world: World, base: str, planned: list[Planned], stop: thread
                 continue
             except Refused as refused:
                 late = " (sent after its start)" if slot.start <= timezone.now() else ""
-                with lab.lock:
-                    why = f"{refused}{late}"
-                    lab.refused[why] = lab.refused.get(why, 0) + 1
+                lab.not_made(f"{refused}{late}")
                 continue
             if made is None:  # the portal took it and the REST API does not show it
-                with lab.lock:
-                    why = "taken by the portal, not shown by the REST API"
-                    lab.refused[why] = lab.refused.get(why, 0) + 1
-            if made is not None:
+                lab.not_made("taken by the portal, not shown by the REST API")
+            else:
                 slot.reservation_id, slot.status = made["id"], made["status"]
                 if slot.status == "approved":
                     slot.approved_at = time.time()
