@@ -1054,7 +1054,7 @@ def make_fault(lab: Lab, machines: Machines, kind: str, rng: random.Random) -> N
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     elif kind in ("kill scheduler", "kill web"):
-        pid = machines.part(b"--beat" if kind == "kill scheduler" else b"slotserve_site.asgi:application")
+        pid = machines.part(b"--beat" if kind == "kill scheduler" else b"slotserve_site.running.web")
         fault.target, fault.pid = str(pid), pid
         if pid:
             with contextlib.suppress(ProcessLookupError):

@@ -308,7 +308,7 @@ def main() -> None:
 
 
 def web_cpu_seconds(server_pid: int) -> float:
-    """The CPU time the web processes (``run``'s uvicorn and its workers) have used so far: a
+    """The CPU time the web processes (``run``'s slotserve_site.running.web) have used so far: a
     page's server CPU is the difference across its requests, divided by them (the scheduler and
     the other parts are processes of their own, not counted)."""
     import psutil
@@ -316,8 +316,8 @@ def web_cpu_seconds(server_pid: int) -> float:
     web: list[psutil.Process] = []
     for process in psutil.Process(server_pid).children(recursive=True):
         try:
-            if "uvicorn" in " ".join(process.cmdline()):
-                web += [process, *process.children(recursive=True)]  # its workers: spawned Pythons
+            if "slotserve_site.running.web" in " ".join(process.cmdline()):
+                web.append(process)
         except psutil.Error:
             continue
     spent = 0.0

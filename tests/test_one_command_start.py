@@ -371,11 +371,11 @@ def test_the_web_server_keeps_an_idle_connection_longer_than_a_persons_pause(tmp
     connection reset), nor behind a load balancer that keeps idle connections for 60 s."""
     import http.client
 
-    from slotserve_site.running.parts import web_command
+    from slotserve_site.running.parts import web_command, web_options
 
     port = free_port()
-    argv = web_command("127.0.0.1", port)
-    assert float(argv[argv.index("--timeout-keep-alive") + 1]) > 60
+    assert web_options()["timeout_keep_alive"] > 60
+    argv = web_command(host="127.0.0.1", port=port)
     env = {**_run_env(tmp_path, port), "SLOTSERVE_WEB_PROCESSES": "1"}
     web = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -424,3 +424,59 @@ def test_a_web_process_is_ready_before_its_first_request(tmp_path):
     )
     assert set(project) <= set(loaded["templates"]), set(project) - set(loaded["templates"])
     assert loaded["views"] and loaded["api"]
+
+
+def test_a_killed_web_process_costs_no_request_and_one_sent_while_all_are_down_waits(tmp_path):
+    """kill -9 of a process of the web part (a crash, the kernel's out-of-memory killer): the
+    others go on answering while ``run`` starts it again. With every one of them down at once, a
+    connection made meanwhile waits in the listening socket ``run`` holds and is answered when
+    they are back: it is not refused."""
+    port = free_port()
+    env = {**_run_env(tmp_path, port), "SLOTSERVE_WEB_PROCESSES": "2"}
+    run = start_run(tmp_path, env, "--port", str(port), "--no-node")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert healthy(base, time.monotonic() + 60), log_text(tmp_path)[-3000:]
+        serving = _serving(port, besides=run.pid)
+        assert len(serving) >= 2, serving
+        os.kill(min(serving), signal.SIGKILL)
+        answered = []
+        for _ in range(30):  # 3 s, a new connection each time
+            try:
+                answered.append(httpx.get(f"{base}/health", timeout=5).status_code)
+            except httpx.HTTPError as exc:
+                answered.append(type(exc).__name__)
+            time.sleep(0.1)
+        assert answered == [200] * 30, (answered, log_text(tmp_path)[-3000:])
+        assert eventually(lambda: len(_serving(port, besides=run.pid)) == len(serving), timeout=60, every=0.2)
+        for pid in _serving(port, besides=run.pid):
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)  # gone, and not started again yet (the first pause is a second)
+        answer = httpx.get(f"{base}/health", timeout=60)
+        assert answer.status_code == 200
+        assert run.poll() is None, log_text(tmp_path)[-3000:]
+    finally:
+        os.killpg(run.pid, signal.SIGINT)
+        run.wait(timeout=60)
+
+
+def _serving(port: int, besides: int) -> set[int]:
+    """The live processes other than ``besides`` that hold the socket listening on ``port``."""
+    listening = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                listening.add(f"socket:[{fields[9]}]")
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == besides:
+            continue
+        try:
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            if any(os.readlink(fd) in listening for fd in (entry / "fd").iterdir()):
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found

@@ -376,12 +376,12 @@ def test_a_caller_cannot_hold_more_requests_than_their_limit(gateway_url, world,
 
 
 def test_run_gives_the_web_server_a_connection_limit(monkeypatch):
-    from slotserve_site.running.parts import web_command
+    from slotserve_site.running.parts import web_options
 
     monkeypatch.setattr("django.conf.settings.SLOTSERVE_GATEWAY_MAX_CONNECTIONS", 123, raising=False)
-    argv = web_command("127.0.0.1", 8000)
-    assert argv[argv.index("--limit-concurrency") + 1] == "123"
-    assert "--no-proxy-headers" in argv  # the client's address is the socket's (docs/security.md)
+    options = web_options()
+    assert options["limit_concurrency"] == 123
+    assert options["proxy_headers"] is False  # the client's address is the socket's (docs/security.md)
 
 
 # --- Bodies nested deep -----------------------------------------------------------------------

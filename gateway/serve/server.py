@@ -2,7 +2,8 @@
 
     uvicorn slotserve_site.asgi:application --http gateway.serve.server:GatewayHttp
 
-(what ``./slotserve start``, the Dockerfile and Compose run). Each connection's requests to
+(what the Dockerfile and Compose run, and each web process of ``./slotserve start``:
+slotserve_site.running.web). Each connection's requests to
 the gateway's paths (``gateway.serve.handoff.judge``) are parsed here by llhttp
 (``httptools``, the parser uvicorn uses) and given to the gateway's ASGI application directly;
 at its first request to any other path the connection, with that request's bytes, goes to

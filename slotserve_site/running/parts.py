@@ -7,41 +7,52 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from typing import Any
 
 from django.conf import settings
 
 
-def web_command(host: str, port: int) -> list[str]:
-    """The web part: uvicorn with uvloop and httptools, measured faster than daphne for the
-    gateway's streams; the gateway's requests through its own HTTP server (gateway.serve.server),
-    the rest through uvicorn's (bench/gateway_bench.py, docs/benchmarks.md). At most
-    ``SLOTSERVE_GATEWAY_MAX_CONNECTIONS`` connections and requests at once (more get a 503 in
-    the caller's API's shape). An idle connection is kept ``SLOTSERVE_KEEP_ALIVE_SECONDS`` (65 s),
-    past a person's pause and a load balancer's idle timeout. The client's address is the
-    socket's: SlotServe reads ``X-Forwarded-For`` itself, from the proxies it is told to trust
-    (slotserve_site.client_address)."""
-    return [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "slotserve_site.asgi:application",
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--lifespan",
-        "off",
-        "--no-access-log",
-        "--no-proxy-headers",
-        "--limit-concurrency",
-        str(settings.SLOTSERVE_GATEWAY_MAX_CONNECTIONS),
-        "--timeout-keep-alive",
-        f"{settings.SLOTSERVE_KEEP_ALIVE_SECONDS:g}",
-        "--http",
-        "gateway.serve.server:GatewayHttp",
-        "--workers",
-        str(web_processes()),
-    ]
+def web_command(*, fd: int | None = None, host: str = "127.0.0.1", port: int = 8000) -> list[str]:
+    """One process of the web part (slotserve_site.running.web): on the listening socket ``fd``
+    that ``manage.py run`` holds, or alone on ``host:port``."""
+    where = ["--fd", str(fd)] if fd is not None else ["--host", host, "--port", str(port)]
+    return [sys.executable, "-m", "slotserve_site.running.web", *where]
+
+
+def web_options() -> dict[str, Any]:
+    """How each web process serves: uvicorn with uvloop and httptools, measured faster than
+    daphne for the gateway's streams; the gateway's requests through its own HTTP server
+    (gateway.serve.server), the rest through uvicorn's (bench/gateway_bench.py,
+    docs/benchmarks.md). At most ``SLOTSERVE_GATEWAY_MAX_CONNECTIONS`` connections and requests at
+    once (more get a 503 in the caller's API's shape). An idle connection is kept
+    ``SLOTSERVE_KEEP_ALIVE_SECONDS`` (65 s), past a person's pause and a load balancer's idle
+    timeout. The client's address is the socket's: SlotServe reads ``X-Forwarded-For`` itself,
+    from the proxies it is told to trust (slotserve_site.client_address)."""
+    return {
+        "app": "slotserve_site.asgi:application",
+        "http": "gateway.serve.server:GatewayHttp",
+        "lifespan": "off",
+        "access_log": False,
+        "proxy_headers": False,
+        "limit_concurrency": settings.SLOTSERVE_GATEWAY_MAX_CONNECTIONS,
+        "timeout_keep_alive": settings.SLOTSERVE_KEEP_ALIVE_SECONDS,
+    }
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The web part's listening socket, bound as uvicorn binds (``SO_REUSEADDR``, a backlog of
+    2,048) and left open to the web processes ``run`` starts on it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 def default_public_url(host: str, port: int) -> str:

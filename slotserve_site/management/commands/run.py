@@ -2,7 +2,8 @@
 
 Migrates, creates an admin account on first start (printing its password
 once), starts an embedded Redis when ``SLOTSERVE_REDIS_URL`` is not set, then
-supervises it, uvicorn, a Celery worker with the beat scheduler, the decisions'
+supervises it, the web processes (uvicorn, each on the listening socket ``run``
+holds), a Celery worker with the beat scheduler, the decisions'
 Celery worker (a booking's re-decision never waits behind the scheduler's
 long jobs), the webhooks' Celery worker (deliveries never share the
 scheduler's) and this machine's node worker. A part that dies is started again (after a pause that
@@ -40,8 +41,10 @@ from slotserve_site.running.embedded_redis import EmbeddedRedis
 from slotserve_site.running.parts import (
     decisions_command,
     default_public_url,
+    listen,
     scheduler_command,
     web_command,
+    web_processes,
     webhooks_command,
 )
 
@@ -84,7 +87,7 @@ class Command(BaseCommand):
         # is its owner's only, as the data directory is (docs/security.md).
         os.umask(0o077)
         self._lock = _hold_the_data_directory(Path(settings.DATA_DIR))
-        _check_port_free(options["host"], options["port"])
+        listener = _listen(options["host"], options["port"])
         embedded: EmbeddedRedis | None = None
         if not os.environ.get("SLOTSERVE_REDIS_URL"):
             embedded = self._embedded_redis()
@@ -101,8 +104,14 @@ class Command(BaseCommand):
         self._allow_host(options["host"])
         self._public_url(options["host"], options["port"])
         python = sys.executable
+        # Each web process a part of its own on the socket held here: one that dies costs the
+        # others nothing, and while none is up a connection waits in the socket's queue.
+        webs = web_processes()
         commands = {
-            "web": web_command(options["host"], options["port"]),
+            **{
+                f"web {n}" if webs > 1 else "web": web_command(fd=listener.fileno())
+                for n in range(1, webs + 1)
+            },
             "scheduler": scheduler_command(),
             "decisions": decisions_command(),
             "webhooks": webhooks_command(),
@@ -110,7 +119,7 @@ class Command(BaseCommand):
         }
         if options["no_node"]:
             del commands["node"]
-        children = {name: subprocess.Popen(argv, start_new_session=True) for name, argv in commands.items()}
+        children = {name: _start(argv, listener) for name, argv in commands.items()}
         if embedded is not None:
             # Supervised as the others: restarted on the same socket with the same password.
             children = {"redis": redis_server, **children}
@@ -146,7 +155,7 @@ class Command(BaseCommand):
                             children[name] = (
                                 embedded.launch()
                                 if name == "redis" and embedded is not None
-                                else subprocess.Popen(commands[name], start_new_session=True)
+                                else _start(commands[name], listener)
                             )
                             started[name] = now
                             self.stdout.write(f"{name} started again (pid {children[name].pid})")
@@ -166,6 +175,7 @@ class Command(BaseCommand):
         finally:
             server = children.pop("redis", None)
             self._stop_all(children)
+            listener.close()
             if not options["no_node"]:
                 from channels_app.node_worker.sleepers import stop_local_processes
 
@@ -288,16 +298,20 @@ def _hold_the_data_directory(data: Path) -> IO[str]:
     return lock
 
 
-def _check_port_free(host: str, port: int) -> None:
-    """Stop before starting anything if the web server could not listen (it would only be
-    started again and again)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise CommandError(
-                f"cannot listen on {host}:{port}: {exc.strerror or exc}; another program (another "
-                "SlotServe?) has it: stop it, or choose another port with --port"
-            ) from None
+def _listen(host: str, port: int) -> socket.socket:
+    """The web part's listening socket, held for as long as ``run`` runs; stop before starting
+    anything if it cannot be had."""
+    try:
+        return listen(host, port)
+    except OSError as exc:
+        raise CommandError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; another program (another "
+            "SlotServe?) has it: stop it, or choose another port with --port"
+        ) from None
+
+
+def _start(argv: list[str], listener: socket.socket) -> subprocess.Popen[bytes]:
+    """A part, in a session of its own (stopped with whatever it starts); a web process is
+    handed the listening socket."""
+    inherited = (listener.fileno(),) if "slotserve_site.running.web" in argv else ()
+    return subprocess.Popen(argv, start_new_session=True, pass_fds=inherited)
