@@ -52,14 +52,14 @@ def test_a_short_day_under_every_kind_of_fault_breaks_no_promise(tmp_path):
     # Promise 5 (ready at the start) is judged against each booking's own measured load. Alone
     # on the 2-core machine every covered booking was ready in the last runs, even beside three
     # busy loops; a slower machine makes the decisions and switches later, and a third of the
-    # bookings may miss (docs/faults.md). On a slower machine the web part's restart after its
-    # kill also lasts longer (27-48 s against 4 s alone), and the people give up the bookings
-    # whose start passes meanwhile (12-17 of 48: "bookings not made" in the report), which leaves
-    # fewer covered bookings to judge (2-6 on such a machine): at least one, as every promise is
-    # judged (below). Every other promise holds, every time.
+    # bookings may miss (docs/faults.md). Every other promise holds, every time.
     assert [v for v in found["violations"] if v["promise"] != 5] == [], report
     ready = found["ready_at_start"]
-    assert ready["covered"] >= 1 and ready["ready"] >= 0.6 * ready["covered"], report
+    assert ready["covered"] >= 5 and ready["ready"] >= 0.6 * ready["covered"], report
+    # The web process killed costs no booking: the others answer while it starts again (when
+    # the killed one took the whole web part with it, a slower machine answered no one for
+    # 27-48 s and the people gave up 12-17 of 48 bookings, leaving 2-6 covered ones to judge).
+    assert "given up at its start, the control host away" not in found["refused"], report
     # Each promise was checked, and on more than a handful of cases.
     assert all(found["checks"].get(str(promise), 0) > 0 for promise in (1, 2, 3, 4, 5, 6, 7)), report
     assert found["webhooks"]["deliveries"] > 100, report

@@ -117,3 +117,31 @@ def test_a_stop_whose_memory_is_not_yet_freed_is_not_stepped_again_and_again(nod
         Phase.STOPPING.value,
         ["stopping", "stopping"],
     )  # the stop, and one look once it exited
+
+
+def test_each_step_of_a_switch_reads_the_models_and_presets_once(node_env, tiny):
+    """A step named the same model and presets for its default, its target, its process, its
+    load and its story, and read them again each time: 20-29 queries a step, of which a
+    quarter read the same rows again (docs/benchmarks.md, "The pushes, and the steps' reads")."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from channels_app.node_worker.worker import reconcile
+
+    channel = factories.channel("cpu-3", default=tiny.small)
+    decide_channels(now=timezone.now())
+    assert channel_reconcile(channel.pk) == Phase.READY.value
+    ChannelTarget.objects.filter(channel=channel).update(preset=tiny.big, reason="manual_override")
+    phases = []
+    for _ in range(10):
+        with CaptureQueriesContext(connection) as step:
+            state = reconcile(channel_id=channel.pk, now=timezone.now())
+        assert state is not None
+        phases.append(state.phase)
+        reads = [q["sql"] for q in step.captured_queries if q["sql"].startswith("SELECT")]
+        for table in ("channels_app_llmmodel", "channels_app_preset"):
+            read = [sql for sql in reads if sql.split(" FROM ", 1)[1].startswith(f'"{table}"')]
+            assert len(read) <= 1, (state.phase, table, read)
+        if state.phase == Phase.READY and len(phases) > 1:
+            break
+    assert {Phase.STOPPING, Phase.LOADING, Phase.READY} <= set(phases), phases

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from channels_app.models import LLMModel, LoadRecord, Preset
+from channels_app.models import LLMModel, LoadRecord
 from channels_app.node_worker.lifecycle import Action, ProcessState, Tell
+from channels_app.node_worker.step_reads import StepReads
 from slotserve_base.happenings import Happening, named, tell, user_ref
 from slotserve_base.iso import iso_moment
 from slotserve_base.vocabulary import Phase, WebhookEvent
@@ -104,6 +105,7 @@ def announce_channel(
     actions: Sequence[Action],
     load_id: int | None,
     now: datetime,
+    reads: StepReads | None = None,
 ) -> None:
     """Tell the step's happenings, together: each listener keeps its rows in one transaction."""
     facts = channel_facts(before, after, actions)
@@ -111,8 +113,9 @@ def announce_channel(
         return
     reservation = target_row.reservation if target_row is not None else None
     running = after.running or before.running
-    model = LLMModel.objects.filter(pk=running.model_id).first() if running is not None else None
-    preset = Preset.objects.filter(pk=running.preset_id).first() if running and running.preset_id else None
+    reads = reads or StepReads()
+    model = reads.model(running.model_id) if running is not None else None
+    preset = reads.preset(running.preset_id) if running is not None else None
     objects: dict[str, Any] = {
         "channel": named(channel),
         "node": named(channel.node),

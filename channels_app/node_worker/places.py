@@ -4,26 +4,27 @@ under contention"), as the node worker stores them with the channel's state."""
 from __future__ import annotations
 
 from channels_app.backends import Backend, places_asked
-from channels_app.models import ChannelRuntime, LLMModel, Preset
+from channels_app.models import ChannelRuntime
 from channels_app.node_worker import processes
+from channels_app.node_worker.step_reads import StepReads
 
 # What each run's llama-server said of its slots (``/props``), by run.
 _slots_told: dict[str, int | None] = {}
 
 
-def places_of(runtime: ChannelRuntime) -> int | None:
+def places_of(runtime: ChannelRuntime, reads: StepReads | None = None) -> int | None:
     """The requests the ready process serves at once (docs/gateway.md "Fair sharing under
     contention"): its preset's ``places`` (read at each look, so an edit counts at once), else
     what llama-server said when it was ready (``/props``), else what its arguments ask for or
     its backend's default."""
-    preset = Preset.objects.filter(pk=runtime.preset_id).first() if runtime.preset_id else None
+    reads = reads or StepReads()
+    preset = reads.preset(runtime.preset_id)
     if preset is not None and preset.places:
         return preset.places
-    if runtime.model_id is None:
+    model = reads.model(runtime.model_id)
+    if model is None:
         return None
-    backend = LLMModel.objects.filter(pk=runtime.model_id).values_list("backend", flat=True).first()
-    if backend is None:
-        return None
+    backend = model.backend
     if backend == Backend.LLAMA_CPP and runtime.port is not None and runtime.run_id:
         if runtime.run_id not in _slots_told:  # asked once per run
             if len(_slots_told) > 256:

@@ -9,19 +9,14 @@ from typing import Any
 
 from django.conf import settings
 
-from channels_app.models import (
-    Channel,
-    ChannelRuntime,
-    ChannelTarget,
-    LLMModel,
-    Preset,
-)
+from channels_app.models import Channel, ChannelRuntime, ChannelTarget
 from channels_app.node_worker.lifecycle import (
     Failure,
     ProcessState,
     Sleeper,
     Wanted,
 )
+from channels_app.node_worker.step_reads import StepReads
 from channels_app.scheduling.selectors import booked_targets
 from slotserve_base.target import Target, fingerprint_of
 from slotserve_base.vocabulary import Phase, Reason
@@ -34,21 +29,20 @@ def target_of(model_id: int | None, preset_id: int | None, fingerprint: str = ""
     return None if model_id is None else Target(model_id, preset_id, fingerprint)
 
 
-def with_fingerprint(target: Target | None) -> Target | None:
+def with_fingerprint(target: Target | None, reads: StepReads | None = None) -> Target | None:
     """The target with the digest of how it would be started now (its model's backend and path,
     its preset's effective arguments): an edited preset gives another digest."""
     if target is None:
         return None
-    found = LLMModel.objects.filter(pk=target.model_id).values_list("backend", "path").first()
-    if found is None:
+    reads = reads or StepReads()
+    reads.read([target])
+    model = reads.model(target.model_id)
+    if model is None:
         return target
-    backend, path = found
-    args: list[str] = []
-    if target.preset_id is not None:
-        preset = Preset.objects.select_related("model").filter(pk=target.preset_id).first()
-        if preset is not None:
-            args = list(preset.args_effective)
-    return dataclasses.replace(target, fingerprint=fingerprint_of(backend=backend, path=path, args=args))
+    preset = reads.preset(target.preset_id)
+    args = list(preset.args_effective) if preset is not None else []
+    fingerprint = fingerprint_of(backend=model.backend, path=model.path, args=args)
+    return dataclasses.replace(target, fingerprint=fingerprint)
 
 
 def state_of(runtime: ChannelRuntime) -> ProcessState:
@@ -141,11 +135,16 @@ def store(runtime: ChannelRuntime, state: ProcessState) -> None:
     runtime.save()
 
 
-def returning_of(channel: Channel, default: Target | None, now: datetime) -> frozenset[Target]:
+def returning_of(
+    channel: Channel, default: Target | None, now: datetime, reads: StepReads | None = None
+) -> frozenset[Target]:
     """What the channel will want again: its default, and the models of its bookings that begin
     within ``SLOTSERVE_PREWARM_SECONDS`` (docs/scheduling.md, "Sleep and wake")."""
     horizon = timedelta(seconds=float(settings.SLOTSERVE_PREWARM_SECONDS))
-    booked = {with_fingerprint(t) for t in booked_targets(channel.pk, now, now + horizon)}
+    reads = reads or StepReads()
+    upcoming = booked_targets(channel.pk, now, now + horizon)
+    reads.read(upcoming)
+    booked = {with_fingerprint(t, reads) for t in upcoming}
     return frozenset(t for t in {default, *booked} if t is not None)
 
 
@@ -154,14 +153,20 @@ def wanted_of(
     target_row: ChannelTarget | None,
     reload_generation: int = 0,
     now: datetime | None = None,
+    reads: StepReads | None = None,
 ) -> Wanted:
-    default = with_fingerprint(channel.default_target)
+    reads = reads or StepReads()
+    wanted = target_of(target_row.model_id, target_row.preset_id) if target_row is not None else None
+    reads.read([channel.default_target, wanted])
+    default = with_fingerprint(channel.default_target, reads)
     # Nothing sleeps on a card that must be free: staff unloaded it, or a whole-card booking holds it.
     frees_the_card = target_row is None or target_row.reason in FREES_THE_CARD
     sleeps = bool(settings.SLOTSERVE_SLEEP_MODE) and now is not None and not frees_the_card
     common: dict[str, Any] = {
         "default": default,
-        "returning": returning_of(channel, default, now) if sleeps and now is not None else frozenset(),
+        "returning": (
+            returning_of(channel, default, now, reads) if sleeps and now is not None else frozenset()
+        ),
         "reload_generation": reload_generation,
         "drain_seconds": settings.SLOTSERVE_DRAIN_SECONDS,
         "stop_timeout_seconds": settings.SLOTSERVE_STOP_TIMEOUT_SECONDS,
@@ -171,7 +176,7 @@ def wanted_of(
         return Wanted(target=None, **common)
     serves_reservation = target_row.reason in SERVES_RESERVATION and target_row.reservation_id is not None
     return Wanted(
-        target=with_fingerprint(target_of(target_row.model_id, target_row.preset_id)),
+        target=with_fingerprint(wanted, reads),
         serves_reservation=serves_reservation,
         purpose=f"reservation:{target_row.reservation_id}" if serves_reservation else target_row.reason,
         **common,

@@ -27,7 +27,6 @@ from channels_app.models import (
     ChannelTarget,
     LLMModel,
     LoadRecord,
-    Preset,
     ReloadRequest,
 )
 from channels_app.node_worker import (
@@ -58,7 +57,8 @@ from channels_app.node_worker.lifecycle import (
 )
 from channels_app.node_worker.places import places_of
 from channels_app.node_worker.registration import executable_for
-from channels_app.node_worker.rows import state_of, store, wanted_of
+from channels_app.node_worker.rows import state_of, store, target_of, wanted_of
+from channels_app.node_worker.step_reads import StepReads
 from channels_app.scheduling.selectors import load_estimate_details
 from slotserve_base import locks, news, overview
 from slotserve_base.inflight import in_flight_counts
@@ -138,6 +138,7 @@ def observe(
     now: datetime,
     state: ProcessState | None = None,
     leaving: bool = False,
+    reads: StepReads | None = None,
 ) -> Observed:
     alive, exit_code = False, None
     if runtime.pid is not None and runtime.run_id:
@@ -167,7 +168,8 @@ def observe(
     )
     backend = ""
     if tail and runtime.model_id is not None:
-        backend = LLMModel.objects.filter(pk=runtime.model_id).values_list("backend", flat=True).first() or ""
+        model = (reads or StepReads()).model(runtime.model_id)
+        backend = model.backend if model is not None else ""
     return Observed(
         alive=alive,
         exit_code=exit_code,
@@ -180,17 +182,21 @@ def observe(
     )
 
 
-def _estimate(node_id: int, target: Target) -> float | None:
+def _estimate(node_id: int, target: Target, size_bytes: int) -> float | None:
     """The estimate this load is planned with, before the node's margin (docs/scheduling.md)."""
-    planned = load_estimate_details([(node_id, target)]).get((node_id, target))
+    planned = load_estimate_details([(node_id, target)], {target.model_id: size_bytes}).get((node_id, target))
     return planned.unmargined_seconds if planned else None
 
 
-def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: datetime) -> None:
+def _launch(
+    runtime: ChannelRuntime, channel: Channel, target: Target, now: datetime, reads: StepReads
+) -> None:
     """Start the target's process; a target that cannot be launched fails like a failed load."""
     prewarm.yield_to_load()
-    model = LLMModel.objects.get(pk=target.model_id)
-    preset = Preset.objects.filter(pk=target.preset_id).first() if target.preset_id else None
+    model = reads.model(target.model_id)
+    if model is None:
+        raise LLMModel.DoesNotExist(f"model {target.model_id} was deleted")
+    preset = reads.preset(target.preset_id)
     backend = Backend(model.backend)
     executable = executable_for(backend)
     log_dir = Path(settings.DATA_DIR) / "runs" / channel.name
@@ -240,7 +246,7 @@ def _launch(runtime: ChannelRuntime, channel: Channel, target: Target, now: date
     runtime.log_path = str(started.log_path)
     _follow_log(channel.pk, started.run_id, started.pid, started.log_path, from_start=True)
     # The estimate this load was planned with, read while the process loads (off a switch's path).
-    runtime.load.estimated_seconds = _estimate(channel.node_id, target)
+    runtime.load.estimated_seconds = _estimate(channel.node_id, target, model.size_bytes)
     LoadRecord.objects.filter(pk=runtime.load.pk).update(estimated_seconds=runtime.load.estimated_seconds)
     log.info(
         "channel %s: started %s (run %s, pid %s, port %s)",
@@ -257,11 +263,12 @@ def act(
     runtime: ChannelRuntime,
     channel: Channel,
     now: datetime,
+    reads: StepReads | None = None,
 ) -> None:
     for action in actions:
         match action:
             case Start(target=target):
-                _launch(runtime, channel, target, now)
+                _launch(runtime, channel, target, now, reads or StepReads())
             case Terminate(pid=pid):
                 processes.send(pid, signal.SIGTERM)
             case Kill(pid=pid):
@@ -310,18 +317,21 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
     target_row = ChannelTarget.objects.select_related("reservation__user").filter(channel=channel).first()
     before = state_of(runtime)
     generation = ReloadRequest.objects.filter(channel=channel).values_list("generation", flat=True).first()
-    wanted = wanted_of(channel, target_row, generation or 0, now)
+    reads = StepReads()  # each model and preset the step names, read once
+    wants = target_of(target_row.model_id, target_row.preset_id) if target_row is not None else None
+    reads.read([before.running, channel.default_target, wants])
+    wanted = wanted_of(channel, target_row, generation or 0, now, reads)
     before = _adopt_unknown_fingerprints(before, wanted)
     publish_gate(channel.pk, before, wanted, now)
     leaving = effective_target(before, wanted, now)[0] != before.running
-    result = step(before, wanted, observe(runtime, channel, now, before, leaving), now)
+    result = step(before, wanted, observe(runtime, channel, now, before, leaving, reads), now)
     if result.state.phase != before.phase:
         log.info("channel %s: %s → %s", channel.name, before.phase, result.state.phase)
     known_run = runtime.run_id
     read = (runtime.run_id, runtime.phase, runtime.since)  # what this step stepped from
     fell_asleep = sleepers.fell_asleep(runtime, before, result.state)
     try:
-        act(result.actions, runtime, channel, now)
+        act(result.actions, runtime, channel, now, reads)
         if fell_asleep is not None:
             runtime.asleep = fell_asleep
         after = result.state
@@ -330,7 +340,7 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
         if after.phase not in (Phase.READY, Phase.DRAINING):
             runtime.places = None
         elif after.phase == Phase.READY:
-            runtime.places = places_of(runtime)
+            runtime.places = places_of(runtime, reads)
         # Stored before it is told: a process just started is the channel's if telling fails.
         # A step is stored only over the state it stepped from: another reconcile of the channel
         # at once (its lock lost under a live holder) that stored first wins, and this one
@@ -356,7 +366,7 @@ def _reconcile(channel_id: int, now: datetime) -> ProcessState:
             log.warning("channel %s: run %s could not be recorded; stopping it", channel.name, runtime.run_id)
             processes.send(runtime.pid, signal.SIGKILL)
         raise
-    announce_channel(channel, target_row, before, after, result.actions, runtime.load_id, now)
+    announce_channel(channel, target_row, before, after, result.actions, runtime.load_id, now, reads)
     return after
 
 

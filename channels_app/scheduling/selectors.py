@@ -54,14 +54,18 @@ def load_estimates(wanted: Iterable[tuple[int, Target]]) -> dict[tuple[int, Targ
     return {key: estimate.seconds for key, estimate in load_estimate_details(wanted).items()}
 
 
-def load_estimate_details(wanted: Iterable[tuple[int, Target]]) -> dict[tuple[int, Target], LoadEstimate]:
-    """Each ``(node id, target)`` pair's estimate with what it was made from, in three queries."""
+def load_estimate_details(
+    wanted: Iterable[tuple[int, Target]], sizes: Mapping[int, int] | None = None
+) -> dict[tuple[int, Target], LoadEstimate]:
+    """Each ``(node id, target)`` pair's estimate with what it was made from, in three queries
+    (two when the caller read the models' ``sizes``)."""
     wanted = set(wanted)
     if not wanted:
         return {}
     model_ids = {target.model_id for _, target in wanted}
     node_ids = {node_id for node_id, _ in wanted}
-    sizes = dict(LLMModel.objects.filter(pk__in=model_ids).values_list("pk", "size_bytes"))
+    if sizes is None or not model_ids <= sizes.keys():
+        sizes = dict(LLMModel.objects.filter(pk__in=model_ids).values_list("pk", "size_bytes"))
     # Each model + preset's last five loads on every node, newest first.
     loads: dict[int, list[tuple[int, int | None, datetime, float]]] = defaultdict(list)
     for node_id, model_id, preset_id, started, finished in _latest(
