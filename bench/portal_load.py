@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/portal_load.py [--sizes small,medium] [--requests 20] [--users 20,50]
         [--seconds 15] [--seed 7] [--log-order random|time] [--think 2,5] [--web-processes N] [--reuse]
+        [--catch-up background|command]
 
 Needs PostgreSQL (``DATABASE_URL``, default the local server; a database ``slotserve_portal_bench``
 is made afresh for each size) and Redis (``SLOTSERVE_REDIS_URL``, default the local one). For
@@ -16,7 +17,8 @@ each size a deterministic generator fills the database through the ORM (bulk ins
 The request log is written in no time order, as a restore or an import writes it (``--log-order
 time``: in the order the requests came, as the gateway writes it): a mass of rows that usage counts
 in the background. The benchmark times a usage page while that backlog waits, then catches it up
-with ``manage.py catch_up_usage`` (its time, rows a second and peak memory). Then
+as a lab does, by the scheduler's worker, timing the usage pages and API all the while (``--catch-up
+command``: with ``manage.py catch_up_usage``, its time, rows a second and peak memory). Then
 ``manage.py run --no-node`` (the one-command start's web server and scheduler) serves it, and
 the benchmark reports for each page and API call, as a signed-in staff member: p50 and p95 over
 ``--requests`` calls, the web processes' CPU time a call, and the SQL queries it makes (counted
@@ -214,15 +216,18 @@ def fill(size: dict[str, int], seed: int, log_order: str = "random") -> dict[str
     return {"staff": staff, "users": users}
 
 
-def catch_up_backlog(page: Any) -> None:
-    """With a backlog set aside: a usage page meanwhile, then ``manage.py catch_up_usage`` in a
-    process of its own (its time and peak memory), then the roll-ups checked against the log."""
+def catch_up_backlog(page: Any, how: str) -> None:
+    """With a backlog set aside: a usage page meanwhile, then the catch-up, on its real path
+    (``background``: the scheduler's worker takes the task the roll-up sent, a slice at a time,
+    while the usage pages and API are timed every moment) or ``manage.py catch_up_usage`` in a
+    process of its own (its time and peak memory); then the roll-ups checked against the log."""
     import resource
 
     from django.db.models import Sum
 
     from gateway.models import RequestHour, RequestLog
     from gateway.usage.rollups import catching_up
+    from slotserve_site.running.parts import scheduler_command
 
     if catching_up() is None:
         return
@@ -233,20 +238,64 @@ def catch_up_backlog(page: Any) -> None:
         timings.append((time.perf_counter() - started) * 1000)
     says = "Usage is being brought up to date" in answer.content.decode()
     print(f"usage page with the backlog waiting: {statistics.median(timings):.0f} ms, says so: {says}")
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "manage.py", "catch_up_usage"], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    seconds = time.monotonic() - started
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     rows = RequestLog.objects.count()
+    started = time.monotonic()
+    if how == "background":
+        worker = subprocess.Popen(
+            scheduler_command(),
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        during: dict[str, list[float]] = {path: [] for path in CATCH_UP_PAGES}
+        try:
+            while catching_up() is not None:
+                for path in CATCH_UP_PAGES:
+                    began = time.perf_counter()
+                    page.get(path)
+                    during[path].append((time.perf_counter() - began) * 1000)
+                time.sleep(0.5)
+                if time.monotonic() - started > 1800:
+                    sys.exit("portal_load: the background catch-up did not end in 30 minutes")
+        finally:
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(timeout=60)
+        seconds = time.monotonic() - started
+        said = f"by the scheduler's worker, in the background: {rows:,} rows in {seconds:.0f} s"
+        for path, values in during.items():
+            print(
+                f"   {path} while it ran: p50 {statistics.median(values):.0f} ms, "
+                f"p95 {percentile(values, 0.95):.0f} ms, max {max(values):.0f} ms ({len(values)} calls)"
+            )
+    else:
+        done = subprocess.run(
+            [sys.executable, "manage.py", "catch_up_usage"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        seconds = time.monotonic() - started
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        said = (
+            f"by manage.py catch_up_usage: {rows:,} rows in {seconds:.0f} s, peak memory {peak:.0f} MB; "
+            f"{done.stdout.strip().splitlines()[-1]}"
+        )
     counted = RequestHour.objects.aggregate(n=Sum("requests"))["n"] or 0
     print(
-        f"backlog caught up by manage.py catch_up_usage: {rows:,} rows in {seconds:.0f} s "
-        f"({rows / seconds:,.0f} rows/s), peak memory {peak:.0f} MB; roll-ups count {counted:,} requests"
-        f" ({'all' if counted == rows else 'NOT all'}); {done.stdout.strip().splitlines()[-1]}",
+        f"backlog caught up {said} ({rows / seconds:,.0f} rows/s); roll-ups count {counted:,} requests "
+        f"({'all' if counted == rows else 'NOT all'})",
         flush=True,
     )
+
+
+# The pages and call that read the roll-ups, timed while a backlog is caught up.
+CATCH_UP_PAGES = (
+    "/usage/?by=user&period=week",
+    "/usage/?by=channel&period=week",
+    "/api/usage/?by=channel&period=week",
+)
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -280,6 +329,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--web-processes", type=int, default=0, help="SLOTSERVE_WEB_PROCESSES for the server (0: its default)"
+    )
+    parser.add_argument(
+        "--catch-up",
+        choices=("background", "command"),
+        default="background",
+        help="catch the backlog up as a lab does (the scheduler's worker, pages timed) or by command",
     )
     parser.add_argument(
         "--reuse", action="store_true", help="keep the database the last run filled at that size"
@@ -373,7 +428,7 @@ def run_size(name: str, size: dict[str, int], options: argparse.Namespace, base_
     print(f"\n== {name}: {size} (filled in {time.monotonic() - started:.0f} s)", flush=True)
     page = Client()
     page.force_login(staff)
-    catch_up_backlog(page)
+    catch_up_backlog(page, options.catch_up)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
     cookie = page.cookies["sessionid"].value

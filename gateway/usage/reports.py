@@ -16,7 +16,7 @@ from django.db.models import Count
 
 from channels_app.models import Channel, LoadRecord
 from gateway.models import RequestLog
-from gateway.usage.rollups import roll_up
+from gateway.usage.rollups import roll_up_for_a_report
 from gateway.usage.summed import asked_within, minutes_within
 from gateway.usage.utilisation import Demand, Minutes, Span, minutes, shares_of, totals_of, union
 from reservations.models import Reservation, ReservationStatus
@@ -59,7 +59,7 @@ Touched = dict[tuple[int | None, int | None], tuple[int | None, Minutes]]
 def request_minutes(lo: datetime, hi: datetime) -> Touched:
     """The minutes of ``[lo, hi)`` the requests touched, per channel and booking (with the
     booker): read from the roll-ups (``gateway.usage.rollups``), the log rolled up first."""
-    roll_up()
+    roll_up_for_a_report()
     return minutes_within(lo, hi)
 
 

@@ -75,6 +75,15 @@ def roll_up(*, batch: int = BATCH) -> int:
             return done
 
 
+def roll_up_for_a_report() -> None:
+    """What a report does before it reads the roll-ups: ``roll_up``, unless a catch-up is under
+    way. Its windows hold the mark while they fold (a second or two each of a large backlog), and
+    a report would wait for each: it reads what is folded so far and says how far that is
+    (``catching_up``); the rows flushed meanwhile are folded by their flush."""
+    if catching_up() is None:
+        roll_up()
+
+
 def set_aside(mark: RollupMark) -> bool:
     """With more than ``SLOTSERVE_USAGE_BACKLOG_ROWS`` rows past ``mark`` (locked by the caller)
     and no backlog already, make them the backlog and send the catch-up; whether it did."""
