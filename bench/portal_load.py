@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/portal_load.py [--sizes small,medium] [--requests 20] [--users 20,50]
         [--seconds 15] [--seed 7] [--log-order random|time] [--think 2,5] [--web-processes N] [--reuse]
-        [--catch-up background|command]
+        [--catch-up background|command] [--burst 1000]
 
 Needs PostgreSQL (``DATABASE_URL``, default the local server; a database ``slotserve_portal_bench``
 is made afresh for each size) and Redis (``SLOTSERVE_REDIS_URL``, default the local one). For
@@ -24,8 +24,9 @@ the benchmark reports for each page and API call, as a signed-in staff member: p
 ``--requests`` calls, the web processes' CPU time a call, and the SQL queries it makes (counted
 in this process, on the same database); the scheduler tick's time and queries; the request log's
 CSV export in rows per second; and ``--users`` colleagues browsing at once for ``--seconds``
-(requests per second, p95, errors, PostgreSQL connections at the peak). Last, the web server's
-resident memory.
+(requests per second, p95, errors, PostgreSQL connections at the peak); with ``--burst N``, N
+people opening the calendar within one second, each on a connection of its own (the whole lab at
+nine). Last, the web server's resident memory.
 """
 
 from __future__ import annotations
@@ -331,6 +332,9 @@ def main() -> None:
         "--web-processes", type=int, default=0, help="SLOTSERVE_WEB_PROCESSES for the server (0: its default)"
     )
     parser.add_argument(
+        "--burst", default="", help="after the colleagues: N people open the calendar at once (N,M: each)"
+    )
+    parser.add_argument(
         "--catch-up",
         choices=("background", "command"),
         default="background",
@@ -506,6 +510,8 @@ def run_size(name: str, size: dict[str, int], options: argparse.Namespace, base_
         think = (low, high)
         for users in (int(u) for u in options.users.split(",")):
             concurrent(base, cookie, users, options.seconds, base_url, think)
+        for people in (int(n) for n in options.burst.split(",") if n):
+            burst(base, cookie, people)
         rss = _rss_mb(server.pid)
         print(f"web and scheduler processes' resident memory: {rss}")
     finally:
@@ -570,6 +576,43 @@ def concurrent(
         f"{len(times) / spent:.1f} requests/s, p50 {statistics.median(times):.0f} ms, "
         f"p95 {percentile(times, 0.95):.0f} ms, errors {errors} of {len(times)} {dict(statuses)}, "
         f"PostgreSQL connections at the peak {peak[0]}"
+    )
+
+
+def burst(base: str, cookie: str, people: int) -> None:
+    """``people`` open the calendar in the same second, each on a connection of their own (the
+    whole lab at nine): how long until the last one has it, and each one's wait."""
+    import asyncio
+
+    import httpx
+
+    async def everyone() -> tuple[list[float], Counter[int], float]:
+        statuses: Counter[int] = Counter()
+        times: list[float] = []
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+
+        async def person(n: int) -> None:
+            async with httpx.AsyncClient(
+                base_url=base, cookies={"sessionid": cookie}, timeout=300, limits=limits
+            ) as client:
+                await asyncio.sleep(n / people)  # all within one second
+                begun = time.perf_counter()
+                try:
+                    statuses[(await client.get("/calendar/")).status_code] += 1
+                except httpx.HTTPError:
+                    statuses[0] += 1
+                times.append(time.perf_counter() - begun)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(person(n) for n in range(people)))
+        return times, statuses, time.perf_counter() - started
+
+    times, statuses, spent = asyncio.run(everyone())
+    errors = sum(n for code, n in statuses.items() if code != 200)
+    print(
+        f"{people} people open the calendar within a second: the last had it after {spent:.1f} s, "
+        f"each waited p50 {statistics.median(times):.1f} s, p95 {percentile(times, 0.95):.1f} s; "
+        f"{len(times) / spent:.1f} pages/s; errors {errors} of {people} {dict(statuses)}"
     )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -36,9 +37,9 @@ from gateway.models import (
     RequestLog,
     RequestMinutes,
     RequestMinutesDay,
-    RequestSums,
     RollupMark,
 )
+from gateway.usage import row_writes
 from slotserve_base import dispatch
 
 log = logging.getLogger(__name__)
@@ -236,35 +237,36 @@ def _fold_rows(rows: list[Row]) -> None:
 def _fold_hours(hours: dict[tuple[datetime, int, int | None], list[float]]) -> None:
     first, last = min(h for h, _, _ in hours), max(h for h, _, _ in hours)
     stored = {
-        (row.hour, row.user_id, row.channel_id): row
-        for row in RequestHour.objects.filter(hour__gte=first, hour__lte=last)
+        (hour, user, channel): (pk, sums)
+        for hour, user, channel, pk, *sums in RequestHour.objects.filter(
+            hour__gte=first, hour__lte=last
+        ).values_list("hour", "user_id", "channel_id", "pk", *SUMS)
     }
-    changed: list[RequestHour] = []
-    new: list[RequestHour] = []
-    for (hour, user, channel), sums in hours.items():
-        found = stored.get((hour, user, channel))
+    changed, new = [], []
+    for key, sums in hours.items():
+        found = stored.get(key)
         if found is None:
-            found = RequestHour(hour=hour, user_id=user, channel_id=channel)
-            new.append(found)
+            new.append((*key, *_added(None, sums)))
         else:
-            changed.append(found)
-        _add(found, sums)
-    RequestHour.objects.bulk_update(changed, SUMS, batch_size=2000)
-    RequestHour.objects.bulk_create(new, batch_size=2000)
+            changed.append((*_added(found[1], sums), found[0]))
+    row_writes.update(RequestHour, SUMS, changed)
+    row_writes.insert(RequestHour, ["hour", "user_id", "channel_id", *SUMS], new)
 
 
 SUMS = ["requests", "prompt_tokens", "completion_tokens", "ttft_ms_sum", "ttft_count"]
 
 
-def _add(row: RequestSums, sums: list[float]) -> None:
-    """A roll-up row plus a batch's sums: requests, prompt and completion tokens, time to first
-    token summed and counted."""
-    n, prompt, completion, ttft_sum, ttft_n = sums
-    row.requests += int(n)
-    row.prompt_tokens += int(prompt)
-    row.completion_tokens += int(completion)
-    row.ttft_ms_sum += ttft_sum
-    row.ttft_count += int(ttft_n)
+def _added(stored: Sequence[float] | None, sums: list[float]) -> tuple[int, int, int, float, int]:
+    """A roll-up row's sums (none yet: zeros) plus a batch's: requests, prompt and completion
+    tokens, time to first token summed and counted."""
+    n, prompt, completion, ttft_sum, ttft_n = stored or (0, 0, 0, 0.0, 0)
+    return (
+        int(n) + int(sums[0]),
+        int(prompt) + int(sums[1]),
+        int(completion) + int(sums[2]),
+        float(ttft_sum) + sums[3],
+        int(ttft_n) + int(sums[4]),
+    )
 
 
 def _fold_days(hours: dict[tuple[datetime, int, int | None], list[float]]) -> None:
@@ -278,57 +280,47 @@ def _fold_days(hours: dict[tuple[datetime, int, int | None], list[float]]) -> No
     users = {key for (_, per, key) in days if per == "user"}
     channels = {key for (_, per, key) in days if per == "channel" and key is not None}
     first, last = min(d for d, _, _ in days), max(d for d, _, _ in days)
-    stored: dict[tuple[date, str, int | None], RequestDay] = {}
-    for row in RequestDay.objects.filter(day__gte=first, day__lte=last).filter(
-        Q(per="user", user_id__in=users)
-        | Q(per="channel", channel_id__in=channels)
-        | Q(per="channel", channel__isnull=True)
+    stored: dict[tuple[date, str, int | None], tuple[int, Sequence[float]]] = {}
+    for day, per, user, channel, pk, *sums in (
+        RequestDay.objects.filter(day__gte=first, day__lte=last)
+        .filter(
+            Q(per="user", user_id__in=users)
+            | Q(per="channel", channel_id__in=channels)
+            | Q(per="channel", channel__isnull=True)
+        )
+        .values_list("day", "per", "user_id", "channel_id", "pk", *SUMS)
     ):
-        stored[row.day, row.per, row.user_id if row.per == "user" else row.channel_id] = row
-    changed: list[RequestDay] = []
-    new: list[RequestDay] = []
+        stored[day, per, user if per == "user" else channel] = (pk, sums)
+    changed, new = [], []
     for (day, per, key), sums in days.items():
         found = stored.get((day, per, key))
         if found is None:
-            found = RequestDay(
-                day=day,
-                per=per,
-                user_id=key if per == "user" else None,
-                channel_id=key if per == "channel" else None,
-            )
-            new.append(found)
+            of_user, of_channel = (key if per == "user" else None), (key if per == "channel" else None)
+            new.append((day, per, of_user, of_channel, *_added(None, sums)))
         else:
-            changed.append(found)
-        _add(found, sums)
-    RequestDay.objects.bulk_update(changed, SUMS, batch_size=2000)
-    RequestDay.objects.bulk_create(new, batch_size=2000)
+            changed.append((*_added(found[1], sums), found[0]))
+    row_writes.update(RequestDay, SUMS, changed)
+    row_writes.insert(RequestDay, ["day", "per", "user_id", "channel_id", *SUMS], new)
 
 
 def _fold_minutes(touched: dict[tuple[int, int | None, int | None], list[int]]) -> None:
     """The new minutes or-ed into the stored ones of their hour, channel and booking."""
     first, last = min(h for h, _, _ in touched), max(h for h, _, _ in touched)
-    stored = {
-        (row.hour, row.channel_id, row.reservation_id): row
-        for row in RequestMinutes.objects.filter(hour__gte=first, hour__lte=last)
+    stored: dict[tuple[int, int | None, int | None], tuple[int, int]] = {
+        (hour, channel, booking): (pk, minutes)
+        for hour, channel, booking, pk, minutes in RequestMinutes.objects.filter(
+            hour__gte=first, hour__lte=last
+        ).values_list("hour", "channel_id", "reservation_id", "pk", "minutes")
     }
     changed, new = [], []
     for (hour, channel, booking), (bits, booker) in touched.items():
-        row = stored.get((hour, channel, booking))
-        if row is None:
-            new.append(
-                RequestMinutes(
-                    hour=hour,
-                    channel_id=channel,
-                    reservation_id=booking,
-                    user_id=booker or None,
-                    minutes=bits,
-                )
-            )
-        elif row.minutes | bits != row.minutes:
-            row.minutes |= bits
-            changed.append(row)
-    RequestMinutes.objects.bulk_update(changed, ["minutes"], batch_size=2000)
-    RequestMinutes.objects.bulk_create(new, batch_size=2000)
+        found = stored.get((hour, channel, booking))
+        if found is None:
+            new.append((hour, channel, booking, booker or None, bits))
+        elif found[1] | bits != found[1]:
+            changed.append((found[1] | bits, found[0]))
+    row_writes.update(RequestMinutes, ["minutes"], changed)
+    row_writes.insert(RequestMinutes, ["hour", "channel_id", "reservation_id", "user_id", "minutes"], new)
     _fold_minute_days(touched)
 
 
@@ -342,30 +334,20 @@ def _fold_minute_days(touched: dict[tuple[int, int | None, int | None], list[int
         day = datetime.fromtimestamp(hour // 24 * 86400, tz=UTC).date()
         into = days.setdefault((day, channel, booking), [0, booker])
         into[0] |= bits << (hour % 24 * 60)
-    stored = {
-        (row.day, row.channel_id, row.reservation_id): row
-        for row in RequestMinutesDay.objects.filter(
+    stored: dict[tuple[date, int | None, int | None], tuple[int, bytes | memoryview]] = {
+        (day, channel, booking): (pk, minutes)
+        for day, channel, booking, pk, minutes in RequestMinutesDay.objects.filter(
             day__gte=min(d for d, _, _ in days), day__lte=max(d for d, _, _ in days)
-        )
+        ).values_list("day", "channel_id", "reservation_id", "pk", "minutes")
     }
     changed, new = [], []
     for (day, channel, booking), (bits, booker) in days.items():
-        row = stored.get((day, channel, booking))
-        if row is None:
-            minutes = bits.to_bytes(DAY_BYTES, "little")
-            new.append(
-                RequestMinutesDay(
-                    day=day,
-                    channel_id=channel,
-                    reservation_id=booking,
-                    user_id=booker or None,
-                    minutes=minutes,
-                )
-            )
+        found = stored.get((day, channel, booking))
+        if found is None:
+            new.append((day, channel, booking, booker or None, bits.to_bytes(DAY_BYTES, "little")))
             continue
-        before = int.from_bytes(row.minutes, "little")
+        before = int.from_bytes(found[1], "little")
         if before | bits != before:
-            row.minutes = (before | bits).to_bytes(DAY_BYTES, "little")
-            changed.append(row)
-    RequestMinutesDay.objects.bulk_update(changed, ["minutes"], batch_size=2000)
-    RequestMinutesDay.objects.bulk_create(new, batch_size=2000)
+            changed.append(((before | bits).to_bytes(DAY_BYTES, "little"), found[0]))
+    row_writes.update(RequestMinutesDay, ["minutes"], changed)
+    row_writes.insert(RequestMinutesDay, ["day", "channel_id", "reservation_id", "user_id", "minutes"], new)
