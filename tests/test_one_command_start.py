@@ -470,7 +470,8 @@ def test_a_killed_web_process_costs_no_request_and_one_sent_while_all_are_down_w
         assert eventually(lambda: len(_serving(port, besides=run.pid)) == len(serving), timeout=60, every=0.2)
         for pid in _serving(port, besides=run.pid):
             os.kill(pid, signal.SIGKILL)
-        time.sleep(0.5)  # gone, and not started again yet (the first pause is a second)
+        # Gone, and not started again yet (the pause before that is at least a second).
+        assert eventually(lambda: not _serving(port, besides=run.pid), timeout=5, every=0.02)
         answer = httpx.get(f"{base}/health", timeout=60)
         assert answer.status_code == 200
         assert run.poll() is None, log_text(tmp_path)[-3000:]

@@ -107,11 +107,9 @@ class Command(BaseCommand):
         # Each web process a part of its own on the socket held here: one that dies costs the
         # others nothing, and while none is up a connection waits in the socket's queue.
         webs = web_processes()
+        web_names = [f"web {n}" if webs > 1 else "web" for n in range(1, webs + 1)]
         commands = {
-            **{
-                f"web {n}" if webs > 1 else "web": web_command(fd=listener.fileno())
-                for n in range(1, webs + 1)
-            },
+            **{name: web_command(fd=listener.fileno()) for name in web_names},
             "scheduler": scheduler_command(),
             "decisions": decisions_command(),
             "webhooks": webhooks_command(),
@@ -119,7 +117,8 @@ class Command(BaseCommand):
         }
         if options["no_node"]:
             del commands["node"]
-        children = {name: _start(argv, listener) for name, argv in commands.items()}
+        handed = {name: (listener.fileno(),) if name in web_names else () for name in commands}
+        children = {name: _start(argv, handed[name]) for name, argv in commands.items()}
         if embedded is not None:
             # Supervised as the others: restarted on the same socket with the same password.
             children = {"redis": redis_server, **children}
@@ -155,7 +154,7 @@ class Command(BaseCommand):
                             children[name] = (
                                 embedded.launch()
                                 if name == "redis" and embedded is not None
-                                else _start(commands[name], listener)
+                                else _start(commands[name], handed[name])
                             )
                             started[name] = now
                             self.stdout.write(f"{name} started again (pid {children[name].pid})")
@@ -310,8 +309,7 @@ def _listen(host: str, port: int) -> socket.socket:
         ) from None
 
 
-def _start(argv: list[str], listener: socket.socket) -> subprocess.Popen[bytes]:
-    """A part, in a session of its own (stopped with whatever it starts); a web process is
-    handed the listening socket."""
-    inherited = (listener.fileno(),) if "slotserve_site.running.web" in argv else ()
-    return subprocess.Popen(argv, start_new_session=True, pass_fds=inherited)
+def _start(argv: list[str], handed: tuple[int, ...]) -> subprocess.Popen[bytes]:
+    """A part, in a session of its own (stopped with whatever it starts), with the descriptors
+    ``handed`` to it (a web process: the listening socket)."""
+    return subprocess.Popen(argv, start_new_session=True, pass_fds=handed)
