@@ -214,6 +214,12 @@ class GroupPolicy(models.Model):
         help_text="Members' share when a channel is busy: a weight of 2 gets twice the tokens of a "
         "weight of 1 from the channel's fair queue (a member of several groups has the largest).",
     )
+    loads_on_demand = models.BooleanField(
+        default=True,
+        db_default=True,
+        help_text="Members' requests may load a model no channel runs on a free channel; off for a "
+        "member of any group that turns it off.",
+    )
 
     class Meta:
         verbose_name_plural = "group policies"

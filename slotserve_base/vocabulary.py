@@ -40,6 +40,7 @@ class Reason(models.TextChoices):
     SKIP_DEFAULT_SHORT_GAP = "skip_default_short_gap"
     MANUAL_OVERRIDE = "manual_override"
     MANUAL_UNLOAD = "manual_unload"
+    ON_DEMAND = "on_demand"
     DEFAULT = "default"
     IDLE = "idle"
     # Chosen by the node worker, not by ``decide``: the booked model waits for
@@ -137,6 +138,7 @@ class RedisKey(models.TextChoices):
     USAGE_RESERVATION = "usage:reservation", "requests and tokens of a reservation"
     USAGE_USER = "usage:user", "requests and tokens of a user"
     USAGE_KEY = "usage:key", "requests and tokens through an API key (its last use, for the key list)"
+    ON_DEMAND_USED = "on_demand:used", "when a request last went to a channel's model loaded on demand"
     GATEWAY_STATUS = "metrics:gateway_status", "gateway answers by status code, for /metrics"
     GATEWAY_TTFT = "metrics:gateway_ttft", "gateway time-to-first-token histogram, for /metrics"
     GATEWAY_MARKER = "gateway", "a gateway's mark that Redis still has its in-flight entries"

@@ -317,6 +317,10 @@ SLOTSERVE_PREWARM_SECONDS = env_float("SLOTSERVE_PREWARM_SECONDS", 1800)
 SLOTSERVE_PREWARM_MBPS = env_float("SLOTSERVE_PREWARM_MBPS", 1000)
 # Warm handovers, off unless asked (docs/scheduling.md, "Sleep and wake").
 SLOTSERVE_SLEEP_MODE = env_bool("SLOTSERVE_SLEEP_MODE", False)
+# Loads on demand (docs/scheduling.md, "Loaded on demand").
+SLOTSERVE_ON_DEMAND_IDLE_SECONDS = env_float("SLOTSERVE_ON_DEMAND_IDLE_SECONDS", 300, minimum=1)
+SLOTSERVE_ON_DEMAND_MIN_STAY_SECONDS = env_float("SLOTSERVE_ON_DEMAND_MIN_STAY_SECONDS", 600)
+SLOTSERVE_ON_DEMAND_LOADS_PER_HOUR = env_int("SLOTSERVE_ON_DEMAND_LOADS_PER_HOUR", 4)
 # Run logs a node keeps per channel (DATA_DIR/runs/<channel>); older ones go as a run starts.
 SLOTSERVE_RUN_LOGS_KEPT = env_int("SLOTSERVE_RUN_LOGS_KEPT", 20, minimum=1)
 

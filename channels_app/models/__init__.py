@@ -22,6 +22,8 @@ from channels_app.models.machines import Node as Node
 from channels_app.models.state import ChannelRuntime as ChannelRuntime
 from channels_app.models.state import ChannelTarget as ChannelTarget
 from channels_app.models.state import LoadRecord as LoadRecord
+from channels_app.models.state import OnDemandLoad as OnDemandLoad
+from channels_app.models.state import OnDemandRelease as OnDemandRelease
 from channels_app.models.state import Override as Override
 from channels_app.models.state import ReloadRequest as ReloadRequest
 from channels_app.models.story import StoryEntry as StoryEntry

@@ -41,6 +41,12 @@ class LLMModel(models.Model):
         default="binpack",
         help_text="How 'any channel' bookings and the dialog's suggestions choose a channel (seed 001).",
     )
+    loads_on_demand = models.BooleanField(
+        default=True,
+        db_default=True,
+        help_text="A request for this model may load it on a free channel when no channel runs it "
+        '(docs/scheduling.md, "Loaded on demand").',
+    )
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -115,6 +115,12 @@ class Channel(models.Model):
         "others may call the booked model between the booker's requests, and the booker's requests "
         'end theirs when every place is taken (docs/gateway.md, "Lending").',
     )
+    serves_on_demand = models.BooleanField(
+        default=True,
+        db_default=True,
+        help_text="A request for a model no channel runs may load it here while the channel is free "
+        '(docs/scheduling.md, "Loaded on demand").',
+    )
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -51,6 +51,53 @@ class Override(models.Model):
         return Target(self.model_id, self.preset_id)
 
 
+class OnDemandRelease(models.TextChoices):
+    IDLE = "idle", "no request for the idle time"
+    BOOKING = "booking", "a booking claimed the channel"
+    FAILED = "failed", "it failed to load"
+    STAFF = "staff", "released by staff"
+
+
+class OnDemandLoad(models.Model):
+    """A model loaded on a free channel because someone asked for it (docs/scheduling.md,
+    "Loaded on demand"): the channel's target while it is active (rule 5), released when idle."""
+
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="on_demand_loads")
+    model = models.ForeignKey(LLMModel, on_delete=models.CASCADE, related_name="on_demand_loads")
+    preset = models.ForeignKey(Preset, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    started_at = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True)
+    released_why = models.CharField(max_length=10, choices=OnDemandRelease.choices, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-pk"]
+        indexes = [models.Index(fields=["requested_by", "started_at"], name="on_demand_by_when")]
+        constraints = [
+            # One load on demand a channel, and one a model, at a time.
+            models.UniqueConstraint(
+                fields=["channel"], condition=Q(released_at__isnull=True), name="on_demand_one_per_channel"
+            ),
+            models.UniqueConstraint(
+                fields=["model"], condition=Q(released_at__isnull=True), name="on_demand_one_per_model"
+            ),
+            models.CheckConstraint(
+                condition=Q(released_at__isnull=True, released_why="")
+                | Q(released_at__isnull=False) & ~Q(released_why=""),
+                name="on_demand_released_says_why",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} on {self.channel} for {self.requested_by} at {self.started_at:%Y-%m-%d %H:%M}"
+
+    @property
+    def target(self) -> Target:
+        return Target(self.model_id, self.preset_id)
+
+
 class LoadRecord(models.Model):
     """One load of a model + preset on a channel: its duration, or why it failed."""
 

@@ -30,6 +30,8 @@ class StoryKind(models.TextChoices):
     NODE_NOT_READY = "node_not_ready", "The node's worker stopped reporting"
     NODE_READY = "node_ready", "The node's worker reports again"
     PREWARMED = "prewarmed", "The next booking's model file was read into memory"
+    ON_DEMAND = "on_demand", "A request loaded a model on the free channel"
+    ON_DEMAND_RELEASED = "on_demand_freed", "A model loaded on demand was released"
 
 
 class StoryEntry(models.Model):

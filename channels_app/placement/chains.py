@@ -250,6 +250,12 @@ def place(
 def nothing_fits(total: int, removed: Mapping[str, list[tuple[str, str]]]) -> str:
     """The seed's diagnostic form: '0/3 channels: 1 node not ready, 2 have too little GPU memory
     (needs 23.1 GiB, have 16.0 GiB)'."""
+    parts = fit_parts(removed)
+    return f"0/{total} channels: " + ", ".join(parts) if parts else f"0/{total} channels"
+
+
+def fit_parts(removed: Mapping[str, list[tuple[str, str]]]) -> list[str]:
+    """Each filter's count of removals, in the chain's order ("2 have too little GPU memory …")."""
     parts = []
     for name, _ in FILTERS:
         entries = removed.get(name, [])
@@ -267,7 +273,7 @@ def nothing_fits(total: int, removed: Mapping[str, list[tuple[str, str]]]) -> st
         if count == 1 and name != "node_ready":
             words = words.replace("have ", "has ").replace("lack ", "lacks ").replace("are ", "is ")
         parts.append(f"{count} {words}{detail}")
-    return f"0/{total} channels: " + ", ".join(parts) if parts else f"0/{total} channels"
+    return parts
 
 
 @dataclass(frozen=True)

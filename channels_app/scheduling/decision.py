@@ -48,6 +48,15 @@ class OverrideFacts:
 
 
 @dataclass(frozen=True)
+class OnDemandFacts:
+    """A model someone's request loaded on the free channel (docs/scheduling.md rule 5), since
+    ``since``; it holds until released or until a reservation claims the channel."""
+
+    target: Target
+    since: datetime
+
+
+@dataclass(frozen=True)
 class SchedulingSettings:
     """The settings of docs/settings.md that the decision uses, in seconds."""
 
@@ -72,6 +81,7 @@ class DecisionInput:
     slots: Sequence[Slot] = ()
     override: OverrideFacts | None = None
     running: Target | None = None
+    on_demand: OnDemandFacts | None = None
     load_seconds: Mapping[Target, float] = field(default_factory=dict)
     settings: SchedulingSettings = SchedulingSettings()
 
@@ -180,6 +190,15 @@ def override_end(inp: DecisionInput, now: datetime) -> datetime | None:
     return end if now < end else None
 
 
+def on_demand_holds(inp: DecisionInput, now: datetime) -> bool:
+    """Whether the load on demand still counts: no reservation has started since it was made
+    (after a booking the channel goes back to its default, not to the load)."""
+    on_demand = inp.on_demand
+    if on_demand is None:
+        return False
+    return not any(slot.counts and on_demand.since <= slot.start <= now for slot in inp.slots)
+
+
 def _earliest(*moments: datetime | None) -> datetime | None:
     present = [m for m in moments if m is not None]
     return min(present) if present else None
@@ -217,7 +236,11 @@ def decide(inp: DecisionInput, now: datetime) -> Decision:
         reason = Reason.MANUAL_UNLOAD if inp.override.target is None else Reason.MANUAL_OVERRIDE
         return Decision(inp.override.target, reason, _earliest(override_until, takeover))
 
-    # Rule 5: the channel's default, or nothing.
+    # Rule 5: a model loaded on demand, until released or until rule 2 or 3 claims the channel.
+    if inp.on_demand is not None and on_demand_holds(inp, now):
+        return Decision(inp.on_demand.target, Reason.ON_DEMAND, takeover)
+
+    # Rule 6: the channel's default, or nothing.
     reason = Reason.DEFAULT if inp.default is not None else Reason.IDLE
     return Decision(inp.default, reason, takeover)
 

@@ -16,8 +16,14 @@ from django.conf import settings
 from django.db.models import F, OuterRef, Q, QuerySet, Subquery, Window
 from django.db.models.functions import RowNumber
 
-from channels_app.models import Channel, LLMModel, LoadRecord, Node, Override, Preset
-from channels_app.scheduling.decision import DecisionInput, OverrideFacts, SchedulingSettings, Slot
+from channels_app.models import Channel, LLMModel, LoadRecord, Node, OnDemandLoad, Override, Preset
+from channels_app.scheduling.decision import (
+    DecisionInput,
+    OnDemandFacts,
+    OverrideFacts,
+    SchedulingSettings,
+    Slot,
+)
 from channels_app.scheduling.load_estimates import (
     MARGIN_LOADS,
     RECENT_LOADS,
@@ -136,13 +142,27 @@ def _running(channel: Channel) -> Target | None:
     return runtime.running if runtime is not None else None
 
 
+def on_demand_facts(channel_ids: Iterable[int]) -> dict[int, OnDemandFacts]:
+    """The active load on demand of each of the channels that has one."""
+    rows = OnDemandLoad.objects.filter(released_at__isnull=True, channel_id__in=list(channel_ids))
+    return {
+        channel_id: OnDemandFacts(Target(model_id, preset_id), since)
+        for channel_id, model_id, preset_id, since in rows.values_list(
+            "channel_id", "model_id", "preset_id", "started_at"
+        )
+    }
+
+
 def _build_inputs(
     channels: Sequence[Channel], slots_by_channel: dict[int, list[Slot]]
 ) -> dict[int, ChannelFacts]:
     wanted: set[tuple[int, Target]] = set()
+    on_demand = on_demand_facts(c.pk for c in channels)
     for channel in channels:
         targets = [slot.target for slot in slots_by_channel.get(channel.pk, [])]
         targets.append(channel.default_target)
+        if channel.pk in on_demand:
+            targets.append(on_demand[channel.pk].target)
         wanted.update((channel.node_id, t) for t in targets if t is not None)
     estimates = load_estimate_details(wanted)
     config = scheduling_settings()
@@ -158,6 +178,7 @@ def _build_inputs(
                 slots=tuple(slots_by_channel.get(channel.pk, [])),
                 override=_override_facts(channel),
                 running=_running(channel),
+                on_demand=on_demand.get(channel.pk),
                 load_seconds=loads,
                 settings=config,
             ),
