@@ -41,6 +41,7 @@ def why(*, reason: str | None, booking: BookingFacts | None, valid_until: dateti
     return {
         "manual_override": f"set by an admin{until}",
         "manual_unload": f"unloaded by an admin{until}",
+        "on_demand": f"loaded on demand, until idle{' or ' + _hm(valid_until, tz) if valid_until else ''}",
         "default": "default model",
         "idle": "no default model: idle",
     }.get(reason, reason.replace("_", " "))

@@ -42,9 +42,9 @@ DEBUG = env_bool("SLOTSERVE_DEBUG", False)
 
 SECRET_KEY = secret_key(DATA_DIR)
 ALLOWED_HOSTS = env_list("SLOTSERVE_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
-# The address people open the portal at (e.g. https://gpu.lab.example): links in emails, the
-# calendar feed's address and the gateway's base URL on the keys page. Empty: emails carry no
-# link, and pages use the address they were opened at.
+# The address people open the portal at (e.g. https://gpu.lab.example): links in emails, the calendar
+# feed's address and the gateway's base URL on the keys page. Empty: emails carry no link, and pages use
+# the address they were opened at.
 SLOTSERVE_PUBLIC_URL = env_url("SLOTSERVE_PUBLIC_URL")
 CSRF_TRUSTED_ORIGINS = env_list("SLOTSERVE_CSRF_TRUSTED_ORIGINS", [])
 
@@ -106,10 +106,10 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",
 ]
 
-# --- Content-Security-Policy (django-csp) ---------------------------------------
-# The portal runs no third-party script: only its own files and its inline scripts, each with
-# the page's nonce (``nonce="{{ request.csp_nonce }}"``); the usage charts are SVG drawn by the
-# server. Inline styles stay allowed (style attributes carry no script).
+# --- Content-Security-Policy (django-csp) --------------------------------------- The portal runs no
+# third-party script: only its own files and its inline scripts, each with the page's nonce (``nonce="{{
+# request.csp_nonce }}"``); the usage charts are SVG drawn by the server. Inline styles stay allowed
+# (style attributes carry no script).
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
         "default-src": ["'self'"],
@@ -201,9 +201,9 @@ SLOTSERVE_SIGNUP_DOMAINS = [
 ]
 SLOTSERVE_INVITATION_DAYS = env_int("SLOTSERVE_INVITATION_DAYS", 7, minimum=1)
 
-# --- Sign-in with the team's own accounts: LDAP and OpenID Connect, each on when configured.
-# Local accounts keep working. Directory groups become SlotServe
-# groups (Django groups of the same name) at each sign-in; one directory group may make staff.
+# --- Sign-in with the team's own accounts: LDAP and OpenID Connect, each on when configured. Local
+# accounts keep working. Directory groups become SlotServe groups (Django groups of the same name) at each
+# sign-in; one directory group may make staff.
 SLOTSERVE_LDAP_URL = env_str("SLOTSERVE_LDAP_URL", "")
 SLOTSERVE_LDAP_NAME = env_str("SLOTSERVE_LDAP_NAME", "your directory account")
 if SLOTSERVE_LDAP_URL:
@@ -261,9 +261,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_SOFT_TIME_LIMIT = 120
 CELERY_TASK_TIME_LIMIT = 180
 
-# The live overview: node workers and the scheduler push changes through Redis, read with a
-# timeout well above the layer's 5 s blocking pop (redis-py's default is 5 s too: a quiet page's
-# socket closed with a TimeoutError, its pushes lost).
+# The live overview: node workers and the scheduler push changes through Redis, read with a timeout well
+# above the layer's 5 s blocking pop (redis-py's default is 5 s too: a quiet page's socket closed with a
+# TimeoutError, its pushes lost).
 _LAYER_HOST = {"address": REDIS_URL, "socket_timeout": 30}
 _LAYER = {"hosts": [_LAYER_HOST], "prefix": f"{SLOTSERVE_REDIS_PREFIX}:layer"}
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": _LAYER}}
@@ -317,10 +317,6 @@ SLOTSERVE_PREWARM_SECONDS = env_float("SLOTSERVE_PREWARM_SECONDS", 1800)
 SLOTSERVE_PREWARM_MBPS = env_float("SLOTSERVE_PREWARM_MBPS", 1000)
 # Warm handovers, off unless asked (docs/scheduling.md, "Sleep and wake").
 SLOTSERVE_SLEEP_MODE = env_bool("SLOTSERVE_SLEEP_MODE", False)
-# Loads on demand (docs/scheduling.md, "Loaded on demand").
-SLOTSERVE_ON_DEMAND_IDLE_SECONDS = env_float("SLOTSERVE_ON_DEMAND_IDLE_SECONDS", 300, minimum=1)
-SLOTSERVE_ON_DEMAND_MIN_STAY_SECONDS = env_float("SLOTSERVE_ON_DEMAND_MIN_STAY_SECONDS", 600)
-SLOTSERVE_ON_DEMAND_LOADS_PER_HOUR = env_int("SLOTSERVE_ON_DEMAND_LOADS_PER_HOUR", 4)
 # Run logs a node keeps per channel (DATA_DIR/runs/<channel>); older ones go as a run starts.
 SLOTSERVE_RUN_LOGS_KEPT = env_int("SLOTSERVE_RUN_LOGS_KEPT", 20, minimum=1)
 
@@ -335,17 +331,10 @@ SLOTSERVE_PROCESS_PORTS = env_port_range("SLOTSERVE_PROCESS_PORTS", "31000-31999
 SLOTSERVE_PROCESS_ENV = env_list("SLOTSERVE_PROCESS_ENV", [])
 SLOTSERVE_MODEL_DIRS = env_list("SLOTSERVE_MODEL_DIRS", [])
 
-# Placement scorers' maximums (docs/scheduling.md, like GPUStack's).
-SLOTSERVE_SCORE_PLACEMENT_MAX = env_float("SLOTSERVE_SCORE_PLACEMENT_MAX", 100.0)
-SLOTSERVE_SCORE_LOCALITY_MAX = env_float("SLOTSERVE_SCORE_LOCALITY_MAX", 5.0)
-SLOTSERVE_SCORE_WARM_MAX = env_float("SLOTSERVE_SCORE_WARM_MAX", 5.0)
-
-# Booking limits of a channel that sets none of its own.
-SLOTSERVE_DEFAULT_MAX_BOOKING_HOURS = env_float("SLOTSERVE_DEFAULT_MAX_BOOKING_HOURS", 24, minimum=0.25)
-SLOTSERVE_DEFAULT_MAX_DAYS_AHEAD = env_int("SLOTSERVE_DEFAULT_MAX_DAYS_AHEAD", 60, minimum=1)
-
+# Placement, booking limits and loads on demand (slotserve_site.placement_settings).
 # The gateway's own: how it holds, limits and queues requests (slotserve_site.gateway_settings).
 from slotserve_site.gateway_settings import *  # noqa: E402, F403
+from slotserve_site.placement_settings import *  # noqa: E402, F403
 
 # Prometheus: /metrics is open unless a token is set.
 SLOTSERVE_METRICS_TOKEN = env_str("SLOTSERVE_METRICS_TOKEN", "")

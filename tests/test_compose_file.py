@@ -22,6 +22,7 @@ SETTINGS_SOURCES = (
     "slotserve_site/database_settings.py",
     "slotserve_site/sign_in_settings.py",
     "slotserve_site/gateway_settings.py",
+    "slotserve_site/placement_settings.py",
     "slotserve_base/env.py",
 )
 

@@ -14,6 +14,7 @@ from gateway.admit.step import (
     HOLD_REFRESH_SECONDS,
     Abandon,
     Admission,
+    AskOnDemand,
     CountFlights,
     CountHeld,
     CountIn,
@@ -71,7 +72,12 @@ GO_A = Go(channel(**PLACES), LIMITED, at_once=False, queued=True)
 
 REFUSALS = [
     # (situation, state, seen, the refusal's (status, code))
-    ("no channel runs the model", asking(model="llama"), seen(channel()), (404, "model_not_loaded")),
+    (
+        "no channel runs the model, and none may load it on demand",
+        asking(model="llama", on_demand=Refusal(404, "model_not_loaded", "no channel can load it now")),
+        seen(channel()),
+        (404, "model_not_loaded"),
+    ),
     ("the request names no model", asking(model=None), seen(channel()), (400, "invalid_request")),
     (
         "pinned to a channel that does not exist",
@@ -369,3 +375,42 @@ def test_the_step_is_the_same_for_the_same_inputs():
     looked = seen(channel(**PLACES), place_room=room)
     assert step(asking(), looked, NOW) == step(asking(), looked, NOW)
     assert room == {1: (CLOCK + 1, 1)}
+
+
+LOADING_ON_DEMAND = Refusal(503, "model_loading", "loading on demand on channel a", 12, 1)
+
+
+def test_a_model_no_channel_runs_is_asked_for_on_demand_once_a_request():
+    """docs/scheduling.md, "Loaded on demand": the first look asks; what it came to is the
+    answer until the channel's decision shows the load, and it is never asked again."""
+    state, action = step(asking(model="llama"), seen(channel()), NOW)
+    assert action == AskOnDemand("llama") and state.stage == Stage.ON_DEMAND
+    _after, action = step(state, seen(channel(), on_demand=LOADING_ON_DEMAND), NOW)
+    assert action == Refuse(LOADING_ON_DEMAND)  # the caller does not wait: told to come back
+    # Waiting callers are held on it, and while the snapshot does not show the load yet they
+    # stand on the same answer instead of asking again.
+    state, action = step(asking(model="llama", wait=30), seen(channel()), NOW)
+    state, action = step(state, seen(channel(), on_demand=LOADING_ON_DEMAND), NOW)
+    assert isinstance(action, CountHeld)
+    state, action = step(state, seen(channel(), held_ok=True), NOW)
+    assert isinstance(action, Hold) and "loading on demand" in action.note
+    state, action = step(state, seen(channel()), NOW)
+    assert isinstance(action, Hold), "asked once: held on its answer, not asked again"
+    # The decision reached the snapshot: the channel heads for the model, then runs it.
+    heading = channel(phase="stopping", targets_model="llama")
+    state, action = step(state, seen(heading), NOW)
+    assert isinstance(action, Hold)
+    state, action = step(state, seen(channel(model="llama")), NOW)
+    assert isinstance(action, CountIn)
+
+
+def test_no_model_of_that_name_keeps_the_requests_own_answer():
+    state, _ = step(asking(model="nowhere"), seen(channel()), NOW)
+    _, action = step(state, seen(channel(), on_demand=None), NOW)
+    assert isinstance(action, Refuse) and action.refusal.code == "model_not_loaded"
+    assert "is not loaded" in action.refusal.message
+
+
+def test_a_pinned_request_never_loads_on_demand():
+    _, action = step(asking(pinned="z"), seen(channel()), NOW)
+    assert isinstance(action, Refuse) and action.refusal.code == "model_not_loaded"

@@ -45,7 +45,10 @@ def test_a_load_on_demand_is_the_target_until_the_next_booking_claims_the_channe
     # It holds until rule 2 or 3 claims the channel for the booking: the preload comes on time.
     assert decision.valid_until is not None and decision.valid_until < slot.start
     at_takeover = decide(inp, decision.valid_until)
-    assert at_takeover.target == BOOKED and at_takeover.reason in (Reason.PRELOAD_NEXT, Reason.SKIP_DEFAULT_SHORT_GAP)
+    assert at_takeover.target == BOOKED and at_takeover.reason in (
+        Reason.PRELOAD_NEXT,
+        Reason.SKIP_DEFAULT_SHORT_GAP,
+    )
 
 
 def test_a_booking_that_started_since_ends_the_load_for_good() -> None:
@@ -60,7 +63,9 @@ def test_an_override_and_a_booking_come_before_a_load_on_demand() -> None:
     override = OverrideFacts(BOOKED, at(30), NOW - timedelta(minutes=1))
     inp = inputs(on_demand=OnDemandFacts(ASKED, NOW), override=override)
     assert decide(inp, NOW).reason == Reason.MANUAL_OVERRIDE
-    active = inputs(on_demand=OnDemandFacts(ASKED, NOW - timedelta(minutes=5)), slots=(Slot(7, NOW, at(9), BOOKED),))
+    active = inputs(
+        on_demand=OnDemandFacts(ASKED, NOW - timedelta(minutes=5)), slots=(Slot(7, NOW, at(9), BOOKED),)
+    )
     assert decide(active, NOW).reason == Reason.ACTIVE_RESERVATION
 
 
@@ -99,7 +104,11 @@ def channel(name: str, channel_id: int, *, inp: DecisionInput | None = None, **c
         (channel("a", 1, serves_on_demand=False), "opted_out", "does not serve on demand"),
         (channel("a", 1, admits_caller=False), "caller", "does not admit your groups"),
         (channel("a", 1, inp=inputs(slots=(Slot(7, NOW, at(30), BOOKED),))), "held", "booked now"),
-        (channel("a", 1, inp=inputs(slots=(Slot(7, at(2), at(30), BOOKED),))), "held", "preloading the next booking"),
+        (
+            channel("a", 1, inp=inputs(slots=(Slot(7, at(2), at(30), BOOKED),))),
+            "held",
+            "preloading the next booking",
+        ),
         (
             channel("a", 1, inp=inputs(override=OverrideFacts(BOOKED, at(30), NOW))),
             "held",
@@ -116,7 +125,9 @@ def channel(name: str, channel_id: int, *, inp: DecisionInput | None = None, **c
         (channel("a", 1, vram_bytes=4 * GiB), "memory", "too little GPU memory"),
     ],
 )
-def test_each_rule_keeps_a_load_off_a_channel_and_says_why(made: OnDemandChannel, rule: str, why: str) -> None:
+def test_each_rule_keeps_a_load_off_a_channel_and_says_why(
+    made: OnDemandChannel, rule: str, why: str
+) -> None:
     placed = on_demand_placement([made], WANT, now=NOW, min_stay_seconds=600)
     assert placed.ranked == []
     assert list(placed.removed) == [rule]

@@ -33,6 +33,8 @@ class OnDemandChannel:
     default_in_flight: int = 0  # requests in flight on what runs now
 
 
+DEFAULT_MAXIMUMS = ScoreMaximums()
+
 # Why the channel's own decision keeps the load out, by the reason it gives instead.
 _HELD_BY = {
     Reason.ACTIVE_RESERVATION: "booked now",
@@ -55,7 +57,9 @@ _WORDS = {  # (one, several)
 }
 
 
-def _why_not(c: OnDemandChannel, wanted: Need, now: datetime, min_stay_seconds: float) -> tuple[str, str] | None:
+def _why_not(
+    c: OnDemandChannel, wanted: Need, now: datetime, min_stay_seconds: float
+) -> tuple[str, str] | None:
     """The first rule that keeps the load off the channel: (rule, why), or None."""
     if not c.serves_on_demand:
         return "opted_out", "does not serve on demand"
@@ -83,7 +87,7 @@ def on_demand_placement(
     now: datetime,
     min_stay_seconds: float,
     policy: str = "binpack",
-    maximums: ScoreMaximums = ScoreMaximums(),
+    maximums: ScoreMaximums = DEFAULT_MAXIMUMS,
 ) -> Placement:
     """The channels that may load ``wanted`` on demand now, best first; when none, the message
     counts every reason in the seed's form ("0/3 channels: 1 is booked too soon, …")."""

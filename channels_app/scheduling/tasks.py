@@ -10,7 +10,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from channels_app.models import HEARTBEAT_TICKS, Channel, Node
-from channels_app.scheduling import services
+from channels_app.scheduling import on_demand, services
 from slotserve_base import dispatch
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ def scheduler_tick() -> int:
     (``channels_app.scheduling.beat``): starting-soon reminders, the gateway's usage flush.
     """
     now = timezone.now()
+    on_demand.release_idle_on_demand(now=now)  # released first: decided in this same tick
     result = services.decide_channels(now=now)
     fan_out_node_ticks()
     redecide_at_boundaries(result.valid_until, now=now)

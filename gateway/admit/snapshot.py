@@ -28,7 +28,7 @@ from gateway.rules.access import Booking, ChannelView
 from gateway.rules.callers import Caller, Limits
 from gateway.rules.channel_index import ChannelIndex
 from slotserve_base.hosts import url_host
-from slotserve_base.vocabulary import SERVING_PHASES, Phase
+from slotserve_base.vocabulary import SERVING_PHASES, Phase, Reason
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +255,7 @@ def channel_views(now: datetime) -> tuple[ChannelView, ...]:
                 booking=active.get(channel.pk),
                 upcoming=upcoming.get(channel.pk),
                 targets_model=target.model.name if target and target.model else None,
+                on_demand=bool(target and target.reason == Reason.ON_DEMAND),
                 upstream_key=runtime.api_secret if upstream is not None and runtime else "",
                 places=runtime.places if upstream is not None and runtime and queueing else None,
                 node=channel.node.name,

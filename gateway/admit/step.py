@@ -52,6 +52,7 @@ class Stage:
     COUNT = "count"  # it was counted in (``CountIn``)
     GIVE_BACK = "give_back"  # it gave back a place it will not use, then is refused or held
     HELD_COUNT = "held_count"  # its place among the caller's held requests was asked for
+    ON_DEMAND = "on_demand"  # a load on demand of the model no channel runs was asked for
 
 
 # ``Go``, ``Admission`` and ``Seen`` are made for every request, on the fast lane's way too:
@@ -81,6 +82,7 @@ class Admission(NamedTuple):
     held: bool = False  # counted among the caller's held requests
     refresh_at: float = 0.0  # when that count is refreshed next
     refusal: Refusal | None = None  # the refusal it stands on (``GIVE_BACK``, ``HELD_COUNT``)
+    on_demand: Refusal | None = None  # asked once: what a load on demand of its model came to
 
 
 class Seen(NamedTuple):
@@ -98,6 +100,7 @@ class Seen(NamedTuple):
     turn: str | Refusal | None = None  # ``WaitTurn``: the place taken, or why none
     entered: str | OverLimit | None = None  # ``CountIn``: its id, the limit met, or None: gate shut
     held_ok: bool = False  # ``CountHeld``: room among the caller's held requests
+    on_demand: Refusal | None = None  # ``AskOnDemand``: the load's answer; None: no such model
     left: bool = False  # the client went away
 
 
@@ -159,6 +162,14 @@ class CountHeld:
 
 
 @dataclass(frozen=True, slots=True)
+class AskOnDemand:
+    """Load ``model`` on a free channel, as no channel runs it (docs/scheduling.md, "Loaded on
+    demand"), or learn why not."""
+
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
 class Hold:
     """Wait, as the caller asked, then look again: ``note`` for a held stream's comment."""
 
@@ -176,7 +187,19 @@ class Abandon:
     """The client left: nothing goes upstream."""
 
 
-Action = CountFlights | GoNow | WaitTurn | CountIn | Forward | GiveBack | CountHeld | Hold | Refuse | Abandon
+Action = (
+    CountFlights
+    | GoNow
+    | WaitTurn
+    | CountIn
+    | Forward
+    | GiveBack
+    | CountHeld
+    | AskOnDemand
+    | Hold
+    | Refuse
+    | Abandon
+)
 
 
 def step(state: Admission, seen: Seen, now: datetime) -> tuple[Admission, Action]:
@@ -219,6 +242,10 @@ def step(state: Admission, seen: Seen, now: datetime) -> tuple[Admission, Action
     if stage == Stage.GIVE_BACK:
         assert state.refusal is not None
         return _refused(state._replace(place=None), state.refusal, seen)
+    if stage == Stage.ON_DEMAND:
+        assert state.refusal is not None
+        answer = seen.on_demand or state.refusal
+        return _refused(state._replace(stage=Stage.CHOOSE, refusal=None, on_demand=answer), answer, seen)
     if stage == Stage.HELD_COUNT:
         if not seen.held_ok:
             return state, Refuse(too_many_held(state.caller))
@@ -234,6 +261,11 @@ def _choose(state: Admission, seen: Seen, now: datetime) -> tuple[Admission, Act
     if isinstance(chosen, CountFlights):
         return state, chosen
     if isinstance(chosen, Refusal):
+        if chosen.code == ErrorCode.MODEL_NOT_LOADED and state.pinned is None and state.model:
+            # No channel runs it or heads for it: a free channel may load it, asked once a request.
+            if state.on_demand is None:
+                return state._replace(stage=Stage.ON_DEMAND, refusal=chosen), AskOnDemand(state.model)
+            chosen = state.on_demand  # until the channel's decision shows the load
         return _refused(state, chosen, seen)
     channel = chosen
     if caller.scoped:

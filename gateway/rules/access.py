@@ -52,6 +52,7 @@ class ChannelView:
     node_ready: bool = True  # its node worker reports (docs/node-workers.md, "Heartbeats")
     crashed: bool = False  # failed after it was ready (killed, crashed), not while loading
     upcoming: Booking | None = None  # the next booking, if it begins within the snapshot's life
+    on_demand: bool = False  # its target is a model loaded on demand (docs/scheduling.md)
 
     @cached_property
     def upstream_auth(self) -> bytes:

@@ -21,6 +21,7 @@ from gateway.admit.step import (
     Abandon,
     Action,
     Admission,
+    AskOnDemand,
     CountFlights,
     CountHeld,
     CountIn,
@@ -34,6 +35,7 @@ from gateway.admit.step import (
     WaitTurn,
     step,
 )
+from gateway.rules.access import Refusal
 from gateway.rules.callers import Caller
 from gateway.stream.answer import Answer
 from gateway.stream.holding import Holding, wait_turn
@@ -47,6 +49,8 @@ class GatewayParts(Protocol):
     snapshots: SnapshotCache
     counters: Counters
     places: Places
+
+    async def ask_on_demand(self, caller: Caller, model: str) -> Refusal | None: ...
 
 
 def seen(gateway: GatewayParts, snapshot: Snapshot, **outcome: Any) -> Seen:
@@ -104,6 +108,8 @@ async def admitted(
             with contextlib.suppress(RedisError):  # the entry expires by itself anyway
                 await gateway.counters.unhold(caller.user_id, hold_token)
     go = action.go
+    if go.channel.on_demand:
+        gateway.counters.note_on_demand_use(go.channel.id)  # its idle time starts again
     if isinstance(action, GoNow):
         # Nothing to wait for, and no limit to check or room under them: the request goes
         # upstream while Redis counts it in (and checks the limits); nothing comes back before
@@ -161,6 +167,10 @@ async def act(
         except OverLimit as over:
             entered = over
         return looked._replace(entered=entered, clock=time.monotonic()), now
+    if isinstance(action, AskOnDemand):
+        answer_now = await gateway.ask_on_demand(caller, action.model)
+        snapshot = await gateway.snapshots.get()
+        return seen(gateway, snapshot, on_demand=answer_now), answer.decide()
     if isinstance(action, GiveBack):
         await gateway.places.leave(action.channel_id, action.place, caller.user_id)
         return looked, now

@@ -55,6 +55,7 @@ from gateway.rules.access import Refusal
 from gateway.rules.body import BodyTooLarge
 from gateway.rules.callers import Caller
 from gateway.rules.cors import CorsPolicy
+from gateway.serve import on_demand
 from gateway.serve.admitting import admitted
 from gateway.serve.model_list import ModelList
 from gateway.stream.answer import Answer
@@ -89,6 +90,9 @@ class Gateway:
         self.cors = CorsPolicy(settings.SLOTSERVE_CORS_ORIGINS)
         # What each run's process says of its model (llama-server's meta, n_ctx), asked once.
         self.models = ModelList(self.counters, self)
+
+    async def ask_on_demand(self, caller: Caller, model: str) -> Refusal | None:
+        return await on_demand.ask_on_demand(caller, model)
 
     def upstream_for(self, upstream: str) -> UpstreamTransport:
         """One pool of connections per upstream process."""

@@ -341,6 +341,16 @@ class Counters:
         answer = await self._run(HOLD, [held], [token, repr(HELD_TTL_SECONDS), cap])
         return bool(int(answer))
 
+    def note_on_demand_use(self, channel_id: int) -> None:
+        """Note that a request went to the channel's model loaded on demand, now (its idle
+        time starts again: docs/scheduling.md); sent without waiting, as a best effort."""
+        note = self.pipe.call(
+            "SET", key(RedisKey.ON_DEMAND_USED, channel_id), repr(time.time()), "EX", "86400"
+        )
+        task = asyncio.ensure_future(note)
+        _NOTES.add(task)  # kept until done: the loop holds only a weak reference
+        task.add_done_callback(_ignore_failure)
+
     async def unhold(self, user_id: int, token: str) -> None:
         await self.pipe.call("ZREM", key(RedisKey.HELD, user_id), token)
 
@@ -350,3 +360,12 @@ class Counters:
             return set()
         values = await self.pipe.call("MGET", *(key(GATE, i) for i in ids))
         return {i for i, v in zip(ids, values, strict=True) if v}
+
+
+_NOTES: set[asyncio.Future[Any]] = set()
+
+
+def _ignore_failure(task: asyncio.Future[Any]) -> None:
+    _NOTES.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: Redis away loses one note, the load stays a little longer

@@ -126,6 +126,8 @@ def _said(entry: Entry, names: Names, tz: tzinfo) -> str:
         return f"{what} failed: {_error(d)}{tries}."
     if kind == "prewarmed":
         return _prewarmed(d, what, booking, tz)
+    if kind in ("on_demand", "on_demand_freed"):
+        return _on_demand(kind, d, what, by)
     if kind in ("node_not_ready", "node_ready"):
         node = (d.get("node") or {}).get("name", "its node")
         if kind == "node_ready":
@@ -159,6 +161,22 @@ def _said(entry: Entry, names: Names, tz: tzinfo) -> str:
         "stopped": f"{what} stopped.",
     }
     return said.get(kind, kind.replace("_", " "))
+
+
+def _on_demand(kind: str, d: Mapping[str, Any], what: str, by: str) -> str:
+    """A load on demand made, or released (docs/scheduling.md, "Loaded on demand")."""
+    if kind == "on_demand":
+        load = d.get("load_seconds")
+        takes = f"; it loads in {about(load)} here" if load else ""
+        return f"Loaded {what} on demand for {by}, as no channel ran it{takes}."
+    why = d.get("why")
+    if why == "idle":
+        return f"Released {what}, loaded on demand: no request for {seconds(d.get('idle_seconds') or 0)}."
+    if why == "booking":
+        return f"Released {what}, loaded on demand: a booking claimed the channel."
+    if why == "failed":
+        return f"Released {what}, loaded on demand: it failed to load."
+    return f"{by} released {what}, loaded on demand."
 
 
 def _prewarmed(d: Mapping[str, Any], what: str, booking: Booking | None, tz: tzinfo) -> str:
