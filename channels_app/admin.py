@@ -21,12 +21,15 @@ from channels_app.models import (
     ModelAlias,
     ModelFile,
     Node,
+    OnDemandLoad,
+    OnDemandRelease,
     Override,
     Preset,
     ReloadRequest,
 )
 from channels_app.models.channel import CHANNEL_SETTINGS
 from channels_app.scheduling import services
+from channels_app.scheduling.on_demand import on_demand_release
 from slotserve_base.admin_fields import GpuIndexesField, LabelsField, MemoryField, gib
 from slotserve_base.admin_services import SavedByServicesAdmin
 from slotserve_base.errors import InvalidInput
@@ -65,7 +68,16 @@ class LLMModelAdminForm(forms.ModelForm[LLMModel]):
 
     class Meta:
         model = LLMModel
-        fields = ["name", "backend", "path", "size_bytes", "nodes", "labels", "placement_strategy"]
+        fields = [
+            "name",
+            "backend",
+            "path",
+            "size_bytes",
+            "nodes",
+            "labels",
+            "placement_strategy",
+            "loads_on_demand",
+        ]
 
 
 @admin.register(Node)
@@ -247,3 +259,31 @@ class ModelFileAdmin(admin.ModelAdmin[ModelFile]):
     list_display = ["path", "node", "backend", "size_bytes", "modified", "seen_at"]
     list_filter = ["node", "backend"]
     search_fields = ["path"]
+
+
+@admin.register(OnDemandLoad)
+class OnDemandLoadAdmin(admin.ModelAdmin[OnDemandLoad]):
+    """Models loaded on demand (docs/scheduling.md, "Loaded on demand"): recorded by the gateway's
+    requests, released by the tick or here; never added or edited by hand."""
+
+    list_display = ["model", "channel", "requested_by", "started_at", "released_at", "released_why"]
+    list_filter = ["released_why", "channel"]
+    actions = ["release"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: OnDemandLoad | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: OnDemandLoad | None = None) -> bool:
+        return False
+
+    @admin.action(description="Release the selected loads (their channels go back to their default)")
+    def release(self, request: HttpRequest, queryset: QuerySet[OnDemandLoad]) -> None:
+        now, by = timezone.now(), _person(request)
+        released = sum(
+            on_demand_release(load=load, now=now, why=OnDemandRelease.STAFF, by=by)
+            for load in queryset.filter(released_at__isnull=True)
+        )
+        self.message_user(request, f"Released {released} load(s).")

@@ -183,7 +183,7 @@ class ReservationAdmin(SavedByServicesAdmin[Reservation]):
 
 @admin.register(GroupPolicy)
 class GroupPolicyAdmin(admin.ModelAdmin[GroupPolicy]):
-    list_display = ["group", "share_weight"]
+    list_display = ["group", "share_weight", "loads_on_demand"]
     filter_horizontal = ["approvers"]
 
 

@@ -6,6 +6,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.permissions import AllowAny
 from rest_framework.routers import DefaultRouter
 
+from channels_app.api.on_demand import OnDemandLoadViewSet
 from channels_app.api.views import (
     ChannelViewSet,
     LLMModelViewSet,
@@ -38,6 +39,7 @@ router.register("models", LLMModelViewSet)
 router.register("presets", PresetViewSet)
 router.register("model-aliases", ModelAliasViewSet)
 router.register("model-files", ModelFileViewSet, basename="modelfile")
+router.register("on-demand-loads", OnDemandLoadViewSet, basename="ondemandload")
 router.register("reservations", ReservationViewSet, basename="reservation")
 router.register("notifications", NotificationViewSet, basename="notification")
 router.register("waitlist", WaitlistViewSet, basename="waitlist")

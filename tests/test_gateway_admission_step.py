@@ -414,3 +414,10 @@ def test_no_model_of_that_name_keeps_the_requests_own_answer():
 def test_a_pinned_request_never_loads_on_demand():
     _, action = step(asking(pinned="z"), seen(channel()), NOW)
     assert isinstance(action, Refuse) and action.refusal.code == "model_not_loaded"
+
+
+def test_a_caller_whose_group_turned_loads_on_demand_off_is_told_so_without_asking():
+    no_loads = dataclasses.replace(BO_FREE, loads_on_demand=False)
+    _, action = step(asking(no_loads, model="llama"), seen(channel()), NOW)
+    assert isinstance(action, Refuse) and action.refusal.code == "model_not_loaded"
+    assert action.refusal.message.endswith("your group does not load models on request")

@@ -41,9 +41,14 @@ def lab(tiny):
 
 
 def step(channel) -> str | None:
-    """The scheduler decides the channel, and its node worker acts on it."""
+    """The scheduler decides the channel, and its node worker acts on it until it is ready (a
+    load longer than the worker's close watch is carried on by its follow-ups: stepped here)."""
     decide_channels(now=timezone.now(), channel_ids=[channel.pk])
-    return channel_reconcile(channel.pk)
+    phase = channel_reconcile(channel.pk)
+    if phase in (Phase.LOADING.value, Phase.STOPPING.value):
+        eventually(lambda: channel_reconcile(channel.pk) == Phase.READY.value, timeout=30)
+        phase = ChannelRuntime.objects.get(channel=channel).phase
+    return phase
 
 
 def test_a_model_no_channel_runs_loads_on_a_free_channel_is_shared_and_released_when_idle(
@@ -54,6 +59,11 @@ def test_a_model_no_channel_runs_loads_on_a_free_channel_is_shared_and_released_
     _, ana_key = api_key_create(user=ana, name="t")
     _, bo_key = api_key_create(user=bo, name="t")
     snapshot_seen(gateway_url)
+
+    listed = httpx.get(f"{gateway_url}/v1/models", headers={"Authorization": f"Bearer {ana_key}"}).json()
+    entries = {entry["id"]: entry for entry in listed["data"]}
+    assert entries["asked"]["on_demand"] is True and entries["asked"]["channels"] == []
+    assert entries["tiny"]["channels"] == ["cpu-0"] and "on_demand" not in entries["tiny"]
 
     first = call(gateway_url, ana_key, "asked")
     assert error(first) == (503, "model_loading"), first.text
@@ -206,3 +216,44 @@ def test_the_database_keeps_one_load_a_channel_and_a_model(node_env, tiny, ana):
         OnDemandLoad.objects.create(channel=channel, model=other, requested_by=ana)
     with pytest.raises(IntegrityError), transaction.atomic():
         OnDemandLoad.objects.create(channel=factories.channel("cpu-1"), model=asked, requested_by=ana)
+
+
+def test_the_api_lists_a_members_own_loads_and_lets_them_or_staff_release_one(
+    node_env, tiny, ana, bo, ana_api, bo_api, staff_api
+):
+    channel, _asked = lab(tiny)
+    made = on_demand_load(user=ana, model_name="asked", now=timezone.now())
+    assert made is not None and made.load is not None
+    mine = ana_api.get("/api/on-demand-loads/").json()
+    assert [(r["model"], r["channel"], r["requested_by"], r["released_at"]) for r in mine] == [
+        ("asked", "cpu-0", "ana", None)
+    ]
+    assert bo_api.get("/api/on-demand-loads/").json() == []
+    assert bo_api.post(f"/api/on-demand-loads/{made.load.pk}/release").status_code == 404  # not even seen
+    assert len(staff_api.get("/api/on-demand-loads/").json()) == 1
+    released = ana_api.post(f"/api/on-demand-loads/{made.load.pk}/release")
+    assert released.status_code == 200 and released.json()["released_why"] == "staff"
+    assert released.json()["released_now"] is True
+    again = staff_api.post(f"/api/on-demand-loads/{made.load.pk}/release").json()
+    assert again["released_now"] is False  # released once: told so, nothing changes
+    assert StoryEntry.objects.filter(channel=channel, kind=StoryKind.ON_DEMAND_RELEASED).count() == 1
+
+
+def test_staff_choose_the_channels_and_models_that_load_on_demand(tiny, staff_api, ana_api, node_env):
+    channel, asked = lab(tiny)
+    assert (
+        staff_api.patch(
+            f"/api/channels/{channel.pk}/", {"serves_on_demand": False}, format="json"
+        ).status_code
+        == 200
+    )
+    assert (
+        staff_api.patch(f"/api/models/{asked.pk}/", {"loads_on_demand": False}, format="json").status_code
+        == 200
+    )
+    channel.refresh_from_db()
+    asked.refresh_from_db()
+    assert (channel.serves_on_demand, asked.loads_on_demand) == (False, False)
+    assert (
+        ana_api.patch(f"/api/models/{asked.pk}/", {"loads_on_demand": True}, format="json").status_code == 403
+    )

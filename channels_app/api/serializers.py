@@ -234,6 +234,7 @@ class LLMModelSerializer(serializers.ModelSerializer[LLMModel]):
             "nodes",
             "labels",
             "placement_strategy",
+            "loads_on_demand",
             "estimated_load_seconds",
             "load_estimates",
             "exceeds_vram",

@@ -43,6 +43,7 @@ CHANNEL_SETTINGS = (
     "idle_warn_minutes",
     "idle_release_minutes",
     "lend_while_idle",
+    "serves_on_demand",
 )
 
 

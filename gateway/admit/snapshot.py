@@ -48,6 +48,7 @@ class Snapshot:
     channels: tuple[ChannelView, ...] = ()
     aliases: dict[str, str] = field(default_factory=dict)  # alias → the model's name
     taken_at: float = 0.0
+    on_demand_models: frozenset[str] = frozenset()  # models a request may load (docs/scheduling.md)
 
     @cached_property
     def index(self) -> ChannelIndex:
@@ -108,7 +109,7 @@ UPCOMING_MARGIN_SECONDS = 2.0
 
 
 def _read_snapshot() -> Snapshot:
-    from channels_app.models import ModelAlias
+    from channels_app.models import LLMModel, ModelAlias
     from gateway.models import ApiKey
     from reservations.models import GroupPolicy, Profile
 
@@ -138,6 +139,8 @@ def _read_snapshot() -> Snapshot:
     ):
         if user_id is not None:
             weights[user_id] = max(weight, weights.get(user_id, 1))
+    # A member of a group that turned loads on demand off causes none.
+    no_loads = set(GroupPolicy.objects.filter(loads_on_demand=False).values_list("group__user", flat=True))
     callers = {
         hashed: Caller(
             user_id,
@@ -152,6 +155,7 @@ def _read_snapshot() -> Snapshot:
             frozenset(scopes_c[key_id]) if key_id in scopes_c else None,
             expires,
             frozenset(scope_names[key_id]),
+            user_id not in no_loads,
         )
         for (
             key_id,
@@ -182,7 +186,10 @@ def _read_snapshot() -> Snapshot:
     # first moment (``access.as_of``), not from the next snapshot.
     views = channel_views(now)
     aliases = dict(ModelAlias.objects.values_list("name", "model__name"))
-    return Snapshot(callers=callers, channels=views, aliases=aliases, taken_at=read_from)
+    loadable = frozenset(LLMModel.objects.filter(loads_on_demand=True).values_list("name", flat=True))
+    return Snapshot(
+        callers=callers, channels=views, aliases=aliases, taken_at=read_from, on_demand_models=loadable
+    )
 
 
 def channel_views(now: datetime) -> tuple[ChannelView, ...]:

@@ -263,6 +263,8 @@ def _choose(state: Admission, seen: Seen, now: datetime) -> tuple[Admission, Act
     if isinstance(chosen, Refusal):
         if chosen.code == ErrorCode.MODEL_NOT_LOADED and state.pinned is None and state.model:
             # No channel runs it or heads for it: a free channel may load it, asked once a request.
+            if not caller.loads_on_demand:
+                return _refused(state, _no_loads_for(chosen), seen)
             if state.on_demand is None:
                 return state._replace(stage=Stage.ON_DEMAND, refusal=chosen), AskOnDemand(state.model)
             chosen = state.on_demand  # until the channel's decision shows the load
@@ -322,6 +324,12 @@ def _chosen(state: Admission, seen: Seen, now: datetime) -> ChannelView | Refusa
     if chosen.channel is None:
         return Refusal(404, ErrorCode.MODEL_NOT_LOADED, "no channel serves this")
     return chosen.channel
+
+
+def _no_loads_for(refusal: Refusal) -> Refusal:
+    return dataclasses.replace(
+        refusal, message=refusal.message + "; your group does not load models on request"
+    )
 
 
 def going(state: Admission, channel: ChannelView, seen: Seen) -> Go:

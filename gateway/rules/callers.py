@@ -35,6 +35,7 @@ class Caller:
     channels_allowed: frozenset[int] | None = None
     expires_at: datetime | None = None
     channel_names: frozenset[str] = frozenset()  # the scope's channels, named in its refusals
+    loads_on_demand: bool = True  # no group of theirs turned loads on demand off
 
     @property
     def scoped(self) -> bool:

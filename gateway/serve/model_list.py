@@ -39,7 +39,8 @@ class ModelList:
     async def answer(
         self, send: Send, snapshot: Snapshot, caller: Caller, pinned: str | None, only: str | None = None
     ) -> None:
-        """One entry per model the caller may use now, the channels serving it listed inside."""
+        """One entry per model the caller may use now, the channels serving it listed inside;
+        then those a request of theirs may load on demand (``"on_demand": true``, no channel)."""
         reachable = key_scope.reachable(caller, snapshot.channels)
         channels = [c for c in reachable if pinned is None or c.name == pinned]
         switching = await self.counters.switching(c.id for c in channels)
@@ -72,6 +73,24 @@ class ModelList:
             }
             for model, names in serving.items()
         ]
+        if pinned is None and caller.loads_on_demand:
+            # What a request may load on a free channel (docs/scheduling.md, "Loaded on demand").
+            # Not a model some channel runs or heads for: a request for it is answered there.
+            loadable = snapshot.on_demand_models - {m for c in views for m in (c.model, c.targets_model) if m}
+            if caller.models_allowed is not None:
+                loadable &= caller.models_allowed
+            data += [
+                {
+                    "id": model,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "slotserve",
+                    "channels": [],
+                    "aliases": aliases.get(model, []),
+                    "on_demand": True,
+                }
+                for model in sorted(loadable)
+            ]
         if only is not None:
             only = snapshot.aliases.get(only, only)
         if only is None:
