@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark: from a target change to a ready process, with the real llama-server.
 
-    .venv/bin/python bench/switch_bench.py [--rounds 10] [--cold 5] [--warm 5]
+    .venv/bin/python bench/switch_bench.py [--rounds 10] [--cold 5] [--warm 5] [--on-demand 5]
 
 Needs Redis (SLOTSERVE_REDIS_URL) and builds llama-server if not cached.
 A channel alternates between two presets of the tiny GGUF model through
@@ -13,6 +13,9 @@ The difference is what SlotServe adds.
 
 ``--cold N``: a 1.6 GB GGUF evicted from the page cache is loaded N times cold and N times
 after the node worker's prewarm read it (docs/node-workers.md, "Prewarm from the calendar").
+
+``--on-demand N``: a gateway is asked N times for a model no channel runs, its caller waiting,
+to its first streamed token (the default stopped, the model loaded on demand, released after).
 
 ``--warm N``: the channel's default becomes a vLLM model (the stand-in, whose load takes
 ``WARM_LOAD_SECONDS``); an override to the tiny model and its clearing, N times, with sleep mode
@@ -195,6 +198,83 @@ def legs(channel: Any, since: Any) -> dict[str, float]:
     return {f"{a} → {b}": (b_at - a_at).total_seconds() for (a, a_at), (b, b_at) in itertools.pairwise(told)}
 
 
+def on_demand_times(
+    channel: Any, default: Any, model_path: Path, rounds: int, wait_ready: Any
+) -> dict[str, list[float]]:
+    """``--on-demand``: a request through a gateway for a model no channel runs, its caller
+    waiting (``X-SlotServe-Wait``), to its first streamed token; the load released after each
+    round and the default back (docs/scheduling.md, "Loaded on demand")."""
+    import threading
+
+    import uvicorn
+    from django.conf import settings
+    from django.contrib.auth.models import User
+    from django.utils import timezone
+
+    from channels_app.models import Gpu, LLMModel, OnDemandLoad
+    from channels_app.scheduling.on_demand import on_demand_release
+    from channels_app.scheduling.services import override_clear
+    from gateway.api_keys import api_key_create
+    from gateway.serve.proxy import Gateway
+
+    settings.SLOTSERVE_TICK_SECONDS = 3600  # the node counts as ready without its worker's beats
+    settings.SLOTSERVE_ON_DEMAND_LOADS_PER_HOUR = rounds + 1
+    node = channel.node
+    node.backends, node.last_heartbeat = ["llama.cpp"], timezone.now()
+    node.save()
+    Gpu.objects.get_or_create(node=node, index=0, defaults={"name": "bench", "memory_bytes": 24 * 2**30})
+    LLMModel.objects.create(
+        name="asked", backend="llama.cpp", path=str(model_path), size_bytes=model_path.stat().st_size
+    )
+    override_clear(channel=channel, now=timezone.now(), by=None)
+    wait_ready(default)
+    user = User.objects.create(username="ondemand")
+    _, key = api_key_create(user=user, name="bench")
+    server = uvicorn.Server(
+        uvicorn.Config(
+            Gateway(), host="127.0.0.1", port=18701, lifespan="off", log_level="warning",
+            http="gateway.serve.server:GatewayHttp",
+        )
+    )  # fmt: skip
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.01)
+    client = httpx.Client(base_url="http://127.0.0.1:18701", timeout=60)
+    body = {
+        "model": "asked",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {key}", "X-SlotServe-Wait": "60"}
+
+    def first_token() -> float:
+        began = time.perf_counter()
+        with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as answer:
+            if answer.status_code != 200:
+                raise SystemExit(f"on demand: {answer.status_code} {answer.read()!r}")
+            for line in answer.iter_lines():
+                if line.startswith("data: {"):  # the first chunk: the first token generated
+                    return time.perf_counter() - began
+        raise SystemExit(f"on demand: the stream ended without a token: {line!r}")
+
+    times: dict[str, list[float]] = {
+        "request → first token (loaded on demand)": [],
+        "first token, loaded": [],
+    }
+    for _ in range(rounds):
+        asked_at = timezone.now()
+        times["request → first token (loaded on demand)"].append(first_token())
+        for leg, seconds in legs(channel, asked_at).items():
+            times.setdefault(f"  {leg}", []).append(seconds)
+        times["first token, loaded"].append(first_token())
+        load = OnDemandLoad.objects.get(released_at__isnull=True)
+        on_demand_release(load=load, now=timezone.now(), why="staff")
+        wait_ready(default)
+    server.should_exit = True
+    return times
+
+
 # The stand-in vLLM's load in the warm case: what a cold load costs beside a wake.
 WARM_LOAD_SECONDS = 2.0
 
@@ -248,6 +328,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--warm", type=int, default=0, metavar="ROUNDS", help="also hand back to a default that slept"
+    )
+    parser.add_argument(
+        "--on-demand",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="also ask a gateway for a model no channel runs",
     )
     args = parser.parse_args()
 
@@ -334,6 +421,11 @@ def main() -> None:
             for leg, seconds in legs(channel, overridden).items():
                 stages.setdefault(leg, []).append(seconds)
         news = news_times(channel, model, args.news) if args.news else {}
+        on_demand = (
+            on_demand_times(channel, presets[0], model_path, args.on_demand, wait_ready)
+            if args.on_demand
+            else {}
+        )
         warm = warm_times(channel, presets[1], args.warm, wait_ready) if args.warm else {}
     runtime = ChannelRuntime.objects.get(channel=channel)
     if runtime.asleep:
@@ -355,6 +447,22 @@ def main() -> None:
         print(f"  {leg:<39}{ms(values)}")
     for what, values in news.items():
         print(f"{what:<41}{ms(values)}")
+    if on_demand:
+        asked, loaded = (
+            on_demand["request → first token (loaded on demand)"],
+            on_demand["first token, loaded"],
+        )
+        share = [
+            a - statistics.median(loads) - statistics.median(stops) - b
+            for a, b in zip(asked, loaded, strict=True)
+        ]
+        print(f"on-demand rounds: {args.on_demand}, the default stopped and the asked model loaded")
+        print(f"request → first token (loaded on demand): {ms(asked)}")
+        print(f"first token once loaded:                 {ms(loaded)}")
+        print(f"SlotServe's own share (less load, stop): {ms(share)}")
+        for leg, values in on_demand.items():
+            if leg.startswith("  "):
+                print(f"{leg:<41}{ms(values)}")
     if args.cold:
         cold = cold_times(binary, Path(os.environ["SLOTSERVE_DATA_DIR"]), args.cold)
         ratio = statistics.median(cold["cold"]) / statistics.median(cold["prewarmed"])

@@ -18,6 +18,20 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 """
 
+# A channel's gate (``<prefix>:gate:<channel>``, the moment the node worker closed it for a
+# switch) holds a request unless the gateway's snapshot shows the channel's process ready since
+# after that moment (``ready_at``, a Unix time; 0 unless ready): then it is the switch's new
+# process, and the gate, kept a snapshot's life for snapshots read before the switch, does not
+# concern it (docs/gateway.md, "Draining"). A gate that keeps no moment holds every request.
+GATE_HOLDS = """
+local function gate_holds(gate, ready_at)
+  local closed = redis.call('GET', gate)
+  if not closed then return false end
+  local moment = tonumber(closed)
+  return not (moment and moment < tonumber(ready_at))
+end
+"""
+
 # The live entries of each in-flight set in KEYS (expired ones are dropped on the way).
 COUNT = (
     REDIS_NOW

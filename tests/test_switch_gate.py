@@ -57,3 +57,31 @@ def test_a_gate_closed_by_the_last_release_opens_as_before(db, settings, frozen)
     )
     worker.publish_gate(channel.pk, state, wanted, T0)
     assert not redis_client().exists(gate)
+
+
+def test_a_switch_from_a_process_ready_since_the_last_gate_closed_closes_it_anew(db, settings, frozen):
+    """A gateway lets a request through a closed gate when its snapshot shows the process ready
+    since after the gate closed (docs/gateway.md, "Draining"): the switch's new process. When
+    that process is left in turn before the gate opened, the gate must say so, or a snapshot
+    showing it ready would be let through to a process being stopped."""
+    settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS = 1.0
+    old, new = factories.llm("old"), factories.llm("new")
+    channel = factories.channel("ch")
+    serve(channel, old, 9)
+    gate = redis_key(RedisKey.GATE, channel.pk)
+    redis_client().set(gate, repr(T0.timestamp()))  # the last switch's, still closed
+    ChannelRuntime.objects.filter(channel=channel).update(since=T0 + timedelta(seconds=0.5))
+    target = ChannelTarget.objects.create(channel=channel, model=new, reason="manual_override")
+    wanted = rows.wanted_of(channel, target)
+    state = worker._adopt_unknown_fingerprints(
+        rows.state_of(ChannelRuntime.objects.get(channel=channel)), wanted
+    )
+    worker.publish_gate(channel.pk, state, wanted, T0 + timedelta(seconds=0.8))
+    assert float(redis_client().get(gate)) == (T0 + timedelta(seconds=0.8)).timestamp()
+    # Later steps of the same switch keep the moment it closed.
+    ChannelRuntime.objects.filter(channel=channel).update(phase=Phase.STOPPING)
+    stopping = worker._adopt_unknown_fingerprints(
+        rows.state_of(ChannelRuntime.objects.get(channel=channel)), wanted
+    )
+    worker.publish_gate(channel.pk, stopping, wanted, T0 + timedelta(seconds=1.2))
+    assert float(redis_client().get(gate)) == (T0 + timedelta(seconds=0.8)).timestamp()

@@ -103,23 +103,37 @@ def publish_gate(channel_id: int, state: ProcessState, wanted: Wanted, now: date
     gate = redis_key(RedisKey.GATE, channel_id)
     client = redis_client()
     if switching:
-        with client.pipeline(transaction=False) as pipe:
-            pipe.set(gate, repr(now.timestamp()), nx=True)  # keeps the moment it first closed
-            pipe.expire(gate, GATE_SECONDS)
-            pipe.execute()
+        closed = client.get(gate)
+        # A gate still closed from the last switch, before the process now left was ready, is
+        # closed anew: a gateway lets a snapshot showing the process ready since after the gate's
+        # moment through it (the switch's new process: slotserve_base.inflight.GATE_HOLDS).
+        ready_since = state.since.timestamp() if state.phase == Phase.READY and state.since else None
+        if closed is None or (ready_since is not None and _moment(closed) < ready_since):
+            client.set(gate, repr(now.timestamp()), ex=GATE_SECONDS)
+        else:
+            client.expire(gate, GATE_SECONDS)  # keeps the moment it first closed
         return
     closed = client.get(gate)
     if closed is None:
         return
-    try:
-        since = float(closed)
-    except ValueError:
-        since = 0.0  # not a moment: open it
-    left = since + float(settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS) + GATE_READ_SECONDS - now.timestamp()
+    left = (
+        _moment(closed)
+        + float(settings.SLOTSERVE_GATEWAY_REFRESH_SECONDS)
+        + GATE_READ_SECONDS
+        - now.timestamp()
+    )
     if left <= 0:
         client.delete(gate)
     else:
         client.pexpire(gate, max(1, int(left * 1000)))  # Redis opens it then, with no tick to wait for
+
+
+def _moment(closed: bytes | str) -> float:
+    """The moment a gate closed, as it keeps it; 0 when it keeps none (it opens)."""
+    try:
+        return float(closed)
+    except ValueError:
+        return 0.0
 
 
 # --- Observe, act ------------------------------------------------------------------

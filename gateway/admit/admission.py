@@ -49,7 +49,11 @@ class Entry:
         """The count in of a request that goes upstream at once, on its way (``enter_soon``)."""
         return cls(
             pending=counters.enter_soon(
-                go.channel.id, go.limits, user_id=caller.user_id, key_id=caller.key_id
+                go.channel.id,
+                go.limits,
+                user_id=caller.user_id,
+                key_id=caller.key_id,
+                ready_at=go.channel.ready_at,
             ),
             why=functools.partial(refusal_after_count_in, go.channel, caller, now),
         )

@@ -79,7 +79,9 @@ class Places:
             cached_key(cache, RedisKey.QUEUE_SERVED, channel_id),
         ]
 
-    async def turn(self, channel_id: int, places: int, request_id: str, user_id: int, cost: float) -> Turn:
+    async def turn(
+        self, channel_id: int, places: int, request_id: str, user_id: int, cost: float, ready_at: float = 0.0
+    ) -> Turn:
         """Take a place on the channel for ``request_id``, or wait in its queue (the first
         call holds the request; each later one looks again and keeps it held)."""
         args: list[str | int | bytes] = [
@@ -92,6 +94,7 @@ class Places:
             settings.SLOTSERVE_QUEUE_PER_USER,
             settings.SLOTSERVE_QUEUE_PER_CHANNEL,
             STATE_SECONDS,
+            repr(ready_at),
         ]
         answer = await self.counters.pipe.evalsha(TURN, script_sha(TURN), self._keys(channel_id), args)
         code = int(answer[0])

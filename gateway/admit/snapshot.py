@@ -263,6 +263,7 @@ def channel_views(now: datetime) -> tuple[ChannelView, ...]:
                 upcoming=upcoming.get(channel.pk),
                 targets_model=target.model.name if target and target.model else None,
                 on_demand=bool(target and target.reason == Reason.ON_DEMAND),
+                ready_at=runtime.since.timestamp() if runtime and runtime.phase == Phase.READY else 0.0,
                 upstream_key=runtime.api_secret if upstream is not None and runtime else "",
                 places=runtime.places if upstream is not None and runtime and queueing else None,
                 node=channel.node.name,
@@ -305,6 +306,7 @@ class SnapshotCache:
         self.news_read_at = 0.0  # when the last read for news began
         self._lock = asyncio.Lock()
         self._keeper: asyncio.Future[None] | None = None
+        self._read = asyncio.Event()  # set, and replaced, as each read ends
 
     async def get(self) -> Snapshot:
         snapshot = self.fresh()
@@ -312,6 +314,10 @@ class SnapshotCache:
             await self._refresh(asked_at=time.monotonic())
             snapshot = self.current
         return snapshot
+
+    async def next_read(self) -> None:
+        """Until the next read ends: a held request looks again at once, not at its next poll."""
+        await self._read.wait()
 
     def fresh(self) -> Snapshot | None:
         """``get`` without waiting: the snapshot if it is within its age limit, else None."""
@@ -345,6 +351,8 @@ class SnapshotCache:
                         self.current = await sync_to_async(read_snapshot, thread_sensitive=False)()
                         self.read_ended = time.monotonic()
                         self.read_seconds = self.read_ended - started
+                        self._read.set()
+                        self._read = asyncio.Event()
                 except TimeoutError:
                     # Requests wait on this read: a database that does not answer gets them a
                     # 503 naming it, not a hang (the read's thread gives up by itself later).

@@ -53,6 +53,7 @@ class ChannelView:
     crashed: bool = False  # failed after it was ready (killed, crashed), not while loading
     upcoming: Booking | None = None  # the next booking, if it begins within the snapshot's life
     on_demand: bool = False  # its target is a model loaded on demand (docs/scheduling.md)
+    ready_at: float = 0.0  # when its process became ready (Unix time); 0 unless ready
 
     @cached_property
     def upstream_auth(self) -> bytes:

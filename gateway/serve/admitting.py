@@ -163,6 +163,7 @@ async def act(
                 user_id=caller.user_id,
                 key_id=caller.key_id,
                 request_id=action.place,
+                ready_at=go.channel.ready_at,
             )
         except OverLimit as over:
             entered = over
@@ -179,6 +180,8 @@ async def act(
         return looked._replace(held_ok=held_ok, clock=time.monotonic()), now
     assert isinstance(action, Hold), action
     await holding.comment(action.note)
-    if await holding.pause(action.seconds):
+    # Woken by the next snapshot (news of a change is read at once): a model ready, a load on
+    # demand decided, is seen within a read, not at the next poll.
+    if await holding.pause(action.seconds, wake=gateway.snapshots.next_read()):
         return looked._replace(left=True), now
     return seen(gateway, await gateway.snapshots.get()), answer.decide()

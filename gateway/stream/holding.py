@@ -95,7 +95,9 @@ async def wait_turn(
     started, waited = loop.time(), False
     try:
         while True:
-            turn = await places.turn(channel.id, channel.places, request_id, caller.user_id, cost)
+            turn = await places.turn(
+                channel.id, channel.places, request_id, caller.user_id, cost, channel.ready_at
+            )
             if turn.taken:
                 if waited:  # the log keeps the time it waited its turn
                     answer.queued_seconds = loop.time() - started

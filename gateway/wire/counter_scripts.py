@@ -12,7 +12,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from gateway.rules.callers import Limits
-from slotserve_base.inflight import REDIS_NOW
+from slotserve_base.inflight import GATE_HOLDS, REDIS_NOW
 from slotserve_base.vocabulary import RedisKey, redis_key
 
 key = redis_key
@@ -21,13 +21,14 @@ key = redis_key
 # ``gateway.admit.step``): a gateway that dies frees its callers' places within it.
 HELD_TTL_SECONDS = 30.0
 
-# Count a request in, unless its channel's gate is closed: one round trip, and atomic.
-# ARGV: request id, entry lifetime in seconds. (The set's own expiry is left to REFRESH, off
-# the hot path; an entry that outlives its gateway is counted out by its score.)
+# Count a request in, unless its channel's gate holds it (``GATE_HOLDS``): one round trip, and
+# atomic. ARGV: request id, entry lifetime in seconds, ready_at. (The set's own expiry is left to
+# REFRESH, off the hot path; an entry that outlives its gateway is counted out by its score.)
 ENTER = (
     REDIS_NOW
+    + GATE_HOLDS
     + """
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if gate_holds(KEYS[2], ARGV[3]) then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 return 1
 """
@@ -100,14 +101,15 @@ return 1
 # limit it meets: KEYS in-flight set, gate, the user's and the key's in-flight sets, the user's
 # and the key's count this minute, the user's and the key's tokens this week; ARGV request id,
 # entry lifetime, then the limits (0: none): user concurrent, key concurrent, user per minute,
-# key per minute, user weekly tokens, key weekly tokens. Answers {1, room} admitted (room: how
-# many more requests the caller's concurrency and per-minute limits let in now, ROOMY when none
-# of them is set), {0} gate closed, {-1, seconds} over a limit (the seconds until it lifts; 0
-# when unknown), with the limit's name.
+# key per minute, user weekly tokens, key weekly tokens, ready_at (``GATE_HOLDS``). Answers
+# {1, room} admitted (room: how many more requests the caller's concurrency and per-minute
+# limits let in now, ROOMY when none of them is set), {0} gate closed, {-1, seconds} over a limit
+# (the seconds until it lifts; 0 when unknown), with the limit's name.
 ENTER_LIMITED = (
     REDIS_NOW
+    + GATE_HOLDS
     + """
-if redis.call('EXISTS', KEYS[2]) == 1 then return {0} end
+if gate_holds(KEYS[2], ARGV[9]) then return {0} end
 local function live(set)
   redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
   return redis.call('ZCARD', set)
@@ -286,6 +288,7 @@ def enter_arguments(
     user_id: int,
     key_id: int,
     request_id: str,
+    ready_at: float = 0.0,
 ) -> tuple[str, list[str], list[str | int | bytes], tuple[str, ...]]:
     """A count in's script (``ENTER``, or ``ENTER_LIMITED`` with the caller's ``limits``), keys
     and arguments, and the sets it counts the request in; ``ttl``: the entry's lifetime."""
@@ -294,7 +297,7 @@ def enter_arguments(
         cached_key(cache, RedisKey.GATE, channel_id),
     )
     if limits is None:
-        return ENTER, [inflight, gate], [request_id, ttl], (inflight,)
+        return ENTER, [inflight, gate], [request_id, ttl, repr(ready_at)], (inflight,)
     flights = (
         cached_key(cache, RedisKey.USER_FLIGHT, user_id),
         cached_key(cache, RedisKey.KEY_FLIGHT, key_id),
@@ -317,6 +320,7 @@ def enter_arguments(
         limits.key_per_minute,
         limits.user_weekly_tokens,
         limits.key_weekly_tokens,
+        repr(ready_at),
     ]
     return ENTER_LIMITED, keys, args, (inflight, *flights)
 

@@ -129,6 +129,7 @@ class Counters:
         user_id: int = 0,
         key_id: int = 0,
         request_id: str | None = None,
+        ready_at: float = 0.0,
     ) -> str | None:
         """Count a request in: its id, or None (not counted) if the channel is switching;
         ``OverLimit`` when the caller's ``limits`` (fair sharing) refuse it.
@@ -140,12 +141,18 @@ class Counters:
         """
         request_id = request_id or next(self._ids)
         script, keys, args, sets = enter_arguments(
-            self._keys(), self._ttl, channel_id, limits, user_id, key_id, request_id
+            self._keys(), self._ttl, channel_id, limits, user_id, key_id, request_id, ready_at
         )
         return self._entered(await self._run(script, keys, args), request_id, sets, limits, user_id, key_id)
 
     def enter_soon(
-        self, channel_id: int, limits: Limits | None = None, *, user_id: int = 0, key_id: int = 0
+        self,
+        channel_id: int,
+        limits: Limits | None = None,
+        *,
+        user_id: int = 0,
+        key_id: int = 0,
+        ready_at: float = 0.0,
     ) -> asyncio.Future[str | None]:
         """``enter`` as a future, its script queued before the caller goes on: the gateway
         sends the request upstream while Redis counts it in, with no task of its own (with
@@ -154,11 +161,13 @@ class Counters:
         loop = asyncio.get_running_loop()
         request_id = next(self._ids)
         script, keys, args, sets = enter_arguments(
-            self._keys(), self._ttl, channel_id, limits, user_id, key_id, request_id
+            self._keys(), self._ttl, channel_id, limits, user_id, key_id, request_id, ready_at
         )
         reply = self.pipe.send_now("EVALSHA", script_sha(script), len(keys), *keys, *args)
         if reply is None:
-            return asyncio.ensure_future(self.enter(channel_id, limits, user_id=user_id, key_id=key_id))
+            return asyncio.ensure_future(
+                self.enter(channel_id, limits, user_id=user_id, key_id=key_id, ready_at=ready_at)
+            )
         entered: asyncio.Future[str | None] = loop.create_future()
 
         def settle(reply: asyncio.Future[Any]) -> None:
@@ -169,8 +178,10 @@ class Counters:
                 return
             error = reply.exception()
             if isinstance(error, NoScriptError):  # Redis restarted: load the script, count again
-                again = asyncio.ensure_future(self.enter(channel_id, limits, user_id=user_id, key_id=key_id))
-                again.add_done_callback(functools.partial(chain, entered))
+                retried = asyncio.ensure_future(
+                    self.enter(channel_id, limits, user_id=user_id, key_id=key_id, ready_at=ready_at)
+                )
+                retried.add_done_callback(functools.partial(chain, entered))
                 return
             if error is not None:
                 entered.set_exception(error)

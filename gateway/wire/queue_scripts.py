@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from slotserve_base.inflight import REDIS_NOW
+from slotserve_base.inflight import GATE_HOLDS, REDIS_NOW
 from slotserve_base.vocabulary import RedisKey, redis_key
 
 # How long a queue's state outlives its last use.
@@ -41,20 +41,21 @@ for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do forget(
 
 # Take a place or wait a turn: KEYS inflight, gate, queue, alive, state, served; ARGV request id,
 # user, cost (the tokens asked for, divided by the user's weight), places, in-flight entry
-# lifetime, held entry lifetime, most held per user, most held per channel, the state's lifetime.
-# Answers {1, free places left, held} when the request takes a place (counted in flight under
-# its id), {2, requests ahead, held} while it waits, {0} at a closed gate (the channel switches:
-# it leaves the queue), {-1, retry after} when the user already holds as many as they may,
-# {-2, retry after} when the channel's queue is full. Retry-After is the turns to wait (until the
-# user's first held request is taken; for a full queue, one) at the drain of the last 10 taken
-# (at least one a second): a burst after a quiet minute is judged by the burst.
+# lifetime, held entry lifetime, most held per user, most held per channel, the state's lifetime,
+# ready_at (``GATE_HOLDS``). Answers {1, free places left, held} when the request takes a place
+# (counted in flight under its id), {2, requests ahead, held} while it waits, {0} at a closed gate
+# (the channel switches: it leaves the queue), {-1, retry after} when the user already holds as
+# many as they may, {-2, retry after} when the channel's queue is full. Retry-After is the turns
+# to wait (until the user's first held request is taken; for a full queue, one) at the drain of
+# the last 10 taken (at least one a second): a burst after a quiet minute is judged by the burst.
 TURN = (
     REDIS_NOW
+    + GATE_HOLDS
     + _FORGET
     + """
 local member = ARGV[2] .. '|' .. ARGV[1]
 local tag = redis.call('ZSCORE', KEYS[3], member)
-if redis.call('EXISTS', KEYS[2]) == 1 then
+if gate_holds(KEYS[2], ARGV[10]) then
   if tag then forget(member) end
   return {0}
 end
