@@ -17,7 +17,10 @@ cancelled and ended early through the REST API with each person's API key, some 
 models; all the while everyone calls the gateway: streams and short requests, some hung up
 after the first chunk, on their own bookings and on the default model. Each node's first channel
 lends booked time while the booker is idle, and half the bookings there lend: between their own
-requests, others call a lent slot's model now and then (docs/gateway.md, "Lending").
+requests, others call a lent slot's model now and then (docs/gateway.md, "Lending"). One request
+in twenty outside a slot names a model no channel runs by default and nobody books: it is loaded
+on demand where a channel is free for it, and released when idle (docs/scheduling.md, "Loaded
+on demand"), while promise 5 holds for every covered booking all the same.
 
 **The faults**, at moments drawn from the seed, one after the other (each kind at least once):
 ``kill -9`` of a node worker, of an inference process, of the scheduler's Celery worker and beat,
@@ -113,6 +116,7 @@ RUN_LOG_DISK = "64m"
 LENDING_INDEX = 0
 # The channel whose default is a real llama-server (a tiny model written at the start).
 REAL_CHANNEL, REAL_MODEL = "chaos-b-2", "tiny"
+ON_DEMAND_MODEL = "on-demand"
 # Codes whose answers carry Retry-After (docs/api.md, "Gateway errors").
 WITH_RETRY_AFTER = {
     "model_loading",
@@ -288,6 +292,11 @@ class Machines:
             "SLOTSERVE_SECRET_KEY": secrets.token_urlsafe(32),
             "SLOTSERVE_TICK_SECONDS": str(int(TICK)),
             "SLOTSERVE_MIN_PRELOAD_SECONDS": "0",  # a compressed week: the real 180 s is hours
+            # Loads on demand, compressed too: a channel free for its load and 5 s more loads a
+            # model nobody runs, released after 4 s without a request.
+            "SLOTSERVE_ON_DEMAND_MIN_STAY_SECONDS": "5",
+            "SLOTSERVE_ON_DEMAND_IDLE_SECONDS": "4",
+            "SLOTSERVE_ON_DEMAND_LOADS_PER_HOUR": "1000",
             "SLOTSERVE_LOG_LEVEL": "WARNING",
             "SLOTSERVE_ALLOWED_HOSTS": self.net.control,
             **WEBHOOK_ENV,
@@ -506,6 +515,11 @@ class World:
                 model=model, name="lab", args=f"--standin-load-seconds {load}"
             )
         default = self.presets[1]
+        # A model no channel runs by default and nobody books: loaded on demand where a channel is
+        # free for it (docs/scheduling.md, "Loaded on demand"), the stand-in's own 2 s load.
+        on_demand = work / "models" / "on-demand.gguf"
+        on_demand.write_bytes(b"GGUF")
+        LLMModel.objects.create(name=ON_DEMAND_MODEL, backend="vllm", path=str(on_demand), size_bytes=4)
         # One channel's default is a real llama-server with a tiny model (REAL_CHANNEL).
         from devtools.tinymodel import write_tiny_llama
 
@@ -832,8 +846,10 @@ def call_models(
     while not stop.is_set():
         now = timezone.now()
         slot = next((p for p in mine if p.reservation_id and p.start <= now < p.end), None)
-        # Outside a slot, the default models: the stand-ins' and, one request in five, the real one's.
-        outside = REAL_MODEL if rng.random() < 0.2 else "load-1s"
+        # Outside a slot, the default models: the stand-ins' and, one request in five, the real one's;
+        # one in twenty a model no channel runs, loaded on demand where a channel is free for it.
+        draw = rng.random()
+        outside = REAL_MODEL if draw < 0.2 else ON_DEMAND_MODEL if draw < 0.25 else "load-1s"
         lent = [
             p for p in planned if p.lend and p.user != user and p.reservation_id and p.start <= now < p.end
         ]
@@ -1955,6 +1971,15 @@ def report(
     )
     if overlapped:
         print(f"{overlapped} pairs of faults overlapped")
+    from channels_app.models import OnDemandLoad
+
+    loads = list(OnDemandLoad.objects.values_list("released_why", flat=True))
+    asked = [a for a in answered if a.model == ON_DEMAND_MODEL]
+    released = ", ".join(f"{loads.count(why)} {why or 'not yet'}" for why in sorted(set(loads)))
+    print(
+        f"{ON_DEMAND_MODEL}: {len(asked)} answers ({sum(a.status == 200 for a in asked)} with 200), "
+        f"{len(loads)} loads on demand, released: {released or 'none'}"
+    )
     if lab.refused:
         print("bookings not made: " + "; ".join(f"{n} {why}" for why, n in sorted(lab.refused.items())))
     print(f"\n{'promise':<10}{'checks':>8}{'violations':>12}")

@@ -211,7 +211,7 @@ def on_demand_times(
     from django.contrib.auth.models import User
     from django.utils import timezone
 
-    from channels_app.models import Gpu, LLMModel, OnDemandLoad
+    from channels_app.models import Gpu, LLMModel, OnDemandLoad, StoryEntry
     from channels_app.scheduling.on_demand import on_demand_release
     from channels_app.scheduling.services import override_clear
     from gateway.api_keys import api_key_create
@@ -265,10 +265,15 @@ def on_demand_times(
     for _ in range(rounds):
         asked_at = timezone.now()
         times["request → first token (loaded on demand)"].append(first_token())
+        answered_at = timezone.now()
+        load = OnDemandLoad.objects.get(released_at__isnull=True)
+        ready = StoryEntry.objects.filter(channel=channel, at__gte=asked_at, kind="ready").first()
+        times.setdefault("  request → recorded", []).append((load.started_at - asked_at).total_seconds())
         for leg, seconds in legs(channel, asked_at).items():
             times.setdefault(f"  {leg}", []).append(seconds)
+        if ready is not None:
+            times.setdefault("  ready → first token", []).append((answered_at - ready.at).total_seconds())
         times["first token, loaded"].append(first_token())
-        load = OnDemandLoad.objects.get(released_at__isnull=True)
         on_demand_release(load=load, now=timezone.now(), why="staff")
         wait_ready(default)
     server.should_exit = True

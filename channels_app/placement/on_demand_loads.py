@@ -11,7 +11,9 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
 
 from channels_app import story
 from channels_app.models import (
@@ -25,6 +27,7 @@ from channels_app.placement.inputs import placement_inputs
 from channels_app.placement.on_demand import OnDemandChannel, on_demand_placement
 from channels_app.placement.selectors import maximums
 from channels_app.scheduling import selectors
+from channels_app.scheduling.tasks import channel_redecide
 from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.inflight import in_flight_counts
 from slotserve_base.redis_client import redis_client
@@ -118,6 +121,12 @@ def on_demand_load(*, user: User, model_name: str, now: datetime) -> OnDemandAns
     log.info(
         "on demand: %s loads %s on %s (about %.0f s)", user.get_username(), model.name, channel.name, seconds
     )
+    # Decided here and now, the node told at once, rather than a queue's hop later (the queued
+    # re-decision above, for when this one cannot be made, then finds nothing to change).
+    try:
+        channel_redecide(channel.pk)
+    except (DatabaseError, OperationalError, RedisError):
+        log.warning("on demand: %s is decided by the queued re-decision", channel.name, exc_info=True)
     return OnDemandAnswer(load, seconds)
 
 
