@@ -261,3 +261,29 @@ def test_staff_choose_the_channels_and_models_that_load_on_demand(tiny, staff_ap
     assert (
         ana_api.patch(f"/api/models/{asked.pk}/", {"loads_on_demand": True}, format="json").status_code == 403
     )
+
+
+def test_an_override_takes_the_channel_and_the_load_does_not_come_back_after_it(node_env, tiny, ana, staff):
+    from channels_app.scheduling.services import override_set
+
+    channel, _ = lab(tiny)
+    now = timezone.now()
+    made = on_demand_load(user=ana, model_name="asked", now=now)
+    assert made is not None and made.load is not None
+    override_set(channel=channel, until=now + timedelta(minutes=5), now=now, by=staff, model=tiny.model)
+    assert release_idle_on_demand(now=now + timedelta(seconds=1)) == 1
+    made.load.refresh_from_db()
+    assert made.load.released_why == "staff"
+
+
+def test_a_key_scoped_to_channels_loads_only_on_them(node_env, tiny, ana):
+    node = factories.node("n2", gpus=2, backends=["llama.cpp"])
+    first = factories.channel("cpu-0", on=node, gpu_indexes=[0], default=tiny.small)
+    second = factories.channel("cpu-1", on=node, gpu_indexes=[1], default=tiny.small)
+    factories.llm("asked", size=tiny.model.size_bytes, path=tiny.model.path)
+    now = timezone.now()
+    refused = on_demand_load(user=ana, model_name="asked", now=now, within=frozenset())
+    assert refused is not None and refused.load is None
+    assert refused.message.endswith("0/2 channels: 2 not yours to use")
+    made = on_demand_load(user=ana, model_name="asked", now=now, within=frozenset({second.pk}))
+    assert made is not None and made.load is not None and made.load.channel == second != first

@@ -102,7 +102,7 @@ def channel(name: str, channel_id: int, *, inp: DecisionInput | None = None, **c
     ("made", "rule", "why"),
     [
         (channel("a", 1, serves_on_demand=False), "opted_out", "does not serve on demand"),
-        (channel("a", 1, admits_caller=False), "caller", "does not admit your groups"),
+        (channel("a", 1, admits_caller=False), "caller", "not yours to use"),
         (channel("a", 1, inp=inputs(slots=(Slot(7, NOW, at(30), BOOKED),))), "held", "booked now"),
         (
             channel("a", 1, inp=inputs(slots=(Slot(7, at(2), at(30), BOOKED),))),

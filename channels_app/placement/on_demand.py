@@ -50,7 +50,7 @@ _HELD_BY = {
 RULES = ("opted_out", "caller", "held", "soon", "busy")
 _WORDS = {  # (one, several)
     "opted_out": ("does not serve on demand", "do not serve on demand"),
-    "caller": ("does not admit you", "do not admit you"),
+    "caller": ("not yours to use", "not yours to use"),
     "held": ("is held by a booking or an override", "are held by a booking or an override"),
     "soon": ("is booked too soon", "are booked too soon"),
     "busy": ("serves its default to others now", "serve their default to others now"),
@@ -64,7 +64,7 @@ def _why_not(
     if not c.serves_on_demand:
         return "opted_out", "does not serve on demand"
     if not c.admits_caller:
-        return "caller", "does not admit your groups"
+        return "caller", "not yours to use (its groups, or your key's channels)"
     inp = c.decision_input
     if inp.on_demand is not None:
         return "held", "runs another model loaded on demand"

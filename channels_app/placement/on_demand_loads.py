@@ -56,9 +56,12 @@ def _refused(status: int, code: str, message: str, retry_after: int | None = Non
     return OnDemandAnswer(None, status=status, code=code, message=message, retry_after=retry_after)
 
 
-def on_demand_load(*, user: User, model_name: str, now: datetime) -> OnDemandAnswer | None:
-    """Load ``model_name`` on demand for ``user``, or say why not; None when no registered model
-    has that name (the request's own ``404 model_not_loaded`` stands)."""
+def on_demand_load(
+    *, user: User, model_name: str, now: datetime, within: frozenset[int] | None = None
+) -> OnDemandAnswer | None:
+    """Load ``model_name`` on demand for ``user`` (on one of the channels ``within``, the caller's
+    key's scope, where it has one), or say why not; None when no registered model has that name
+    (the request's own ``404 model_not_loaded`` stands)."""
     model = LLMModel.objects.filter(name=model_name).first()
     if model is None:
         return None
@@ -87,7 +90,7 @@ def on_demand_load(*, user: User, model_name: str, now: datetime) -> OnDemandAns
             f"{not_loaded}; you loaded {len(recent)} models on request in the last hour (at most {limit})",
             wait,
         )
-    chosen = _choose(user, model, now)
+    chosen = _choose(user, model, now, within)
     if isinstance(chosen, str):
         return _refused(
             404, ErrorCode.MODEL_NOT_LOADED, f"{not_loaded}, and no channel can load it now: {chosen}"
@@ -135,7 +138,9 @@ def _estimate(channel: Channel, target: Target) -> float:
     return estimates.get((channel.node_id, target), 0.0)
 
 
-def _choose(user: User, model: LLMModel, now: datetime) -> tuple[Channel, float] | str:
+def _choose(
+    user: User, model: LLMModel, now: datetime, within: frozenset[int] | None
+) -> tuple[Channel, float] | str:
     """The channel to load ``model`` on, with its load estimate there; or why none may."""
     target = Target(model.pk, None)
     stay = settings.SLOTSERVE_ON_DEMAND_MIN_STAY_SECONDS
@@ -151,7 +156,7 @@ def _choose(user: User, model: LLMModel, now: datetime) -> tuple[Channel, float]
         OnDemandChannel(
             candidate=c,
             serves_on_demand=facts[c.id].channel.serves_on_demand,
-            admits_caller=c.id in bookable,
+            admits_caller=c.id in bookable and (within is None or c.id in within),
             decision_input=facts[c.id].decision_input,
             load_seconds=estimates.get((facts[c.id].channel.node_id, target), 0.0),
             default_in_flight=in_flight.get(c.id, 0),

@@ -12,11 +12,11 @@ from django.db import transaction
 from channels_app import story
 from channels_app.models import ChannelRuntime, OnDemandLoad, OnDemandRelease, StoryKind
 from channels_app.scheduling import selectors
-from channels_app.scheduling.decision import on_demand_holds
+from channels_app.scheduling.decision import decide
 from slotserve_base.dispatch import enqueue_redecide
 from slotserve_base.inflight import in_flight_counts
 from slotserve_base.redis_client import redis_client
-from slotserve_base.vocabulary import Phase, RedisKey, redis_key
+from slotserve_base.vocabulary import Phase, Reason, RedisKey, redis_key
 
 
 def on_demand_release(*, load: OnDemandLoad, now: datetime, why: str, by: User | None = None) -> bool:
@@ -66,10 +66,11 @@ def release_idle_on_demand(*, now: datetime) -> int:
     idle = timedelta(seconds=settings.SLOTSERVE_ON_DEMAND_IDLE_SECONDS)
     released = 0
     for load in loads:
+        fact = facts.get(load.channel_id)
         why = release_reason(
             load=load,
             runtime=runtimes.get(load.channel_id),
-            holds=load.channel_id in facts and on_demand_holds(facts[load.channel_id].decision_input, now),
+            decided=decide(fact.decision_input, now).reason if fact is not None else None,
             used=used.get(load.channel_id),
             in_flight=in_flight.get(load.channel_id, 0),
             idle=idle,
@@ -84,15 +85,18 @@ def release_reason(
     *,
     load: OnDemandLoad,
     runtime: ChannelRuntime | None,
-    holds: bool,
+    decided: str | None,
     used: datetime | None,
     in_flight: int,
     idle: timedelta,
     now: datetime,
 ) -> str | None:
-    """Why ``load`` is released now, or None while it stays (docs/scheduling.md)."""
-    if not holds:
-        return OnDemandRelease.BOOKING
+    """Why ``load`` is released now, or None while it stays (docs/scheduling.md): ``decided`` is
+    the reason of the channel's decision with the load in it (None: the channel is gone)."""
+    if decided in (Reason.MANUAL_OVERRIDE, Reason.MANUAL_UNLOAD):
+        return OnDemandRelease.STAFF  # an admin's override took the channel: not back after it
+    if decided != Reason.ON_DEMAND:
+        return OnDemandRelease.BOOKING  # a booking (or its preload) took the channel
     if runtime is not None and runtime.phase == Phase.FAILED and runtime.since >= load.started_at:
         return OnDemandRelease.FAILED
     if runtime is None or runtime.running != load.target:

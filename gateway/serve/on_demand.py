@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 MARGIN_SHARE, MARGIN_MIN = 0.2, 2.0
 
 
-def _ask(user_id: int, model: str) -> Refusal | None:
+def _ask(user_id: int, model: str, within: frozenset[int] | None = None) -> Refusal | None:
     user = User.objects.filter(pk=user_id, is_active=True).first()
     if user is None:
         return None
@@ -35,7 +35,7 @@ def _ask(user_id: int, model: str) -> Refusal | None:
             ErrorCode.MODEL_NOT_LOADED,
             f"model {model!r} is not loaded, and your group does not load models on request",
         )
-    answer = on_demand_load(user=user, model_name=model, now=timezone.now())
+    answer = on_demand_load(user=user, model_name=model, now=timezone.now(), within=within)
     if answer is None:
         return None
     load = answer.load
@@ -56,7 +56,9 @@ async def ask_on_demand(caller: Caller, model: str) -> Refusal | None:
     """What a load on demand of ``model`` for ``caller`` came to; None where the request's own
     answer stands (no model of that name, or the database away: never a 500 for this)."""
     try:
-        return await sync_to_async(_ask, thread_sensitive=False)(caller.user_id, model)
+        return await sync_to_async(_ask, thread_sensitive=False)(
+            caller.user_id, model, caller.channels_allowed
+        )
     except DatabaseError:
         log.warning("on demand: the database is away; %s not loaded for user %s", model, caller.user_id)
         return None
