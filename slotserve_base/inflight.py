@@ -28,7 +28,7 @@ local function gate_holds(gate, ready_at)
   local closed = redis.call('GET', gate)
   if not closed then return false end
   local moment = tonumber(closed)
-  return not (moment and moment < tonumber(ready_at))
+  return not (moment and moment < (tonumber(ready_at) or 0))
 end
 """
 

@@ -142,7 +142,9 @@ def test_in_flight_counts_heal_after_a_redis_restart_mid_stream(own_redis, gatew
     second: list[int] = []
     again = _stream(gateway_url, api_key, second)
     assert eventually(lambda: worker.in_flight(channel.pk) == 1)
-    redis.Redis.from_url(own_redis.url).set(key(GATE, channel.pk), "1")  # the node worker switches
+    redis.Redis.from_url(own_redis.url).set(
+        key(GATE, channel.pk), repr(time.time())
+    )  # the node worker switches
     refused = httpx.post(
         gateway_url + "/v1/chat/completions",
         headers={"Authorization": f"Bearer {api_key}"},

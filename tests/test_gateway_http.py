@@ -139,7 +139,7 @@ def test_whole_card_reservation(gateway_url, world):
 
 
 def test_switching_channel_answers_503_for_everyone(gateway_url, world):
-    redis_client().set(key(GATE, world.channel.pk), "1")
+    redis_client().set(key(GATE, world.channel.pk), repr(time.time()))  # closed now, as a switch closes it
     for caller in (world.ana_key, world.bo_key):
         answer = call(gateway_url, caller)
         assert error(answer) == (503, "model_switching")
@@ -158,7 +158,7 @@ def test_a_request_refused_at_the_gate_gets_nothing_of_the_process_and_its_work_
     channel = factories.channel("ch-slow", on=factories.node("n2"))
     serve(channel, slow, port)
     snapshot_seen(gateway_url)
-    redis_client().set(key(GATE, channel.pk), "1")
+    redis_client().set(key(GATE, channel.pk), repr(time.time()))
     refused, took = timed(lambda: call(gateway_url, world.bo_key, model="slow"))
     assert error(refused) == (503, "model_switching") and took < 1.5
     assert in_flight(channel.pk) == 0

@@ -356,7 +356,7 @@ def test_the_sdk_retries_after_the_retry_after_of_a_drain(gateway_url, world, se
     settings.SLOTSERVE_DRAIN_SECONDS = 0.3
     settings.SLOTSERVE_STOP_TIMEOUT_SECONDS = 0.3
     gate = redis_key(RedisKey.GATE, world.channel.pk)
-    redis_client().set(gate, "1")
+    redis_client().set(gate, repr(time.time()))  # closed now, as a switch closes it
     snapshot_seen(gateway_url)
     refused = httpx.post(
         f"{gateway_url}/v1/chat/completions",

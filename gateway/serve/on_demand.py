@@ -9,14 +9,11 @@ import logging
 import math
 
 from asgiref.sync import sync_to_async
-from django.contrib.auth.models import User
 from django.db import DatabaseError
 from django.utils import timezone
 
-from channels_app.placement.on_demand_loads import on_demand_load
 from gateway.rules.access import Refusal
 from gateway.rules.callers import Caller
-from reservations.models import GroupPolicy
 from slotserve_base.vocabulary import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -26,6 +23,12 @@ MARGIN_SHARE, MARGIN_MIN = 0.2, 2.0
 
 
 def _ask(user_id: int, model: str, within: frozenset[int] | None = None) -> Refusal | None:
+    # Models are imported here: the gateway's server imports this module before Django's apps.
+    from django.contrib.auth.models import User
+
+    from channels_app.placement.on_demand_loads import on_demand_load
+    from reservations.models import GroupPolicy
+
     user = User.objects.filter(pk=user_id, is_active=True).first()
     if user is None:
         return None
