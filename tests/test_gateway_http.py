@@ -16,6 +16,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from channels_app.models import ChannelRuntime
+from channels_app.node_worker.gate import publish_gate
 from channels_app.node_worker.worker import in_flight
 from gateway.admit.step import HOLD_POLL_SECONDS
 from gateway.api_keys import api_key_revoke
@@ -339,7 +340,7 @@ def test_draining_lets_the_stream_finish_and_refuses_new_requests(gateway_url, w
     # The scheduler now wants something else on ch-b; the node worker closes the gate first.
     ChannelTarget.objects.create(channel=world.other, model=world.other_model, reason="manual_override")
     state = rows.state_of(ChannelRuntime.objects.get(channel=world.other))
-    worker.publish_gate(
+    publish_gate(
         world.other.pk,
         state,
         rows.wanted_of(world.other, ChannelTarget.objects.get(channel=world.other)),

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 from channels_app.models import ChannelRuntime, ChannelTarget
 from channels_app.node_worker import rows, worker
+from channels_app.node_worker.gate import publish_gate
 from slotserve_base.redis_client import redis_client
 from slotserve_base.vocabulary import Phase, RedisKey, redis_key
 from tests import factories
@@ -30,7 +31,7 @@ def test_a_quick_switch_keeps_the_gate_closed_for_a_snapshots_age(db, settings, 
         state = worker._adopt_unknown_fingerprints(
             rows.state_of(ChannelRuntime.objects.get(channel=channel)), wanted
         )
-        worker.publish_gate(channel.pk, state, wanted, T0 + timedelta(seconds=seconds))
+        publish_gate(channel.pk, state, wanted, T0 + timedelta(seconds=seconds))
         return bool(redis_client().exists(gate))
 
     assert closed_at(0, Phase.READY), "the switch closes the gate"
@@ -55,7 +56,7 @@ def test_a_gate_closed_by_the_last_release_opens_as_before(db, settings, frozen)
     state = worker._adopt_unknown_fingerprints(
         rows.state_of(ChannelRuntime.objects.get(channel=channel)), wanted
     )
-    worker.publish_gate(channel.pk, state, wanted, T0)
+    publish_gate(channel.pk, state, wanted, T0)
     assert not redis_client().exists(gate)
 
 
@@ -76,12 +77,12 @@ def test_a_switch_from_a_process_ready_since_the_last_gate_closed_closes_it_anew
     state = worker._adopt_unknown_fingerprints(
         rows.state_of(ChannelRuntime.objects.get(channel=channel)), wanted
     )
-    worker.publish_gate(channel.pk, state, wanted, T0 + timedelta(seconds=0.8))
+    publish_gate(channel.pk, state, wanted, T0 + timedelta(seconds=0.8))
     assert float(redis_client().get(gate)) == (T0 + timedelta(seconds=0.8)).timestamp()
     # Later steps of the same switch keep the moment it closed.
     ChannelRuntime.objects.filter(channel=channel).update(phase=Phase.STOPPING)
     stopping = worker._adopt_unknown_fingerprints(
         rows.state_of(ChannelRuntime.objects.get(channel=channel)), wanted
     )
-    worker.publish_gate(channel.pk, stopping, wanted, T0 + timedelta(seconds=1.2))
+    publish_gate(channel.pk, stopping, wanted, T0 + timedelta(seconds=1.2))
     assert float(redis_client().get(gate)) == (T0 + timedelta(seconds=0.8)).timestamp()
