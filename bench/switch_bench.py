@@ -101,19 +101,36 @@ def cold_times(binary: str, folder: Path, rounds: int) -> dict[str, list[float]]
     return times
 
 
+def start_gateway(port: int) -> Any:
+    """SlotServe's gateway on ``port``, in a thread of this process, started: its uvicorn server."""
+    import threading
+
+    import uvicorn
+
+    from gateway.serve.proxy import Gateway
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            Gateway(), host="127.0.0.1", port=port, lifespan="off", log_level="warning",
+            http="gateway.serve.server:GatewayHttp",
+        )
+    )  # fmt: skip
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.01)
+    return server
+
+
 def news_times(channel: Any, model: Any, rounds: int) -> dict[str, list[float]]:
     """A gateway serving the channel's ready llama-server, its snapshot's age limit 30 s: how long
     from an approval (of a booking already begun) to the gateway refusing someone else, from its
     ending early to serving them again, and from a key's revocation to refusing it."""
-    import threading
 
-    import uvicorn
     from django.conf import settings
     from django.contrib.auth.models import User
     from django.utils import timezone
 
     from gateway.api_keys import api_key_create, api_key_revoke
-    from gateway.serve.proxy import Gateway
     from reservations.models import Reservation, ReservationStatus
     from reservations.services.transitions import reservation_approve, reservation_end
 
@@ -122,15 +139,7 @@ def news_times(channel: Any, model: Any, rounds: int) -> dict[str, list[float]]:
     boss = User.objects.create(username="boss", is_staff=True)
     ana, bo = User.objects.create(username="ana"), User.objects.create(username="bo")
     _, bo_key = api_key_create(user=bo, name="bench")
-    server = uvicorn.Server(
-        uvicorn.Config(
-            Gateway(), host="127.0.0.1", port=18700, lifespan="off", log_level="warning",
-            http="gateway.serve.server:GatewayHttp",
-        )
-    )  # fmt: skip
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.01)
+    server = start_gateway(18700)
     client = httpx.Client(base_url="http://127.0.0.1:18700", timeout=10)
 
     def status(key: str, path: str = "/v1/chat/completions") -> int:
@@ -204,9 +213,7 @@ def on_demand_times(
     """``--on-demand``: a request through a gateway for a model no channel runs, its caller
     waiting (``X-SlotServe-Wait``), to its first streamed token; the load released after each
     round and the default back (docs/scheduling.md, "Loaded on demand")."""
-    import threading
 
-    import uvicorn
     from django.conf import settings
     from django.contrib.auth.models import User
     from django.utils import timezone
@@ -215,7 +222,6 @@ def on_demand_times(
     from channels_app.scheduling.on_demand import on_demand_release
     from channels_app.scheduling.services import override_clear
     from gateway.api_keys import api_key_create
-    from gateway.serve.proxy import Gateway
 
     settings.SLOTSERVE_TICK_SECONDS = 3600  # the node counts as ready without its worker's beats
     settings.SLOTSERVE_ON_DEMAND_LOADS_PER_HOUR = rounds + 1
@@ -230,15 +236,7 @@ def on_demand_times(
     wait_ready(default)
     user = User.objects.create(username="ondemand")
     _, key = api_key_create(user=user, name="bench")
-    server = uvicorn.Server(
-        uvicorn.Config(
-            Gateway(), host="127.0.0.1", port=18701, lifespan="off", log_level="warning",
-            http="gateway.serve.server:GatewayHttp",
-        )
-    )  # fmt: skip
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.01)
+    server = start_gateway(18701)
     client = httpx.Client(base_url="http://127.0.0.1:18701", timeout=60)
     body = {
         "model": "asked",
