@@ -70,11 +70,9 @@ def on_demand_load(
         return _refused(
             404, ErrorCode.MODEL_NOT_LOADED, f"{not_loaded}, and staff do not let it load on request"
         )
-    running = (
-        OnDemandLoad.objects.filter(model=model, released_at__isnull=True).select_related("channel").first()
-    )
-    if running is not None:
-        return OnDemandAnswer(running, _estimate(running.channel, running.target))
+    joined = _joined(model)
+    if joined is not None:
+        return joined
     limit = settings.SLOTSERVE_ON_DEMAND_LOADS_PER_HOUR
     recent = list(
         OnDemandLoad.objects.filter(requested_by=user, started_at__gt=now - HOUR)
@@ -113,14 +111,7 @@ def on_demand_load(
             enqueue_redecide(channel.pk)
     except IntegrityError:
         # Someone else's request loaded it (or took the channel) a moment before: join theirs.
-        running = (
-            OnDemandLoad.objects.filter(model=model, released_at__isnull=True)
-            .select_related("channel")
-            .first()
-        )
-        if running is None:
-            return _refused(503, ErrorCode.MODEL_LOADING, f"{not_loaded}; try again", 1)
-        return OnDemandAnswer(running, _estimate(running.channel, running.target))
+        return _joined(model) or _refused(503, ErrorCode.MODEL_LOADING, f"{not_loaded}; try again", 1)
     log.info(
         "on demand: %s loads %s on %s (about %.0f s)", user.get_username(), model.name, channel.name, seconds
     )
@@ -131,6 +122,14 @@ def on_demand_load(
     except (DatabaseError, OperationalError, RedisError):
         log.warning("on demand: %s is decided by the queued re-decision", channel.name, exc_info=True)
     return OnDemandAnswer(load, seconds)
+
+
+def _joined(model: LLMModel) -> OnDemandAnswer | None:
+    """The model's load on demand already under way, joined; None when there is none."""
+    running = (
+        OnDemandLoad.objects.filter(model=model, released_at__isnull=True).select_related("channel").first()
+    )
+    return None if running is None else OnDemandAnswer(running, _estimate(running.channel, running.target))
 
 
 def _estimate(channel: Channel, target: Target) -> float:
